@@ -1,0 +1,143 @@
+//! The engine's settings, their defaults (SPEC §4–§5) and their allowed ranges.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::limits;
+
+/// Settings shared by every store and the library.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// How long a lease lives without a heartbeat. The watchdog renews every
+    /// third of it. Judged on the store's clock.
+    pub lease_ttl: Duration,
+    /// Concurrent live turns per user unless the user has an override.
+    pub max_turns_per_user: u32,
+    /// How long finished turns and their tool executions are kept for replay.
+    pub result_retention: Duration,
+    /// How long a pending confirmation waits for a person before it expires.
+    pub confirmation_ttl: Duration,
+    /// Records deleted per sweep batch.
+    pub sweep_batch: u32,
+    /// How often the library's background sweeper runs.
+    pub sweep_interval: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            lease_ttl: Duration::from_secs(30),
+            max_turns_per_user: 5,
+            result_retention: Duration::from_secs(24 * 3600),
+            confirmation_ttl: Duration::from_secs(24 * 3600),
+            sweep_batch: limits::DEFAULT_SWEEP_BATCH,
+            sweep_interval: Duration::from_secs(60),
+        }
+    }
+}
+
+fn in_range(what: &str, value: Duration, min: Duration, max: Duration) -> Result<()> {
+    if value < min || value > max {
+        return Err(Error::invalid(format!(
+            "{what} is {} ms, allowed {}..={} ms",
+            value.as_millis(),
+            min.as_millis(),
+            max.as_millis()
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a per-user cap against its range.
+///
+/// # Errors
+/// `invalid_request` when `cap` is 0 or above [`limits::MAX_TURNS_PER_USER`].
+pub fn check_cap(cap: u32) -> Result<()> {
+    if cap == 0 || cap > limits::MAX_TURNS_PER_USER {
+        return Err(Error::invalid(format!(
+            "max_turns_per_user is {cap}, allowed 1..={}",
+            limits::MAX_TURNS_PER_USER
+        )));
+    }
+    Ok(())
+}
+
+impl Config {
+    /// Checks every setting against its range.
+    ///
+    /// # Errors
+    /// `invalid_request` naming the first setting out of range.
+    pub fn validate(&self) -> Result<()> {
+        in_range(
+            "lease_ttl",
+            self.lease_ttl,
+            limits::MIN_LEASE_TTL,
+            limits::MAX_LEASE_TTL,
+        )?;
+        check_cap(self.max_turns_per_user)?;
+        in_range(
+            "result_retention",
+            self.result_retention,
+            limits::MIN_RETENTION,
+            limits::MAX_RETENTION,
+        )?;
+        in_range(
+            "confirmation_ttl",
+            self.confirmation_ttl,
+            limits::MIN_RETENTION,
+            limits::MAX_RETENTION,
+        )?;
+        if self.sweep_batch == 0 || self.sweep_batch > limits::MAX_SWEEP_BATCH {
+            return Err(Error::invalid(format!(
+                "sweep_batch is {}, allowed 1..={}",
+                self.sweep_batch,
+                limits::MAX_SWEEP_BATCH
+            )));
+        }
+        in_range(
+            "sweep_interval",
+            self.sweep_interval,
+            Duration::from_millis(10),
+            limits::MAX_RETENTION,
+        )
+    }
+
+    /// The lease TTL in milliseconds, as stores use it.
+    pub fn lease_ttl_ms(&self) -> i64 {
+        duration_ms(self.lease_ttl)
+    }
+}
+
+/// A duration as whole milliseconds, saturating.
+pub fn duration_ms(value: Duration) -> i64 {
+    i64::try_from(value.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_match_the_spec() {
+        let config = Config::default();
+        config.validate().unwrap();
+        assert_eq!(config.lease_ttl, Duration::from_secs(30));
+        assert_eq!(config.max_turns_per_user, 5);
+    }
+
+    #[test]
+    fn out_of_range_settings_are_rejected() {
+        let too_short = Config {
+            lease_ttl: Duration::from_millis(99),
+            ..Config::default()
+        };
+        assert!(too_short.validate().is_err());
+        let no_cap = Config {
+            max_turns_per_user: 0,
+            ..Config::default()
+        };
+        assert!(no_cap.validate().is_err());
+        assert!(check_cap(limits::MAX_TURNS_PER_USER).is_ok());
+        assert!(check_cap(limits::MAX_TURNS_PER_USER + 1).is_err());
+    }
+}

@@ -1,0 +1,353 @@
+//! The pure decisions of the turn protocol (SPEC §4).
+//!
+//! A store reads a snapshot inside its atomic step (one SQL transaction),
+//! asks these functions what to do, and applies the answer in the same step.
+//! Nothing here does I/O or reads a clock: `now_ms` is the store's clock.
+//! Every store applies the same decisions, so the table of SPEC §4 lives in
+//! exactly one place and is unit-tested without a database.
+
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::ids::Fence;
+use crate::limits::{MAX_TOOL_ATTEMPTS, MAX_TURN_ATTEMPTS};
+use crate::model::{PreviousOutcome, ToolState, TurnState};
+
+/// A session's lease as read from the store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HolderSnapshot {
+    /// The turn holding (or last holding) the lease.
+    pub turn_id: String,
+    /// Store-clock expiry, ms since the epoch.
+    pub lease_expires_at_ms: i64,
+}
+
+/// A session's pending confirmation as read from the store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingSnapshot {
+    /// The turn awaiting confirmation.
+    pub turn_id: String,
+    /// Store-clock expiry, ms since the epoch.
+    pub expires_at_ms: i64,
+}
+
+/// A session row as read from the store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionSnapshot {
+    /// The user the session is bound to.
+    pub user_id: String,
+    /// The lease, live or not.
+    pub holder: Option<HolderSnapshot>,
+    /// The pending confirmation, live or not.
+    pub pending: Option<PendingSnapshot>,
+}
+
+impl SessionSnapshot {
+    /// The holder if its lease is live at `now_ms`.
+    pub fn live_holder(&self, now_ms: i64) -> Option<&HolderSnapshot> {
+        self.holder
+            .as_ref()
+            .filter(|h| h.lease_expires_at_ms > now_ms)
+    }
+
+    /// The pending confirmation if it has not expired at `now_ms`.
+    pub fn live_pending(&self, now_ms: i64) -> Option<&PendingSnapshot> {
+        self.pending.as_ref().filter(|p| p.expires_at_ms > now_ms)
+    }
+}
+
+/// A turn row as read from the store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TurnSnapshot {
+    /// The turn.
+    pub turn_id: String,
+    /// The session it belongs to.
+    pub session_id: String,
+    /// Its payload fingerprint.
+    pub fingerprint: String,
+    /// Its state.
+    pub state: TurnState,
+    /// Attempts so far.
+    pub attempt: u32,
+    /// For failed turns: whether a repeat restarts it.
+    pub retryable: bool,
+    /// For confirmed turns: the continuation that took the decision.
+    pub confirmed_by: Option<String>,
+}
+
+/// The user's permits as read from the store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UserLoad {
+    /// The cap in force for this user.
+    pub cap: u32,
+    /// Live leases the user holds now.
+    pub live: u32,
+    /// Store-clock expiry of the soonest-expiring live lease.
+    pub soonest_expiry_ms: Option<i64>,
+}
+
+/// What a begin found and asked for.
+#[derive(Clone, Copy, Debug)]
+pub struct BeginFacts<'a> {
+    /// The store's clock.
+    pub now_ms: i64,
+    /// The requesting user.
+    pub user_id: &'a str,
+    /// The requested session.
+    pub session_id: &'a str,
+    /// The request's fingerprint.
+    pub fingerprint: &'a str,
+    /// The turn the request confirms, if it is a confirmation.
+    pub confirms: Option<&'a str>,
+    /// The session row, if the session exists.
+    pub session: Option<&'a SessionSnapshot>,
+    /// The turn already recorded for `(session, client_request_id)`.
+    pub turn: Option<&'a TurnSnapshot>,
+    /// For a confirmation: the turn it confirms.
+    pub confirm_target: Option<&'a TurnSnapshot>,
+    /// For a confirmation whose target is already confirmed: the continuation.
+    pub continuation: Option<&'a TurnSnapshot>,
+    /// The user's permits.
+    pub load: UserLoad,
+}
+
+/// How a start came about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StartKind {
+    /// No turn existed: insert it.
+    New,
+    /// The turn was running under an expired lease: take it over.
+    Takeover,
+    /// The turn failed retryably: run it again.
+    Restart,
+}
+
+/// What a store must do for a begin.
+#[derive(Debug)]
+pub enum BeginDecision {
+    /// Grant a lease and start (or restart) the turn with this attempt number.
+    Start {
+        /// New, takeover or restart.
+        kind: StartKind,
+        /// The attempt number to record.
+        attempt: u32,
+    },
+    /// Return this turn's stored view; take no lease.
+    Replay {
+        /// The turn to replay (the request's own, or a confirmation's continuation).
+        turn_id: String,
+    },
+    /// The turn used all its attempts: record it failed for good, then replay it.
+    Exhaust,
+    /// Refuse; write nothing.
+    Reject(Error),
+}
+
+fn remaining(until_ms: i64, now_ms: i64) -> Duration {
+    // At least 1 ms: a retry-after of zero invites a hot loop.
+    Duration::from_millis(u64::try_from(until_ms - now_ms).unwrap_or(0).max(1))
+}
+
+fn decide_existing(facts: &BeginFacts<'_>, turn: &TurnSnapshot) -> BeginDecision {
+    if turn.fingerprint != facts.fingerprint {
+        return BeginDecision::Reject(Error::PayloadMismatch);
+    }
+    let session = facts.session;
+    let kind = match turn.state {
+        TurnState::Succeeded | TurnState::Confirmed => return replay(turn),
+        TurnState::Failed if !turn.retryable => return replay(turn),
+        TurnState::AwaitingConfirmation => {
+            return match session.and_then(|s| s.live_pending(facts.now_ms)) {
+                Some(p) if p.turn_id == turn.turn_id => {
+                    BeginDecision::Reject(Error::AwaitingConfirmation {
+                        pending_turn_id: p.turn_id.clone(),
+                        retry_after: remaining(p.expires_at_ms, facts.now_ms),
+                    })
+                }
+                _ => replay(turn),
+            };
+        }
+        TurnState::Running => {
+            if let Some(h) = session.and_then(|s| s.live_holder(facts.now_ms)) {
+                if h.turn_id == turn.turn_id {
+                    return BeginDecision::Reject(Error::RequestInFlight {
+                        active_turn_id: turn.turn_id.clone(),
+                        retry_after: remaining(h.lease_expires_at_ms, facts.now_ms),
+                    });
+                }
+            }
+            StartKind::Takeover
+        }
+        TurnState::Failed => StartKind::Restart,
+    };
+    if turn.attempt >= MAX_TURN_ATTEMPTS {
+        return BeginDecision::Exhaust;
+    }
+    gate_start(facts, kind, turn.attempt + 1, Some(&turn.turn_id))
+}
+
+fn replay(turn: &TurnSnapshot) -> BeginDecision {
+    BeginDecision::Replay {
+        turn_id: turn.turn_id.clone(),
+    }
+}
+
+fn decide_confirmation(facts: &BeginFacts<'_>, confirms: &str) -> BeginDecision {
+    let Some(target) = facts
+        .confirm_target
+        .filter(|t| t.session_id == facts.session_id)
+    else {
+        return BeginDecision::Reject(Error::not_found(format!("pending turn {confirms}")));
+    };
+    if target.state == TurnState::Confirmed {
+        // A second confirmation of the same pending turn: follow the first one.
+        return match facts.continuation {
+            Some(c) if c.state == TurnState::Running => {
+                let retry_after = facts
+                    .session
+                    .and_then(|s| s.live_holder(facts.now_ms))
+                    .filter(|h| h.turn_id == c.turn_id)
+                    .map_or(Duration::from_millis(1), |h| {
+                        remaining(h.lease_expires_at_ms, facts.now_ms)
+                    });
+                BeginDecision::Reject(Error::RequestInFlight {
+                    active_turn_id: c.turn_id.clone(),
+                    retry_after,
+                })
+            }
+            Some(c) => replay(c),
+            None => BeginDecision::Reject(Error::not_found(format!("pending turn {confirms}"))),
+        };
+    }
+    let pending_is_target = facts
+        .session
+        .and_then(|s| s.live_pending(facts.now_ms))
+        .is_some_and(|p| p.turn_id == target.turn_id);
+    if target.state != TurnState::AwaitingConfirmation || !pending_is_target {
+        return BeginDecision::Reject(Error::not_found(format!(
+            "pending confirmation of turn {confirms}"
+        )));
+    }
+    gate_start(facts, StartKind::New, 1, None)
+}
+
+/// The checks every start passes: pending confirmation, session lease, permit.
+fn gate_start(
+    facts: &BeginFacts<'_>,
+    kind: StartKind,
+    attempt: u32,
+    own_turn: Option<&str>,
+) -> BeginDecision {
+    let now = facts.now_ms;
+    if let Some(session) = facts.session {
+        if let Some(p) = session.live_pending(now) {
+            if facts.confirms != Some(p.turn_id.as_str()) {
+                return BeginDecision::Reject(Error::AwaitingConfirmation {
+                    pending_turn_id: p.turn_id.clone(),
+                    retry_after: remaining(p.expires_at_ms, now),
+                });
+            }
+        }
+        if let Some(h) = session.live_holder(now) {
+            debug_assert!(
+                own_turn != Some(h.turn_id.as_str()),
+                "live own lease is in flight"
+            );
+            return BeginDecision::Reject(Error::SessionBusy {
+                active_turn_id: h.turn_id.clone(),
+                retry_after: remaining(h.lease_expires_at_ms, now),
+            });
+        }
+    }
+    let load = facts.load;
+    if load.live >= load.cap {
+        return BeginDecision::Reject(Error::UserAtCapacity {
+            cap: load.cap,
+            retry_after: remaining(load.soonest_expiry_ms.unwrap_or(now + 1), now),
+        });
+    }
+    BeginDecision::Start { kind, attempt }
+}
+
+/// Decides a begin: SPEC §4's table, then the session, pending and permit gates.
+pub fn decide_begin(facts: &BeginFacts<'_>) -> BeginDecision {
+    if let Some(session) = facts.session {
+        if session.user_id != facts.user_id {
+            // Another user's session does not exist as far as this user can tell.
+            return BeginDecision::Reject(Error::not_found("session"));
+        }
+    }
+    match (facts.turn, facts.confirms) {
+        (Some(turn), _) => decide_existing(facts, turn),
+        (None, Some(confirms)) => decide_confirmation(facts, confirms),
+        (None, None) => gate_start(facts, StartKind::New, 1, None),
+    }
+}
+
+/// A tool execution row as read from the store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExecutionSnapshot {
+    /// The execution.
+    pub execution_id: String,
+    /// Its state.
+    pub state: ToolState,
+    /// Attempts so far.
+    pub attempt: u32,
+    /// Fence of the holder that claimed it last.
+    pub fence: Fence,
+}
+
+/// What a store must do for a tool claim.
+#[derive(Debug)]
+pub enum ToolDecision {
+    /// Insert the execution, running under the caller's fence, attempt 1.
+    Insert,
+    /// Return the stored result.
+    Cached,
+    /// Claim it again under the caller's fence.
+    Reclaim {
+        /// The attempt number to record.
+        attempt: u32,
+        /// What became of the previous attempt.
+        previous: PreviousOutcome,
+    },
+    /// Refuse; write nothing.
+    Reject(Error),
+}
+
+/// Decides a tool claim by a caller holding a live lease with `fence`.
+pub fn decide_tool_claim(
+    existing: Option<&ExecutionSnapshot>,
+    fence: Fence,
+    lease_expires_at_ms: i64,
+    now_ms: i64,
+) -> ToolDecision {
+    let Some(execution) = existing else {
+        return ToolDecision::Insert;
+    };
+    let previous = match execution.state {
+        ToolState::Succeeded => return ToolDecision::Cached,
+        ToolState::Failed => PreviousOutcome::Failed,
+        // Claimed under this very lease: the holder is running it right now.
+        ToolState::Running if execution.fence >= fence => {
+            return ToolDecision::Reject(Error::ToolInFlight {
+                execution_id: execution.execution_id.clone(),
+                retry_after: remaining(lease_expires_at_ms, now_ms),
+            });
+        }
+        // Claimed under an older lease that was taken over: it died mid-call.
+        ToolState::Running => PreviousOutcome::Unknown,
+    };
+    if execution.attempt >= MAX_TOOL_ATTEMPTS {
+        return ToolDecision::Reject(Error::AttemptsExhausted {
+            what: format!("tool execution {}", execution.execution_id),
+        });
+    }
+    ToolDecision::Reclaim {
+        attempt: execution.attempt + 1,
+        previous,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,274 @@
+//! The one error type of the engine boundary.
+//!
+//! Every refusal of the protocol is a variant here with what a caller needs to
+//! act on it (`retry_after`, `active_turn_id`). [`ErrorKind`] is the small,
+//! stable classification that tests and the HTTP layer match on; its
+//! [`ErrorKind::code`] is the wire code of SPEC §5.
+
+use std::time::Duration;
+
+/// A boxed error from a store driver or a caller's side effect.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// `Result` with the engine's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything the engine can refuse or fail with.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Malformed or out-of-limit input. Nothing was written.
+    #[error("invalid request: {message}")]
+    InvalidRequest {
+        /// What was wrong, for a person.
+        message: String,
+    },
+    /// No such turn, session, user or tool execution visible to the caller
+    /// (also: a session or turn of another user).
+    #[error("{what} not found")]
+    NotFound {
+        /// What was looked for.
+        what: String,
+    },
+    /// The session is held by another live turn.
+    #[error("session is busy with turn {active_turn_id}")]
+    SessionBusy {
+        /// The turn holding the session.
+        active_turn_id: String,
+        /// When the holder's lease runs out if it is not renewed.
+        retry_after: Duration,
+    },
+    /// This very request is already running under a live lease.
+    #[error("request is already in flight as turn {active_turn_id}")]
+    RequestInFlight {
+        /// The running turn.
+        active_turn_id: String,
+        /// When its lease runs out if it is not renewed.
+        retry_after: Duration,
+    },
+    /// The session waits for a person to confirm a pending action.
+    #[error("session is awaiting confirmation of turn {pending_turn_id}")]
+    AwaitingConfirmation {
+        /// The turn whose pending action waits.
+        pending_turn_id: String,
+        /// When the pending confirmation expires.
+        retry_after: Duration,
+    },
+    /// The same tool execution is running under the caller's own live lease.
+    #[error("tool execution {execution_id} is already in flight")]
+    ToolInFlight {
+        /// The running execution.
+        execution_id: String,
+        /// When the turn's lease runs out if it is not renewed.
+        retry_after: Duration,
+    },
+    /// The caller's lease is gone: wrong token, taken over, expired, or the
+    /// turn already ended. The caller must stop; it can change nothing.
+    #[error("lease lost: {reason}")]
+    LeaseLost {
+        /// Why, for logs; never contains the token.
+        reason: &'static str,
+    },
+    /// A repeat of a request with a different payload.
+    #[error("client_request_id was already used with a different payload")]
+    PayloadMismatch,
+    /// The user holds all of their permits.
+    #[error("user is at capacity ({cap} concurrent turns)")]
+    UserAtCapacity {
+        /// The user's cap.
+        cap: u32,
+        /// When the soonest of the user's leases runs out if not renewed.
+        retry_after: Duration,
+    },
+    /// A tool's previous attempt died mid-call and its policy says a person
+    /// must decide; the library did not re-run it.
+    #[error("tool execution {execution_id} has an unknown previous outcome")]
+    UnknownToolOutcome {
+        /// The execution whose outcome is unknown.
+        execution_id: String,
+    },
+    /// A turn or tool execution used all its attempts (see `limits`); it will
+    /// not be run again.
+    #[error("{what} used all its attempts")]
+    AttemptsExhausted {
+        /// What was exhausted.
+        what: String,
+    },
+    /// A caller-supplied side effect failed; its SQL transaction rolled back
+    /// and the tool execution was not marked succeeded.
+    #[error("tool side effect failed: {0}")]
+    Effect(#[source] BoxError),
+    /// The store could not be reached or answered with an error.
+    #[error("store unavailable: {0}")]
+    StoreUnavailable(#[source] BoxError),
+}
+
+/// The stable classification of an [`Error`]; one wire code each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// `invalid_request`
+    InvalidRequest,
+    /// `not_found`
+    NotFound,
+    /// `session_busy`
+    SessionBusy,
+    /// `request_in_flight`
+    RequestInFlight,
+    /// `awaiting_confirmation`
+    AwaitingConfirmation,
+    /// `tool_in_flight`
+    ToolInFlight,
+    /// `lease_lost`
+    LeaseLost,
+    /// `payload_mismatch`
+    PayloadMismatch,
+    /// `user_at_capacity`
+    UserAtCapacity,
+    /// `unknown_tool_outcome`
+    UnknownToolOutcome,
+    /// `attempts_exhausted`
+    AttemptsExhausted,
+    /// `effect_failed`
+    Effect,
+    /// `store_unavailable`
+    StoreUnavailable,
+}
+
+impl ErrorKind {
+    /// The wire code of SPEC §5.
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::InvalidRequest => "invalid_request",
+            Self::NotFound => "not_found",
+            Self::SessionBusy => "session_busy",
+            Self::RequestInFlight => "request_in_flight",
+            Self::AwaitingConfirmation => "awaiting_confirmation",
+            Self::ToolInFlight => "tool_in_flight",
+            Self::LeaseLost => "lease_lost",
+            Self::PayloadMismatch => "payload_mismatch",
+            Self::UserAtCapacity => "user_at_capacity",
+            Self::UnknownToolOutcome => "unknown_tool_outcome",
+            Self::AttemptsExhausted => "attempts_exhausted",
+            Self::Effect => "effect_failed",
+            Self::StoreUnavailable => "store_unavailable",
+        }
+    }
+
+    /// Whether the same call may succeed later without changing it.
+    pub fn is_retryable(self) -> bool {
+        matches!(
+            self,
+            Self::SessionBusy
+                | Self::RequestInFlight
+                | Self::ToolInFlight
+                | Self::UserAtCapacity
+                | Self::StoreUnavailable
+        )
+    }
+}
+
+impl Error {
+    /// An `invalid_request` with a message.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::InvalidRequest {
+            message: message.into(),
+        }
+    }
+
+    /// A `not_found` for `what`.
+    pub fn not_found(what: impl Into<String>) -> Self {
+        Self::NotFound { what: what.into() }
+    }
+
+    /// A `store_unavailable` wrapping a driver error.
+    pub fn store(source: impl Into<BoxError>) -> Self {
+        Self::StoreUnavailable(source.into())
+    }
+
+    /// This error's classification.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::InvalidRequest { .. } => ErrorKind::InvalidRequest,
+            Self::NotFound { .. } => ErrorKind::NotFound,
+            Self::SessionBusy { .. } => ErrorKind::SessionBusy,
+            Self::RequestInFlight { .. } => ErrorKind::RequestInFlight,
+            Self::AwaitingConfirmation { .. } => ErrorKind::AwaitingConfirmation,
+            Self::ToolInFlight { .. } => ErrorKind::ToolInFlight,
+            Self::LeaseLost { .. } => ErrorKind::LeaseLost,
+            Self::PayloadMismatch => ErrorKind::PayloadMismatch,
+            Self::UserAtCapacity { .. } => ErrorKind::UserAtCapacity,
+            Self::UnknownToolOutcome { .. } => ErrorKind::UnknownToolOutcome,
+            Self::AttemptsExhausted { .. } => ErrorKind::AttemptsExhausted,
+            Self::Effect(_) => ErrorKind::Effect,
+            Self::StoreUnavailable(_) => ErrorKind::StoreUnavailable,
+        }
+    }
+
+    /// How long to wait before the same call can succeed, where the store knows.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::SessionBusy { retry_after, .. }
+            | Self::RequestInFlight { retry_after, .. }
+            | Self::AwaitingConfirmation { retry_after, .. }
+            | Self::ToolInFlight { retry_after, .. }
+            | Self::UserAtCapacity { retry_after, .. } => Some(*retry_after),
+            _ => None,
+        }
+    }
+
+    /// The turn that holds the session or runs the request, where one does.
+    pub fn active_turn_id(&self) -> Option<&str> {
+        match self {
+            Self::SessionBusy { active_turn_id, .. }
+            | Self::RequestInFlight { active_turn_id, .. } => Some(active_turn_id),
+            Self::AwaitingConfirmation {
+                pending_turn_id, ..
+            } => Some(pending_turn_id),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_distinct_and_lowercase() {
+        let kinds = [
+            ErrorKind::InvalidRequest,
+            ErrorKind::NotFound,
+            ErrorKind::SessionBusy,
+            ErrorKind::RequestInFlight,
+            ErrorKind::AwaitingConfirmation,
+            ErrorKind::ToolInFlight,
+            ErrorKind::LeaseLost,
+            ErrorKind::PayloadMismatch,
+            ErrorKind::UserAtCapacity,
+            ErrorKind::UnknownToolOutcome,
+            ErrorKind::AttemptsExhausted,
+            ErrorKind::Effect,
+            ErrorKind::StoreUnavailable,
+        ];
+        let codes: std::collections::HashSet<_> = kinds.iter().map(|k| k.code()).collect();
+        assert_eq!(codes.len(), kinds.len());
+        assert!(codes
+            .iter()
+            .all(|c| c.chars().all(|ch| ch.is_ascii_lowercase() || ch == '_')));
+    }
+
+    #[test]
+    fn conflicts_carry_retry_after_and_lease_lost_does_not() {
+        let busy = Error::SessionBusy {
+            active_turn_id: "t".into(),
+            retry_after: Duration::from_millis(1200),
+        };
+        assert_eq!(busy.retry_after(), Some(Duration::from_millis(1200)));
+        assert_eq!(busy.active_turn_id(), Some("t"));
+        assert!(busy.kind().is_retryable());
+        let lost = Error::LeaseLost { reason: "expired" };
+        assert_eq!(lost.retry_after(), None);
+        assert!(!lost.kind().is_retryable());
+    }
+}

@@ -1,0 +1,28 @@
+//! agentgate-core: what agentgate *means*, with no I/O.
+//!
+//! - [`ids`]: validated identifiers (user, session, client request, turn,
+//!   execution) and the secret [`ids::LeaseToken`].
+//! - [`limits`]: every named limit, with the reason for its number.
+//! - [`canonical`]: RFC 8785 canonical JSON, payload fingerprints, args hashes.
+//! - [`config`]: the engine's settings (TTL, caps, retention) and their ranges.
+//! - [`model`]: the records a store keeps (turn, session, tool execution) and
+//!   the views the engine hands out.
+//! - [`decide`]: the pure decision logic of the turn protocol (SPEC §4): given
+//!   what the store read, what happens. Every store applies these decisions.
+//! - [`store`]: the [`store::Store`] trait every backend implements.
+//! - [`error`]: the one error enum of the engine boundary and its [`error::ErrorKind`].
+//!
+//! Architecture invariant: nothing here opens a socket, a file or reads a
+//! clock. Time enters as store-clock milliseconds passed in by a store.
+#![forbid(unsafe_code)]
+
+pub mod canonical;
+pub mod config;
+pub mod decide;
+pub mod error;
+pub mod ids;
+pub mod limits;
+pub mod model;
+pub mod store;
+
+pub use error::{Error, ErrorKind, Result};

@@ -1,0 +1,62 @@
+//! Every named limit of the engine, in one place, each with its reason.
+//!
+//! Inputs over a limit are rejected as `invalid_request` (or
+//! `payload_too_large` at the HTTP layer) before anything is written.
+
+use std::time::Duration;
+
+/// Longest user, session, client request or tool name, in bytes. Long enough
+/// for a UUID with a prefix or a URL-safe hash; short enough to index cheaply.
+pub const MAX_ID_BYTES: usize = 128;
+
+/// Largest canonical JSON of a payload, tool args, tool result, turn response,
+/// turn error or pending confirmation. A turn's data is a chat message and its
+/// answer, not a file; 1 MiB leaves room for long answers and keeps a row small.
+pub const MAX_JSON_BYTES: usize = 1024 * 1024;
+
+/// Deepest nesting of any JSON value accepted. Canonicalisation recurses, so
+/// an unbounded depth would let one request exhaust a stack.
+pub const MAX_JSON_DEPTH: usize = 64;
+
+/// Shortest lease TTL. A heartbeat runs every TTL/3; below 100 ms the
+/// heartbeat period approaches one store round trip and leases flap.
+pub const MIN_LEASE_TTL: Duration = Duration::from_millis(100);
+
+/// Longest lease TTL. A crashed holder blocks its session for one TTL; more
+/// than ten minutes is a lock leak by another name.
+pub const MAX_LEASE_TTL: Duration = Duration::from_secs(600);
+
+/// Largest per-user cap on concurrent turns. A cap is a fairness limit; one
+/// user holding more than this many live turns is not a user, it is a load test.
+pub const MAX_TURNS_PER_USER: u32 = 10_000;
+
+/// How many times a turn may be started (first start, takeovers, restarts)
+/// before the engine stops retrying it and records it failed for good. A turn
+/// that crashed its worker sixteen times will crash the seventeenth.
+pub const MAX_TURN_ATTEMPTS: u32 = 16;
+
+/// How many times one tool execution may be claimed for execution. Same
+/// reasoning as [`MAX_TURN_ATTEMPTS`].
+pub const MAX_TOOL_ATTEMPTS: u32 = 16;
+
+/// Largest number of finished records one sweep deletes in one SQL
+/// transaction, so a sweep never holds the write lock for long.
+pub const MAX_SWEEP_BATCH: u32 = 10_000;
+
+/// Default number of finished records deleted per sweep batch.
+pub const DEFAULT_SWEEP_BATCH: u32 = 500;
+
+/// Longest result retention and pending-confirmation lifetime: 30 days.
+pub const MAX_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// Shortest result retention: a replay must still find the answer a client
+/// is retrying for, and clients retry within seconds to minutes.
+pub const MIN_RETENTION: Duration = Duration::from_secs(1);
+
+/// How long a store waits for a connection or a lock before reporting
+/// `store_unavailable` instead of queueing forever.
+pub const STORE_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Bound on retries of a protocol step after a transient store conflict
+/// (SQLITE_BUSY, serialization failure, deadlock).
+pub const MAX_STORE_RETRIES: u32 = 8;

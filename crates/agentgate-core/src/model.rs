@@ -1,0 +1,408 @@
+//! The records of the turn protocol and the views handed to callers.
+//!
+//! Commands (`BeginCommand`, `ToolCall`, `Ending`) are validated before a store
+//! sees them: ids are checked, JSON is canonical and within limits. Views
+//! never contain a lease token; times in views are store-clock milliseconds.
+
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::canonical::{CanonicalJson, Digest};
+use crate::error::{Error, Result};
+use crate::ids::{
+    ClientRequestId, ExecutionId, Fence, LeaseToken, SessionId, ToolName, TurnId, UserId,
+};
+
+macro_rules! wire_enum {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident => $text:literal),+ $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        pub enum $name {
+            $($(#[$vdoc])* #[serde(rename = $text)] $variant),+
+        }
+
+        impl $name {
+            /// The name stored and sent on the wire.
+            pub fn as_str(self) -> &'static str {
+                match self { $(Self::$variant => $text),+ }
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = Error;
+            fn from_str(text: &str) -> Result<Self> {
+                match text {
+                    $($text => Ok(Self::$variant),)+
+                    other => Err(Error::store(format!(concat!("unknown ", stringify!($name), " {:?} in store"), other))),
+                }
+            }
+        }
+    };
+}
+
+wire_enum!(
+    /// Where a turn is in its life.
+    TurnState {
+        /// Under a lease (live, or dead and waiting for a takeover).
+        Running => "running",
+        /// Ended with a response; repeats replay it.
+        Succeeded => "succeeded",
+        /// Ended with an error; retryable ones restart on a repeat.
+        Failed => "failed",
+        /// Ended waiting for a person to approve or reject `pending`.
+        AwaitingConfirmation => "awaiting_confirmation",
+        /// Was awaiting confirmation; a continuation turn took the decision.
+        Confirmed => "confirmed",
+    }
+);
+
+wire_enum!(
+    /// Where a tool execution is in its life.
+    ToolState {
+        /// Claimed for execution by the holder of `fence`.
+        Running => "running",
+        /// Done; its result is returned to every later claim.
+        Succeeded => "succeeded",
+        /// Failed; the next claim executes it again.
+        Failed => "failed",
+    }
+);
+
+wire_enum!(
+    /// What became of the previous attempt of a tool execution.
+    PreviousOutcome {
+        /// It reported failure.
+        Failed => "failed",
+        /// Its holder died mid-call: it may or may not have taken effect.
+        Unknown => "unknown",
+    }
+);
+
+wire_enum!(
+    /// A person's answer to a pending confirmation.
+    Decision {
+        /// Go ahead with the pending action.
+        Approve => "approve",
+        /// Drop it.
+        Reject => "reject",
+    }
+);
+
+/// A begin that answers a pending confirmation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Confirmation {
+    /// The turn that is awaiting confirmation.
+    pub turn_id: TurnId,
+    /// Approve or reject.
+    pub decision: Decision,
+}
+
+/// A validated request to begin a turn.
+#[derive(Clone, Debug)]
+pub struct BeginCommand {
+    /// Who the turn runs for.
+    pub user_id: UserId,
+    /// The conversation.
+    pub session_id: SessionId,
+    /// The client's id for this message.
+    pub client_request_id: ClientRequestId,
+    /// The message, canonical.
+    pub payload: CanonicalJson,
+    /// Set when this begin answers a pending confirmation.
+    pub confirmation: Option<Confirmation>,
+    /// SHA-256 over payload and confirmation: a repeat must match it.
+    pub fingerprint: Digest,
+}
+
+impl BeginCommand {
+    /// Validates a begin. The fingerprint covers the payload and the
+    /// confirmation, so the same request id with another decision is a mismatch.
+    ///
+    /// # Errors
+    /// `invalid_request` when the payload is over the JSON limits.
+    pub fn new(
+        user_id: UserId,
+        session_id: SessionId,
+        client_request_id: ClientRequestId,
+        payload: &Value,
+        confirmation: Option<Confirmation>,
+    ) -> Result<Self> {
+        let fingerprint = crate::canonical::digest(
+            "payload",
+            &serde_json::json!({ "payload": payload, "confirmation": confirmation }),
+        )?;
+        let payload = CanonicalJson::new("payload", payload)?;
+        Ok(Self {
+            user_id,
+            session_id,
+            client_request_id,
+            payload,
+            confirmation,
+            fingerprint,
+        })
+    }
+}
+
+/// The proof a post-grant call carries: which turn, and its secret token.
+#[derive(Clone, Debug)]
+pub struct LeaseRef {
+    /// The turn the lease was granted to.
+    pub turn_id: TurnId,
+    /// The lease's secret.
+    pub token: LeaseToken,
+}
+
+/// What a confirmation turn carries over from the turn it answers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ConfirmationContext {
+    /// The turn that awaited confirmation.
+    pub turn_id: TurnId,
+    /// The person's decision.
+    pub decision: Decision,
+    /// The pending action that turn recorded.
+    pub pending: Value,
+}
+
+/// A granted lease on a session, with the turn it runs.
+#[derive(Clone, Debug)]
+pub struct Grant {
+    /// The turn.
+    pub turn_id: TurnId,
+    /// Its session.
+    pub session_id: SessionId,
+    /// Its user.
+    pub user_id: UserId,
+    /// Its request id.
+    pub client_request_id: ClientRequestId,
+    /// The secret; only the holder ever sees it.
+    pub lease_token: LeaseToken,
+    /// This grant's fence.
+    pub fence: Fence,
+    /// 1 for the first start, +1 per takeover or restart.
+    pub attempt: u32,
+    /// Whether this start took over a running turn whose lease expired.
+    pub takeover: bool,
+    /// Remaining lease on the store's clock when granted.
+    pub lease_expires_in_ms: i64,
+    /// Present on a confirmation turn.
+    pub confirmation: Option<ConfirmationContext>,
+}
+
+/// What `begin` did.
+#[derive(Clone, Debug)]
+pub enum BeginOutcome {
+    /// A lease was granted; run the turn.
+    Started(Grant),
+    /// The request already ended; here is its stored outcome. No lease taken.
+    Replay(TurnView),
+}
+
+/// A validated tool call: the execution key within a turn.
+#[derive(Clone, Debug)]
+pub struct ToolCall {
+    /// The tool.
+    pub tool: ToolName,
+    /// SHA-256 of the canonical args.
+    pub args_hash: Digest,
+}
+
+impl ToolCall {
+    /// Validates a tool call and hashes its args.
+    ///
+    /// # Errors
+    /// `invalid_request` when the args are over the JSON limits.
+    pub fn new(tool: ToolName, args: &Value) -> Result<Self> {
+        Ok(Self {
+            tool,
+            args_hash: crate::canonical::digest("args", args)?,
+        })
+    }
+}
+
+/// The answer to a tool claim.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ToolClaim {
+    /// Run the tool, then complete or fail the execution.
+    Execute {
+        /// The execution.
+        execution_id: ExecutionId,
+        /// Stable across attempts: forward it downstream for deduplication.
+        idempotency_key: String,
+        /// 1 for the first claim, +1 per re-execution.
+        attempt: u32,
+        /// Set when an earlier attempt failed or died mid-call.
+        previous_outcome: Option<PreviousOutcome>,
+    },
+    /// Already succeeded: here is its stored result. Do not run it.
+    Cached {
+        /// The execution.
+        execution_id: ExecutionId,
+        /// The stored result.
+        result: Value,
+    },
+}
+
+/// How a turn ends.
+#[derive(Clone, Debug)]
+pub enum Ending {
+    /// With a response that repeats replay.
+    Succeed {
+        /// The response.
+        response: CanonicalJson,
+    },
+    /// With an error; `retryable` lets a repeat restart it.
+    Fail {
+        /// The error.
+        error: CanonicalJson,
+        /// Whether a repeat of the request restarts the turn.
+        retryable: bool,
+    },
+    /// Waiting for a person to approve `pending`.
+    AwaitConfirmation {
+        /// What the person is asked to approve.
+        pending: CanonicalJson,
+    },
+}
+
+/// A turn as callers see it. Never holds a lease token.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TurnView {
+    /// The turn.
+    pub turn_id: TurnId,
+    /// Its session.
+    pub session_id: SessionId,
+    /// Its user.
+    pub user_id: UserId,
+    /// Its request id.
+    pub client_request_id: ClientRequestId,
+    /// Its state.
+    pub state: TurnState,
+    /// Attempts so far.
+    pub attempt: u32,
+    /// Fence of its latest grant.
+    pub fence: Fence,
+    /// Set when succeeded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub response: Option<Value>,
+    /// Set when failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<Value>,
+    /// Set when failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retryable: Option<bool>,
+    /// Set when awaiting or having had a confirmation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pending: Option<Value>,
+    /// Set on a confirmation turn.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub confirmation: Option<ConfirmationContext>,
+    /// Set on a confirmed turn: the continuation that took the decision.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub confirmed_by: Option<TurnId>,
+    /// Store-clock creation time, ms since the Unix epoch.
+    pub created_at_ms: i64,
+    /// Store-clock time of the latest change, ms since the Unix epoch.
+    pub updated_at_ms: i64,
+}
+
+/// A session's live lease holder.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HolderView {
+    /// The session held.
+    pub session_id: SessionId,
+    /// The turn holding it.
+    pub turn_id: TurnId,
+    /// The holder's fence.
+    pub fence: Fence,
+    /// Remaining lease on the store's clock.
+    pub lease_expires_in_ms: i64,
+}
+
+/// A session's pending confirmation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PendingView {
+    /// The turn awaiting confirmation.
+    pub turn_id: TurnId,
+    /// Remaining time before it expires, on the store's clock.
+    pub expires_in_ms: i64,
+}
+
+/// A session as callers see it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SessionView {
+    /// The session.
+    pub session_id: SessionId,
+    /// The user it is bound to.
+    pub user_id: UserId,
+    /// The live holder, if any.
+    pub holder: Option<HolderView>,
+    /// The live pending confirmation, if any.
+    pub pending_confirmation: Option<PendingView>,
+    /// Latest fence granted on this session.
+    pub fence: Fence,
+}
+
+/// A user as callers see it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct UserView {
+    /// The user.
+    pub user_id: UserId,
+    /// The cap in force: the override, else the default.
+    pub max_turns_per_user: u32,
+    /// Live leases (permits in use).
+    pub live_turns: u32,
+    /// The live holders.
+    pub holders: Vec<HolderView>,
+}
+
+/// A tool execution as callers see it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ExecutionView {
+    /// The execution.
+    pub execution_id: ExecutionId,
+    /// Its turn.
+    pub turn_id: TurnId,
+    /// Its tool.
+    pub tool: ToolName,
+    /// Its state.
+    pub state: ToolState,
+    /// Attempts so far.
+    pub attempt: u32,
+    /// Fence of the holder that claimed it last.
+    pub fence: Fence,
+    /// Set when succeeded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    /// Set when failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<Value>,
+}
+
+/// What one sweep deleted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct SweepReport {
+    /// Turns deleted.
+    pub turns: u64,
+    /// Tool executions deleted.
+    pub executions: u64,
+    /// Idle sessions deleted.
+    pub sessions: u64,
+}
+
+/// The idempotency key handed to a tool for an execution: stable across
+/// attempts and takeovers because it derives from the execution's key.
+pub fn idempotency_key(turn_id: &TurnId, call: &ToolCall) -> String {
+    use sha2::{Digest as _, Sha256};
+    let mut hasher = Sha256::new();
+    for part in [
+        turn_id.as_str(),
+        call.tool.as_str(),
+        call.args_hash.as_hex(),
+    ] {
+        hasher.update((part.len() as u64).to_be_bytes());
+        hasher.update(part.as_bytes());
+    }
+    format!("agk_{}", hex::encode(&hasher.finalize()[..16]))
+}
