@@ -60,3 +60,8 @@ pub const STORE_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound on retries of a protocol step after a transient store conflict
 /// (SQLITE_BUSY, serialization failure, deadlock).
 pub const MAX_STORE_RETRIES: u32 = 8;
+
+/// Most tool executions one turn may record. An agent loop runs a few model
+/// rounds with a few tool calls each; a thousand distinct calls in one turn is
+/// a runaway loop, and the bound keeps a turn's sweep batch bounded too.
+pub const MAX_EXECUTIONS_PER_TURN: u32 = 1_000;

@@ -1,1 +1,227 @@
-//! placeholder
+//! agentgate's embedded SQLite store: the default, zero-setup backend.
+//!
+//! - [`SqliteStore`] (this file): opening, pragmas, pools, the schema runner.
+//! - `begin`: the begin step (SPEC §4 table) in one `BEGIN IMMEDIATE` transaction.
+//! - `steps`: heartbeat, tool claims and completions, turn endings.
+//! - `views`: read-only views and the retention sweeper.
+//! - `error`: SQLite errors mapped to the engine's portable [`Error`].
+//!
+//! Every protocol step runs in a `BEGIN IMMEDIATE` transaction on the writer
+//! pool (one connection), so in-process steps queue in FIFO order instead of
+//! spinning in SQLite's busy handler, and steps from other processes on the
+//! same file wait on the busy timeout. Reads for views use a separate pool;
+//! under WAL they never block the writer.
+//!
+//! Architecture invariant: the decisions come from `agentgate_core::decide`;
+//! this crate reads snapshots and applies decisions, nothing more. Time is the
+//! SQLite clock ([`NOW_MS`]), never an app-side clock.
+#![forbid(unsafe_code)]
+
+mod begin;
+mod error;
+mod rows;
+mod steps;
+mod views;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use agentgate_core::config::Config;
+use agentgate_core::error::{Error, Result};
+use agentgate_core::ids::{ExecutionId, SessionId, TurnId, UserId};
+use agentgate_core::limits::STORE_ACQUIRE_TIMEOUT;
+use agentgate_core::model::{
+    BeginCommand, BeginOutcome, Ending, ExecutionView, LeaseRef, SessionView, SweepReport,
+    ToolCall, ToolClaim, TurnView, UserView,
+};
+use agentgate_core::store::{Completion, LeaseStatus, Store};
+use async_trait::async_trait;
+use serde_json::Value;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{Sqlite, SqlitePool, Transaction};
+
+use crate::error::map_sqlx;
+
+/// The store's clock in SQL: milliseconds since the Unix epoch.
+pub(crate) const NOW_MS: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+
+/// How long a step waits for another process's write lock on the file before
+/// reporting `store_unavailable`. Protocol steps are short (well under 10 ms);
+/// five seconds of waiting means the file is wedged, not busy.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Reader connections for views. Views are dashboard and GET traffic; four
+/// readers keep them from queueing behind each other on a 2-core machine.
+const READER_CONNECTIONS: u32 = 4;
+
+/// The schema, in order. Each entry is applied once, in its own transaction.
+const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../migrations/0001_init.sql"))];
+
+/// agentgate on an embedded SQLite file.
+#[derive(Clone)]
+pub struct SqliteStore {
+    writer: SqlitePool,
+    reader: SqlitePool,
+    config: Config,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating if missing) the SQLite file at `url`
+    /// (`sqlite://path` or `sqlite:path`), in WAL mode with `synchronous=NORMAL`
+    /// (a committed step survives a process crash; a power loss may drop the
+    /// last few commits — the durability choice of most WAL deployments),
+    /// and applies the schema.
+    ///
+    /// # Errors
+    /// `invalid_request` for a bad URL or config; `store_unavailable` when the
+    /// file cannot be opened or migrated.
+    pub async fn open(url: &str, config: Config) -> Result<Self> {
+        config.validate()?;
+        if url.contains(":memory:") || url.contains("mode=memory") {
+            return Err(Error::invalid(
+                "an in-memory SQLite database is private to one connection; use a file",
+            ));
+        }
+        let options = SqliteConnectOptions::from_str(url)
+            .map_err(|e| Error::invalid(format!("bad sqlite url: {e}")))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(BUSY_TIMEOUT)
+            .foreign_keys(true);
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(STORE_ACQUIRE_TIMEOUT)
+            .connect_with(options.clone())
+            .await
+            .map_err(map_sqlx)?;
+        let store_reader = SqlitePoolOptions::new()
+            .max_connections(READER_CONNECTIONS)
+            .acquire_timeout(STORE_ACQUIRE_TIMEOUT)
+            .connect_with(options.read_only(false))
+            .await
+            .map_err(map_sqlx)?;
+        let store = Self {
+            writer,
+            reader: store_reader,
+            config,
+        };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// Begins the write transaction every protocol step runs in. `IMMEDIATE`
+    /// takes the write lock up front, so a step that reads then writes never
+    /// fails to upgrade its snapshot.
+    pub(crate) async fn write(&self) -> Result<Transaction<'static, Sqlite>> {
+        self.writer
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(map_sqlx)
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        let mut tx = self.write().await?;
+        sqlx::query("CREATE TABLE IF NOT EXISTS ag_schema_version (version INTEGER NOT NULL)")
+            .execute(&mut *tx)
+            .await
+            .map_err(map_sqlx)?;
+        let current: Option<i64> = sqlx::query_scalar("SELECT MAX(version) FROM ag_schema_version")
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(map_sqlx)?;
+        let current = current.unwrap_or(0);
+        for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current) {
+            sqlx::raw_sql(sql)
+                .execute(&mut *tx)
+                .await
+                .map_err(map_sqlx)?;
+            sqlx::query("INSERT INTO ag_schema_version (version) VALUES (?)")
+                .bind(version)
+                .execute(&mut *tx)
+                .await
+                .map_err(map_sqlx)?;
+        }
+        tx.commit().await.map_err(map_sqlx)
+    }
+
+    /// The underlying writer pool, for applications that keep their own tables
+    /// in the same file (the reference ledger does).
+    pub fn pool(&self) -> &SqlitePool {
+        &self.writer
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    fn config(&self) -> &Config {
+        &self.config
+    }
+
+    async fn begin(&self, command: &BeginCommand) -> Result<BeginOutcome> {
+        begin::begin(self, command).await
+    }
+
+    async fn heartbeat(&self, lease: &LeaseRef) -> Result<LeaseStatus> {
+        steps::heartbeat(self, lease).await
+    }
+
+    async fn claim_tool(&self, lease: &LeaseRef, call: &ToolCall) -> Result<ToolClaim> {
+        steps::claim_tool(self, lease, call).await
+    }
+
+    async fn complete_tool(
+        &self,
+        lease: &LeaseRef,
+        execution_id: &ExecutionId,
+        completion: Completion<'_>,
+    ) -> Result<Value> {
+        steps::complete_tool(self, lease, execution_id, completion).await
+    }
+
+    async fn fail_tool(
+        &self,
+        lease: &LeaseRef,
+        execution_id: &ExecutionId,
+        error: &agentgate_core::canonical::CanonicalJson,
+    ) -> Result<()> {
+        steps::fail_tool(self, lease, execution_id, error).await
+    }
+
+    async fn end_turn(&self, lease: &LeaseRef, ending: &Ending) -> Result<TurnView> {
+        steps::end_turn(self, lease, ending).await
+    }
+
+    async fn turn(&self, turn_id: &TurnId) -> Result<Option<TurnView>> {
+        let mut conn = self.reader.acquire().await.map_err(map_sqlx)?;
+        views::turn(&mut conn, turn_id.as_str()).await
+    }
+
+    async fn executions(&self, turn_id: &TurnId) -> Result<Vec<ExecutionView>> {
+        views::executions(&self.reader, turn_id).await
+    }
+
+    async fn session(&self, session_id: &SessionId) -> Result<Option<SessionView>> {
+        views::session(&self.reader, session_id).await
+    }
+
+    async fn user(&self, user_id: &UserId) -> Result<UserView> {
+        views::user(&self.reader, &self.config, user_id).await
+    }
+
+    async fn set_user_cap(&self, user_id: &UserId, cap: Option<u32>) -> Result<()> {
+        views::set_user_cap(self, user_id, cap).await
+    }
+
+    async fn sweep(&self) -> Result<SweepReport> {
+        views::sweep(self).await
+    }
+}

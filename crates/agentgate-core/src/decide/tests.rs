@@ -1,1 +1,834 @@
-//! Unit tests of the pure decisions.
+//! Unit tests of the pure decisions: every row of SPEC §4's begin table, the
+//! session, pending and permit gates, confirmations and tool claims, each
+//! with its failure side and its boundary (live means `expires_at > now`).
+
+use super::*;
+use crate::error::ErrorKind;
+
+/// The store's clock in every test.
+const NOW: i64 = 1_000_000;
+const USER: &str = "alice";
+const SESSION: &str = "session-1";
+const FINGERPRINT: &str = "fingerprint-1";
+/// The request's own turn, when one is recorded.
+const OWN: &str = "turn-own";
+/// Another turn of the same session.
+const OTHER: &str = "turn-other";
+/// A turn awaiting confirmation.
+const PENDING: &str = "turn-pending";
+/// The continuation that confirmed [`PENDING`].
+const CONTINUATION: &str = "turn-continuation";
+
+fn ms(millis: u64) -> Duration {
+    Duration::from_millis(millis)
+}
+
+fn turn(turn_id: &str, state: TurnState, attempt: u32) -> TurnSnapshot {
+    TurnSnapshot {
+        turn_id: turn_id.to_owned(),
+        session_id: SESSION.to_owned(),
+        fingerprint: FINGERPRINT.to_owned(),
+        state,
+        attempt,
+        retryable: false,
+        confirmed_by: None,
+    }
+}
+
+fn retryable(mut snapshot: TurnSnapshot) -> TurnSnapshot {
+    snapshot.retryable = true;
+    snapshot
+}
+
+fn holder(turn_id: &str, lease_expires_at_ms: i64) -> HolderSnapshot {
+    HolderSnapshot {
+        turn_id: turn_id.to_owned(),
+        lease_expires_at_ms,
+    }
+}
+
+fn pending(turn_id: &str, expires_at_ms: i64) -> PendingSnapshot {
+    PendingSnapshot {
+        turn_id: turn_id.to_owned(),
+        expires_at_ms,
+    }
+}
+
+/// Everything a begin reads, owned, with defaults for an idle session of
+/// [`USER`], no recorded turn and a free permit.
+struct Begin {
+    user_id: &'static str,
+    fingerprint: &'static str,
+    confirms: Option<&'static str>,
+    session: Option<SessionSnapshot>,
+    turn: Option<TurnSnapshot>,
+    confirm_target: Option<TurnSnapshot>,
+    continuation: Option<TurnSnapshot>,
+    load: UserLoad,
+}
+
+impl Begin {
+    fn new() -> Self {
+        Self {
+            user_id: USER,
+            fingerprint: FINGERPRINT,
+            confirms: None,
+            session: Some(SessionSnapshot {
+                user_id: USER.to_owned(),
+                holder: None,
+                pending: None,
+            }),
+            turn: None,
+            confirm_target: None,
+            continuation: None,
+            load: UserLoad {
+                cap: 5,
+                live: 0,
+                soonest_expiry_ms: None,
+            },
+        }
+    }
+
+    fn session_mut(&mut self) -> &mut SessionSnapshot {
+        self.session
+            .as_mut()
+            .expect("the builder starts with a session; tests that drop it do so last")
+    }
+
+    fn no_session(mut self) -> Self {
+        self.session = None;
+        self
+    }
+
+    fn session_user(mut self, user_id: &str) -> Self {
+        self.session_mut().user_id = user_id.to_owned();
+        self
+    }
+
+    fn holder(mut self, turn_id: &str, lease_expires_at_ms: i64) -> Self {
+        self.session_mut().holder = Some(holder(turn_id, lease_expires_at_ms));
+        self
+    }
+
+    fn pending(mut self, turn_id: &str, expires_at_ms: i64) -> Self {
+        self.session_mut().pending = Some(pending(turn_id, expires_at_ms));
+        self
+    }
+
+    fn turn(mut self, snapshot: TurnSnapshot) -> Self {
+        self.turn = Some(snapshot);
+        self
+    }
+
+    fn fingerprint(mut self, fingerprint: &'static str) -> Self {
+        self.fingerprint = fingerprint;
+        self
+    }
+
+    fn confirms(mut self, target: Option<TurnSnapshot>) -> Self {
+        self.confirms = Some(PENDING);
+        self.confirm_target = target;
+        self
+    }
+
+    fn continuation(mut self, snapshot: TurnSnapshot) -> Self {
+        self.continuation = Some(snapshot);
+        self
+    }
+
+    fn load(mut self, cap: u32, live: u32, soonest_expiry_ms: Option<i64>) -> Self {
+        self.load = UserLoad {
+            cap,
+            live,
+            soonest_expiry_ms,
+        };
+        self
+    }
+
+    fn decide(&self) -> BeginDecision {
+        decide_begin(&BeginFacts {
+            now_ms: NOW,
+            user_id: self.user_id,
+            session_id: SESSION,
+            fingerprint: self.fingerprint,
+            confirms: self.confirms,
+            session: self.session.as_ref(),
+            turn: self.turn.as_ref(),
+            confirm_target: self.confirm_target.as_ref(),
+            continuation: self.continuation.as_ref(),
+            load: self.load,
+        })
+    }
+}
+
+fn assert_start(decision: BeginDecision, kind: StartKind, attempt: u32) {
+    match decision {
+        BeginDecision::Start {
+            kind: got_kind,
+            attempt: got_attempt,
+        } => assert_eq!((got_kind, got_attempt), (kind, attempt)),
+        other => panic!("expected Start {kind:?} attempt {attempt}, got {other:?}"),
+    }
+}
+
+fn assert_replay(decision: BeginDecision, turn_id: &str) {
+    match decision {
+        BeginDecision::Replay { turn_id: got } => assert_eq!(got, turn_id),
+        other => panic!("expected Replay of {turn_id}, got {other:?}"),
+    }
+}
+
+fn rejected(decision: BeginDecision) -> Error {
+    match decision {
+        BeginDecision::Reject(error) => error,
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+}
+
+/// Asserts a conflict's kind, the turn it names and its retry-after.
+fn assert_conflict(decision: BeginDecision, kind: ErrorKind, turn_id: &str, retry_after: Duration) {
+    let error = rejected(decision);
+    assert_eq!(error.kind(), kind, "{error:?}");
+    assert_eq!(error.active_turn_id(), Some(turn_id), "{error:?}");
+    assert_eq!(error.retry_after(), Some(retry_after), "{error:?}");
+}
+
+fn assert_not_found(decision: BeginDecision) {
+    let error = rejected(decision);
+    assert_eq!(error.kind(), ErrorKind::NotFound, "{error:?}");
+}
+
+fn assert_at_capacity(decision: BeginDecision, cap: u32, retry_after: Duration) {
+    match rejected(decision) {
+        Error::UserAtCapacity {
+            cap: got_cap,
+            retry_after: got_retry_after,
+        } => assert_eq!((got_cap, got_retry_after), (cap, retry_after)),
+        other => panic!("expected user_at_capacity, got {other:?}"),
+    }
+}
+
+const ALL_TURN_STATES: [TurnState; 5] = [
+    TurnState::Running,
+    TurnState::Succeeded,
+    TurnState::Failed,
+    TurnState::AwaitingConfirmation,
+    TurnState::Confirmed,
+];
+
+// ---- SPEC §4's begin table ------------------------------------------------
+
+#[test]
+fn a_new_request_starts_attempt_one() {
+    assert_start(Begin::new().decide(), StartKind::New, 1);
+}
+
+#[test]
+fn a_new_request_on_a_session_that_does_not_exist_yet_starts_attempt_one() {
+    assert_start(Begin::new().no_session().decide(), StartKind::New, 1);
+}
+
+#[test]
+fn a_repeat_with_another_fingerprint_is_a_payload_mismatch_in_every_state() {
+    for state in ALL_TURN_STATES {
+        // A live own lease and a live pending confirmation must not mask it.
+        let decision = Begin::new()
+            .turn(retryable(turn(OWN, state, 2)))
+            .holder(OWN, NOW + 5_000)
+            .pending(OWN, NOW + 5_000)
+            .fingerprint("fingerprint-2")
+            .decide();
+        let error = rejected(decision);
+        assert_eq!(
+            error.kind(),
+            ErrorKind::PayloadMismatch,
+            "{state:?}: {error:?}"
+        );
+    }
+}
+
+#[test]
+fn a_payload_mismatch_is_reported_before_attempts_are_exhausted() {
+    let decision = Begin::new()
+        .turn(retryable(turn(OWN, TurnState::Failed, MAX_TURN_ATTEMPTS)))
+        .fingerprint("fingerprint-2")
+        .decide();
+    assert_eq!(rejected(decision).kind(), ErrorKind::PayloadMismatch);
+}
+
+#[test]
+fn a_succeeded_turn_replays_without_a_lease_even_when_the_gates_are_shut() {
+    let decision = Begin::new()
+        .turn(turn(OWN, TurnState::Succeeded, 1))
+        .holder(OTHER, NOW + 5_000)
+        .load(1, 1, Some(NOW + 5_000))
+        .decide();
+    assert_replay(decision, OWN);
+}
+
+#[test]
+fn a_confirmed_turn_replays_its_own_view() {
+    let mut confirmed = turn(OWN, TurnState::Confirmed, 1);
+    confirmed.confirmed_by = Some(CONTINUATION.to_owned());
+    assert_replay(Begin::new().turn(confirmed).decide(), OWN);
+}
+
+#[test]
+fn a_failed_non_retryable_turn_replays_even_at_the_attempt_limit() {
+    for attempt in [1, MAX_TURN_ATTEMPTS] {
+        let decision = Begin::new()
+            .turn(turn(OWN, TurnState::Failed, attempt))
+            .decide();
+        assert_replay(decision, OWN);
+    }
+}
+
+#[test]
+fn a_failed_retryable_turn_restarts_with_the_next_attempt() {
+    let decision = Begin::new()
+        .turn(retryable(turn(OWN, TurnState::Failed, 3)))
+        .decide();
+    assert_start(decision, StartKind::Restart, 4);
+}
+
+#[test]
+fn a_running_turn_under_its_own_live_lease_is_in_flight_for_the_remaining_lease() {
+    let decision = Begin::new()
+        .turn(turn(OWN, TurnState::Running, 1))
+        .holder(OWN, NOW + 1_500)
+        .decide();
+    assert_conflict(decision, ErrorKind::RequestInFlight, OWN, ms(1_500));
+}
+
+#[test]
+fn a_lease_with_one_millisecond_left_is_still_live() {
+    let decision = Begin::new()
+        .turn(turn(OWN, TurnState::Running, 1))
+        .holder(OWN, NOW + 1)
+        .decide();
+    assert_conflict(decision, ErrorKind::RequestInFlight, OWN, ms(1));
+}
+
+#[test]
+fn a_running_turn_whose_lease_expires_exactly_now_is_taken_over() {
+    let decision = Begin::new()
+        .turn(turn(OWN, TurnState::Running, 2))
+        .holder(OWN, NOW)
+        .decide();
+    assert_start(decision, StartKind::Takeover, 3);
+}
+
+#[test]
+fn a_running_turn_whose_lease_expired_long_ago_or_was_cleared_is_taken_over() {
+    for session in [
+        Begin::new().holder(OWN, NOW - 60_000),
+        Begin::new(), // the holder row is gone
+    ] {
+        let decision = session.turn(turn(OWN, TurnState::Running, 1)).decide();
+        assert_start(decision, StartKind::Takeover, 2);
+    }
+}
+
+#[test]
+fn a_takeover_waits_for_another_turn_that_took_the_session_meanwhile() {
+    let decision = Begin::new()
+        .turn(turn(OWN, TurnState::Running, 1))
+        .holder(OTHER, NOW + 2_000)
+        .decide();
+    assert_conflict(decision, ErrorKind::SessionBusy, OTHER, ms(2_000));
+}
+
+#[test]
+fn an_awaiting_turn_with_a_live_pending_confirmation_is_awaiting_confirmation() {
+    let decision = Begin::new()
+        .turn(turn(OWN, TurnState::AwaitingConfirmation, 1))
+        .pending(OWN, NOW + 86_400_000)
+        .decide();
+    assert_conflict(
+        decision,
+        ErrorKind::AwaitingConfirmation,
+        OWN,
+        ms(86_400_000),
+    );
+}
+
+#[test]
+fn an_awaiting_turn_whose_pending_confirmation_has_one_millisecond_left_still_waits() {
+    let decision = Begin::new()
+        .turn(turn(OWN, TurnState::AwaitingConfirmation, 1))
+        .pending(OWN, NOW + 1)
+        .decide();
+    assert_conflict(decision, ErrorKind::AwaitingConfirmation, OWN, ms(1));
+}
+
+#[test]
+fn an_awaiting_turn_whose_pending_confirmation_expired_replays() {
+    for expires_at_ms in [NOW, NOW - 1] {
+        let decision = Begin::new()
+            .turn(turn(OWN, TurnState::AwaitingConfirmation, 1))
+            .pending(OWN, expires_at_ms)
+            .decide();
+        assert_replay(decision, OWN);
+    }
+}
+
+#[test]
+fn an_awaiting_turn_replays_when_the_session_waits_on_another_turn() {
+    let decision = Begin::new()
+        .turn(turn(OWN, TurnState::AwaitingConfirmation, 1))
+        .pending(OTHER, NOW + 5_000)
+        .decide();
+    assert_replay(decision, OWN);
+}
+
+// ---- attempt limit ---------------------------------------------------------
+
+#[test]
+fn the_last_allowed_attempt_starts_and_the_one_after_exhausts() {
+    let last = MAX_TURN_ATTEMPTS - 1;
+    assert_start(
+        Begin::new()
+            .turn(retryable(turn(OWN, TurnState::Failed, last)))
+            .decide(),
+        StartKind::Restart,
+        MAX_TURN_ATTEMPTS,
+    );
+    assert_start(
+        Begin::new()
+            .turn(turn(OWN, TurnState::Running, last))
+            .holder(OWN, NOW)
+            .decide(),
+        StartKind::Takeover,
+        MAX_TURN_ATTEMPTS,
+    );
+    for snapshot in [
+        retryable(turn(OWN, TurnState::Failed, MAX_TURN_ATTEMPTS)),
+        turn(OWN, TurnState::Running, MAX_TURN_ATTEMPTS),
+    ] {
+        let decision = Begin::new().turn(snapshot).holder(OWN, NOW).decide();
+        assert!(
+            matches!(decision, BeginDecision::Exhaust),
+            "expected Exhaust, got {decision:?}"
+        );
+    }
+}
+
+#[test]
+fn a_live_own_lease_at_the_attempt_limit_is_in_flight_not_exhausted() {
+    let decision = Begin::new()
+        .turn(turn(OWN, TurnState::Running, MAX_TURN_ATTEMPTS))
+        .holder(OWN, NOW + 700)
+        .decide();
+    assert_conflict(decision, ErrorKind::RequestInFlight, OWN, ms(700));
+}
+
+// ---- gates -----------------------------------------------------------------
+
+#[test]
+fn another_live_holder_makes_the_session_busy_for_its_remaining_lease() {
+    let decision = Begin::new().holder(OTHER, NOW + 2_500).decide();
+    assert_conflict(decision, ErrorKind::SessionBusy, OTHER, ms(2_500));
+}
+
+#[test]
+fn a_holder_whose_lease_expires_exactly_now_no_longer_holds_the_session() {
+    for lease_expires_at_ms in [NOW, NOW - 1] {
+        let decision = Begin::new().holder(OTHER, lease_expires_at_ms).decide();
+        assert_start(decision, StartKind::New, 1);
+    }
+}
+
+#[test]
+fn a_restart_passes_the_session_gate_too() {
+    let decision = Begin::new()
+        .turn(retryable(turn(OWN, TurnState::Failed, 1)))
+        .holder(OTHER, NOW + 900)
+        .decide();
+    assert_conflict(decision, ErrorKind::SessionBusy, OTHER, ms(900));
+}
+
+#[test]
+fn a_live_pending_confirmation_of_another_turn_blocks_a_brand_new_request() {
+    let decision = Begin::new().pending(PENDING, NOW + 60_000).decide();
+    assert_conflict(
+        decision,
+        ErrorKind::AwaitingConfirmation,
+        PENDING,
+        ms(60_000),
+    );
+}
+
+#[test]
+fn a_live_pending_confirmation_blocks_a_restart_of_an_older_turn() {
+    let decision = Begin::new()
+        .turn(retryable(turn(OWN, TurnState::Failed, 1)))
+        .pending(PENDING, NOW + 60_000)
+        .decide();
+    assert_conflict(
+        decision,
+        ErrorKind::AwaitingConfirmation,
+        PENDING,
+        ms(60_000),
+    );
+}
+
+#[test]
+fn a_pending_confirmation_is_reported_before_a_busy_session() {
+    let decision = Begin::new()
+        .pending(PENDING, NOW + 60_000)
+        .holder(OTHER, NOW + 1_000)
+        .decide();
+    assert_conflict(
+        decision,
+        ErrorKind::AwaitingConfirmation,
+        PENDING,
+        ms(60_000),
+    );
+}
+
+#[test]
+fn an_expired_pending_confirmation_no_longer_blocks_new_requests() {
+    for expires_at_ms in [NOW, NOW - 1] {
+        let decision = Begin::new().pending(PENDING, expires_at_ms).decide();
+        assert_start(decision, StartKind::New, 1);
+    }
+}
+
+#[test]
+fn a_user_at_the_cap_is_at_capacity_until_the_soonest_lease_expires() {
+    let decision = Begin::new().load(3, 3, Some(NOW + 4_200)).decide();
+    assert_at_capacity(decision, 3, ms(4_200));
+}
+
+#[test]
+fn a_user_over_a_lowered_cap_is_at_capacity() {
+    let decision = Begin::new().load(2, 5, Some(NOW + 10)).decide();
+    assert_at_capacity(decision, 2, ms(10));
+}
+
+#[test]
+fn a_user_one_below_the_cap_may_start() {
+    let decision = Begin::new().load(3, 2, Some(NOW + 4_200)).decide();
+    assert_start(decision, StartKind::New, 1);
+}
+
+#[test]
+fn capacity_retry_after_is_never_zero() {
+    // A soonest expiry at or before now (the store counted a lease that just
+    // ran out), or none at all, still asks for at least 1 ms.
+    for soonest_expiry_ms in [Some(NOW), Some(NOW - 500), None] {
+        let decision = Begin::new().load(1, 1, soonest_expiry_ms).decide();
+        assert_at_capacity(decision, 1, ms(1));
+    }
+}
+
+#[test]
+fn a_takeover_needs_a_free_permit() {
+    let decision = Begin::new()
+        .turn(turn(OWN, TurnState::Running, 1))
+        .holder(OWN, NOW)
+        .load(2, 2, Some(NOW + 300))
+        .decide();
+    assert_at_capacity(decision, 2, ms(300));
+}
+
+#[test]
+fn a_busy_session_is_reported_before_a_full_user() {
+    let decision = Begin::new()
+        .holder(OTHER, NOW + 800)
+        .load(1, 1, Some(NOW + 800))
+        .decide();
+    assert_conflict(decision, ErrorKind::SessionBusy, OTHER, ms(800));
+}
+
+// ---- session ownership -----------------------------------------------------
+
+#[test]
+fn a_session_bound_to_another_user_is_not_found() {
+    assert_not_found(Begin::new().session_user("mallory").decide());
+}
+
+#[test]
+fn another_users_session_leaks_nothing_about_its_turns() {
+    // Neither a replay nor a mismatch nor a conflict: any of those would tell
+    // the caller the session exists.
+    for (state, fingerprint) in [
+        (TurnState::Succeeded, FINGERPRINT),
+        (TurnState::Succeeded, "fingerprint-2"),
+        (TurnState::Running, FINGERPRINT),
+    ] {
+        let decision = Begin::new()
+            .session_user("mallory")
+            .holder(OWN, NOW + 1_000)
+            .turn(turn(OWN, state, 1))
+            .fingerprint(fingerprint)
+            .decide();
+        assert_not_found(decision);
+    }
+}
+
+// ---- confirmations ---------------------------------------------------------
+
+fn awaiting_target() -> TurnSnapshot {
+    turn(PENDING, TurnState::AwaitingConfirmation, 1)
+}
+
+fn confirmed_target() -> TurnSnapshot {
+    let mut target = turn(PENDING, TurnState::Confirmed, 1);
+    target.confirmed_by = Some(CONTINUATION.to_owned());
+    target
+}
+
+#[test]
+fn confirming_the_live_pending_turn_starts_a_new_turn() {
+    let decision = Begin::new()
+        .pending(PENDING, NOW + 1)
+        .confirms(Some(awaiting_target()))
+        .decide();
+    assert_start(decision, StartKind::New, 1);
+}
+
+#[test]
+fn a_confirmation_still_needs_a_free_permit() {
+    let decision = Begin::new()
+        .pending(PENDING, NOW + 60_000)
+        .confirms(Some(awaiting_target()))
+        .load(1, 1, Some(NOW + 50))
+        .decide();
+    assert_at_capacity(decision, 1, ms(50));
+}
+
+#[test]
+fn confirming_an_unknown_turn_is_not_found() {
+    let decision = Begin::new()
+        .pending(PENDING, NOW + 60_000)
+        .confirms(None)
+        .decide();
+    assert_not_found(decision);
+}
+
+#[test]
+fn confirming_a_turn_of_another_session_is_not_found() {
+    let mut elsewhere = awaiting_target();
+    elsewhere.session_id = "session-2".to_owned();
+    let decision = Begin::new()
+        .pending(PENDING, NOW + 60_000)
+        .confirms(Some(elsewhere))
+        .decide();
+    assert_not_found(decision);
+}
+
+#[test]
+fn confirming_an_expired_pending_confirmation_is_not_found() {
+    for expires_at_ms in [NOW, NOW - 1] {
+        let decision = Begin::new()
+            .pending(PENDING, expires_at_ms)
+            .confirms(Some(awaiting_target()))
+            .decide();
+        assert_not_found(decision);
+    }
+}
+
+#[test]
+fn confirming_a_turn_the_session_does_not_wait_on_is_not_found() {
+    // The session waits on another turn, or on nothing.
+    for session in [Begin::new().pending(OTHER, NOW + 60_000), Begin::new()] {
+        let decision = session.confirms(Some(awaiting_target())).decide();
+        assert_not_found(decision);
+    }
+}
+
+#[test]
+fn confirming_a_turn_that_is_not_awaiting_confirmation_is_not_found() {
+    for state in [TurnState::Running, TurnState::Succeeded, TurnState::Failed] {
+        let decision = Begin::new()
+            .pending(PENDING, NOW + 60_000)
+            .confirms(Some(turn(PENDING, state, 1)))
+            .decide();
+        assert_not_found(decision);
+    }
+}
+
+#[test]
+fn a_second_confirmation_while_the_continuation_runs_is_in_flight_as_the_continuation() {
+    let decision = Begin::new()
+        .holder(CONTINUATION, NOW + 3_000)
+        .confirms(Some(confirmed_target()))
+        .continuation(turn(CONTINUATION, TurnState::Running, 1))
+        .decide();
+    assert_conflict(
+        decision,
+        ErrorKind::RequestInFlight,
+        CONTINUATION,
+        ms(3_000),
+    );
+}
+
+#[test]
+fn a_second_confirmation_while_the_continuations_lease_is_dead_retries_soon() {
+    // The continuation's own client takes it over; this caller is told to
+    // come back at once rather than after a stale lease.
+    let decision = Begin::new()
+        .holder(CONTINUATION, NOW)
+        .confirms(Some(confirmed_target()))
+        .continuation(turn(CONTINUATION, TurnState::Running, 1))
+        .decide();
+    assert_conflict(decision, ErrorKind::RequestInFlight, CONTINUATION, ms(1));
+}
+
+#[test]
+fn a_second_confirmation_after_the_continuation_ended_replays_the_continuation() {
+    for state in [TurnState::Succeeded, TurnState::Failed] {
+        let decision = Begin::new()
+            .confirms(Some(confirmed_target()))
+            .continuation(turn(CONTINUATION, state, 1))
+            .decide();
+        assert_replay(decision, CONTINUATION);
+    }
+}
+
+#[test]
+fn a_confirmed_target_without_its_continuation_is_not_found() {
+    let decision = Begin::new().confirms(Some(confirmed_target())).decide();
+    assert_not_found(decision);
+}
+
+#[test]
+fn a_repeat_of_a_confirmation_request_follows_its_own_turn() {
+    // Once the confirmation created its turn, a repeat of the same request
+    // is judged by that turn, not by the target.
+    let decision = Begin::new()
+        .holder(OWN, NOW + 1_200)
+        .confirms(Some(confirmed_target()))
+        .turn(turn(OWN, TurnState::Running, 1))
+        .decide();
+    assert_conflict(decision, ErrorKind::RequestInFlight, OWN, ms(1_200));
+}
+
+// ---- tool claims -----------------------------------------------------------
+
+const FENCE: Fence = Fence(42);
+const LEASE_EXPIRES_AT_MS: i64 = NOW + 20_000;
+
+fn execution(state: ToolState, attempt: u32, fence: Fence) -> ExecutionSnapshot {
+    ExecutionSnapshot {
+        execution_id: "exec-1".to_owned(),
+        state,
+        attempt,
+        fence,
+    }
+}
+
+fn claim(existing: Option<ExecutionSnapshot>) -> ToolDecision {
+    decide_tool_claim(existing.as_ref(), FENCE, LEASE_EXPIRES_AT_MS, NOW)
+}
+
+fn assert_reclaim(decision: ToolDecision, attempt: u32, previous: PreviousOutcome) {
+    match decision {
+        ToolDecision::Reclaim {
+            attempt: got_attempt,
+            previous: got_previous,
+        } => assert_eq!((got_attempt, got_previous), (attempt, previous)),
+        other => panic!("expected Reclaim attempt {attempt} {previous:?}, got {other:?}"),
+    }
+}
+
+fn tool_rejected(decision: ToolDecision) -> Error {
+    match decision {
+        ToolDecision::Reject(error) => error,
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_first_tool_claim_inserts() {
+    let decision = claim(None);
+    assert!(matches!(decision, ToolDecision::Insert), "{decision:?}");
+}
+
+#[test]
+fn a_succeeded_execution_is_cached_whatever_its_fence_or_attempts() {
+    for snapshot in [
+        execution(ToolState::Succeeded, 1, FENCE),
+        execution(ToolState::Succeeded, 3, Fence(FENCE.0 - 1)),
+        execution(ToolState::Succeeded, MAX_TOOL_ATTEMPTS, FENCE),
+    ] {
+        let decision = claim(Some(snapshot));
+        assert!(matches!(decision, ToolDecision::Cached), "{decision:?}");
+    }
+}
+
+#[test]
+fn a_failed_execution_is_reclaimed_with_previous_failed() {
+    for fence in [FENCE, Fence(FENCE.0 - 1)] {
+        let decision = claim(Some(execution(ToolState::Failed, 2, fence)));
+        assert_reclaim(decision, 3, PreviousOutcome::Failed);
+    }
+}
+
+#[test]
+fn a_running_execution_under_the_callers_own_fence_is_in_flight() {
+    let decision = claim(Some(execution(ToolState::Running, 1, FENCE)));
+    match tool_rejected(decision) {
+        Error::ToolInFlight {
+            execution_id,
+            retry_after,
+        } => {
+            assert_eq!(execution_id, "exec-1");
+            assert_eq!(retry_after, ms(20_000));
+        }
+        other => panic!("expected tool_in_flight, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_tool_in_flight_retry_after_is_never_zero() {
+    let decision = decide_tool_claim(
+        Some(&execution(ToolState::Running, 1, FENCE)),
+        FENCE,
+        NOW,
+        NOW,
+    );
+    let error = tool_rejected(decision);
+    assert_eq!(error.kind(), ErrorKind::ToolInFlight, "{error:?}");
+    assert_eq!(error.retry_after(), Some(ms(1)));
+}
+
+#[test]
+fn a_running_execution_under_an_older_fence_is_reclaimed_with_previous_unknown() {
+    let decision = claim(Some(execution(ToolState::Running, 1, Fence(FENCE.0 - 1))));
+    assert_reclaim(decision, 2, PreviousOutcome::Unknown);
+}
+
+#[test]
+fn the_last_tool_attempt_is_reclaimed_and_the_one_after_is_exhausted() {
+    let older = Fence(FENCE.0 - 1);
+    assert_reclaim(
+        claim(Some(execution(
+            ToolState::Failed,
+            MAX_TOOL_ATTEMPTS - 1,
+            FENCE,
+        ))),
+        MAX_TOOL_ATTEMPTS,
+        PreviousOutcome::Failed,
+    );
+    for snapshot in [
+        execution(ToolState::Failed, MAX_TOOL_ATTEMPTS, FENCE),
+        execution(ToolState::Running, MAX_TOOL_ATTEMPTS, older),
+    ] {
+        match tool_rejected(claim(Some(snapshot))) {
+            Error::AttemptsExhausted { what } => assert!(what.contains("exec-1"), "{what}"),
+            other => panic!("expected attempts_exhausted, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn an_execution_in_flight_at_the_attempt_limit_is_in_flight_not_exhausted() {
+    let decision = claim(Some(execution(
+        ToolState::Running,
+        MAX_TOOL_ATTEMPTS,
+        FENCE,
+    )));
+    assert_eq!(tool_rejected(decision).kind(), ErrorKind::ToolInFlight);
+}

@@ -1,0 +1,295 @@
+//! The begin step: read the snapshot, ask `decide_begin`, apply, in one
+//! `BEGIN IMMEDIATE` transaction. The session lease and the user's permit are
+//! one row write, so they are taken together or not at all.
+
+use agentgate_core::decide::{
+    decide_begin, BeginDecision, BeginFacts, StartKind, TurnSnapshot, UserLoad,
+};
+use agentgate_core::error::{Error, Result};
+use agentgate_core::ids::{Fence, LeaseToken, TurnId};
+use agentgate_core::model::{BeginCommand, BeginOutcome, Grant, TurnState};
+use sqlx::{Sqlite, SqliteConnection, Transaction};
+
+use crate::error::map_sqlx;
+use crate::rows::{session_snapshot, turn_snapshot, turn_view, SESSION_COLUMNS, TURN_COLUMNS};
+use crate::{SqliteStore, NOW_MS};
+
+pub(crate) async fn now_ms(conn: &mut SqliteConnection) -> Result<i64> {
+    sqlx::query_scalar(&format!("SELECT {NOW_MS}"))
+        .fetch_one(conn)
+        .await
+        .map_err(map_sqlx)
+}
+
+async fn turn_by_id(conn: &mut SqliteConnection, turn_id: &str) -> Result<Option<TurnSnapshot>> {
+    let row = sqlx::query(&format!(
+        "SELECT {TURN_COLUMNS} FROM ag_turns WHERE turn_id = ?"
+    ))
+    .bind(turn_id)
+    .fetch_optional(conn)
+    .await
+    .map_err(map_sqlx)?;
+    row.as_ref().map(turn_snapshot).transpose()
+}
+
+async fn user_load(
+    conn: &mut SqliteConnection,
+    user_id: &str,
+    default_cap: u32,
+    now_ms: i64,
+) -> Result<UserLoad> {
+    let (cap, live, soonest): (Option<i64>, i64, Option<i64>) = sqlx::query_as(
+        "SELECT (SELECT max_turns FROM ag_users WHERE user_id = ?1), COUNT(*), \
+         MIN(lease_expires_at_ms) FROM ag_sessions \
+         WHERE user_id = ?1 AND lease_expires_at_ms > ?2",
+    )
+    .bind(user_id)
+    .bind(now_ms)
+    .fetch_one(conn)
+    .await
+    .map_err(map_sqlx)?;
+    Ok(UserLoad {
+        cap: cap
+            .and_then(|c| u32::try_from(c).ok())
+            .unwrap_or(default_cap),
+        live: u32::try_from(live).unwrap_or(u32::MAX),
+        soonest_expiry_ms: soonest,
+    })
+}
+
+pub(crate) async fn begin(store: &SqliteStore, command: &BeginCommand) -> Result<BeginOutcome> {
+    let mut tx = store.write().await?;
+    let outcome = begin_in(store, &mut tx, command).await?;
+    tx.commit().await.map_err(map_sqlx)?;
+    Ok(outcome)
+}
+
+async fn begin_in(
+    store: &SqliteStore,
+    tx: &mut Transaction<'static, Sqlite>,
+    command: &BeginCommand,
+) -> Result<BeginOutcome> {
+    let now = now_ms(tx).await?;
+    let session = sqlx::query(&format!(
+        "SELECT {SESSION_COLUMNS} FROM ag_sessions WHERE session_id = ?"
+    ))
+    .bind(command.session_id.as_str())
+    .fetch_optional(&mut **tx)
+    .await
+    .map_err(map_sqlx)?
+    .as_ref()
+    .map(session_snapshot)
+    .transpose()?;
+    let turn = sqlx::query(&format!(
+        "SELECT {TURN_COLUMNS} FROM ag_turns WHERE session_id = ? AND client_request_id = ?"
+    ))
+    .bind(command.session_id.as_str())
+    .bind(command.client_request_id.as_str())
+    .fetch_optional(&mut **tx)
+    .await
+    .map_err(map_sqlx)?
+    .as_ref()
+    .map(turn_snapshot)
+    .transpose()?;
+    let confirms = command.confirmation.as_ref().map(|c| c.turn_id.as_str());
+    let confirm_target = match (confirms, &turn) {
+        (Some(target), None) => turn_by_id(tx, target).await?,
+        _ => None,
+    };
+    let continuation = match confirm_target
+        .as_ref()
+        .and_then(|t| t.confirmed_by.as_deref())
+    {
+        Some(next) => turn_by_id(tx, next).await?,
+        None => None,
+    };
+    let load = user_load(
+        tx,
+        command.user_id.as_str(),
+        store.config.max_turns_per_user,
+        now,
+    )
+    .await?;
+    let facts = BeginFacts {
+        now_ms: now,
+        user_id: command.user_id.as_str(),
+        session_id: command.session_id.as_str(),
+        fingerprint: command.fingerprint.as_hex(),
+        confirms,
+        session: session.as_ref(),
+        turn: turn.as_ref(),
+        confirm_target: confirm_target.as_ref(),
+        continuation: continuation.as_ref(),
+        load,
+    };
+    match decide_begin(&facts) {
+        BeginDecision::Reject(error) => Err(error),
+        BeginDecision::Replay { turn_id } => replay(tx, &turn_id).await,
+        BeginDecision::Exhaust => {
+            let turn_id = turn.as_ref().map(|t| t.turn_id.clone()).unwrap_or_default();
+            sqlx::query(
+                "UPDATE ag_turns SET state = 'failed', retryable = 0, \
+                 error = '{\"code\":\"attempts_exhausted\"}', updated_at_ms = ?1, ended_at_ms = ?1 \
+                 WHERE turn_id = ?2",
+            )
+            .bind(now)
+            .bind(&turn_id)
+            .execute(&mut **tx)
+            .await
+            .map_err(map_sqlx)?;
+            replay(tx, &turn_id).await
+        }
+        BeginDecision::Start { kind, attempt } => {
+            start(store, tx, command, turn.as_ref(), kind, attempt, now).await
+        }
+    }
+}
+
+async fn replay(conn: &mut SqliteConnection, turn_id: &str) -> Result<BeginOutcome> {
+    let row = sqlx::query(&format!(
+        "SELECT {TURN_COLUMNS} FROM ag_turns WHERE turn_id = ?"
+    ))
+    .bind(turn_id)
+    .fetch_one(conn)
+    .await
+    .map_err(map_sqlx)?;
+    Ok(BeginOutcome::Replay(turn_view(&row)?))
+}
+
+pub(crate) async fn next_fence(conn: &mut SqliteConnection) -> Result<Fence> {
+    let value: i64 =
+        sqlx::query_scalar("UPDATE ag_fence SET value = value + 1 WHERE id = 1 RETURNING value")
+            .fetch_one(conn)
+            .await
+            .map_err(map_sqlx)?;
+    Ok(Fence(value))
+}
+
+async fn start(
+    store: &SqliteStore,
+    tx: &mut Transaction<'static, Sqlite>,
+    command: &BeginCommand,
+    existing: Option<&TurnSnapshot>,
+    kind: StartKind,
+    attempt: u32,
+    now: i64,
+) -> Result<BeginOutcome> {
+    let fence = next_fence(tx).await?;
+    let token = LeaseToken::generate();
+    let ttl_ms = store.config.lease_ttl_ms();
+    let turn_id = match existing {
+        Some(turn) => TurnId::new(turn.turn_id.clone())?,
+        None => TurnId::generate(),
+    };
+    let confirming = command.confirmation.is_some() && kind == StartKind::New;
+    sqlx::query(
+        "INSERT INTO ag_sessions (session_id, user_id, holder_turn_id, lease_token_hash, fence, \
+         lease_expires_at_ms, updated_at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
+         ON CONFLICT (session_id) DO UPDATE SET holder_turn_id = ?3, lease_token_hash = ?4, \
+         fence = ?5, lease_expires_at_ms = ?6, updated_at_ms = ?7, \
+         pending_turn_id = CASE WHEN ?8 THEN NULL ELSE pending_turn_id END, \
+         pending_expires_at_ms = CASE WHEN ?8 THEN NULL ELSE pending_expires_at_ms END",
+    )
+    .bind(command.session_id.as_str())
+    .bind(command.user_id.as_str())
+    .bind(turn_id.as_str())
+    .bind(token.digest_hex())
+    .bind(fence.0)
+    .bind(now + ttl_ms)
+    .bind(now)
+    .bind(confirming)
+    .execute(&mut **tx)
+    .await
+    .map_err(map_sqlx)?;
+    if existing.is_some() {
+        sqlx::query(
+            "UPDATE ag_turns SET state = 'running', attempt = ?1, fence = ?2, error = NULL, \
+             retryable = NULL, updated_at_ms = ?3, ended_at_ms = NULL WHERE turn_id = ?4",
+        )
+        .bind(attempt)
+        .bind(fence.0)
+        .bind(now)
+        .bind(turn_id.as_str())
+        .execute(&mut **tx)
+        .await
+        .map_err(map_sqlx)?;
+    } else {
+        insert_turn(tx, command, &turn_id, fence, now).await?;
+    }
+    let view = match replay(tx, turn_id.as_str()).await? {
+        BeginOutcome::Replay(view) => view,
+        BeginOutcome::Started(_) => unreachable!("replay returns a view"),
+    };
+    debug_assert_eq!(view.state, TurnState::Running);
+    debug_assert_eq!(view.fence, fence);
+    Ok(BeginOutcome::Started(Grant {
+        turn_id,
+        session_id: command.session_id.clone(),
+        user_id: command.user_id.clone(),
+        client_request_id: command.client_request_id.clone(),
+        lease_token: token,
+        fence,
+        attempt,
+        takeover: kind == StartKind::Takeover,
+        lease_expires_in_ms: ttl_ms,
+        confirmation: view.confirmation,
+    }))
+}
+
+async fn insert_turn(
+    tx: &mut Transaction<'static, Sqlite>,
+    command: &BeginCommand,
+    turn_id: &TurnId,
+    fence: Fence,
+    now: i64,
+) -> Result<()> {
+    // A confirmation turn carries the pending action and the decision; the
+    // pending turn becomes `confirmed` in the same transaction.
+    let (pending, decision) = match &command.confirmation {
+        Some(confirmation) => {
+            let pending: Option<Option<String>> =
+                sqlx::query_scalar("SELECT pending FROM ag_turns WHERE turn_id = ?")
+                    .bind(confirmation.turn_id.as_str())
+                    .fetch_optional(&mut **tx)
+                    .await
+                    .map_err(map_sqlx)?;
+            let updated = sqlx::query(
+                "UPDATE ag_turns SET state = 'confirmed', confirmed_by = ?1, updated_at_ms = ?2 \
+                 WHERE turn_id = ?3 AND state = 'awaiting_confirmation'",
+            )
+            .bind(turn_id.as_str())
+            .bind(now)
+            .bind(confirmation.turn_id.as_str())
+            .execute(&mut **tx)
+            .await
+            .map_err(map_sqlx)?;
+            if updated.rows_affected() != 1 {
+                return Err(Error::not_found(format!(
+                    "pending confirmation of turn {}",
+                    confirmation.turn_id
+                )));
+            }
+            (pending.flatten(), Some(confirmation.decision.as_str()))
+        }
+        None => (None, None),
+    };
+    sqlx::query(
+        "INSERT INTO ag_turns (turn_id, session_id, user_id, client_request_id, fingerprint, \
+         state, attempt, fence, pending, confirms_turn_id, decision, created_at_ms, updated_at_ms) \
+         VALUES (?1, ?2, ?3, ?4, ?5, 'running', 1, ?6, ?7, ?8, ?9, ?10, ?10)",
+    )
+    .bind(turn_id.as_str())
+    .bind(command.session_id.as_str())
+    .bind(command.user_id.as_str())
+    .bind(command.client_request_id.as_str())
+    .bind(command.fingerprint.as_hex())
+    .bind(fence.0)
+    .bind(pending)
+    .bind(command.confirmation.as_ref().map(|c| c.turn_id.as_str()))
+    .bind(decision)
+    .bind(now)
+    .execute(&mut **tx)
+    .await
+    .map_err(map_sqlx)?;
+    Ok(())
+}

@@ -1,0 +1,19 @@
+//! SQLite and sqlx errors mapped to the engine's portable [`Error`].
+//!
+//! Every driver failure is `store_unavailable`: the protocol's own refusals
+//! are decided before any write, inside the `IMMEDIATE` transaction, so a
+//! constraint violation here is a bug or a foreign writer, not a race to
+//! report as a conflict. SQLITE_BUSY after the busy timeout means another
+//! process holds the write lock too long; the caller may retry.
+
+use agentgate_core::error::Error;
+
+/// Maps a sqlx error to `store_unavailable`, keeping the source for logs.
+pub(crate) fn map_sqlx(error: sqlx::Error) -> Error {
+    Error::store(error)
+}
+
+/// A stored value the schema does not allow (a bug or a foreign writer).
+pub(crate) fn corrupt(what: impl std::fmt::Display) -> Error {
+    Error::store(format!("corrupt row: {what}"))
+}

@@ -1,0 +1,212 @@
+//! Read-only views (never a lease token) and the retention sweeper.
+
+use agentgate_core::config::{check_cap, duration_ms, Config};
+use agentgate_core::error::Result;
+use agentgate_core::ids::{Fence, SessionId, TurnId, UserId};
+use agentgate_core::model::{
+    ExecutionView, HolderView, PendingView, SessionView, SweepReport, TurnView, UserView,
+};
+use sqlx::{Row, SqliteConnection, SqlitePool};
+
+use crate::begin::now_ms;
+use crate::error::{corrupt, map_sqlx};
+use crate::rows::{execution_view, turn_view, EXECUTION_COLUMNS, TURN_COLUMNS};
+use crate::{SqliteStore, NOW_MS};
+
+pub(crate) async fn turn(conn: &mut SqliteConnection, turn_id: &str) -> Result<Option<TurnView>> {
+    let row = sqlx::query(&format!(
+        "SELECT {TURN_COLUMNS} FROM ag_turns WHERE turn_id = ?"
+    ))
+    .bind(turn_id)
+    .fetch_optional(conn)
+    .await
+    .map_err(map_sqlx)?;
+    row.as_ref().map(turn_view).transpose()
+}
+
+pub(crate) async fn executions(pool: &SqlitePool, turn_id: &TurnId) -> Result<Vec<ExecutionView>> {
+    let rows = sqlx::query(&format!(
+        "SELECT {EXECUTION_COLUMNS} FROM ag_tool_executions WHERE turn_id = ? ORDER BY created_at_ms, execution_id"
+    ))
+    .bind(turn_id.as_str())
+    .fetch_all(pool)
+    .await
+    .map_err(map_sqlx)?;
+    rows.iter().map(execution_view).collect()
+}
+
+fn holder(
+    session_id: &str,
+    turn_id: String,
+    fence: i64,
+    expires_at_ms: i64,
+    now_ms: i64,
+) -> Result<HolderView> {
+    Ok(HolderView {
+        session_id: SessionId::new(session_id).map_err(|e| corrupt(e))?,
+        turn_id: TurnId::new(turn_id).map_err(|e| corrupt(e))?,
+        fence: Fence(fence),
+        lease_expires_in_ms: expires_at_ms - now_ms,
+    })
+}
+
+pub(crate) async fn session(
+    pool: &SqlitePool,
+    session_id: &SessionId,
+) -> Result<Option<SessionView>> {
+    let row = sqlx::query(&format!(
+        "SELECT user_id, holder_turn_id, fence, lease_expires_at_ms, pending_turn_id, \
+         pending_expires_at_ms, {NOW_MS} AS now_ms FROM ag_sessions WHERE session_id = ?"
+    ))
+    .bind(session_id.as_str())
+    .fetch_optional(pool)
+    .await
+    .map_err(map_sqlx)?;
+    let Some(row) = row else { return Ok(None) };
+    let get_i64 = |c: &str| row.try_get::<Option<i64>, _>(c).map_err(map_sqlx);
+    let get_text = |c: &str| row.try_get::<Option<String>, _>(c).map_err(map_sqlx);
+    let now = get_i64("now_ms")?.unwrap_or_default();
+    let fence = get_i64("fence")?.unwrap_or_default();
+    let holder = match (get_text("holder_turn_id")?, get_i64("lease_expires_at_ms")?) {
+        (Some(turn_id), Some(expires)) if expires > now => {
+            Some(holder(session_id.as_str(), turn_id, fence, expires, now)?)
+        }
+        _ => None,
+    };
+    let pending_confirmation = match (
+        get_text("pending_turn_id")?,
+        get_i64("pending_expires_at_ms")?,
+    ) {
+        (Some(turn_id), Some(expires)) if expires > now => Some(PendingView {
+            turn_id: TurnId::new(turn_id).map_err(|e| corrupt(e))?,
+            expires_in_ms: expires - now,
+        }),
+        _ => None,
+    };
+    Ok(Some(SessionView {
+        session_id: session_id.clone(),
+        user_id: UserId::new(get_text("user_id")?.unwrap_or_default()).map_err(|e| corrupt(e))?,
+        holder,
+        pending_confirmation,
+        fence: Fence(fence),
+    }))
+}
+
+pub(crate) async fn user(pool: &SqlitePool, config: &Config, user_id: &UserId) -> Result<UserView> {
+    let mut conn = pool.acquire().await.map_err(map_sqlx)?;
+    let now = now_ms(&mut conn).await?;
+    let cap: Option<i64> = sqlx::query_scalar("SELECT max_turns FROM ag_users WHERE user_id = ?")
+        .bind(user_id.as_str())
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(map_sqlx)?;
+    let rows: Vec<(String, String, i64, i64)> = sqlx::query_as(
+        "SELECT session_id, holder_turn_id, fence, lease_expires_at_ms FROM ag_sessions \
+         WHERE user_id = ? AND lease_expires_at_ms > ? ORDER BY lease_expires_at_ms",
+    )
+    .bind(user_id.as_str())
+    .bind(now)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(map_sqlx)?;
+    let holders = rows
+        .into_iter()
+        .map(|(session_id, turn_id, fence, expires)| {
+            holder(&session_id, turn_id, fence, expires, now)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(UserView {
+        user_id: user_id.clone(),
+        max_turns_per_user: cap
+            .and_then(|c| u32::try_from(c).ok())
+            .unwrap_or(config.max_turns_per_user),
+        live_turns: u32::try_from(holders.len()).unwrap_or(u32::MAX),
+        holders,
+    })
+}
+
+pub(crate) async fn set_user_cap(
+    store: &SqliteStore,
+    user_id: &UserId,
+    cap: Option<u32>,
+) -> Result<()> {
+    if let Some(cap) = cap {
+        check_cap(cap)?;
+    }
+    let mut tx = store.write().await?;
+    match cap {
+        Some(cap) => sqlx::query(
+            "INSERT INTO ag_users (user_id, max_turns) VALUES (?1, ?2) \
+             ON CONFLICT (user_id) DO UPDATE SET max_turns = ?2",
+        )
+        .bind(user_id.as_str())
+        .bind(cap),
+        None => sqlx::query("DELETE FROM ag_users WHERE user_id = ?").bind(user_id.as_str()),
+    }
+    .execute(&mut *tx)
+    .await
+    .map_err(map_sqlx)?;
+    tx.commit().await.map_err(map_sqlx)
+}
+
+/// Turns a sweep may delete: ended before the cutoff (awaiting ones only once
+/// their confirmation expired too), or running with no live lease and silent
+/// since before the cutoff (abandoned).
+const SWEEPABLE_TURNS: &str = "SELECT turn_id FROM ag_turns t WHERE \
+    (t.state IN ('succeeded', 'failed', 'confirmed') AND t.ended_at_ms < ?1) \
+    OR (t.state = 'awaiting_confirmation' AND t.ended_at_ms < ?2) \
+    OR (t.state = 'running' AND t.updated_at_ms < ?1 AND NOT EXISTS ( \
+        SELECT 1 FROM ag_sessions s WHERE s.holder_turn_id = t.turn_id AND s.lease_expires_at_ms > ?3)) \
+    ORDER BY t.turn_id \
+    LIMIT ?4";
+
+pub(crate) async fn sweep(store: &SqliteStore) -> Result<SweepReport> {
+    let config = &store.config;
+    let mut tx = store.write().await?;
+    let now = now_ms(&mut tx).await?;
+    let cutoff = now - duration_ms(config.result_retention);
+    let pending_cutoff = cutoff - duration_ms(config.confirmation_ttl);
+    let batch = i64::from(config.sweep_batch);
+    let executions = sqlx::query(&format!(
+        "DELETE FROM ag_tool_executions WHERE turn_id IN ({SWEEPABLE_TURNS})"
+    ))
+    .bind(cutoff)
+    .bind(pending_cutoff)
+    .bind(now)
+    .bind(batch)
+    .execute(&mut *tx)
+    .await
+    .map_err(map_sqlx)?
+    .rows_affected();
+    let turns = sqlx::query(&format!(
+        "DELETE FROM ag_turns WHERE turn_id IN ({SWEEPABLE_TURNS})"
+    ))
+    .bind(cutoff)
+    .bind(pending_cutoff)
+    .bind(now)
+    .bind(batch)
+    .execute(&mut *tx)
+    .await
+    .map_err(map_sqlx)?
+    .rows_affected();
+    // Idle sessions with no turns left lose their user binding after retention.
+    let sessions = sqlx::query(
+        "DELETE FROM ag_sessions WHERE session_id IN (SELECT s.session_id FROM ag_sessions s \
+         WHERE s.updated_at_ms < ?1 AND (s.lease_expires_at_ms IS NULL OR s.lease_expires_at_ms <= ?2) \
+         AND (s.pending_expires_at_ms IS NULL OR s.pending_expires_at_ms <= ?2) \
+         AND NOT EXISTS (SELECT 1 FROM ag_turns t WHERE t.session_id = s.session_id) LIMIT ?3)",
+    )
+    .bind(cutoff)
+    .bind(now)
+    .bind(batch)
+    .execute(&mut *tx)
+    .await
+    .map_err(map_sqlx)?
+    .rows_affected();
+    tx.commit().await.map_err(map_sqlx)?;
+    Ok(SweepReport {
+        turns,
+        executions,
+        sessions,
+    })
+}
