@@ -1,0 +1,170 @@
+//! [`Gate`]: the entry point. Opens a store by URL, begins turns, and runs
+//! the retention sweeper in the background.
+
+use std::sync::Arc;
+
+use agentgate_core::config::Config;
+use agentgate_core::error::{Error, Result};
+use agentgate_core::ids::{ClientRequestId, SessionId, TurnId, UserId};
+use agentgate_core::model::{BeginCommand, BeginOutcome, Confirmation, Decision, TurnView};
+use agentgate_core::store::Store;
+use serde_json::Value;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use crate::turn::Turn;
+
+/// Batches one sweeper tick deletes at most before waiting for the next
+/// tick, so a backlog is worked off without monopolising the store.
+const SWEEP_BATCHES_PER_TICK: u32 = 16;
+
+/// What [`Gate::begin`] did.
+#[derive(Debug)]
+pub enum Begun {
+    /// A lease was granted: run the turn, then end it.
+    Started(Turn),
+    /// The request already ended; its stored outcome. No lease was taken.
+    Replay(TurnView),
+}
+
+/// The engine over one store. Cheap to clone; the background sweeper stops
+/// when the last clone is dropped.
+#[derive(Clone, Debug)]
+pub struct Gate {
+    store: Arc<dyn Store>,
+    _sweeper: Arc<DropGuard>,
+}
+
+impl Gate {
+    /// Opens the store at `url` and starts the sweeper.
+    ///
+    /// Supported: `sqlite://path` (created if missing).
+    ///
+    /// # Errors
+    /// `invalid_request` for an unknown scheme or a config out of range;
+    /// `store_unavailable` when the store cannot be opened.
+    pub async fn open(url: &str, config: Config) -> Result<Self> {
+        config.validate()?;
+        let scheme = url.split(':').next().unwrap_or_default();
+        let store: Arc<dyn Store> = match scheme {
+            #[cfg(feature = "sqlite")]
+            "sqlite" => Arc::new(agentgate_store_sqlite::SqliteStore::open(url, config).await?),
+            other => {
+                return Err(Error::invalid(format!(
+                    "unsupported store scheme {other:?}; expected sqlite://"
+                )))
+            }
+        };
+        Ok(Self::with_store(store))
+    }
+
+    /// Wraps an opened store and starts the sweeper.
+    pub fn with_store(store: Arc<dyn Store>) -> Self {
+        let stop = CancellationToken::new();
+        tokio::spawn(sweep_forever(Arc::clone(&store), stop.clone()));
+        Self {
+            store,
+            _sweeper: Arc::new(stop.drop_guard()),
+        }
+    }
+
+    /// The store, for callers that drive the protocol by lease token (the
+    /// HTTP service) rather than through a [`Turn`] guard.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &Config {
+        self.store.config()
+    }
+
+    /// Begins a turn for `user` in `session`, keyed by `client_request_id`.
+    ///
+    /// # Errors
+    /// `invalid_request` for bad ids or payload; `payload_mismatch`;
+    /// `request_in_flight`, `session_busy`, `awaiting_confirmation` and
+    /// `user_at_capacity` with a `retry_after`; `not_found` for another
+    /// user's session; `store_unavailable`.
+    pub async fn begin(
+        &self,
+        user: &str,
+        session: &str,
+        client_request_id: &str,
+        payload: &Value,
+    ) -> Result<Begun> {
+        let command = BeginCommand::new(
+            UserId::new(user)?,
+            SessionId::new(session)?,
+            ClientRequestId::new(client_request_id)?,
+            payload,
+            None,
+        )?;
+        self.begin_command(&command).await
+    }
+
+    /// Begins the confirmation turn that answers `pending_turn`'s pending
+    /// action with `decision`. A second confirmation of the same pending turn
+    /// replays the first one's outcome or gets `request_in_flight`.
+    ///
+    /// # Errors
+    /// `not_found` when `pending_turn` awaits no live confirmation; otherwise
+    /// as [`Gate::begin`].
+    pub async fn confirm(
+        &self,
+        user: &str,
+        session: &str,
+        client_request_id: &str,
+        pending_turn: &str,
+        decision: Decision,
+    ) -> Result<Begun> {
+        let confirmation = Confirmation {
+            turn_id: TurnId::new(pending_turn)?,
+            decision,
+        };
+        let command = BeginCommand::new(
+            UserId::new(user)?,
+            SessionId::new(session)?,
+            ClientRequestId::new(client_request_id)?,
+            &Value::Null,
+            Some(confirmation),
+        )?;
+        self.begin_command(&command).await
+    }
+
+    /// Begins a turn from a validated command.
+    ///
+    /// # Errors
+    /// As [`Gate::begin`].
+    pub async fn begin_command(&self, command: &BeginCommand) -> Result<Begun> {
+        let requested_at = tokio::time::Instant::now();
+        Ok(match self.store.begin(command).await? {
+            BeginOutcome::Replay(view) => Begun::Replay(view),
+            BeginOutcome::Started(grant) => {
+                tracing::debug!(turn_id = %grant.turn_id, fence = %grant.fence, attempt = grant.attempt, "turn started");
+                Begun::Started(Turn::start(Arc::clone(&self.store), grant, requested_at))
+            }
+        })
+    }
+}
+
+async fn sweep_forever(store: Arc<dyn Store>, stop: CancellationToken) {
+    let config = store.config().clone();
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(config.sweep_interval) => {}
+        }
+        for _ in 0..SWEEP_BATCHES_PER_TICK {
+            match store.sweep().await {
+                Ok(report) if report.turns + report.sessions < u64::from(config.sweep_batch) => {
+                    break
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(%error, "sweep failed");
+                    break;
+                }
+            }
+        }
+    }
+}

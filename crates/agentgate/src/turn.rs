@@ -1,0 +1,428 @@
+//! The [`Turn`] guard: a granted lease with its watchdog, its tools and its
+//! endings.
+//!
+//! A `Turn` ends exactly once, by [`Turn::succeed`], [`Turn::fail`] or
+//! [`Turn::await_confirmation`], each consuming it. A `Turn` dropped without an
+//! ending (an error path, a panic, a cancelled task) is failed as retryable in
+//! the background, so its lease and permit never leak; a crashed process is
+//! covered by lease expiry.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use agentgate_core::canonical::CanonicalJson;
+use agentgate_core::error::{BoxError, Error, ErrorKind, Result};
+use agentgate_core::ids::{ExecutionId, Fence, SessionId, ToolName, TurnId, UserId};
+use agentgate_core::model::{
+    ConfirmationContext, Ending, Grant, LeaseRef, PreviousOutcome, ToolCall, ToolClaim, TurnView,
+};
+use agentgate_core::store::{BoxFuture, Completion, LeaseStatus, Store};
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+use crate::effect::{ClosureEffect, SqlTx};
+use crate::watchdog::Watchdog;
+
+/// A running turn: proof of the session lease and the user's permit.
+pub struct Turn {
+    store: Arc<dyn Store>,
+    grant: Grant,
+    lease: LeaseRef,
+    lost: CancellationToken,
+    watchdog: Option<Watchdog>,
+    /// Set once an ending reached the store (or the lease was found gone).
+    ended: bool,
+}
+
+impl std::fmt::Debug for Turn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Turn")
+            .field("turn_id", &self.grant.turn_id)
+            .field("fence", &self.grant.fence)
+            .field("attempt", &self.grant.attempt)
+            .field("takeover", &self.grant.takeover)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What to do with a tool execution whose previous attempt died mid-call, so
+/// that it may or may not have taken effect.
+pub enum ToolPolicy {
+    /// The tool is idempotent (or forwards the idempotency key downstream):
+    /// run it again.
+    Retry,
+    /// Ask `verify` whether the effect happened, given the idempotency key:
+    /// `Some(result)` completes the execution with it; `None` runs the tool.
+    Verify(Box<dyn Fn(&str) -> BoxFuture<'static, Result<Option<Value>, BoxError>> + Send + Sync>),
+    /// Do not run it; return `unknown_tool_outcome` so a person decides.
+    Fail,
+}
+
+impl std::fmt::Debug for ToolPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Retry => "ToolPolicy::Retry",
+            Self::Verify(_) => "ToolPolicy::Verify",
+            Self::Fail => "ToolPolicy::Fail",
+        })
+    }
+}
+
+/// The answer to [`Turn::tool`].
+#[derive(Debug)]
+pub enum ToolStep<'t> {
+    /// Run the tool, then complete or fail the execution.
+    Execute(Execution<'t>),
+    /// It already succeeded: its stored result. Do not run it.
+    Cached(Value),
+}
+
+/// A tool execution claimed for running under this turn's lease.
+#[must_use = "complete or fail the execution"]
+pub struct Execution<'t> {
+    turn: &'t Turn,
+    execution_id: ExecutionId,
+    idempotency_key: String,
+    attempt: u32,
+    previous_outcome: Option<PreviousOutcome>,
+}
+
+impl std::fmt::Debug for Execution<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Execution")
+            .field("execution_id", &self.execution_id)
+            .field("attempt", &self.attempt)
+            .field("previous_outcome", &self.previous_outcome)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Execution<'_> {
+    /// The execution's id.
+    pub fn id(&self) -> &ExecutionId {
+        &self.execution_id
+    }
+
+    /// Stable across attempts: forward it to the downstream system so it can
+    /// deduplicate.
+    pub fn idempotency_key(&self) -> &str {
+        &self.idempotency_key
+    }
+
+    /// 1 for the first run, +1 per re-execution.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// `Some(Unknown)` when a previous attempt died mid-call and may have
+    /// taken effect; `Some(Failed)` when it reported failure.
+    pub fn previous_outcome(&self) -> Option<PreviousOutcome> {
+        self.previous_outcome
+    }
+
+    /// Marks the execution succeeded with `result`, which later claims return.
+    ///
+    /// # Errors
+    /// `lease_lost` when this turn's lease is gone; `invalid_request` for a
+    /// result over the limits; `store_unavailable`.
+    pub async fn complete(self, result: &Value) -> Result<Value> {
+        let result = CanonicalJson::new("result", result)?;
+        self.turn
+            .store
+            .complete_tool(
+                &self.turn.lease,
+                &self.execution_id,
+                Completion::Result(result),
+            )
+            .await
+    }
+
+    /// Runs `effect` inside the SQL transaction that marks the execution
+    /// succeeded; the value it returns becomes the stored result. Both commit
+    /// or neither does.
+    ///
+    /// # Errors
+    /// `effect_failed` when `effect` fails (nothing committed); otherwise as
+    /// [`Execution::complete`].
+    pub async fn complete_in_tx<F>(self, effect: F) -> Result<Value>
+    where
+        F: for<'c> FnOnce(SqlTx<'c>) -> BoxFuture<'c, Result<Value, BoxError>> + Send,
+    {
+        let mut effect = ClosureEffect(Some(effect));
+        self.turn
+            .store
+            .complete_tool(
+                &self.turn.lease,
+                &self.execution_id,
+                Completion::Effect(&mut effect),
+            )
+            .await
+    }
+
+    /// Marks the execution failed; the next claim runs it again.
+    ///
+    /// # Errors
+    /// As [`Execution::complete`].
+    pub async fn fail(self, error: &Value) -> Result<()> {
+        let error = CanonicalJson::new("error", error)?;
+        self.turn
+            .store
+            .fail_tool(&self.turn.lease, &self.execution_id, &error)
+            .await
+    }
+}
+
+impl Turn {
+    pub(crate) fn start(
+        store: Arc<dyn Store>,
+        grant: Grant,
+        requested_at: tokio::time::Instant,
+    ) -> Self {
+        let lease = LeaseRef {
+            turn_id: grant.turn_id.clone(),
+            token: grant.lease_token.clone(),
+        };
+        let lost = CancellationToken::new();
+        let watchdog = Watchdog::spawn(
+            Arc::clone(&store),
+            lease.clone(),
+            store.config().lease_ttl,
+            requested_at,
+            std::time::Duration::from_millis(u64::try_from(grant.lease_expires_in_ms).unwrap_or(0)),
+            lost.clone(),
+        );
+        Self {
+            store,
+            grant,
+            lease,
+            lost,
+            watchdog: Some(watchdog),
+            ended: false,
+        }
+    }
+
+    /// The turn's id.
+    pub fn id(&self) -> &TurnId {
+        &self.grant.turn_id
+    }
+
+    /// The session this turn holds.
+    pub fn session_id(&self) -> &SessionId {
+        &self.grant.session_id
+    }
+
+    /// The user this turn runs for.
+    pub fn user_id(&self) -> &UserId {
+        &self.grant.user_id
+    }
+
+    /// This grant's fence.
+    pub fn fence(&self) -> Fence {
+        self.grant.fence
+    }
+
+    /// 1 for the first start, +1 per takeover or restart.
+    pub fn attempt(&self) -> u32 {
+        self.grant.attempt
+    }
+
+    /// Whether this start took over a turn whose holder's lease expired.
+    pub fn is_takeover(&self) -> bool {
+        self.grant.takeover
+    }
+
+    /// On a confirmation turn: the pending action and the person's decision.
+    pub fn confirmation(&self) -> Option<&ConfirmationContext> {
+        self.grant.confirmation.as_ref()
+    }
+
+    /// Fires when the lease is lost or could not be renewed in time: stop
+    /// work; any further change will be refused as `lease_lost`.
+    pub fn cancellation(&self) -> CancellationToken {
+        self.lost.clone()
+    }
+
+    /// Whether the cancellation signal has fired.
+    pub fn is_cancelled(&self) -> bool {
+        self.lost.is_cancelled()
+    }
+
+    /// Renews the lease now (the watchdog also does it every TTL/3).
+    ///
+    /// # Errors
+    /// `lease_lost`, `store_unavailable`.
+    pub async fn heartbeat(&self) -> Result<LeaseStatus> {
+        self.store.heartbeat(&self.lease).await
+    }
+
+    /// Claims the tool execution keyed by `(this turn, tool, args)`.
+    ///
+    /// # Errors
+    /// `invalid_request` for a bad name or args; `tool_in_flight` when the
+    /// same call is running under this lease; `lease_lost`; `store_unavailable`.
+    pub async fn tool(&self, tool: &str, args: &Value) -> Result<ToolStep<'_>> {
+        let call = ToolCall::new(ToolName::new(tool)?, args)?;
+        Ok(match self.store.claim_tool(&self.lease, &call).await? {
+            ToolClaim::Cached { result, .. } => ToolStep::Cached(result),
+            ToolClaim::Execute {
+                execution_id,
+                idempotency_key,
+                attempt,
+                previous_outcome,
+            } => ToolStep::Execute(Execution {
+                turn: self,
+                execution_id,
+                idempotency_key,
+                attempt,
+                previous_outcome,
+            }),
+        })
+    }
+
+    /// Claims a tool call, applies `policy` to an unknown previous outcome,
+    /// runs `run` with the idempotency key, and records its result (or its
+    /// error, so the next claim runs it again).
+    ///
+    /// # Errors
+    /// `unknown_tool_outcome` under [`ToolPolicy::Fail`]; `effect_failed`
+    /// when `run` fails; otherwise as [`Turn::tool`].
+    pub async fn run_tool<F, Fut>(
+        &self,
+        tool: &str,
+        args: &Value,
+        policy: &ToolPolicy,
+        run: F,
+    ) -> Result<Value>
+    where
+        F: FnOnce(String) -> Fut,
+        Fut: Future<Output = Result<Value, BoxError>>,
+    {
+        let execution = match self.tool(tool, args).await? {
+            ToolStep::Cached(result) => return Ok(result),
+            ToolStep::Execute(execution) => execution,
+        };
+        if execution.previous_outcome == Some(PreviousOutcome::Unknown) {
+            match policy {
+                ToolPolicy::Retry => {}
+                ToolPolicy::Fail => {
+                    return Err(Error::UnknownToolOutcome {
+                        execution_id: execution.execution_id.to_string(),
+                    })
+                }
+                ToolPolicy::Verify(verify) => {
+                    if let Some(result) = verify(&execution.idempotency_key)
+                        .await
+                        .map_err(Error::Effect)?
+                    {
+                        return execution.complete(&result).await;
+                    }
+                }
+            }
+        }
+        match run(execution.idempotency_key.clone()).await {
+            Ok(result) => execution.complete(&result).await,
+            Err(error) => {
+                execution
+                    .fail(&json!({"message": error.to_string()}))
+                    .await?;
+                Err(Error::Effect(error))
+            }
+        }
+    }
+
+    /// Ends the turn with `response`, which repeats of the request replay.
+    /// Releases the session lease and the permit in the same step.
+    ///
+    /// # Errors
+    /// `lease_lost` when the lease is gone (the turn may have been taken
+    /// over: this holder's answer is discarded); `invalid_request` for a
+    /// response over the limits; `store_unavailable`.
+    pub async fn succeed(self, response: &Value) -> Result<TurnView> {
+        let response = CanonicalJson::new("response", response)?;
+        self.end(Ending::Succeed { response }).await
+    }
+
+    /// Ends the turn with `error`. A repeat of a `retryable` failure restarts
+    /// the turn; a repeat of a final one replays the failure.
+    ///
+    /// # Errors
+    /// As [`Turn::succeed`].
+    pub async fn fail(self, error: &Value, retryable: bool) -> Result<TurnView> {
+        let error = CanonicalJson::new("error", error)?;
+        self.end(Ending::Fail { error, retryable }).await
+    }
+
+    /// Ends the turn waiting for a person to approve or reject `pending`. New
+    /// messages to the session get `awaiting_confirmation` until a
+    /// confirmation turn answers it or it expires.
+    ///
+    /// # Errors
+    /// As [`Turn::succeed`].
+    pub async fn await_confirmation(self, pending: &Value) -> Result<TurnView> {
+        let pending = CanonicalJson::new("pending", pending)?;
+        self.end(Ending::AwaitConfirmation { pending }).await
+    }
+
+    async fn end(mut self, ending: Ending) -> Result<TurnView> {
+        // Stop renewing first: a renewal racing the ending would be refused
+        // once the lease is released anyway.
+        self.watchdog.take();
+        let result = self.store.end_turn(&self.lease, &ending).await;
+        // Ended, or refused because the lease is gone: either way there is
+        // nothing left for the drop handler to release.
+        self.ended = match &result {
+            Ok(_) => true,
+            Err(error) => matches!(error.kind(), ErrorKind::LeaseLost | ErrorKind::NotFound),
+        };
+        result
+    }
+}
+
+/// Attempts the background release of a dropped turn makes before leaving
+/// the lease to expire on its own.
+const RELEASE_ATTEMPTS: u32 = 5;
+
+async fn release_dropped(store: Arc<dyn Store>, lease: LeaseRef) {
+    let error = CanonicalJson::new(
+        "error",
+        &json!({"code": "dropped", "message": "turn dropped without an ending"}),
+    )
+    .expect("a small constant is within the JSON limits");
+    let ending = Ending::Fail {
+        error,
+        retryable: true,
+    };
+    for attempt in 1..=RELEASE_ATTEMPTS {
+        match store.end_turn(&lease, &ending).await {
+            Ok(_) => return,
+            Err(error) if matches!(error.kind(), ErrorKind::LeaseLost | ErrorKind::NotFound) => {
+                return
+            }
+            Err(error) => {
+                tracing::warn!(turn_id = %lease.turn_id, attempt, %error, "releasing a dropped turn failed");
+                tokio::time::sleep(store.config().lease_ttl / 10 * attempt).await;
+            }
+        }
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        self.watchdog.take();
+        if self.ended {
+            return;
+        }
+        // Whatever still works for this turn must stop.
+        self.lost.cancel();
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                tracing::debug!(turn_id = %self.lease.turn_id, "turn dropped without an ending; releasing");
+                runtime.spawn(release_dropped(Arc::clone(&self.store), self.lease.clone()));
+            }
+            Err(_) => tracing::warn!(
+                turn_id = %self.lease.turn_id,
+                "turn dropped outside a runtime; its lease will expire after the TTL"
+            ),
+        }
+    }
+}
