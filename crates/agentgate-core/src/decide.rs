@@ -143,6 +143,11 @@ pub enum BeginDecision {
     Reject(Error),
 }
 
+/// Retry-after for a second confirmation while the first one's continuation
+/// runs under a dead lease: only a repeat of the continuation's own request
+/// can take it over, so the caller should not spin waiting for it.
+const DEAD_CONTINUATION_RETRY: Duration = Duration::from_secs(1);
+
 fn remaining(until_ms: i64, now_ms: i64) -> Duration {
     // At least 1 ms: a retry-after of zero invites a hot loop.
     Duration::from_millis(u64::try_from(until_ms - now_ms).unwrap_or(0).max(1))
@@ -207,7 +212,7 @@ fn decide_confirmation(facts: &BeginFacts<'_>, confirms: &str) -> BeginDecision 
                     .session
                     .and_then(|s| s.live_holder(facts.now_ms))
                     .filter(|h| h.turn_id == c.turn_id)
-                    .map_or(Duration::from_millis(1), |h| {
+                    .map_or(DEAD_CONTINUATION_RETRY, |h| {
                         remaining(h.lease_expires_at_ms, facts.now_ms)
                     });
                 BeginDecision::Reject(Error::RequestInFlight {

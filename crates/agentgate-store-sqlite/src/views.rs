@@ -43,8 +43,8 @@ fn holder(
     now_ms: i64,
 ) -> Result<HolderView> {
     Ok(HolderView {
-        session_id: SessionId::new(session_id).map_err(|e| corrupt(e))?,
-        turn_id: TurnId::new(turn_id).map_err(|e| corrupt(e))?,
+        session_id: SessionId::new(session_id).map_err(corrupt)?,
+        turn_id: TurnId::new(turn_id).map_err(corrupt)?,
         fence: Fence(fence),
         lease_expires_in_ms: expires_at_ms - now_ms,
     })
@@ -78,14 +78,14 @@ pub(crate) async fn session(
         get_i64("pending_expires_at_ms")?,
     ) {
         (Some(turn_id), Some(expires)) if expires > now => Some(PendingView {
-            turn_id: TurnId::new(turn_id).map_err(|e| corrupt(e))?,
+            turn_id: TurnId::new(turn_id).map_err(corrupt)?,
             expires_in_ms: expires - now,
         }),
         _ => None,
     };
     Ok(Some(SessionView {
         session_id: session_id.clone(),
-        user_id: UserId::new(get_text("user_id")?.unwrap_or_default()).map_err(|e| corrupt(e))?,
+        user_id: UserId::new(get_text("user_id")?.unwrap_or_default()).map_err(corrupt)?,
         holder,
         pending_confirmation,
         fence: Fence(fence),

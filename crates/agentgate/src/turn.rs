@@ -45,6 +45,11 @@ impl std::fmt::Debug for Turn {
     }
 }
 
+/// Asks a downstream system whether the effect keyed by an idempotency key
+/// happened: `Some(result)` if it did.
+pub type Verifier =
+    Box<dyn Fn(&str) -> BoxFuture<'static, Result<Option<Value>, BoxError>> + Send + Sync>;
+
 /// What to do with a tool execution whose previous attempt died mid-call, so
 /// that it may or may not have taken effect.
 pub enum ToolPolicy {
@@ -53,7 +58,7 @@ pub enum ToolPolicy {
     Retry,
     /// Ask `verify` whether the effect happened, given the idempotency key:
     /// `Some(result)` completes the execution with it; `None` runs the tool.
-    Verify(Box<dyn Fn(&str) -> BoxFuture<'static, Result<Option<Value>, BoxError>> + Send + Sync>),
+    Verify(Verifier),
     /// Do not run it; return `unknown_tool_outcome` so a person decides.
     Fail,
 }

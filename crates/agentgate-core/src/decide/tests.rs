@@ -665,15 +665,15 @@ fn a_second_confirmation_while_the_continuation_runs_is_in_flight_as_the_continu
 }
 
 #[test]
-fn a_second_confirmation_while_the_continuations_lease_is_dead_retries_soon() {
-    // The continuation's own client takes it over; this caller is told to
-    // come back at once rather than after a stale lease.
+fn a_second_confirmation_while_the_continuations_lease_is_dead_waits_a_second() {
+    // Only the continuation's own client can take it over; this caller is
+    // told to come back after a bounded pause instead of spinning.
     let decision = Begin::new()
         .holder(CONTINUATION, NOW)
         .confirms(Some(confirmed_target()))
         .continuation(turn(CONTINUATION, TurnState::Running, 1))
         .decide();
-    assert_conflict(decision, ErrorKind::RequestInFlight, CONTINUATION, ms(1));
+    assert_conflict(decision, ErrorKind::RequestInFlight, CONTINUATION, ms(1000));
 }
 
 #[test]
