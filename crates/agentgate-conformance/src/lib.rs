@@ -1,1 +1,74 @@
-//! placeholder
+//! agentgate-conformance: the one behaviour suite every store passes.
+//!
+//! Each check in [`checks`] attacks one invariant of SPEC §3 with real
+//! concurrency (many tasks released by a barrier, a real child process killed
+//! with SIGKILL) against a [`Target`]: a fresh, empty store of one backend.
+//! A store's test file is one line, `agentgate_conformance::suite!(factory)`,
+//! which generates one `#[tokio::test]` per check; every store runs the same
+//! checks, unchanged.
+//!
+//! - [`targets`]: fresh stores per backend, and the skip-or-require rule for
+//!   servers that are absent (`AGENTGATE_REQUIRE_SERVICES=1` makes absence a
+//!   failure).
+//! - [`ledger`]: a ledger table written inside a tool's SQL transaction, per
+//!   SQL dialect, and its row count.
+//! - [`faulty`]: a store wrapper whose writes can be made to fail, to drive
+//!   the watchdog.
+//! - `src/bin/agentgate-holder.rs`: the child process that holds a lease
+//!   until it is killed.
+//!
+//! Every check prints one `conformance <check>: ...` line of counts, so a run
+//! shows what was proven, not only that nothing failed.
+#![forbid(unsafe_code)]
+
+pub mod checks;
+pub mod faulty;
+pub mod ledger;
+pub mod targets;
+
+pub use targets::Target;
+
+/// Generates one test per conformance check for the store made by `$factory`
+/// (an `async fn() -> Option<Target>`; `None` skips with a printed reason).
+#[macro_export]
+macro_rules! suite {
+    ($factory:path) => {
+        $crate::suite!(@checks $factory;
+            duplicate_storm,
+            session_storm,
+            user_capacity_storm,
+            tool_storm,
+            same_transaction_effect,
+            takeover_fences_the_old_holder,
+            confirmation_race,
+            confirmation_flow,
+            pending_confirmation_expires,
+            watchdog_keeps_a_long_turn,
+            watchdog_cancels_when_renewal_fails,
+            endings_and_restarts,
+            dropped_turn_is_released,
+            retention_sweeper,
+            fences_only_grow,
+            bad_input_changes_nothing,
+        );
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn sigkilled_holder_is_taken_over_after_ttl() {
+            let Some(target) = $factory().await else { return };
+            $crate::checks::process::sigkilled_holder_is_taken_over_after_ttl(
+                &target,
+                env!("CARGO_BIN_EXE_agentgate-holder"),
+            )
+            .await;
+        }
+    };
+    (@checks $factory:path; $($check:ident),+ $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $check() {
+                let Some(target) = $factory().await else { return };
+                $crate::checks::$check(&target).await;
+            }
+        )+
+    };
+}

@@ -147,21 +147,34 @@ impl Execution<'_> {
     /// or neither does.
     ///
     /// # Errors
-    /// `effect_failed` when `effect` fails (nothing committed); otherwise as
+    /// `effect_failed` when `effect` fails (nothing committed; the execution
+    /// is marked failed so the next claim runs it again); otherwise as
     /// [`Execution::complete`].
     pub async fn complete_in_tx<F>(self, effect: F) -> Result<Value>
     where
         F: for<'c> FnOnce(SqlTx<'c>) -> BoxFuture<'c, Result<Value, BoxError>> + Send,
     {
         let mut effect = ClosureEffect(Some(effect));
-        self.turn
+        let result = self
+            .turn
             .store
             .complete_tool(
                 &self.turn.lease,
                 &self.execution_id,
                 Completion::Effect(&mut effect),
             )
-            .await
+            .await;
+        if let Err(Error::Effect(cause)) = &result {
+            // The effect rolled back with its transaction; record the failure
+            // so the next claim runs the tool again instead of finding it in
+            // flight until the lease expires.
+            let error = CanonicalJson::new("error", &json!({"message": cause.to_string()}))?;
+            self.turn
+                .store
+                .fail_tool(&self.turn.lease, &self.execution_id, &error)
+                .await?;
+        }
+        result
     }
 
     /// Marks the execution failed; the next claim runs it again.

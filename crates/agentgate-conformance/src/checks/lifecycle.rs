@@ -1,0 +1,162 @@
+//! Endings, restarts, dropped turns and the retention sweeper.
+
+use std::time::Duration;
+
+use agentgate::{Begun, Config, ErrorKind, TurnState};
+use serde_json::json;
+
+use super::{config, must_start, report, start_within};
+use crate::Target;
+
+/// fail(retryable) → a repeat restarts (attempt 2, not a takeover);
+/// fail(final) → a repeat replays the failure; an ended turn refuses more.
+pub async fn endings_and_restarts(target: &Target) {
+    let gate = target.gate(config()).await;
+    let turn = must_start(&gate, "end-user", "end-session", "retry-me").await;
+    let view = turn
+        .fail(&json!({"code": "llm_timeout"}), true)
+        .await
+        .expect("fail");
+    assert_eq!(view.state, TurnState::Failed);
+    assert_eq!(view.retryable, Some(true));
+    let again = must_start(&gate, "end-user", "end-session", "retry-me").await;
+    assert_eq!(again.attempt(), 2);
+    assert!(!again.is_takeover());
+    let id = again.id().clone();
+    again
+        .fail(&json!({"code": "bad_request"}), false)
+        .await
+        .expect("fail");
+    match gate
+        .begin(
+            "end-user",
+            "end-session",
+            "retry-me",
+            &json!({"text": "retry-me"}),
+        )
+        .await
+    {
+        Ok(Begun::Replay(view)) => {
+            assert_eq!(view.turn_id, id);
+            assert_eq!(view.state, TurnState::Failed);
+            assert_eq!(view.error, Some(json!({"code": "bad_request"})));
+            assert_eq!(view.retryable, Some(false));
+        }
+        other => panic!("a final failure replays, got {:?}", other.map(|_| ())),
+    }
+    // An ended turn's lease is gone: a heartbeat is refused.
+    let turn = must_start(&gate, "end-user", "end-session", "once").await;
+    let store = std::sync::Arc::clone(gate.store());
+    let heartbeat_after = turn.heartbeat().await;
+    assert!(heartbeat_after.is_ok());
+    let view = turn.succeed(&json!("done")).await.expect("succeed");
+    assert_eq!(view.state, TurnState::Succeeded);
+    let user = store
+        .user(&agentgate::UserId::new("end-user").expect("id"))
+        .await
+        .expect("user");
+    assert_eq!(user.live_turns, 0);
+    let counts = [
+        ("restarted".to_owned(), 1),
+        ("final_failure_replayed".to_owned(), 1),
+    ];
+    report(
+        target,
+        "endings_and_restarts",
+        &counts.into_iter().collect(),
+    );
+}
+
+/// A turn dropped without an ending is released in the background: the
+/// session frees at once (not after the TTL) and a repeat restarts it.
+pub async fn dropped_turn_is_released(target: &Target) {
+    let gate = target.gate(config()).await;
+    let turn = must_start(&gate, "drop-user", "drop-session", "r1").await;
+    let id = turn.id().clone();
+    drop(turn);
+    // The default TTL is 30 s; this must happen long before it.
+    let next = start_within(
+        &gate,
+        "drop-user",
+        "drop-session",
+        "r2",
+        Duration::from_secs(5),
+    )
+    .await;
+    next.succeed(&json!("ok")).await.expect("succeed");
+    let view = gate.store().turn(&id).await.expect("view").expect("turn");
+    assert_eq!(view.state, TurnState::Failed);
+    assert_eq!(view.retryable, Some(true));
+    assert_eq!(
+        view.error.as_ref().and_then(|e| e.get("code")),
+        Some(&json!("dropped"))
+    );
+    let restarted = must_start(&gate, "drop-user", "drop-session", "r1").await;
+    assert_eq!(restarted.attempt(), 2);
+    restarted.succeed(&json!("ok")).await.expect("succeed");
+    let counts = [
+        ("released_before_ttl".to_owned(), 1),
+        ("restarted".to_owned(), 1),
+    ];
+    report(
+        target,
+        "dropped_turn_is_released",
+        &counts.into_iter().collect(),
+    );
+}
+
+/// Finished records are deleted after `result_retention`, in bounded
+/// batches; live ones are kept.
+pub async fn retention_sweeper(target: &Target) {
+    let retention = Duration::from_secs(1);
+    let gate = target
+        .gate(Config {
+            result_retention: retention,
+            confirmation_ttl: retention,
+            sweep_batch: 2,
+            ..Config::default()
+        })
+        .await;
+    let mut ended = Vec::new();
+    for i in 0..5 {
+        let turn = must_start(&gate, "sweep-user", &format!("sweep-s{i}"), "r").await;
+        if let agentgate::ToolStep::Execute(execution) =
+            turn.tool("t", &json!(i)).await.expect("claim")
+        {
+            execution.complete(&json!(i)).await.expect("complete");
+        }
+        ended.push(turn.id().clone());
+        turn.succeed(&json!(i)).await.expect("succeed");
+    }
+    let live = must_start(&gate, "sweep-user", "sweep-live", "r").await;
+    let store = gate.store();
+    let early = store.sweep().await.expect("sweep");
+    assert_eq!(early.turns, 0, "nothing is swept before its retention");
+    tokio::time::sleep(retention + Duration::from_millis(300)).await;
+    let first = store.sweep().await.expect("sweep");
+    assert_eq!(
+        first.turns, 2,
+        "one batch deletes at most sweep_batch turns"
+    );
+    let mut swept = first.turns;
+    for _ in 0..5 {
+        swept += store.sweep().await.expect("sweep").turns;
+    }
+    assert_eq!(swept, 5);
+    for id in &ended {
+        assert!(store.turn(id).await.expect("view").is_none(), "{id} swept");
+        assert!(store.executions(id).await.expect("executions").is_empty());
+    }
+    assert!(
+        store.turn(live.id()).await.expect("view").is_some(),
+        "a live turn is kept"
+    );
+    let busy = gate
+        .begin("sweep-user", "sweep-live", "r2", &json!(1))
+        .await
+        .expect_err("held");
+    assert_eq!(busy.kind(), ErrorKind::SessionBusy);
+    live.succeed(&json!("ok")).await.expect("succeed");
+    let counts = [("swept_turns".to_owned(), 5), ("kept_live".to_owned(), 1)];
+    report(target, "retention_sweeper", &counts.into_iter().collect());
+}

@@ -1,0 +1,166 @@
+//! The checks. Each takes a fresh [`Target`], attacks one invariant, asserts
+//! both the success side and the refusal side, and prints its counts.
+
+mod confirmation;
+mod input;
+mod lifecycle;
+pub mod process;
+mod storms;
+mod takeover;
+mod tools;
+mod watchdog;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentgate::{Begun, Config, Error, Gate, Turn};
+use tokio::sync::Barrier;
+
+pub use confirmation::{confirmation_flow, confirmation_race, pending_confirmation_expires};
+pub use input::bad_input_changes_nothing;
+pub use lifecycle::{dropped_turn_is_released, endings_and_restarts, retention_sweeper};
+pub use storms::{duplicate_storm, fences_only_grow, session_storm, user_capacity_storm};
+pub use takeover::takeover_fences_the_old_holder;
+pub use tools::{same_transaction_effect, tool_storm};
+pub use watchdog::{watchdog_cancels_when_renewal_fails, watchdog_keeps_a_long_turn};
+
+use crate::Target;
+
+/// Tasks in every storm: SPEC's "100 tasks released by a barrier".
+pub const STORM_TASKS: usize = 100;
+
+/// A short lease for checks that wait for expiry: long enough that a loaded
+/// CI machine renews in time, short enough to keep the suite fast.
+pub const SHORT_TTL: Duration = Duration::from_millis(800);
+
+/// The configuration most checks use.
+pub fn config() -> Config {
+    Config::default()
+}
+
+/// The configuration of checks that wait for a lease to expire.
+pub fn short_ttl() -> Config {
+    Config {
+        lease_ttl: SHORT_TTL,
+        ..Config::default()
+    }
+}
+
+/// Runs `n` copies of `task` released together by a barrier; returns their
+/// results in task order.
+pub async fn storm<T, F, Fut>(n: usize, task: F) -> Vec<T>
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let barrier = Arc::new(Barrier::new(n));
+    let handles: Vec<_> = (0..n)
+        .map(|i| {
+            let barrier = Arc::clone(&barrier);
+            let work = task(i);
+            tokio::spawn(async move {
+                barrier.wait().await;
+                work.await
+            })
+        })
+        .collect();
+    let mut results = Vec::with_capacity(n);
+    for handle in handles {
+        results.push(handle.await.expect("storm task panicked"));
+    }
+    results
+}
+
+/// The outcome class of a begin: `started`, `replay` or an error code.
+pub fn outcome(result: &Result<Begun, Error>) -> String {
+    match result {
+        Ok(Begun::Started(_)) => "started".into(),
+        Ok(Begun::Replay(_)) => "replay".into(),
+        Err(error) => error.kind().code().into(),
+    }
+}
+
+/// Counts outcome classes.
+pub fn tally<'a>(classes: impl IntoIterator<Item = &'a str>) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for class in classes {
+        *counts.entry(class.to_owned()).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// Takes the started turns out of begin results.
+pub fn started(results: Vec<Result<Begun, Error>>) -> (Vec<Turn>, Vec<Result<Begun, Error>>) {
+    let mut turns = Vec::new();
+    let mut rest = Vec::new();
+    for result in results {
+        match result {
+            Ok(Begun::Started(turn)) => turns.push(turn),
+            other => rest.push(other),
+        }
+    }
+    (turns, rest)
+}
+
+/// Begins and expects a start.
+///
+/// # Panics
+/// When the begin does not start a turn.
+pub async fn must_start(gate: &Gate, user: &str, session: &str, request: &str) -> Turn {
+    match gate
+        .begin(
+            user,
+            session,
+            request,
+            &serde_json::json!({"text": request}),
+        )
+        .await
+    {
+        Ok(Begun::Started(turn)) => turn,
+        other => panic!(
+            "expected a start of {session}/{request}, got {:?}",
+            other.map(|_| ())
+        ),
+    }
+}
+
+/// Polls `begin` every 25 ms until it starts, for at most `limit`.
+///
+/// # Panics
+/// When it does not start within `limit`.
+pub async fn start_within(
+    gate: &Gate,
+    user: &str,
+    session: &str,
+    request: &str,
+    limit: Duration,
+) -> Turn {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match gate
+            .begin(
+                user,
+                session,
+                request,
+                &serde_json::json!({"text": request}),
+            )
+            .await
+        {
+            Ok(Begun::Started(turn)) => return turn,
+            Ok(Begun::Replay(view)) => panic!("expected a start, got a replay of {view:?}"),
+            Err(error) if error.kind().is_retryable() && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            Err(error) => panic!("no start of {session}/{request} within {limit:?}: {error}"),
+        }
+    }
+}
+
+/// Prints one line of counts for a check.
+pub fn report(target: &Target, check: &str, counts: &BTreeMap<String, usize>) {
+    let shown: Vec<String> = counts.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    println!("conformance {} {check}: {}", target.name, shown.join(" "));
+}

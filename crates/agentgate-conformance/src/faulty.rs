@@ -1,0 +1,110 @@
+//! A store wrapper whose writes can be switched to fail, to prove the
+//! watchdog cancels a turn whose lease cannot be renewed. It wraps a real
+//! store; only the failure is injected.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use agentgate::store::{Completion, LeaseStatus, Store};
+use agentgate::{
+    Config, Error, ExecutionId, ExecutionView, Result, SessionId, SessionView, TurnId, TurnView,
+    UserId, UserView,
+};
+use agentgate_core::canonical::CanonicalJson;
+use agentgate_core::model::{
+    BeginCommand, BeginOutcome, Ending, LeaseRef, SweepReport, ToolCall, ToolClaim,
+};
+use async_trait::async_trait;
+use serde_json::Value;
+
+/// A real store, with heartbeats that fail while [`Faulty::fail_writes`] is set.
+#[derive(Debug)]
+pub struct Faulty {
+    inner: Arc<dyn Store>,
+    failing: AtomicBool,
+}
+
+impl Faulty {
+    /// Wraps `inner`.
+    pub fn new(inner: Arc<dyn Store>) -> Self {
+        Self {
+            inner,
+            failing: AtomicBool::new(false),
+        }
+    }
+
+    /// Makes every later write fail with `store_unavailable`.
+    pub fn fail_writes(&self) {
+        self.failing.store(true, Ordering::SeqCst);
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.failing.load(Ordering::SeqCst) {
+            return Err(Error::store("injected fault"));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Store for Faulty {
+    fn config(&self) -> &Config {
+        self.inner.config()
+    }
+    async fn begin(&self, command: &BeginCommand) -> Result<BeginOutcome> {
+        self.check()?;
+        self.inner.begin(command).await
+    }
+    async fn heartbeat(&self, lease: &LeaseRef) -> Result<LeaseStatus> {
+        self.check()?;
+        self.inner.heartbeat(lease).await
+    }
+    async fn claim_tool(&self, lease: &LeaseRef, call: &ToolCall) -> Result<ToolClaim> {
+        self.check()?;
+        self.inner.claim_tool(lease, call).await
+    }
+    async fn complete_tool(
+        &self,
+        lease: &LeaseRef,
+        execution_id: &ExecutionId,
+        completion: Completion<'_>,
+    ) -> Result<Value> {
+        self.check()?;
+        self.inner
+            .complete_tool(lease, execution_id, completion)
+            .await
+    }
+    async fn fail_tool(
+        &self,
+        lease: &LeaseRef,
+        execution_id: &ExecutionId,
+        error: &CanonicalJson,
+    ) -> Result<()> {
+        self.check()?;
+        self.inner.fail_tool(lease, execution_id, error).await
+    }
+    async fn end_turn(&self, lease: &LeaseRef, ending: &Ending) -> Result<TurnView> {
+        self.check()?;
+        self.inner.end_turn(lease, ending).await
+    }
+    async fn turn(&self, turn_id: &TurnId) -> Result<Option<TurnView>> {
+        self.inner.turn(turn_id).await
+    }
+    async fn executions(&self, turn_id: &TurnId) -> Result<Vec<ExecutionView>> {
+        self.inner.executions(turn_id).await
+    }
+    async fn session(&self, session_id: &SessionId) -> Result<Option<SessionView>> {
+        self.inner.session(session_id).await
+    }
+    async fn user(&self, user_id: &UserId) -> Result<UserView> {
+        self.inner.user(user_id).await
+    }
+    async fn set_user_cap(&self, user_id: &UserId, cap: Option<u32>) -> Result<()> {
+        self.check()?;
+        self.inner.set_user_cap(user_id, cap).await
+    }
+    async fn sweep(&self) -> Result<SweepReport> {
+        self.check()?;
+        self.inner.sweep().await
+    }
+}
