@@ -14,8 +14,8 @@
 //!   SQL dialect, and its row count.
 //! - [`faulty`]: a store wrapper whose writes can be made to fail, to drive
 //!   the watchdog.
-//! - `src/bin/agentgate-holder.rs`: the child process that holds a lease
-//!   until it is killed.
+//! - [`holder`]: the child process that holds a lease until it is killed
+//!   (`src/bin/agentgate-holder.rs`, and `agentgate hold`).
 //!
 //! Every check prints one `conformance <check>: ...` line of counts, so a run
 //! shows what was proven, not only that nothing failed.
@@ -23,6 +23,7 @@
 
 pub mod checks;
 pub mod faulty;
+pub mod holder;
 pub mod ledger;
 pub mod targets;
 
