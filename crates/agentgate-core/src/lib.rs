@@ -10,6 +10,8 @@
 //! - [`decide`]: the pure decision logic of the turn protocol (SPEC §4): given
 //!   what the store read, what happens. Every store applies these decisions.
 //! - [`store`]: the [`store::Store`] trait every backend implements.
+//! - [`lease`]: the [`lease::LeaseLayer`] trait for leases kept outside SQL
+//!   (Redis), with fencing still enforced by the SQL store.
 //! - [`error`]: the one error enum of the engine boundary and its [`error::ErrorKind`].
 //!
 //! Architecture invariant: nothing here opens a socket, a file or reads a
@@ -21,6 +23,7 @@ pub mod config;
 pub mod decide;
 pub mod error;
 pub mod ids;
+pub mod lease;
 pub mod limits;
 pub mod model;
 pub mod store;

@@ -1,0 +1,113 @@
+//! The [`LeaseLayer`] trait: where session leases and permits live when they
+//! do not live in the SQL rows (the Redis lease layer).
+//!
+//! With an external lease layer, a SQL store still keeps every durable
+//! record, still allocates fences from its own counter (fences must survive
+//! a lease layer that forgets, e.g. Redis restarted without persistence), and
+//! still records the newest fence per session. Every durable write is
+//! conditioned on the writer's fence being that newest fence, so a holder
+//! whose lease vanished from the layer can never overwrite a newer turn.
+//!
+//! A layer keys leases by session and permits by user; each method is one
+//! atomic step in the layer (one Redis script) and expiry is judged by the
+//! layer's clock (Redis `PEXPIRE` and `TIME`).
+
+use async_trait::async_trait;
+
+use crate::error::Result;
+use crate::ids::Fence;
+use crate::model::HolderView;
+
+/// A request to take a session lease and one of the user's permits together.
+#[derive(Clone, Debug)]
+pub struct LeaseClaim<'a> {
+    /// The session to lease.
+    pub session_id: &'a str,
+    /// The user whose permit is taken.
+    pub user_id: &'a str,
+    /// The turn the lease is for.
+    pub turn_id: &'a str,
+    /// SHA-256 hex of the lease token.
+    pub token_digest: &'a str,
+    /// The fence the SQL store allocated for this grant.
+    pub fence: Fence,
+    /// Lease lifetime.
+    pub ttl_ms: i64,
+    /// The user's cap.
+    pub cap: u32,
+}
+
+/// What [`LeaseLayer::acquire`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Acquired {
+    /// Lease and permit both taken.
+    Granted {
+        /// Remaining lease on the layer's clock.
+        lease_expires_in_ms: i64,
+    },
+    /// The session is held; nothing taken.
+    Busy {
+        /// The holder's turn.
+        holder_turn_id: String,
+        /// The holder's remaining lease.
+        expires_in_ms: i64,
+    },
+    /// The user holds all permits; nothing taken.
+    AtCapacity {
+        /// Remaining lease of the user's soonest-expiring permit.
+        soonest_expires_in_ms: i64,
+    },
+}
+
+/// A live lease as the layer knows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LiveLease {
+    /// The leased session.
+    pub session_id: String,
+    /// The grant's fence.
+    pub fence: Fence,
+    /// Remaining lease on the layer's clock.
+    pub expires_in_ms: i64,
+}
+
+/// Session leases and user permits kept outside the SQL store.
+#[async_trait]
+pub trait LeaseLayer: Send + Sync + std::fmt::Debug + 'static {
+    /// Takes the session lease and a permit together, or neither.
+    ///
+    /// # Errors
+    /// `store_unavailable`.
+    async fn acquire(&self, claim: &LeaseClaim<'_>) -> Result<Acquired>;
+
+    /// Renews the lease and permit of `turn_id` if `token_digest` holds it;
+    /// `None` when it does not (lost).
+    ///
+    /// # Errors
+    /// `store_unavailable`.
+    async fn renew(&self, turn_id: &str, token_digest: &str, ttl_ms: i64) -> Result<Option<i64>>;
+
+    /// The live lease of `turn_id` if `token_digest` holds it.
+    ///
+    /// # Errors
+    /// `store_unavailable`.
+    async fn holds(&self, turn_id: &str, token_digest: &str) -> Result<Option<LiveLease>>;
+
+    /// Releases the lease and permit of `turn_id` if `token_digest` holds
+    /// them; a no-op otherwise.
+    ///
+    /// # Errors
+    /// `store_unavailable`.
+    async fn release(&self, turn_id: &str, token_digest: &str) -> Result<()>;
+
+    /// The live holder of `session_id`, if any.
+    ///
+    /// # Errors
+    /// `store_unavailable`.
+    async fn holder(&self, session_id: &str) -> Result<Option<HolderView>>;
+
+    /// The live holders of `user_id`'s permits.
+    ///
+    /// # Errors
+    /// `store_unavailable`.
+    async fn user_holders(&self, user_id: &str) -> Result<Vec<HolderView>>;
+}
