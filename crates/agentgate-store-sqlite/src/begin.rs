@@ -5,8 +5,11 @@
 use agentgate_core::decide::{
     decide_begin, BeginDecision, BeginFacts, StartKind, TurnSnapshot, UserLoad,
 };
+use std::time::Duration;
+
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{Fence, LeaseToken, TurnId};
+use agentgate_core::lease::{Acquired, LeaseClaim, LeaseLayer};
 use agentgate_core::model::{BeginCommand, BeginOutcome, Grant, TurnState};
 use sqlx::{Sqlite, SqliteConnection, Transaction};
 
@@ -60,7 +63,15 @@ async fn user_load(
 pub(crate) async fn begin(store: &SqliteStore, command: &BeginCommand) -> Result<BeginOutcome> {
     let mut tx = store.write().await?;
     let outcome = begin_in(store, &mut tx, command).await?;
-    tx.commit().await.map_err(map_sqlx)?;
+    if let Err(error) = tx.commit().await {
+        if let (Some(layer), BeginOutcome::Started(grant)) = (&store.leases, &outcome) {
+            // The grant is not durable: give back the layer's lease at once.
+            layer
+                .release(grant.turn_id.as_str(), &grant.lease_token.digest_hex())
+                .await?;
+        }
+        return Err(map_sqlx(error));
+    }
     Ok(outcome)
 }
 
@@ -140,7 +151,14 @@ async fn begin_in(
             replay(tx, &turn_id).await
         }
         BeginDecision::Start { kind, attempt } => {
-            start(store, tx, command, turn.as_ref(), kind, attempt, now).await
+            let plan = StartPlan {
+                existing: turn.as_ref(),
+                kind,
+                attempt,
+                cap: load.cap,
+                now,
+            };
+            start(store, tx, command, plan).await
         }
     }
 }
@@ -165,21 +183,100 @@ pub(crate) async fn next_fence(conn: &mut SqliteConnection) -> Result<Fence> {
     Ok(Fence(value))
 }
 
+/// What `decide_begin` said to start, with what the start needs.
+struct StartPlan<'a> {
+    existing: Option<&'a TurnSnapshot>,
+    kind: StartKind,
+    attempt: u32,
+    cap: u32,
+    now: i64,
+}
+
+/// Takes the lease and permit in the external layer, both or neither;
+/// returns the remaining lease, or the refusal the layer's state implies.
+async fn acquire_external(
+    layer: &dyn LeaseLayer,
+    command: &BeginCommand,
+    turn_id: &TurnId,
+    token: &LeaseToken,
+    fence: Fence,
+    ttl_ms: i64,
+    plan: &StartPlan<'_>,
+) -> Result<i64> {
+    let claim = LeaseClaim {
+        session_id: command.session_id.as_str(),
+        user_id: command.user_id.as_str(),
+        turn_id: turn_id.as_str(),
+        token_digest: &token.digest_hex(),
+        fence,
+        ttl_ms,
+        cap: plan.cap,
+    };
+    let retry = |ms: i64| Duration::from_millis(u64::try_from(ms).unwrap_or(0).max(1));
+    match layer.acquire(&claim).await? {
+        Acquired::Granted {
+            lease_expires_in_ms,
+        } => Ok(lease_expires_in_ms),
+        Acquired::Busy {
+            holder_turn_id,
+            expires_in_ms,
+        } if holder_turn_id == turn_id.as_str() => Err(Error::RequestInFlight {
+            active_turn_id: holder_turn_id,
+            retry_after: retry(expires_in_ms),
+        }),
+        Acquired::Busy {
+            holder_turn_id,
+            expires_in_ms,
+        } => Err(Error::SessionBusy {
+            active_turn_id: holder_turn_id,
+            retry_after: retry(expires_in_ms),
+        }),
+        Acquired::AtCapacity {
+            soonest_expires_in_ms,
+        } => Err(Error::UserAtCapacity {
+            cap: plan.cap,
+            retry_after: retry(soonest_expires_in_ms),
+        }),
+    }
+}
+
 async fn start(
     store: &SqliteStore,
     tx: &mut Transaction<'static, Sqlite>,
     command: &BeginCommand,
-    existing: Option<&TurnSnapshot>,
-    kind: StartKind,
-    attempt: u32,
-    now: i64,
+    plan: StartPlan<'_>,
 ) -> Result<BeginOutcome> {
+    let StartPlan {
+        existing,
+        kind,
+        attempt,
+        now,
+        ..
+    } = plan;
     let fence = next_fence(tx).await?;
     let token = LeaseToken::generate();
     let ttl_ms = store.config.lease_ttl_ms();
     let turn_id = match existing {
         Some(turn) => TurnId::new(turn.turn_id.clone())?,
         None => TurnId::generate(),
+    };
+    // With an external layer the row keeps no expiry: the layer is the
+    // authority on liveness; the row keeps the holder and the newest fence.
+    let (lease_expires_in_ms, row_expiry) = match &store.leases {
+        Some(layer) => {
+            let remaining = acquire_external(
+                layer.as_ref(),
+                command,
+                &turn_id,
+                &token,
+                fence,
+                ttl_ms,
+                &plan,
+            )
+            .await?;
+            (remaining, None)
+        }
+        None => (ttl_ms, Some(now + ttl_ms)),
     };
     let confirming = command.confirmation.is_some() && kind == StartKind::New;
     sqlx::query(
@@ -195,7 +292,7 @@ async fn start(
     .bind(turn_id.as_str())
     .bind(token.digest_hex())
     .bind(fence.0)
-    .bind(now + ttl_ms)
+    .bind(row_expiry)
     .bind(now)
     .bind(confirming)
     .execute(&mut **tx)
@@ -231,7 +328,7 @@ async fn start(
         fence,
         attempt,
         takeover: kind == StartKind::Takeover,
-        lease_expires_in_ms: ttl_ms,
+        lease_expires_in_ms,
         confirmation: view.confirmation,
     }))
 }

@@ -24,11 +24,13 @@ mod steps;
 mod views;
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use agentgate_core::config::Config;
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{ExecutionId, SessionId, TurnId, UserId};
+use agentgate_core::lease::LeaseLayer;
 use agentgate_core::limits::STORE_ACQUIRE_TIMEOUT;
 use agentgate_core::model::{
     BeginCommand, BeginOutcome, Ending, ExecutionView, LeaseRef, SessionView, SweepReport,
@@ -63,6 +65,9 @@ pub struct SqliteStore {
     writer: SqlitePool,
     reader: SqlitePool,
     config: Config,
+    /// Where leases and permits live when not in the session rows (Redis).
+    /// Fences and every durable record stay here either way.
+    leases: Option<Arc<dyn LeaseLayer>>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -84,6 +89,20 @@ impl SqliteStore {
     /// `invalid_request` for a bad URL or config; `store_unavailable` when the
     /// file cannot be opened or migrated.
     pub async fn open(url: &str, config: Config) -> Result<Self> {
+        Self::open_with_leases(url, config, None).await
+    }
+
+    /// Opens like [`SqliteStore::open`], keeping leases and permits in
+    /// `leases` when given (the Redis lease layer) instead of the session
+    /// rows. Durable writes stay conditioned on the session's newest fence.
+    ///
+    /// # Errors
+    /// As [`SqliteStore::open`].
+    pub async fn open_with_leases(
+        url: &str,
+        config: Config,
+        leases: Option<Arc<dyn LeaseLayer>>,
+    ) -> Result<Self> {
         config.validate()?;
         if url.contains(":memory:") || url.contains("mode=memory") {
             return Err(Error::invalid(
@@ -113,6 +132,7 @@ impl SqliteStore {
             writer,
             reader: store_reader,
             config,
+            leases,
         };
         store.migrate().await?;
         Ok(store)
@@ -210,11 +230,11 @@ impl Store for SqliteStore {
     }
 
     async fn session(&self, session_id: &SessionId) -> Result<Option<SessionView>> {
-        views::session(&self.reader, session_id).await
+        views::session(self, session_id).await
     }
 
     async fn user(&self, user_id: &UserId) -> Result<UserView> {
-        views::user(&self.reader, &self.config, user_id).await
+        views::user(self, user_id).await
     }
 
     async fn set_user_cap(&self, user_id: &UserId, cap: Option<u32>) -> Result<()> {

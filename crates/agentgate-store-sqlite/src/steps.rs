@@ -18,6 +18,7 @@ use crate::begin::now_ms;
 use crate::error::{corrupt, map_sqlx};
 use crate::rows::{execution_snapshot, turn_view, EXECUTION_COLUMNS, TURN_COLUMNS};
 use crate::{SqliteStore, NOW_MS};
+use agentgate_core::lease::LeaseLayer;
 
 /// A live lease, as checked inside a step's transaction.
 pub(crate) struct LiveLease {
@@ -29,9 +30,60 @@ pub(crate) struct LiveLease {
 
 /// Checks that `lease` is the live holder of its session; explains why not.
 pub(crate) async fn check_lease(
+    store: &SqliteStore,
     conn: &mut SqliteConnection,
     lease: &LeaseRef,
 ) -> Result<LiveLease> {
+    match &store.leases {
+        Some(layer) => check_external(layer.as_ref(), conn, lease).await,
+        None => check_in_row(conn, lease).await,
+    }
+}
+
+/// With an external lease layer: the layer must hold the lease, and the
+/// SQL rows must agree that its fence is the session's newest. The second
+/// check is what stops a holder whose layer lease vanished (Redis restarted)
+/// after a newer turn was granted.
+async fn check_external(
+    layer: &dyn LeaseLayer,
+    conn: &mut SqliteConnection,
+    lease: &LeaseRef,
+) -> Result<LiveLease> {
+    let held = layer
+        .holds(lease.turn_id.as_str(), &lease.token.digest_hex())
+        .await?;
+    let now = now_ms(conn).await?;
+    let row: Option<(String, String, i64, Option<i64>)> = sqlx::query_as(
+        "SELECT t.session_id, t.state, t.fence, s.fence FROM ag_turns t \
+         LEFT JOIN ag_sessions s ON s.session_id = t.session_id WHERE t.turn_id = ?",
+    )
+    .bind(lease.turn_id.as_str())
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(map_sqlx)?;
+    let (session_id, state, turn_fence, session_fence) =
+        row.ok_or_else(|| Error::not_found(format!("turn {}", lease.turn_id)))?;
+    let reason = match held {
+        _ if state != "running" => "turn already ended",
+        None => "lease expired, taken over or released",
+        Some(live) if live.fence.0 != turn_fence || session_fence != Some(turn_fence) => {
+            "superseded by a newer fence"
+        }
+        Some(live) => {
+            return Ok(LiveLease {
+                session_id,
+                fence: live.fence,
+                lease_expires_at_ms: now + live.expires_in_ms,
+                now_ms: now,
+            })
+        }
+    };
+    Err(Error::LeaseLost { reason })
+}
+
+/// Leases in the session rows: the row must name this turn, this token's
+/// digest, and an expiry after the store's now.
+async fn check_in_row(conn: &mut SqliteConnection, lease: &LeaseRef) -> Result<LiveLease> {
     let now = now_ms(conn).await?;
     let row = sqlx::query(
         "SELECT t.session_id, t.state, s.holder_turn_id, s.lease_token_hash, s.fence, \
@@ -68,6 +120,20 @@ pub(crate) async fn check_lease(
 
 pub(crate) async fn heartbeat(store: &SqliteStore, lease: &LeaseRef) -> Result<LeaseStatus> {
     let ttl_ms = store.config.lease_ttl_ms();
+    if let Some(layer) = &store.leases {
+        // The lease lives in the layer; a heartbeat never touches SQL.
+        let digest = lease.token.digest_hex();
+        if let Some(remaining) = layer.renew(lease.turn_id.as_str(), &digest, ttl_ms).await? {
+            return Ok(LeaseStatus {
+                lease_expires_in_ms: remaining,
+            });
+        }
+        let mut conn = store.reader.acquire().await.map_err(map_sqlx)?;
+        check_lease(store, &mut conn, lease).await?;
+        return Err(Error::LeaseLost {
+            reason: "lease expired",
+        });
+    }
     let mut tx = store.write().await?;
     // One statement renews session lease, permit (the same row) and turn.
     let renewed = sqlx::query(&format!(
@@ -83,7 +149,7 @@ pub(crate) async fn heartbeat(store: &SqliteStore, lease: &LeaseRef) -> Result<L
     .map_err(map_sqlx)?;
     if renewed.rows_affected() == 0 {
         // Explain the refusal; nothing was written.
-        check_lease(&mut tx, lease).await?;
+        check_lease(store, &mut tx, lease).await?;
         return Err(Error::LeaseLost {
             reason: "lease expired",
         });
@@ -100,7 +166,7 @@ pub(crate) async fn claim_tool(
     call: &ToolCall,
 ) -> Result<ToolClaim> {
     let mut tx = store.write().await?;
-    let live = check_lease(&mut tx, lease).await?;
+    let live = check_lease(store, &mut tx, lease).await?;
     let existing = sqlx::query(&format!(
         "SELECT {EXECUTION_COLUMNS} FROM ag_tool_executions WHERE turn_id = ? AND tool = ? AND args_hash = ?"
     ))
@@ -237,7 +303,7 @@ pub(crate) async fn complete_tool(
     completion: Completion<'_>,
 ) -> Result<Value> {
     let mut tx = store.write().await?;
-    let live = check_lease(&mut tx, lease).await?;
+    let live = check_lease(store, &mut tx, lease).await?;
     check_execution(&mut tx, lease, execution_id, &live).await?;
     let result = match completion {
         Completion::Result(json) => json,
@@ -269,7 +335,7 @@ pub(crate) async fn fail_tool(
     error: &CanonicalJson,
 ) -> Result<()> {
     let mut tx = store.write().await?;
-    let live = check_lease(&mut tx, lease).await?;
+    let live = check_lease(store, &mut tx, lease).await?;
     check_execution(&mut tx, lease, execution_id, &live).await?;
     sqlx::query(
         "UPDATE ag_tool_executions SET state = 'failed', error = ?1, updated_at_ms = ?2 \
@@ -291,7 +357,7 @@ pub(crate) async fn end_turn(
     ending: &Ending,
 ) -> Result<TurnView> {
     let mut tx = store.write().await?;
-    let live = check_lease(&mut tx, lease).await?;
+    let live = check_lease(store, &mut tx, lease).await?;
     let now = live.now_ms;
     let (state, response, error, retryable, pending) = match ending {
         Ending::Succeed { response } => ("succeeded", Some(response.as_str()), None, None, None),
@@ -349,5 +415,12 @@ pub(crate) async fn end_turn(
     .map_err(map_sqlx)?;
     let view = turn_view(&row)?;
     tx.commit().await.map_err(map_sqlx)?;
+    if let Some(layer) = &store.leases {
+        // After the commit: a release that fails leaves a lease that expires
+        // by itself; the turn's ending is already durable.
+        layer
+            .release(lease.turn_id.as_str(), &lease.token.digest_hex())
+            .await?;
+    }
     Ok(view)
 }

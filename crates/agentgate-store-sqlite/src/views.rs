@@ -1,6 +1,6 @@
 //! Read-only views (never a lease token) and the retention sweeper.
 
-use agentgate_core::config::{check_cap, duration_ms, Config};
+use agentgate_core::config::{check_cap, duration_ms};
 use agentgate_core::error::Result;
 use agentgate_core::ids::{Fence, SessionId, TurnId, UserId};
 use agentgate_core::model::{
@@ -51,9 +51,10 @@ fn holder(
 }
 
 pub(crate) async fn session(
-    pool: &SqlitePool,
+    store: &SqliteStore,
     session_id: &SessionId,
 ) -> Result<Option<SessionView>> {
+    let pool = &store.reader;
     let row = sqlx::query(&format!(
         "SELECT user_id, holder_turn_id, fence, lease_expires_at_ms, pending_turn_id, \
          pending_expires_at_ms, {NOW_MS} AS now_ms FROM ag_sessions WHERE session_id = ?"
@@ -67,8 +68,13 @@ pub(crate) async fn session(
     let get_text = |c: &str| row.try_get::<Option<String>, _>(c).map_err(map_sqlx);
     let now = get_i64("now_ms")?.unwrap_or_default();
     let fence = get_i64("fence")?.unwrap_or_default();
-    let holder = match (get_text("holder_turn_id")?, get_i64("lease_expires_at_ms")?) {
-        (Some(turn_id), Some(expires)) if expires > now => {
+    let holder = match (
+        &store.leases,
+        get_text("holder_turn_id")?,
+        get_i64("lease_expires_at_ms")?,
+    ) {
+        (Some(layer), _, _) => layer.holder(session_id.as_str()).await?,
+        (None, Some(turn_id), Some(expires)) if expires > now => {
             Some(holder(session_id.as_str(), turn_id, fence, expires, now)?)
         }
         _ => None,
@@ -92,29 +98,19 @@ pub(crate) async fn session(
     }))
 }
 
-pub(crate) async fn user(pool: &SqlitePool, config: &Config, user_id: &UserId) -> Result<UserView> {
-    let mut conn = pool.acquire().await.map_err(map_sqlx)?;
+pub(crate) async fn user(store: &SqliteStore, user_id: &UserId) -> Result<UserView> {
+    let config = &store.config;
+    let mut conn = store.reader.acquire().await.map_err(map_sqlx)?;
     let now = now_ms(&mut conn).await?;
     let cap: Option<i64> = sqlx::query_scalar("SELECT max_turns FROM ag_users WHERE user_id = ?")
         .bind(user_id.as_str())
         .fetch_optional(&mut *conn)
         .await
         .map_err(map_sqlx)?;
-    let rows: Vec<(String, String, i64, i64)> = sqlx::query_as(
-        "SELECT session_id, holder_turn_id, fence, lease_expires_at_ms FROM ag_sessions \
-         WHERE user_id = ? AND lease_expires_at_ms > ? ORDER BY lease_expires_at_ms",
-    )
-    .bind(user_id.as_str())
-    .bind(now)
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(map_sqlx)?;
-    let holders = rows
-        .into_iter()
-        .map(|(session_id, turn_id, fence, expires)| {
-            holder(&session_id, turn_id, fence, expires, now)
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let holders = match &store.leases {
+        Some(layer) => layer.user_holders(user_id.as_str()).await?,
+        None => live_holders(&mut conn, user_id, now).await?,
+    };
     Ok(UserView {
         user_id: user_id.clone(),
         max_turns_per_user: cap
@@ -123,6 +119,27 @@ pub(crate) async fn user(pool: &SqlitePool, config: &Config, user_id: &UserId) -
         live_turns: u32::try_from(holders.len()).unwrap_or(u32::MAX),
         holders,
     })
+}
+
+async fn live_holders(
+    conn: &mut SqliteConnection,
+    user_id: &UserId,
+    now: i64,
+) -> Result<Vec<HolderView>> {
+    let rows: Vec<(String, String, i64, i64)> = sqlx::query_as(
+        "SELECT session_id, holder_turn_id, fence, lease_expires_at_ms FROM ag_sessions \
+         WHERE user_id = ? AND lease_expires_at_ms > ? ORDER BY lease_expires_at_ms",
+    )
+    .bind(user_id.as_str())
+    .bind(now)
+    .fetch_all(conn)
+    .await
+    .map_err(map_sqlx)?;
+    rows.into_iter()
+        .map(|(session_id, turn_id, fence, expires)| {
+            holder(&session_id, turn_id, fence, expires, now)
+        })
+        .collect()
 }
 
 pub(crate) async fn set_user_cap(
@@ -156,7 +173,8 @@ const SWEEPABLE_TURNS: &str = "SELECT turn_id FROM ag_turns t WHERE \
     (t.state IN ('succeeded', 'failed', 'confirmed') AND t.ended_at_ms < ?1) \
     OR (t.state = 'awaiting_confirmation' AND t.ended_at_ms < ?2) \
     OR (t.state = 'running' AND t.updated_at_ms < ?1 AND NOT EXISTS ( \
-        SELECT 1 FROM ag_sessions s WHERE s.holder_turn_id = t.turn_id AND s.lease_expires_at_ms > ?3)) \
+        SELECT 1 FROM ag_sessions s WHERE s.holder_turn_id = t.turn_id \
+        AND (s.lease_expires_at_ms > ?3 OR s.lease_expires_at_ms IS NULL))) \
     ORDER BY t.turn_id \
     LIMIT ?4";
 
