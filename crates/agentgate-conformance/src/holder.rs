@@ -13,13 +13,23 @@ use serde_json::json;
 /// # Errors
 /// When the store cannot be opened, the request was already answered, or the
 /// lease is lost while holding.
-pub async fn hold(store_url: &str, user: &str, session: &str, request: &str, lease_ttl: Duration) -> Result<(), BoxError> {
+pub async fn hold(
+    store_url: &str,
+    redis_url: Option<&str>,
+    user: &str,
+    session: &str,
+    request: &str,
+    lease_ttl: Duration,
+) -> Result<(), BoxError> {
     let config = Config {
         lease_ttl,
         ..Config::default()
     };
-    let gate = Gate::open(store_url, config).await?;
-    let Begun::Started(turn) = gate.begin(user, session, request, &json!({"text": request})).await? else {
+    let gate = Gate::connect(store_url, redis_url, config).await?;
+    let Begun::Started(turn) = gate
+        .begin(user, session, request, &json!({"text": request}))
+        .await?
+    else {
         return Err("the request was already answered".into());
     };
     let ToolStep::Execute(execution) = turn.tool("book", &json!({"amount": 18})).await? else {
@@ -32,13 +42,18 @@ pub async fn hold(store_url: &str, user: &str, session: &str, request: &str, lea
     Err("lease lost while holding".into())
 }
 
-/// Parses `<store_url> <user> <session> <request> <ttl_ms>` and holds.
+/// Parses `<store_url> <redis_url or -> <user> <session> <request> <ttl_ms>`
+/// and holds.
 ///
 /// # Errors
 /// On bad arguments, or as [`hold`].
 pub async fn hold_from_args(args: &[String]) -> Result<(), BoxError> {
-    let [store_url, user, session, request, ttl_ms] = args else {
-        return Err("usage: <store_url> <user> <session> <request> <ttl_ms>".into());
+    let [store_url, redis_url, user, session, request, ttl_ms] = args else {
+        return Err(
+            "usage: <store_url> <redis_url or -> <user> <session> <request> <ttl_ms>".into(),
+        );
     };
-    hold(store_url, user, session, request, Duration::from_millis(ttl_ms.parse()?)).await
+    let redis_url = Some(redis_url.as_str()).filter(|url| *url != "-");
+    let ttl = Duration::from_millis(ttl_ms.parse()?);
+    hold(store_url, redis_url, user, session, request, ttl).await
 }

@@ -73,3 +73,14 @@ macro_rules! suite {
         )+
     };
 }
+
+/// Generates the Redis-loss checks for a target with the Redis lease layer.
+#[macro_export]
+macro_rules! redis_suite {
+    ($factory:path) => {
+        $crate::suite!(@checks $factory;
+            redis_loss_is_fenced,
+            lying_lease_layer_is_refused_by_the_sql_fence,
+        );
+    };
+}

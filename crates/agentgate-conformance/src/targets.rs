@@ -12,8 +12,10 @@ use agentgate::{Config, Gate};
 pub struct Target {
     /// The backend's name, for printed counts.
     pub name: &'static str,
-    /// What `Gate::open` takes.
+    /// The SQL store's URL.
     pub store_url: String,
+    /// The Redis lease layer's URL (with a key prefix of its own), if any.
+    pub redis_url: Option<String>,
     _keep: Option<Box<dyn Any + Send + Sync>>,
 }
 
@@ -22,6 +24,7 @@ impl std::fmt::Debug for Target {
         f.debug_struct("Target")
             .field("name", &self.name)
             .field("store_url", &self.store_url)
+            .field("redis_url", &self.redis_url)
             .finish_non_exhaustive()
     }
 }
@@ -36,8 +39,17 @@ impl Target {
         Self {
             name,
             store_url,
+            redis_url: None,
             _keep: keep,
         }
+    }
+
+    /// The same target with the Redis lease layer at `redis_url`.
+    #[must_use]
+    pub fn with_redis(mut self, name: &'static str, redis_url: String) -> Self {
+        self.name = name;
+        self.redis_url = Some(redis_url);
+        self
     }
 
     /// Opens a gate on this target with `config`.
@@ -45,7 +57,7 @@ impl Target {
     /// # Panics
     /// When the store cannot be opened: the target was made to be openable.
     pub async fn gate(&self, config: Config) -> Gate {
-        Gate::open(&self.store_url, config)
+        Gate::connect(&self.store_url, self.redis_url.as_deref(), config)
             .await
             .unwrap_or_else(|e| panic!("open {} store: {e}", self.name))
     }
@@ -76,4 +88,47 @@ pub async fn sqlite() -> Option<Target> {
     let dir = tempfile::tempdir().expect("a temp dir can be created");
     let url = format!("sqlite://{}", dir.path().join("agentgate.db").display());
     Some(Target::new("sqlite", url, Some(Box::new(dir))))
+}
+
+/// The Redis the suite uses: `AGENTGATE_TEST_REDIS_URL`, default local.
+fn redis_base_url() -> String {
+    std::env::var("AGENTGATE_TEST_REDIS_URL")
+        .unwrap_or_else(|_| "redis://127.0.0.1:6379/0".to_owned())
+}
+
+/// A Redis URL with a key prefix no other test uses, if Redis answers PING.
+pub async fn redis_url() -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let base = redis_base_url();
+    let address = base
+        .trim_start_matches("redis://")
+        .split(['/', '?'])
+        .next()
+        .unwrap_or("127.0.0.1:6379")
+        .to_owned();
+    let probe = async {
+        let mut stream = tokio::net::TcpStream::connect(&address).await?;
+        stream.write_all(b"PING\r\n").await?;
+        let mut answer = [0u8; 7];
+        stream.read_exact(&mut answer).await?;
+        Ok::<_, std::io::Error>(answer.starts_with(b"+PONG"))
+    };
+    match tokio::time::timeout(std::time::Duration::from_secs(2), probe).await {
+        Ok(Ok(true)) => {}
+        Ok(Ok(false)) => return absent("redis", format!("{address} did not answer PONG")),
+        Ok(Err(error)) => return absent("redis", format!("{address}: {error}")),
+        Err(_) => return absent("redis", format!("{address}: timed out")),
+    }
+    let unique = agentgate::TurnId::generate();
+    let separator = if base.contains('?') { '&' } else { '?' };
+    Some(format!(
+        "{base}{separator}key_prefix=agentgate-test:{unique}:"
+    ))
+}
+
+/// A fresh SQLite file with the Redis lease layer.
+pub async fn sqlite_redis() -> Option<Target> {
+    let redis = redis_url().await?;
+    let target = sqlite().await?;
+    Some(target.with_redis("sqlite+redis", redis))
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use agentgate_core::config::Config;
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{ClientRequestId, SessionId, TurnId, UserId};
+use agentgate_core::lease::LeaseLayer;
 use agentgate_core::model::{BeginCommand, BeginOutcome, Confirmation, Decision, TurnView};
 use agentgate_core::store::Store;
 use serde_json::Value;
@@ -43,18 +44,41 @@ impl Gate {
     /// `invalid_request` for an unknown scheme or a config out of range;
     /// `store_unavailable` when the store cannot be opened.
     pub async fn open(url: &str, config: Config) -> Result<Self> {
+        Self::connect(url, None, config).await
+    }
+
+    /// Opens the SQL store at `store_url` with, when `redis_url` is given,
+    /// the Redis lease layer (`redis://host:port/db[?key_prefix=...]`)
+    /// holding session leases and permits. Durable records and fences stay
+    /// in the SQL store either way.
+    ///
+    /// # Errors
+    /// As [`Gate::open`]; also `store_unavailable` when Redis is unreachable.
+    pub async fn connect(store_url: &str, redis_url: Option<&str>, config: Config) -> Result<Self> {
         config.validate()?;
-        let scheme = url.split(':').next().unwrap_or_default();
-        let store: Arc<dyn Store> = match scheme {
-            #[cfg(feature = "sqlite")]
-            "sqlite" => Arc::new(agentgate_store_sqlite::SqliteStore::open(url, config).await?),
-            other => {
-                return Err(Error::invalid(format!(
-                    "unsupported store scheme {other:?}; expected sqlite://"
-                )))
-            }
+        let leases = match redis_url {
+            Some(url) => Some(lease_layer(url).await?),
+            None => None,
         };
-        Ok(Self::with_store(store))
+        open_store(store_url, leases, config)
+            .await
+            .map(Self::with_store)
+    }
+
+    /// Opens the SQL store at `store_url` with a caller-supplied lease layer
+    /// (see [`agentgate_core::lease::LeaseLayer`]).
+    ///
+    /// # Errors
+    /// As [`Gate::open`].
+    pub async fn connect_with_layer(
+        store_url: &str,
+        layer: Arc<dyn LeaseLayer>,
+        config: Config,
+    ) -> Result<Self> {
+        config.validate()?;
+        open_store(store_url, Some(layer), config)
+            .await
+            .map(Self::with_store)
     }
 
     /// Wraps an opened store and starts the sweeper.
@@ -145,6 +169,41 @@ impl Gate {
             }
         })
     }
+}
+
+/// Opens the SQL store named by `store_url`'s scheme.
+async fn open_store(
+    store_url: &str,
+    leases: Option<Arc<dyn LeaseLayer>>,
+    config: Config,
+) -> Result<Arc<dyn Store>> {
+    let scheme = store_url.split(':').next().unwrap_or_default();
+    Ok(match scheme {
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Arc::new(
+            agentgate_store_sqlite::SqliteStore::open_with_leases(store_url, config, leases)
+                .await?,
+        ),
+        other => {
+            return Err(Error::invalid(format!(
+                "unsupported store scheme {other:?}; expected sqlite://"
+            )))
+        }
+    })
+}
+
+#[cfg(feature = "redis")]
+async fn lease_layer(url: &str) -> Result<Arc<dyn LeaseLayer>> {
+    Ok(Arc::new(
+        agentgate_store_redis::RedisLeases::open(url).await?,
+    ))
+}
+
+#[cfg(not(feature = "redis"))]
+async fn lease_layer(_url: &str) -> Result<Arc<dyn LeaseLayer>> {
+    Err(Error::invalid(
+        "this build has no Redis lease layer (feature `redis`)",
+    ))
 }
 
 async fn sweep_forever(store: Arc<dyn Store>, stop: CancellationToken) {

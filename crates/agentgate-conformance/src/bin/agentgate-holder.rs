@@ -1,6 +1,6 @@
 //! A child process for the conformance suite; see `agentgate_conformance::holder`.
 //!
-//! Usage: `agentgate-holder <store_url> <user> <session> <request> <ttl_ms>`
+//! Usage: `agentgate-holder <store_url> <redis_url or -> <user> <session> <request> <ttl_ms>`
 
 #[tokio::main]
 async fn main() -> Result<(), agentgate::BoxError> {

@@ -20,7 +20,9 @@ use crate::Target;
 pub async fn sigkilled_holder_is_taken_over_after_ttl(target: &Target, holder_exe: &str) {
     let gate = target.gate(short_ttl()).await;
     let mut child = tokio::process::Command::new(holder_exe)
-        .args([&target.store_url, "kill-user", "kill-session", "r1"])
+        .arg(&target.store_url)
+        .arg(target.redis_url.as_deref().unwrap_or("-"))
+        .args(["kill-user", "kill-session", "r1"])
         .arg(SHORT_TTL.as_millis().to_string())
         .stdout(Stdio::piped())
         .kill_on_drop(true)

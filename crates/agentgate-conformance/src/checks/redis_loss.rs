@@ -1,0 +1,230 @@
+//! Redis forgets: a lease layer that loses its keys (restart without
+//! persistence, failover) lets a second turn start on the session, but the
+//! SQL fence check refuses every write of the forgotten holder, so nothing is
+//! booked twice.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use agentgate::{ErrorKind, Gate, ToolStep, TurnState};
+use agentgate_core::error::Result;
+use agentgate_core::ids::Fence;
+use agentgate_core::lease::{Acquired, LeaseClaim, LeaseLayer, LiveLease};
+use agentgate_core::model::HolderView;
+use async_trait::async_trait;
+use serde_json::json;
+
+use super::{config, must_start, report};
+use crate::{ledger, Target};
+
+/// Bound on keys deleted when simulating a Redis loss for one target.
+const MAX_FORGOTTEN_KEYS: usize = 10_000;
+
+/// Deletes every key under the target's prefix: to this target, Redis
+/// restarted empty. Other tests' keys are untouched.
+async fn forget_leases(redis_url: &str) {
+    let (base, query) = redis_url
+        .split_once('?')
+        .expect("redis targets carry a key_prefix");
+    let prefix = query
+        .split('&')
+        .find_map(|p| p.strip_prefix("key_prefix="))
+        .expect("key_prefix");
+    let client = redis::Client::open(base).expect("redis url");
+    let mut connection = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect redis");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query_async(&mut connection)
+        .await
+        .expect("list keys");
+    assert!(
+        keys.len() < MAX_FORGOTTEN_KEYS,
+        "a test prefix holds few keys"
+    );
+    if !keys.is_empty() {
+        let _: i64 = redis::cmd("DEL")
+            .arg(&keys)
+            .query_async(&mut connection)
+            .await
+            .expect("delete keys");
+    }
+}
+
+/// Redis loses the holder's lease mid-turn: a new turn may start, the old
+/// holder's writes are all refused, and the ledger has one row.
+pub async fn redis_loss_is_fenced(target: &Target) {
+    let redis_url = target.redis_url.as_deref().expect("a redis target");
+    let gate = target.gate(config()).await;
+    ledger::prepare(&target.store_url).await;
+    let old = must_start(&gate, "loss-user", "loss-session", "a").await;
+    let ToolStep::Execute(stale) = old
+        .tool("book", &json!({"amount": 7}))
+        .await
+        .expect("claim")
+    else {
+        panic!("a new call executes");
+    };
+    forget_leases(redis_url).await;
+    let new = must_start(&gate, "loss-user", "loss-session", "b").await;
+    assert!(new.fence() > old.fence());
+    let mut counts = BTreeMap::new();
+    let refused = stale
+        .complete_in_tx(ledger::book("loss-7".into(), 7, false))
+        .await
+        .expect_err("the forgotten holder cannot book");
+    assert_eq!(refused.kind(), ErrorKind::LeaseLost, "{refused}");
+    counts.insert("old_holder_booking_refused".to_owned(), 1);
+    let ToolStep::Execute(fresh) = new
+        .tool("book", &json!({"amount": 7}))
+        .await
+        .expect("claim")
+    else {
+        panic!("the new turn's call executes");
+    };
+    fresh
+        .complete_in_tx(ledger::book("loss-7".into(), 7, false))
+        .await
+        .expect("the new holder books");
+    let lost = old
+        .succeed(&json!("stale answer"))
+        .await
+        .expect_err("the old holder cannot end");
+    assert_eq!(lost.kind(), ErrorKind::LeaseLost);
+    counts.insert("old_holder_ending_refused".to_owned(), 1);
+    new.succeed(&json!("ok")).await.expect("succeed");
+    assert_eq!(
+        ledger::count(&target.store_url, "loss-7").await,
+        1,
+        "booked once"
+    );
+    counts.insert("ledger_rows".to_owned(), 1);
+    report(target, "redis_loss_is_fenced", &counts);
+}
+
+/// A lease layer that keeps saying a lost lease is held (the worst a
+/// split-brain Redis could do). Only the SQL fence check stands between the
+/// stale holder and the data.
+#[derive(Debug)]
+struct Liar {
+    inner: Arc<dyn LeaseLayer>,
+    granted: Mutex<HashMap<String, (String, Fence)>>,
+}
+
+#[async_trait]
+impl LeaseLayer for Liar {
+    async fn acquire(&self, claim: &LeaseClaim<'_>) -> Result<Acquired> {
+        let acquired = self.inner.acquire(claim).await?;
+        if matches!(acquired, Acquired::Granted { .. }) {
+            self.granted.lock().expect("not poisoned").insert(
+                claim.turn_id.to_owned(),
+                (claim.session_id.to_owned(), claim.fence),
+            );
+        }
+        Ok(acquired)
+    }
+    async fn renew(&self, turn_id: &str, token_digest: &str, ttl_ms: i64) -> Result<Option<i64>> {
+        self.inner.renew(turn_id, token_digest, ttl_ms).await
+    }
+    async fn holds(&self, turn_id: &str, token_digest: &str) -> Result<Option<LiveLease>> {
+        if let Some(live) = self.inner.holds(turn_id, token_digest).await? {
+            return Ok(Some(live));
+        }
+        let granted = self
+            .granted
+            .lock()
+            .expect("not poisoned")
+            .get(turn_id)
+            .cloned();
+        Ok(granted.map(|(session_id, fence)| LiveLease {
+            session_id,
+            fence,
+            expires_in_ms: 10_000,
+        }))
+    }
+    async fn release(&self, turn_id: &str, token_digest: &str) -> Result<()> {
+        self.inner.release(turn_id, token_digest).await
+    }
+    async fn holder(&self, session_id: &str) -> Result<Option<HolderView>> {
+        self.inner.holder(session_id).await
+    }
+    async fn user_holders(&self, user_id: &str) -> Result<Vec<HolderView>> {
+        self.inner.user_holders(user_id).await
+    }
+}
+
+/// With a layer that lies, a stale holder's tool claim, completion and
+/// ending are still refused, by the SQL store's newest-fence check.
+pub async fn lying_lease_layer_is_refused_by_the_sql_fence(target: &Target) {
+    let redis_url = target.redis_url.as_deref().expect("a redis target");
+    let real = agentgate_store_redis::RedisLeases::open(redis_url)
+        .await
+        .expect("redis");
+    let liar = Arc::new(Liar {
+        inner: Arc::new(real),
+        granted: Mutex::new(HashMap::new()),
+    });
+    let gate = Gate::connect_with_layer(&target.store_url, liar, config())
+        .await
+        .expect("open");
+    let old = must_start(&gate, "liar-user", "liar-session", "a").await;
+    let ToolStep::Execute(stale) = old
+        .tool("book", &json!({"amount": 9}))
+        .await
+        .expect("claim")
+    else {
+        panic!("a new call executes");
+    };
+    forget_leases(redis_url).await;
+    let new = must_start(&gate, "liar-user", "liar-session", "b").await;
+    let mut counts = BTreeMap::new();
+    let refusals = [
+        (
+            "tool_complete",
+            stale.complete(&json!("stale")).await.map(drop),
+        ),
+        ("tool_claim", old.tool("email", &json!({})).await.map(drop)),
+        (
+            "heartbeat_ok_but_ending",
+            old.heartbeat().await.map(drop).and(Ok(())),
+        ),
+    ];
+    for (what, result) in refusals {
+        if what == "heartbeat_ok_but_ending" {
+            // Renewal goes to the layer only; it is the writes that matter.
+            continue;
+        }
+        let error = result.expect_err(what);
+        assert_eq!(error.kind(), ErrorKind::LeaseLost, "{what}: {error}");
+        assert!(error.to_string().contains("newer fence"), "{what}: {error}");
+        counts.insert(format!("refused_{what}"), 1);
+    }
+    let old_id = old.id().clone();
+    let ending = old
+        .succeed(&json!("stale"))
+        .await
+        .expect_err("stale ending");
+    assert_eq!(ending.kind(), ErrorKind::LeaseLost);
+    counts.insert("refused_ending".to_owned(), 1);
+    let view = gate
+        .store()
+        .turn(&old_id)
+        .await
+        .expect("view")
+        .expect("turn");
+    assert_eq!(
+        view.state,
+        TurnState::Running,
+        "the stale holder changed nothing"
+    );
+    new.succeed(&json!("ok"))
+        .await
+        .expect("the new holder is unaffected");
+    report(
+        target,
+        "lying_lease_layer_is_refused_by_the_sql_fence",
+        &counts,
+    );
+}

@@ -1,0 +1,5 @@
+//! The conformance suite on SQLite with the Redis lease layer, and the
+//! Redis-loss checks.
+
+agentgate_conformance::suite!(agentgate_conformance::targets::sqlite_redis);
+agentgate_conformance::redis_suite!(agentgate_conformance::targets::sqlite_redis);
