@@ -84,3 +84,22 @@ macro_rules! redis_suite {
         );
     };
 }
+
+/// Generates the checks that need a store with its own clock (a database
+/// server or Redis): a node with a skewed wall clock changes no outcome.
+#[macro_export]
+macro_rules! server_clock_suite {
+    ($factory:path) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn skewed_clock_changes_nothing() {
+            let Some(target) = $factory().await else {
+                return;
+            };
+            $crate::checks::process::skewed_clock_changes_nothing(
+                &target,
+                env!("CARGO_BIN_EXE_agentgate-holder"),
+            )
+            .await;
+        }
+    };
+}

@@ -3,3 +3,4 @@
 
 agentgate_conformance::suite!(agentgate_conformance::targets::sqlite_redis);
 agentgate_conformance::redis_suite!(agentgate_conformance::targets::sqlite_redis);
+agentgate_conformance::server_clock_suite!(agentgate_conformance::targets::sqlite_redis);

@@ -98,3 +98,127 @@ pub async fn sigkilled_holder_is_taken_over_after_ttl(target: &Target, holder_ex
         &counts.into_iter().collect(),
     );
 }
+
+/// SIGKILLs a process group; whether a process received it.
+async fn kill_group(group: u32) -> bool {
+    tokio::process::Command::new("kill")
+        .args(["-KILL", "--", &format!("-{group}")])
+        .stderr(Stdio::null())
+        .status()
+        .await
+        .is_ok_and(|status| status.success())
+}
+
+/// How far the skewed holder's clock is set off: a day, far beyond any TTL.
+const CLOCK_SKEW: &str = "+1d";
+
+/// Finds `faketime`, or reports it absent (skip, or fail when required).
+fn faketime() -> Option<std::path::PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join("faketime"))
+            .find(|candidate| candidate.is_file())
+    });
+    found.or_else(|| crate::targets::absent("faketime", "not on PATH (apt-get install faketime)"))
+}
+
+/// A holder whose wall clock is a day ahead changes no outcome on a store
+/// with its own clock: its lease lives exactly as long as anyone's, it is
+/// taken over only after the TTL, and a skewed node cannot take over a live
+/// lease early.
+///
+/// # Panics
+/// When any step of the scenario does not hold.
+pub async fn skewed_clock_changes_nothing(target: &Target, holder_exe: &str) {
+    let Some(faketime) = faketime() else { return };
+    let gate = target.gate(short_ttl()).await;
+    let redis = target.redis_url.as_deref().unwrap_or("-");
+    let ttl_ms = SHORT_TTL.as_millis().to_string();
+    let spawn = |session: &str| {
+        tokio::process::Command::new(&faketime)
+            .args([
+                "-f",
+                CLOCK_SKEW,
+                holder_exe,
+                &target.store_url,
+                redis,
+                "skew-user",
+                session,
+                "r1",
+                &ttl_ms,
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // faketime forks the holder; a process group lets one SIGKILL
+            // reach both, and kill_on_drop covers a failing assertion.
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn the skewed holder")
+    };
+
+    // 1. The skewed node holds: refused for several TTLs, taken over after one.
+    let mut child = spawn("skew-session");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let line = tokio::time::timeout(
+        Duration::from_secs(30),
+        BufReader::new(stdout).lines().next_line(),
+    )
+    .await
+    .expect("the skewed holder reports in time")
+    .expect("read")
+    .unwrap_or_else(|| panic!("the skewed holder exited: {:?}", child.try_wait()));
+    assert!(line.starts_with("HOLDING "), "{line}");
+    tokio::time::sleep(SHORT_TTL * 2).await;
+    let busy = gate
+        .begin("skew-user", "skew-session", "r2", &json!(2))
+        .await
+        .expect_err("held");
+    assert_eq!(
+        busy.kind(),
+        ErrorKind::SessionBusy,
+        "a skewed holder's lease lives"
+    );
+    let group = child.id().expect("the skewed holder is running");
+    assert!(
+        kill_group(group).await,
+        "SIGKILL the skewed holder's process group"
+    );
+    child.wait().await.expect("reap");
+    let early = gate
+        .begin("skew-user", "skew-session", "r1", &json!({"text": "r1"}))
+        .await
+        .expect_err("live");
+    assert_eq!(early.kind(), ErrorKind::RequestInFlight);
+    let taker = start_within(&gate, "skew-user", "skew-session", "r1", SHORT_TTL * 4).await;
+    assert!(taker.is_takeover());
+
+    // 2. While this node holds, the skewed node cannot take over early.
+    let mut intruder = spawn("skew-session");
+    let group = intruder.id().expect("the skewed node is running");
+    let status = tokio::time::timeout(Duration::from_secs(30), intruder.wait())
+        .await
+        .expect("the skewed node gives up in time")
+        .expect("reap");
+    // The wrapper exited with its child; make sure no stray process is left.
+    kill_group(group).await;
+    assert!(
+        !status.success(),
+        "the skewed node must not take a live lease"
+    );
+    assert!(!taker.is_cancelled());
+    taker
+        .succeed(&json!("ok"))
+        .await
+        .expect("the holder keeps its lease");
+    let counts = [
+        ("skewed_holder_kept_lease".to_owned(), 1),
+        ("takeover_after_ttl".to_owned(), 1),
+        ("skewed_early_takeover_refused".to_owned(), 1),
+    ];
+    report(
+        target,
+        "skewed_clock_changes_nothing",
+        &counts.into_iter().collect(),
+    );
+}

@@ -1,0 +1,92 @@
+//! `agentgate serve`: flags (each also an `AGENTGATE_*` environment
+//! variable) turned into an [`agentgate_server::ServeConfig`]. Everything
+//! else lives in `agentgate_server`.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use agentgate_server::limits::DEFAULT_MAX_BODY_BYTES;
+use agentgate_server::{read_key_file, shutdown_signal, ApiKey, ServeConfig, Server};
+
+use crate::BoxError;
+
+/// Flags of `agentgate serve`.
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// Address to listen on, host:port (port 0 picks a free one). Loopback by
+    /// default: set --api-key before listening on a public address.
+    #[arg(long, env = "AGENTGATE_LISTEN", default_value = "127.0.0.1:7700")]
+    listen: String,
+    /// Store URL: sqlite://path (created if missing).
+    #[arg(
+        long,
+        env = "AGENTGATE_STORE",
+        default_value = "sqlite://agentgate.db",
+        hide_env_values = true
+    )]
+    store: String,
+    /// Redis URL of the lease layer (redis://host:port/db[?key_prefix=...]):
+    /// session leases and permits live in Redis, records and fences in the
+    /// store.
+    #[arg(long, env = "AGENTGATE_REDIS", hide_env_values = true)]
+    redis: Option<String>,
+    /// Lease TTL in milliseconds; callers heartbeat every third of it.
+    #[arg(long, env = "AGENTGATE_LEASE_TTL_MS", default_value_t = 30_000)]
+    lease_ttl_ms: u64,
+    /// Concurrent live turns per user.
+    #[arg(long, env = "AGENTGATE_MAX_TURNS_PER_USER", default_value_t = 5)]
+    max_turns_per_user: u32,
+    /// API key required as `Authorization: Bearer <key>` on every /v1 call.
+    /// Repeatable; in the environment, comma-separated. Prefer
+    /// --api-key-file or the environment: flags show in `ps`.
+    #[arg(
+        long = "api-key",
+        env = "AGENTGATE_API_KEY",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    api_keys: Vec<String>,
+    /// File of API keys, one per line (blank lines and # comments skipped).
+    #[arg(long, env = "AGENTGATE_API_KEY_FILE")]
+    api_key_file: Option<PathBuf>,
+    /// Largest request body in bytes; larger ones get 413.
+    #[arg(long, env = "AGENTGATE_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
+    max_body_bytes: usize,
+}
+
+impl ServeArgs {
+    fn into_config(self) -> Result<ServeConfig, BoxError> {
+        let mut api_keys = self
+            .api_keys
+            .into_iter()
+            .map(ApiKey::new)
+            .collect::<Result<Vec<_>, _>>()?;
+        if let Some(path) = &self.api_key_file {
+            api_keys.extend(read_key_file(path)?);
+        }
+        Ok(ServeConfig {
+            listen: self.listen,
+            store_url: self.store,
+            redis_url: self.redis,
+            lease_ttl: Duration::from_millis(self.lease_ttl_ms),
+            max_turns_per_user: self.max_turns_per_user,
+            api_keys,
+            max_body_bytes: self.max_body_bytes,
+        })
+    }
+}
+
+/// Runs the service until Ctrl-C or SIGTERM. Prints `listening on ADDR` on
+/// stdout once the socket is bound, for scripts and tests that use port 0.
+///
+/// # Errors
+/// When a flag is invalid, the store cannot be opened or the address bound.
+pub async fn run(args: ServeArgs) -> Result<(), BoxError> {
+    let server = Server::bind(args.into_config()?).await?;
+    let mut stdout = std::io::stdout();
+    writeln!(stdout, "listening on {}", server.local_addr())?;
+    stdout.flush()?;
+    server.run(shutdown_signal()).await?;
+    Ok(())
+}

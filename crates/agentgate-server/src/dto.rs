@@ -1,0 +1,630 @@
+//! The wire format of SPEC §5: every request and response body, as the
+//! handlers (de)serialise it and as the OpenAPI document describes it.
+//!
+//! These types exist so the document is generated from exactly what goes on
+//! the wire: the engine's own views know nothing of HTTP or OpenAPI, and are
+//! converted here field by field. Errors live in [`crate::error`].
+//!
+//! Architecture invariant: no type here carries a lease token except
+//! [`GrantDto`], which is only ever sent to the caller that was granted it.
+
+use std::fmt;
+
+use agentgate::model::{Confirmation, Grant, HolderView, PendingView};
+use agentgate::{
+    ConfirmationContext, Decision, ExecutionView, PreviousOutcome, SessionView, ToolState,
+    TurnState, TurnView, UserView,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
+
+// ---------------------------------------------------------------- enums
+
+/// Where a turn is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnStateDto {
+    /// Under a lease (live, or dead and waiting for a takeover).
+    Running,
+    /// Ended with a response; repeats of the request replay it.
+    Succeeded,
+    /// Ended with an error; retryable ones restart on a repeat.
+    Failed,
+    /// Ended waiting for a person to approve or reject `pending`.
+    AwaitingConfirmation,
+    /// Was awaiting confirmation; a continuation turn took the decision.
+    Confirmed,
+}
+
+impl From<TurnState> for TurnStateDto {
+    fn from(state: TurnState) -> Self {
+        match state {
+            TurnState::Running => Self::Running,
+            TurnState::Succeeded => Self::Succeeded,
+            TurnState::Failed => Self::Failed,
+            TurnState::AwaitingConfirmation => Self::AwaitingConfirmation,
+            TurnState::Confirmed => Self::Confirmed,
+        }
+    }
+}
+
+/// Where a tool execution is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolStateDto {
+    /// Claimed for execution by the current lease holder.
+    Running,
+    /// Done; its result is returned to every later claim.
+    Succeeded,
+    /// Failed; the next claim executes it again.
+    Failed,
+}
+
+impl From<ToolState> for ToolStateDto {
+    fn from(state: ToolState) -> Self {
+        match state {
+            ToolState::Running => Self::Running,
+            ToolState::Succeeded => Self::Succeeded,
+            ToolState::Failed => Self::Failed,
+        }
+    }
+}
+
+/// What became of the previous attempt of a tool execution.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PreviousOutcomeDto {
+    /// It reported failure.
+    Failed,
+    /// Its holder died mid-call: it may or may not have taken effect. Check
+    /// downstream with the idempotency key before running it again.
+    Unknown,
+}
+
+impl From<PreviousOutcome> for PreviousOutcomeDto {
+    fn from(outcome: PreviousOutcome) -> Self {
+        match outcome {
+            PreviousOutcome::Failed => Self::Failed,
+            PreviousOutcome::Unknown => Self::Unknown,
+        }
+    }
+}
+
+/// A person's answer to a pending confirmation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DecisionDto {
+    /// Go ahead with the pending action.
+    Approve,
+    /// Drop it.
+    Reject,
+}
+
+impl From<Decision> for DecisionDto {
+    fn from(decision: Decision) -> Self {
+        match decision {
+            Decision::Approve => Self::Approve,
+            Decision::Reject => Self::Reject,
+        }
+    }
+}
+
+impl From<DecisionDto> for Decision {
+    fn from(decision: DecisionDto) -> Self {
+        match decision {
+            DecisionDto::Approve => Self::Approve,
+            DecisionDto::Reject => Self::Reject,
+        }
+    }
+}
+
+// ---------------------------------------------------------------- requests
+
+/// `POST /v1/turns`: begin a turn, or answer a pending confirmation.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BeginRequest {
+    /// The account the turn runs for (1–128 bytes).
+    #[schema(min_length = 1, max_length = 128)]
+    pub user_id: String,
+    /// The conversation (1–128 bytes); bound to its first user.
+    #[schema(min_length = 1, max_length = 128)]
+    pub session_id: String,
+    /// The client's id for this message (1–128 bytes). A repeat with the same
+    /// payload replays or conflicts; with another payload it is refused.
+    #[schema(min_length = 1, max_length = 128)]
+    pub client_request_id: String,
+    /// The message; any JSON. Absent is the same as `null`.
+    #[serde(default)]
+    pub payload: Value,
+    /// Set to answer a pending confirmation of an earlier turn.
+    #[serde(default)]
+    pub confirmation: Option<ConfirmationRequest>,
+}
+
+impl fmt::Debug for BeginRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The payload is the user's message: keep it out of logs.
+        f.debug_struct("BeginRequest")
+            .field("user_id", &self.user_id)
+            .field("session_id", &self.session_id)
+            .field("client_request_id", &self.client_request_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The confirmation part of a begin.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ConfirmationRequest {
+    /// The turn that is awaiting confirmation.
+    #[schema(min_length = 1, max_length = 128)]
+    pub turn_id: String,
+    /// Approve or reject its pending action.
+    pub decision: DecisionDto,
+}
+
+impl ConfirmationRequest {
+    /// The engine's confirmation.
+    ///
+    /// # Errors
+    /// `invalid_request` for a malformed turn id.
+    pub fn to_engine(&self) -> agentgate::Result<Confirmation> {
+        Ok(Confirmation {
+            turn_id: agentgate::TurnId::new(self.turn_id.clone())?,
+            decision: self.decision.into(),
+        })
+    }
+}
+
+/// `POST /v1/turns/{turn_id}/tools`: claim a tool execution.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimToolRequest {
+    /// The tool's name (1–128 bytes).
+    #[schema(min_length = 1, max_length = 128)]
+    pub tool: String,
+    /// The tool's arguments; any JSON. Key order, whitespace and number
+    /// spelling do not matter (RFC 8785 canonical form is hashed).
+    pub args: Value,
+}
+
+/// `POST /v1/turns/{turn_id}/tools/{execution_id}/complete`.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CompleteToolRequest {
+    /// The tool's result; returned to every later claim of the same call.
+    pub result: Value,
+}
+
+/// `POST /v1/turns/{turn_id}/tools/{execution_id}/fail`.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FailToolRequest {
+    /// What went wrong; the next claim executes the tool again.
+    pub error: Value,
+}
+
+/// `POST /v1/turns/{turn_id}/complete`.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CompleteTurnRequest {
+    /// The turn's answer; repeats of the request replay it.
+    pub response: Value,
+}
+
+/// `POST /v1/turns/{turn_id}/fail`.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FailTurnRequest {
+    /// What went wrong.
+    pub error: Value,
+    /// Whether a repeat of the request restarts the turn (default false: a
+    /// repeat replays this failure).
+    #[serde(default)]
+    pub retryable: bool,
+}
+
+/// `POST /v1/turns/{turn_id}/await-confirmation`.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AwaitConfirmationRequest {
+    /// What the person is asked to approve; handed to the confirmation turn.
+    pub pending: Value,
+}
+
+/// Query of the read endpoints.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct OwnerQuery {
+    /// When given, a record of any other user is reported as `not_found`,
+    /// so one user cannot learn about another's sessions and turns.
+    pub user_id: Option<String>,
+}
+
+// ---------------------------------------------------------------- responses
+
+/// A granted lease and the turn it runs. Sent only to the caller granted it.
+#[derive(Serialize, ToSchema)]
+pub struct GrantDto {
+    /// The turn.
+    pub turn_id: String,
+    /// Its session.
+    pub session_id: String,
+    /// Its user.
+    pub user_id: String,
+    /// Its request id.
+    pub client_request_id: String,
+    /// Always `running`.
+    pub state: TurnStateDto,
+    /// The secret to send as `Lease-Token` on every later call of this turn.
+    pub lease_token: String,
+    /// This grant's fencing token; strictly higher than any earlier grant.
+    pub fence: i64,
+    /// 1 for the first start, +1 per takeover or restart.
+    pub attempt: u32,
+    /// Whether this start took over a running turn whose lease expired: its
+    /// tool executions may have run; claim them again to find out.
+    pub takeover: bool,
+    /// Remaining lease on the store's clock. Heartbeat well before it runs
+    /// out (every third of the TTL).
+    pub lease_expires_in_ms: i64,
+    /// Present on a confirmation turn: the pending action and the decision.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub confirmation: Option<ConfirmationDto>,
+}
+
+impl fmt::Debug for GrantDto {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GrantDto")
+            .field("turn_id", &self.turn_id)
+            .field("fence", &self.fence)
+            .field("lease_token", &"<redacted>")
+            .finish_non_exhaustive()
+    }
+}
+
+impl From<Grant> for GrantDto {
+    fn from(grant: Grant) -> Self {
+        Self {
+            turn_id: grant.turn_id.to_string(),
+            session_id: grant.session_id.to_string(),
+            user_id: grant.user_id.to_string(),
+            client_request_id: grant.client_request_id.to_string(),
+            state: TurnStateDto::Running,
+            lease_token: grant.lease_token.expose_secret().to_owned(),
+            fence: grant.fence.0,
+            attempt: grant.attempt,
+            takeover: grant.takeover,
+            lease_expires_in_ms: grant.lease_expires_in_ms,
+            confirmation: grant.confirmation.map(ConfirmationDto::from),
+        }
+    }
+}
+
+/// What a confirmation turn carries over from the turn it answers.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ConfirmationDto {
+    /// The turn that awaited confirmation.
+    pub turn_id: String,
+    /// The person's decision.
+    pub decision: DecisionDto,
+    /// The pending action that turn recorded.
+    pub pending: Value,
+}
+
+impl From<ConfirmationContext> for ConfirmationDto {
+    fn from(context: ConfirmationContext) -> Self {
+        Self {
+            turn_id: context.turn_id.to_string(),
+            decision: context.decision.into(),
+            pending: context.pending,
+        }
+    }
+}
+
+/// 201 from `POST /v1/turns`: a lease was granted; run the turn.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BeginResponse {
+    /// The granted turn.
+    pub turn: GrantDto,
+}
+
+/// 200 from `POST /v1/turns`: the request already ended; no lease was taken.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReplayResponse {
+    /// Always true.
+    pub replay: bool,
+    /// The stored outcome (for a second confirmation: the continuation turn's).
+    pub turn: TurnDto,
+}
+
+/// A turn as callers see it. Never holds a lease token.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TurnDto {
+    /// The turn.
+    pub turn_id: String,
+    /// Its session.
+    pub session_id: String,
+    /// Its user.
+    pub user_id: String,
+    /// Its request id.
+    pub client_request_id: String,
+    /// Its state.
+    pub state: TurnStateDto,
+    /// Attempts so far.
+    pub attempt: u32,
+    /// Fence of its latest grant.
+    pub fence: i64,
+    /// Set when succeeded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub response: Option<Value>,
+    /// Set when failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<Value>,
+    /// Set when failed: whether a repeat restarts it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retryable: Option<bool>,
+    /// Set when awaiting or having had a confirmation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pending: Option<Value>,
+    /// Set on a confirmation turn.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub confirmation: Option<ConfirmationDto>,
+    /// Set on a confirmed turn: the continuation that took the decision.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub confirmed_by: Option<String>,
+    /// Store-clock creation time, ms since the Unix epoch.
+    pub created_at_ms: i64,
+    /// Store-clock time of the latest change, ms since the Unix epoch.
+    pub updated_at_ms: i64,
+}
+
+impl From<TurnView> for TurnDto {
+    fn from(view: TurnView) -> Self {
+        Self {
+            turn_id: view.turn_id.to_string(),
+            session_id: view.session_id.to_string(),
+            user_id: view.user_id.to_string(),
+            client_request_id: view.client_request_id.to_string(),
+            state: view.state.into(),
+            attempt: view.attempt,
+            fence: view.fence.0,
+            response: view.response,
+            error: view.error,
+            retryable: view.retryable,
+            pending: view.pending,
+            confirmation: view.confirmation.map(ConfirmationDto::from),
+            confirmed_by: view.confirmed_by.map(|id| id.to_string()),
+            created_at_ms: view.created_at_ms,
+            updated_at_ms: view.updated_at_ms,
+        }
+    }
+}
+
+/// 200 from a turn ending, and the turn part of `GET /v1/turns/{turn_id}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TurnResponse {
+    /// The turn after the call.
+    pub turn: TurnDto,
+}
+
+/// 200 from `GET /v1/turns/{turn_id}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TurnStateResponse {
+    /// The turn.
+    pub turn: TurnDto,
+    /// Its tool executions, oldest first.
+    pub executions: Vec<ExecutionDto>,
+}
+
+/// 200 from a heartbeat.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct HeartbeatResponse {
+    /// Remaining lease on the store's clock after the renewal.
+    pub lease_expires_in_ms: i64,
+}
+
+/// A claimed execution the caller must now run.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ExecuteDto {
+    /// The execution; complete or fail it when the tool returns.
+    pub execution_id: String,
+    /// Stable across attempts and takeovers: forward it downstream so the
+    /// effect is deduplicated there.
+    pub idempotency_key: String,
+    /// 1 for the first claim, +1 per re-execution.
+    pub attempt: u32,
+    /// `null` on a first claim; `failed` after a reported failure; `unknown`
+    /// when the previous holder died mid-call and the effect may have
+    /// happened (check with the idempotency key before running it again).
+    #[schema(required = true)]
+    pub previous_outcome: Option<PreviousOutcomeDto>,
+}
+
+/// 201 from a tool claim: run the tool.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ExecuteResponse {
+    /// Always true.
+    pub execute: bool,
+    /// The claimed execution.
+    pub execution: ExecuteDto,
+}
+
+/// A tool execution that has ended.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ExecutionResultDto {
+    /// The execution.
+    pub execution_id: String,
+    /// `succeeded` or `failed`.
+    pub state: ToolStateDto,
+    /// The stored result, when succeeded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+}
+
+/// 200 from a tool claim (`execute: false`: the stored result, do not run
+/// the tool) and from a tool completion or failure.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ExecutionResultResponse {
+    /// False on a claim: the tool already succeeded. Absent on completions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub execute: Option<bool>,
+    /// The execution.
+    pub execution: ExecutionResultDto,
+}
+
+/// A tool execution as callers see it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ExecutionDto {
+    /// The execution.
+    pub execution_id: String,
+    /// Its turn.
+    pub turn_id: String,
+    /// Its tool.
+    pub tool: String,
+    /// Its state.
+    pub state: ToolStateDto,
+    /// Attempts so far.
+    pub attempt: u32,
+    /// Fence of the holder that claimed it last.
+    pub fence: i64,
+    /// Set when succeeded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    /// Set when failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<Value>,
+}
+
+impl From<ExecutionView> for ExecutionDto {
+    fn from(view: ExecutionView) -> Self {
+        Self {
+            execution_id: view.execution_id.to_string(),
+            turn_id: view.turn_id.to_string(),
+            tool: view.tool.to_string(),
+            state: view.state.into(),
+            attempt: view.attempt,
+            fence: view.fence.0,
+            result: view.result,
+            error: view.error,
+        }
+    }
+}
+
+/// A session's live lease holder.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct HolderDto {
+    /// The session held.
+    pub session_id: String,
+    /// The turn holding it.
+    pub turn_id: String,
+    /// The holder's fence.
+    pub fence: i64,
+    /// Remaining lease on the store's clock.
+    pub lease_expires_in_ms: i64,
+}
+
+impl From<HolderView> for HolderDto {
+    fn from(view: HolderView) -> Self {
+        Self {
+            session_id: view.session_id.to_string(),
+            turn_id: view.turn_id.to_string(),
+            fence: view.fence.0,
+            lease_expires_in_ms: view.lease_expires_in_ms,
+        }
+    }
+}
+
+/// A session's pending confirmation.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PendingDto {
+    /// The turn awaiting confirmation.
+    pub turn_id: String,
+    /// Remaining time before it expires, on the store's clock.
+    pub expires_in_ms: i64,
+}
+
+impl From<PendingView> for PendingDto {
+    fn from(view: PendingView) -> Self {
+        Self {
+            turn_id: view.turn_id.to_string(),
+            expires_in_ms: view.expires_in_ms,
+        }
+    }
+}
+
+/// A session as callers see it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionDto {
+    /// The session.
+    pub session_id: String,
+    /// The user it is bound to.
+    pub user_id: String,
+    /// The live holder, if any.
+    #[schema(required = true)]
+    pub holder: Option<HolderDto>,
+    /// The live pending confirmation, if any.
+    #[schema(required = true)]
+    pub pending_confirmation: Option<PendingDto>,
+    /// Latest fence granted on this session.
+    pub fence: i64,
+}
+
+impl From<SessionView> for SessionDto {
+    fn from(view: SessionView) -> Self {
+        Self {
+            session_id: view.session_id.to_string(),
+            user_id: view.user_id.to_string(),
+            holder: view.holder.map(HolderDto::from),
+            pending_confirmation: view.pending_confirmation.map(PendingDto::from),
+            fence: view.fence.0,
+        }
+    }
+}
+
+/// 200 from `GET /v1/sessions/{session_id}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionResponse {
+    /// The session.
+    pub session: SessionDto,
+}
+
+/// A user as callers see it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct UserDto {
+    /// The user.
+    pub user_id: String,
+    /// The cap in force: the user's override, else the server default.
+    pub max_turns_per_user: u32,
+    /// Live leases (permits in use).
+    pub live_turns: u32,
+    /// The live holders.
+    pub holders: Vec<HolderDto>,
+}
+
+impl From<UserView> for UserDto {
+    fn from(view: UserView) -> Self {
+        Self {
+            user_id: view.user_id.to_string(),
+            max_turns_per_user: view.max_turns_per_user,
+            live_turns: view.live_turns,
+            holders: view.holders.into_iter().map(HolderDto::from).collect(),
+        }
+    }
+}
+
+/// 200 from `GET /v1/users/{user_id}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct UserResponse {
+    /// The user.
+    pub user: UserDto,
+}
+
+/// 200 from `GET /healthz`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct HealthResponse {
+    /// Always `ok`; a store that cannot be read gives 503 instead.
+    pub status: String,
+}

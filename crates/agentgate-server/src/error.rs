@@ -1,0 +1,477 @@
+//! HTTP errors: the error body of SPEC §5 and the one mapping from error
+//! code to HTTP status ([`status_of`]).
+//!
+//! Every refusal leaves the server through [`ApiError`]: engine errors
+//! (converted by kind), bad input caught by the extractors, authentication,
+//! unknown routes and timeouts. Nothing answers 200 with an error inside, and
+//! bad input is never a 500. What this module does not own: deciding whether
+//! something is an error — the engine and the extractors do that.
+
+use std::time::Duration;
+
+use agentgate::{Error, ErrorKind};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
+use utoipa::{IntoResponses, ToSchema};
+
+use crate::limits::MAX_ERROR_MESSAGE_BYTES;
+
+/// Every error code the server sends, in `error.code`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// 400: malformed JSON, a missing, unknown or oversized field, a missing
+    /// `Lease-Token` header.
+    InvalidRequest,
+    /// 401: an API key is configured and the call lacks it or has a wrong one.
+    Unauthorized,
+    /// 404: no such turn, session, tool execution, pending confirmation or
+    /// route (also: a session or turn of another user).
+    NotFound,
+    /// 405: the route exists but not with this method.
+    MethodNotAllowed,
+    /// 413: the body is over the server's limit.
+    PayloadTooLarge,
+    /// 409 + `Retry-After`: the session is held by another live turn.
+    SessionBusy,
+    /// 409 + `Retry-After`: this very request is running under a live lease.
+    RequestInFlight,
+    /// 409 + `Retry-After`: the session waits for a person's confirmation.
+    AwaitingConfirmation,
+    /// 409 + `Retry-After`: this tool call is running under the caller's lease.
+    ToolInFlight,
+    /// 409: wrong lease token, taken over, expired, or turn already ended.
+    /// Stop the turn: nothing more can be changed under this lease.
+    LeaseLost,
+    /// 409: a tool's previous attempt has an unknown outcome and a person
+    /// must decide (library callers only).
+    UnknownToolOutcome,
+    /// 422: the `client_request_id` was used with a different payload.
+    PayloadMismatch,
+    /// 422: a tool execution used all its attempts; it will not run again.
+    AttemptsExhausted,
+    /// 429 + `Retry-After`: the user holds all of their permits.
+    UserAtCapacity,
+    /// 500: a caller-supplied side effect failed (library callers only).
+    EffectFailed,
+    /// 500: a bug in the server; reported, never expected.
+    Internal,
+    /// 503: the store could not be reached or did not answer in time.
+    StoreUnavailable,
+}
+
+impl ErrorCode {
+    /// The wire spelling, as in `error.code`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InvalidRequest => "invalid_request",
+            Self::Unauthorized => "unauthorized",
+            Self::NotFound => "not_found",
+            Self::MethodNotAllowed => "method_not_allowed",
+            Self::PayloadTooLarge => "payload_too_large",
+            Self::SessionBusy => "session_busy",
+            Self::RequestInFlight => "request_in_flight",
+            Self::AwaitingConfirmation => "awaiting_confirmation",
+            Self::ToolInFlight => "tool_in_flight",
+            Self::LeaseLost => "lease_lost",
+            Self::UnknownToolOutcome => "unknown_tool_outcome",
+            Self::PayloadMismatch => "payload_mismatch",
+            Self::AttemptsExhausted => "attempts_exhausted",
+            Self::UserAtCapacity => "user_at_capacity",
+            Self::EffectFailed => "effect_failed",
+            Self::Internal => "internal",
+            Self::StoreUnavailable => "store_unavailable",
+        }
+    }
+
+    /// The code of an engine error kind; the spellings are the engine's.
+    fn of_kind(kind: ErrorKind) -> Self {
+        match kind {
+            ErrorKind::InvalidRequest => Self::InvalidRequest,
+            ErrorKind::NotFound => Self::NotFound,
+            ErrorKind::SessionBusy => Self::SessionBusy,
+            ErrorKind::RequestInFlight => Self::RequestInFlight,
+            ErrorKind::AwaitingConfirmation => Self::AwaitingConfirmation,
+            ErrorKind::ToolInFlight => Self::ToolInFlight,
+            ErrorKind::LeaseLost => Self::LeaseLost,
+            ErrorKind::PayloadMismatch => Self::PayloadMismatch,
+            ErrorKind::UserAtCapacity => Self::UserAtCapacity,
+            ErrorKind::UnknownToolOutcome => Self::UnknownToolOutcome,
+            ErrorKind::AttemptsExhausted => Self::AttemptsExhausted,
+            ErrorKind::Effect => Self::EffectFailed,
+            ErrorKind::StoreUnavailable => Self::StoreUnavailable,
+            // A kind added to the engine after this server was written: a
+            // 500 says "update the server", which is the truth.
+            _ => Self::Internal,
+        }
+    }
+
+    /// Whether this is a protocol conflict a caller resolves by waiting or by
+    /// changing its request (counted in `agentgate_conflicts_total`).
+    pub fn is_conflict(self) -> bool {
+        matches!(
+            status_of(self),
+            StatusCode::CONFLICT | StatusCode::UNPROCESSABLE_ENTITY | StatusCode::TOO_MANY_REQUESTS
+        )
+    }
+}
+
+/// The HTTP status of each error code: the one place it is decided.
+pub fn status_of(code: ErrorCode) -> StatusCode {
+    match code {
+        ErrorCode::InvalidRequest => StatusCode::BAD_REQUEST,
+        ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
+        ErrorCode::NotFound => StatusCode::NOT_FOUND,
+        ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+        ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorCode::SessionBusy
+        | ErrorCode::RequestInFlight
+        | ErrorCode::AwaitingConfirmation
+        | ErrorCode::ToolInFlight
+        | ErrorCode::LeaseLost
+        | ErrorCode::UnknownToolOutcome => StatusCode::CONFLICT,
+        ErrorCode::PayloadMismatch | ErrorCode::AttemptsExhausted => {
+            StatusCode::UNPROCESSABLE_ENTITY
+        }
+        ErrorCode::UserAtCapacity => StatusCode::TOO_MANY_REQUESTS,
+        // effect_failed needs a caller-supplied SQL effect, which only library
+        // callers can pass; over HTTP it would be a server bug, hence 500.
+        ErrorCode::EffectFailed | ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorCode::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+    }
+}
+
+/// The body of every error response.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub error: ErrorDetail,
+}
+
+/// What went wrong, with what a caller needs to act on it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// The stable code to match on.
+    pub code: ErrorCode,
+    /// For a person; do not match on it.
+    pub message: String,
+    /// For `session_busy`, `request_in_flight`, `awaiting_confirmation`,
+    /// `tool_in_flight` and `user_at_capacity`: how long until the blocking
+    /// lease (or confirmation) runs out if not renewed, from the store's clock.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
+    /// For `session_busy` and `request_in_flight`: the turn holding the
+    /// session; for `awaiting_confirmation`: the turn awaiting it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub active_turn_id: Option<String>,
+}
+
+/// An error on its way to becoming a response.
+#[derive(Debug)]
+pub struct ApiError {
+    code: ErrorCode,
+    message: String,
+    retry_after: Option<Duration>,
+    active_turn_id: Option<String>,
+}
+
+impl ApiError {
+    /// An error with a code and a message for a person.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        let mut message = message.into();
+        if message.len() > MAX_ERROR_MESSAGE_BYTES {
+            let mut cut = MAX_ERROR_MESSAGE_BYTES;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+            message.push('…');
+        }
+        Self {
+            code,
+            message,
+            retry_after: None,
+            active_turn_id: None,
+        }
+    }
+
+    /// A 400 `invalid_request`.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::InvalidRequest, message)
+    }
+
+    /// This error's code.
+    pub fn code(&self) -> ErrorCode {
+        self.code
+    }
+
+    /// This error's HTTP status.
+    pub fn status(&self) -> StatusCode {
+        status_of(self.code)
+    }
+}
+
+impl From<Error> for ApiError {
+    fn from(error: Error) -> Self {
+        let code = ErrorCode::of_kind(error.kind());
+        let message = if status_of(code).is_server_error() {
+            // Driver and side-effect details stay in the server's log.
+            tracing::error!(code = code.as_str(), %error, "request failed");
+            match code {
+                ErrorCode::StoreUnavailable => "the store is unavailable; retry later".to_owned(),
+                _ => "internal error".to_owned(),
+            }
+        } else {
+            error.to_string()
+        };
+        Self {
+            retry_after: error.retry_after(),
+            active_turn_id: error.active_turn_id().map(str::to_owned),
+            ..Self::new(code, message)
+        }
+    }
+}
+
+/// Whole seconds for a `Retry-After` header: rounded up, at least 1, so a
+/// client never retries before the lease can have run out, nor hot-loops.
+fn retry_after_secs(retry_after: Duration) -> u64 {
+    let millis = u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX);
+    millis.div_ceil(1000).max(1)
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = status_of(self.code);
+        let retry_after_ms = self
+            .retry_after
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1));
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code,
+                message: self.message,
+                retry_after_ms,
+                active_turn_id: self.active_turn_id,
+            },
+        };
+        let mut response = (status, Json(body)).into_response();
+        let headers = response.headers_mut();
+        if let Some(retry_after) = self.retry_after {
+            headers.insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(retry_after_secs(retry_after)),
+            );
+        }
+        if self.code == ErrorCode::Unauthorized {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        // The metrics layer counts errors by code from here.
+        response.extensions_mut().insert(self.code);
+        response
+    }
+}
+
+// ------------------------------------------------- OpenAPI response sets
+//
+// These enums are never constructed: they exist so each operation's
+// `responses(...)` lists every status and error code it can answer with,
+// generated by utoipa from the same `ErrorBody` the server sends.
+
+/// The errors of `POST /v1/turns`.
+#[derive(IntoResponses)]
+#[allow(dead_code)] // documentation only, see above
+pub(crate) enum BeginErrors {
+    /// `invalid_request`: malformed JSON, a missing, unknown or oversized
+    /// field (ids are 1–128 bytes; payload at most 1 MiB canonical, 64 deep).
+    #[response(status = 400)]
+    InvalidRequest(ErrorBody),
+    /// `unauthorized`: API keys are configured and the bearer key is missing
+    /// or wrong.
+    #[response(status = 401)]
+    Unauthorized(ErrorBody),
+    /// `not_found`: the session belongs to another user, or the confirmed
+    /// turn awaits no live confirmation.
+    #[response(status = 404)]
+    NotFound(ErrorBody),
+    /// `session_busy` (another turn holds the session; `active_turn_id` names
+    /// it), `request_in_flight` (this request runs under a live lease) or
+    /// `awaiting_confirmation` (the session waits for a person). Retry after
+    /// `Retry-After` seconds.
+    #[response(
+        status = 409,
+        headers(("Retry-After" = u64, description = "Seconds until the blocking lease or confirmation runs out, rounded up, at least 1"))
+    )]
+    Conflict(ErrorBody),
+    /// `payload_too_large`: the body is over the server's limit (1 MiB by default).
+    #[response(status = 413)]
+    PayloadTooLarge(ErrorBody),
+    /// `payload_mismatch`: this `client_request_id` was used with another payload.
+    #[response(status = 422)]
+    PayloadMismatch(ErrorBody),
+    /// `user_at_capacity`: the user holds all of their permits.
+    #[response(
+        status = 429,
+        headers(("Retry-After" = u64, description = "Seconds until the user's soonest lease runs out, rounded up, at least 1"))
+    )]
+    UserAtCapacity(ErrorBody),
+    /// `store_unavailable`: the store could not be reached or the request
+    /// took longer than the server's timeout.
+    #[response(status = 503)]
+    StoreUnavailable(ErrorBody),
+}
+
+/// The errors of the calls made under a lease (heartbeat, endings, tool
+/// completion and failure).
+#[derive(IntoResponses)]
+#[allow(dead_code)] // documentation only, see above
+pub(crate) enum LeaseErrors {
+    /// `invalid_request`: missing `Lease-Token` header, malformed JSON, a
+    /// missing, unknown or oversized field.
+    #[response(status = 400)]
+    InvalidRequest(ErrorBody),
+    /// `unauthorized`: API keys are configured and the bearer key is missing
+    /// or wrong.
+    #[response(status = 401)]
+    Unauthorized(ErrorBody),
+    /// `not_found`: no such turn or tool execution.
+    #[response(status = 404)]
+    NotFound(ErrorBody),
+    /// `lease_lost`: wrong token, taken over, expired, or the turn (or tool
+    /// execution) already ended. Stop: this lease can change nothing.
+    #[response(status = 409)]
+    LeaseLost(ErrorBody),
+    /// `payload_too_large`: the body is over the server's limit.
+    #[response(status = 413)]
+    PayloadTooLarge(ErrorBody),
+    /// `store_unavailable`: the store could not be reached or the request
+    /// took longer than the server's timeout.
+    #[response(status = 503)]
+    StoreUnavailable(ErrorBody),
+}
+
+/// The errors of a tool claim.
+#[derive(IntoResponses)]
+#[allow(dead_code)] // documentation only, see above
+pub(crate) enum ClaimErrors {
+    /// `invalid_request`: missing `Lease-Token` header, malformed JSON, a
+    /// missing, unknown or oversized field, or the turn's tool execution
+    /// limit reached.
+    #[response(status = 400)]
+    InvalidRequest(ErrorBody),
+    /// `unauthorized`: API keys are configured and the bearer key is missing
+    /// or wrong.
+    #[response(status = 401)]
+    Unauthorized(ErrorBody),
+    /// `not_found`: no such turn.
+    #[response(status = 404)]
+    NotFound(ErrorBody),
+    /// `tool_in_flight` (this tool call is running under the caller's own
+    /// lease; retry after `Retry-After` seconds) or `lease_lost` (stop).
+    #[response(
+        status = 409,
+        headers(("Retry-After" = u64, description = "tool_in_flight only: seconds until the turn's lease runs out, rounded up, at least 1"))
+    )]
+    Conflict(ErrorBody),
+    /// `payload_too_large`: the body is over the server's limit.
+    #[response(status = 413)]
+    PayloadTooLarge(ErrorBody),
+    /// `attempts_exhausted`: the tool execution used all its attempts.
+    #[response(status = 422)]
+    AttemptsExhausted(ErrorBody),
+    /// `store_unavailable`: the store could not be reached or the request
+    /// took longer than the server's timeout.
+    #[response(status = 503)]
+    StoreUnavailable(ErrorBody),
+}
+
+/// The errors of the read endpoints.
+#[derive(IntoResponses)]
+#[allow(dead_code)] // documentation only, see above
+pub(crate) enum ReadErrors {
+    /// `invalid_request`: an id over 128 bytes or otherwise malformed.
+    #[response(status = 400)]
+    InvalidRequest(ErrorBody),
+    /// `unauthorized`: API keys are configured and the bearer key is missing
+    /// or wrong.
+    #[response(status = 401)]
+    Unauthorized(ErrorBody),
+    /// `not_found`: no such record, or it belongs to a user other than the
+    /// `user_id` query parameter.
+    #[response(status = 404)]
+    NotFound(ErrorBody),
+    /// `store_unavailable`: the store could not be reached or the request
+    /// took longer than the server's timeout.
+    #[response(status = 503)]
+    StoreUnavailable(ErrorBody),
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn spec_statuses() {
+        let expect = [
+            (ErrorKind::InvalidRequest, 400),
+            (ErrorKind::NotFound, 404),
+            (ErrorKind::SessionBusy, 409),
+            (ErrorKind::RequestInFlight, 409),
+            (ErrorKind::AwaitingConfirmation, 409),
+            (ErrorKind::ToolInFlight, 409),
+            (ErrorKind::LeaseLost, 409),
+            (ErrorKind::PayloadMismatch, 422),
+            (ErrorKind::UserAtCapacity, 429),
+            (ErrorKind::StoreUnavailable, 503),
+            (ErrorKind::UnknownToolOutcome, 409),
+            (ErrorKind::AttemptsExhausted, 422),
+            (ErrorKind::Effect, 500),
+        ];
+        for (kind, status) in expect {
+            let code = ErrorCode::of_kind(kind);
+            assert_eq!(code.as_str(), kind.code(), "wire code of {kind:?}");
+            assert_eq!(status_of(code).as_u16(), status, "status of {kind:?}");
+        }
+        assert_eq!(status_of(ErrorCode::Unauthorized).as_u16(), 401);
+        assert_eq!(status_of(ErrorCode::PayloadTooLarge).as_u16(), 413);
+    }
+
+    #[test]
+    fn wire_spelling_matches_serde() {
+        for code in [ErrorCode::InvalidRequest, ErrorCode::UserAtCapacity] {
+            let json = serde_json::to_value(code).unwrap();
+            assert_eq!(json, code.as_str());
+        }
+    }
+
+    #[test]
+    fn retry_after_rounds_up_and_is_at_least_one_second() {
+        assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1000)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
+    }
+
+    #[test]
+    fn conflicts_carry_headers_and_fields() {
+        let error = Error::SessionBusy {
+            active_turn_id: "turn_a".into(),
+            retry_after: Duration::from_millis(1200),
+        };
+        let response = ApiError::from(error).into_response();
+        assert_eq!(response.status(), StatusCode::CONFLICT);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "2");
+        assert_eq!(
+            response.extensions().get::<ErrorCode>(),
+            Some(&ErrorCode::SessionBusy)
+        );
+    }
+
+    #[test]
+    fn long_messages_are_cut_on_a_char_boundary() {
+        let error = ApiError::invalid("中".repeat(MAX_ERROR_MESSAGE_BYTES));
+        assert!(error.message.len() <= MAX_ERROR_MESSAGE_BYTES + '…'.len_utf8());
+        assert!(error.message.ends_with('…'));
+    }
+}

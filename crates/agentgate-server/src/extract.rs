@@ -1,0 +1,159 @@
+//! Extractors that turn every malformed request into our JSON error (400
+//! `invalid_request`, or 413 `payload_too_large`) instead of axum's plain-text
+//! 415/422 rejections.
+//!
+//! Ids are validated by the engine's constructors after extraction; this
+//! module only gets bytes, JSON and headers into shape.
+
+use agentgate::model::LeaseRef;
+use agentgate::TurnId;
+use agentgate_core::ids::LeaseToken;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::header;
+use axum::http::request::Parts;
+use http_body_util::BodyExt as _;
+use serde::de::DeserializeOwned;
+
+use crate::error::{ApiError, ErrorCode};
+use crate::limits::MAX_DRAINED_BYTES;
+use crate::AppState;
+
+/// The name of the header that carries a lease token.
+pub const LEASE_TOKEN_HEADER: &str = "lease-token";
+
+/// A JSON body of at most the server's body limit. Any content type is
+/// accepted (clients that forget the header are common and harmless); the
+/// bytes must be JSON of the expected shape.
+#[derive(Debug)]
+pub struct ApiJson<T>(pub T);
+
+fn too_large(limit: usize) -> ApiError {
+    ApiError::new(
+        ErrorCode::PayloadTooLarge,
+        format!("request body is over the server's limit of {limit} bytes"),
+    )
+}
+
+/// Reads a body of at most `limit` bytes. A larger one is read on and
+/// discarded up to [`MAX_DRAINED_BYTES`] more before the 413 is sent: a
+/// client still sending when the server answers and closes would otherwise
+/// get a connection reset instead of our answer.
+async fn read_body(request: Request, limit: usize) -> Result<Vec<u8>, ApiError> {
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|length| length > limit.saturating_add(MAX_DRAINED_BYTES)) {
+        return Err(too_large(limit));
+    }
+    let mut body = request.into_body();
+    let mut buffer = Vec::with_capacity(declared.unwrap_or(0).min(limit));
+    let mut seen: usize = 0;
+    while let Some(frame) = body.frame().await {
+        let frame =
+            frame.map_err(|e| ApiError::invalid(format!("cannot read request body: {e}")))?;
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers carry nothing we read
+        };
+        seen = seen.saturating_add(data.len());
+        if seen > limit.saturating_add(MAX_DRAINED_BYTES) {
+            break;
+        }
+        if seen <= limit {
+            buffer.extend_from_slice(&data);
+        }
+    }
+    if seen > limit {
+        return Err(too_large(limit));
+    }
+    Ok(buffer)
+}
+
+impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &AppState) -> Result<Self, ApiError> {
+        let bytes = read_body(request, state.max_body_bytes()).await?;
+        serde_json::from_slice(&bytes)
+            .map(ApiJson)
+            .map_err(|error| ApiError::invalid(format!("request body: {error}")))
+    }
+}
+
+/// Path parameters.
+#[derive(Debug)]
+pub struct ApiPath<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for ApiPath<T>
+where
+    T: DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Path(value)| ApiPath(value))
+            .map_err(|rejection| ApiError::invalid(format!("path: {}", rejection.body_text())))
+    }
+}
+
+/// Query parameters.
+#[derive(Debug)]
+pub struct ApiQuery<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for ApiQuery<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Query(value)| ApiQuery(value))
+            .map_err(|rejection| ApiError::invalid(format!("query: {}", rejection.body_text())))
+    }
+}
+
+/// The `Lease-Token` header every call after begin carries.
+pub struct LeaseHeader(pub LeaseToken);
+
+impl std::fmt::Debug for LeaseHeader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LeaseHeader(<redacted>)")
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for LeaseHeader {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        let value = parts
+            .headers
+            .get(LEASE_TOKEN_HEADER)
+            .ok_or_else(|| ApiError::invalid("missing Lease-Token header"))?;
+        let text = value
+            .to_str()
+            .map_err(|_| ApiError::invalid("Lease-Token header is not visible ASCII"))?;
+        LeaseToken::parse(text)
+            .map(LeaseHeader)
+            .map_err(|_| ApiError::invalid("Lease-Token header is empty or over 128 bytes"))
+    }
+}
+
+impl LeaseHeader {
+    /// The lease reference for `turn_id`.
+    ///
+    /// # Errors
+    /// `invalid_request` for a malformed turn id.
+    pub fn for_turn(self, turn_id: String) -> Result<LeaseRef, ApiError> {
+        Ok(LeaseRef {
+            turn_id: TurnId::new(turn_id)?,
+            token: self.0,
+        })
+    }
+}

@@ -1,0 +1,179 @@
+//! agentgate-server: the HTTP service of SPEC §5 (`agentgate serve`), for
+//! agent backends in any language.
+//!
+//! - [`router`] (this file): the axum router over an [`AppState`], callable
+//!   by tests without a socket; its middleware (API keys on `/v1`, body
+//!   limit, timeout, concurrency limit, metrics).
+//! - [`mod@serve`]: binding a socket, running the router, graceful shutdown.
+//! - `routes`: the handlers, one file per group (turns, tools, views, ops).
+//! - [`openapi`]: the one route table, and the OpenAPI 3.1 document generated
+//!   from it.
+//! - [`dto`]: the wire format, request and response bodies.
+//! - [`error`]: the error body and the one code → status mapping.
+//! - `extract`: extractors that turn bad input into 400/413 JSON.
+//! - [`auth`]: API keys and the bearer check, in constant time.
+//! - [`metrics`]: the `agentgate_*` Prometheus metrics.
+//! - [`limits`]: the server's named limits.
+//!
+//! Architecture invariant: this crate makes no protocol decision. Every
+//! handler is one call to the engine's [`agentgate::store::Store`], driven by
+//! the lease token the caller sends; the caller heartbeats. Lease tokens and
+//! API keys are never logged nor shown in `Debug`.
+#![forbid(unsafe_code)]
+
+pub mod auth;
+pub mod dto;
+pub mod error;
+mod extract;
+pub mod limits;
+pub mod metrics;
+pub mod openapi;
+mod routes;
+pub mod serve;
+
+use std::sync::Arc;
+
+use agentgate::Gate;
+use axum::error_handling::HandleErrorLayer;
+use axum::{middleware, Router};
+use tower::limit::GlobalConcurrencyLimitLayer;
+use tower::timeout::TimeoutLayer;
+use tower::ServiceBuilder;
+
+pub use auth::{read_key_file, ApiKey, ApiKeys, KeyError};
+pub use error::{ApiError, ErrorCode};
+pub use extract::LEASE_TOKEN_HEADER;
+pub use metrics::Metrics;
+pub use serve::{serve, shutdown_signal, ServeConfig, ServeError, Server};
+
+use crate::error::ErrorCode as Code;
+use crate::limits::{
+    DEFAULT_MAX_BODY_BYTES, MAX_CONCURRENT_REQUESTS, MAX_MAX_BODY_BYTES, REQUEST_TIMEOUT,
+};
+
+/// Server settings beyond the engine's.
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    /// When non-empty, every `/v1` call needs `Authorization: Bearer <key>`.
+    pub api_keys: Vec<ApiKey>,
+    /// Largest request body; larger ones get 413 `payload_too_large`.
+    pub max_body_bytes: usize,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        Self {
+            api_keys: Vec::new(),
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+        }
+    }
+}
+
+/// What every handler shares. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct AppState {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    gate: Gate,
+    metrics: Metrics,
+    api_keys: ApiKeys,
+    max_body_bytes: usize,
+    /// Rendered once: the document is static for the life of the process.
+    openapi_json: String,
+}
+
+impl AppState {
+    /// State over an opened engine.
+    ///
+    /// # Errors
+    /// [`ServeError::Config`] for more API keys than allowed or a body limit
+    /// of 0 or over [`MAX_MAX_BODY_BYTES`].
+    pub fn new(gate: Gate, options: ServerOptions) -> Result<Self, ServeError> {
+        if options.max_body_bytes == 0 || options.max_body_bytes > MAX_MAX_BODY_BYTES {
+            return Err(ServeError::Config(format!(
+                "max body bytes is {}, allowed 1..={MAX_MAX_BODY_BYTES}",
+                options.max_body_bytes
+            )));
+        }
+        let api_keys =
+            ApiKeys::new(&options.api_keys).map_err(|e| ServeError::Config(e.to_string()))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                gate,
+                metrics: Metrics::new(),
+                api_keys,
+                max_body_bytes: options.max_body_bytes,
+                openapi_json: openapi::document_json(),
+            }),
+        })
+    }
+
+    /// The engine.
+    pub fn gate(&self) -> &Gate {
+        &self.inner.gate
+    }
+
+    /// The metrics registry.
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    pub(crate) fn api_keys(&self) -> &ApiKeys {
+        &self.inner.api_keys
+    }
+
+    pub(crate) fn max_body_bytes(&self) -> usize {
+        self.inner.max_body_bytes
+    }
+
+    pub(crate) fn openapi_json(&self) -> String {
+        self.inner.openapi_json.clone()
+    }
+}
+
+/// Answers errors of the timeout layer (and anything else a tower layer
+/// reports) as JSON: a timeout means the store did not answer in time.
+async fn on_layer_error(error: tower::BoxError) -> ApiError {
+    if error.is::<tower::timeout::error::Elapsed>() {
+        ApiError::new(
+            Code::StoreUnavailable,
+            format!(
+                "the request took longer than {} s; retry later",
+                REQUEST_TIMEOUT.as_secs()
+            ),
+        )
+    } else {
+        tracing::error!(%error, "middleware failed");
+        ApiError::new(Code::Internal, "internal error")
+    }
+}
+
+/// The whole HTTP service as a router: every route of SPEC §5, the API key
+/// check on `/v1`, JSON answers for unknown routes and methods, the body
+/// limit (enforced by the JSON extractor), a per-request timeout, a global concurrency limit and metrics.
+pub fn router(state: AppState) -> Router {
+    let api_key_check = middleware::from_fn_with_state(state.clone(), auth::require_api_key);
+    let (v1, _) = openapi::v1_routes()
+        .route_layer(api_key_check)
+        .split_for_parts();
+    let (ops, _) = openapi::ops_routes().split_for_parts();
+    let guards = ServiceBuilder::new()
+        .layer(HandleErrorLayer::new(on_layer_error))
+        .layer(TimeoutLayer::new(REQUEST_TIMEOUT))
+        .layer(GlobalConcurrencyLimitLayer::new(MAX_CONCURRENT_REQUESTS));
+    Router::new()
+        .merge(v1)
+        .merge(ops)
+        .fallback(routes::ops::no_route)
+        .method_not_allowed_fallback(routes::ops::wrong_method)
+        .layer(guards)
+        // Outermost, so it also sees timeouts and limit waits.
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            metrics::track,
+        ))
+        .with_state(state)
+}

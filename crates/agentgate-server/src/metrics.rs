@@ -1,0 +1,246 @@
+//! Prometheus metrics, all named `agentgate_*`, kept in a registry owned by
+//! the server state (not the global one), so two servers in one process
+//! (tests) do not share counters.
+//!
+//! What is counted where: handlers record protocol outcomes (begins, tool
+//! claims, endings); the `track` middleware records latency by route
+//! template and every error response by code, from the [`ErrorCode`] the
+//! error response carries in its extensions.
+//!
+//! `agentgate_live_turns` is this process's view: grants it handed out minus
+//! endings it recorded. Turns whose leases expire, or that other nodes end,
+//! are not seen; the store's truth per user is `GET /v1/users/{user_id}`.
+
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
+
+use crate::error::ErrorCode;
+use crate::AppState;
+
+/// Latency buckets in seconds: protocol steps are single store transactions,
+/// so most answers land in the low milliseconds; the top buckets catch a
+/// store under lock contention up to the request timeout.
+const LATENCY_BUCKETS_SECONDS: &[f64] = &[
+    0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// The server's metrics.
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    registry: Registry,
+    begins: IntCounterVec,
+    conflicts: IntCounterVec,
+    errors: IntCounterVec,
+    takeovers: IntCounter,
+    lease_lost: IntCounter,
+    replays: IntCounter,
+    tool_claims: IntCounterVec,
+    unknown_tool_outcomes: IntCounter,
+    turn_endings: IntCounterVec,
+    live_turns: IntGauge,
+    request_seconds: HistogramVec,
+}
+
+/// How a begin ended, as a metric label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BeginLabel {
+    /// A new turn was started.
+    Started,
+    /// A running turn whose lease expired was taken over.
+    Takeover,
+    /// A retryably failed turn was started again.
+    Restart,
+    /// A stored outcome was replayed.
+    Replay,
+    /// Refused with this code.
+    Refused(ErrorCode),
+}
+
+fn build() -> prometheus::Result<Metrics> {
+    let registry = Registry::new_custom(Some("agentgate".to_owned()), None)?;
+    let begins = IntCounterVec::new(
+        Opts::new(
+            "begins_total",
+            "Begins by outcome: started, takeover, restart, replay, or the refusal code",
+        ),
+        &["outcome"],
+    )?;
+    let conflicts = IntCounterVec::new(
+        Opts::new(
+            "conflicts_total",
+            "Protocol conflicts (409, 422, 429 answers) by error code",
+        ),
+        &["code"],
+    )?;
+    let errors = IntCounterVec::new(
+        Opts::new("errors_total", "Every error answer by error code"),
+        &["code"],
+    )?;
+    let takeovers = IntCounter::new(
+        "takeovers_total",
+        "Turns taken over after their holder's lease expired",
+    )?;
+    let lease_lost = IntCounter::new(
+        "lease_lost_total",
+        "Calls refused because the caller's lease was gone",
+    )?;
+    let replays = IntCounter::new("replays_total", "Begins answered with a stored outcome")?;
+    let tool_claims = IntCounterVec::new(
+        Opts::new(
+            "tool_claims_total",
+            "Tool claims by outcome: execute or cached",
+        ),
+        &["outcome"],
+    )?;
+    let unknown_tool_outcomes = IntCounter::new(
+        "unknown_tool_outcomes_total",
+        "Tool executions handed out again after their holder died mid-call (previous_outcome unknown)",
+    )?;
+    let turn_endings = IntCounterVec::new(
+        Opts::new(
+            "turn_endings_total",
+            "Turn endings by state: succeeded, failed, awaiting_confirmation",
+        ),
+        &["state"],
+    )?;
+    let live_turns = IntGauge::new(
+        "live_turns",
+        "Leases granted by this process minus turns it ended (expired leases are not seen)",
+    )?;
+    let request_seconds = HistogramVec::new(
+        HistogramOpts::new(
+            "http_request_duration_seconds",
+            "Request latency by route template",
+        )
+        .buckets(LATENCY_BUCKETS_SECONDS.to_vec()),
+        &["method", "route", "status"],
+    )?;
+    registry.register(Box::new(begins.clone()))?;
+    registry.register(Box::new(conflicts.clone()))?;
+    registry.register(Box::new(errors.clone()))?;
+    registry.register(Box::new(takeovers.clone()))?;
+    registry.register(Box::new(lease_lost.clone()))?;
+    registry.register(Box::new(replays.clone()))?;
+    registry.register(Box::new(tool_claims.clone()))?;
+    registry.register(Box::new(unknown_tool_outcomes.clone()))?;
+    registry.register(Box::new(turn_endings.clone()))?;
+    registry.register(Box::new(live_turns.clone()))?;
+    registry.register(Box::new(request_seconds.clone()))?;
+    Ok(Metrics {
+        registry,
+        begins,
+        conflicts,
+        errors,
+        takeovers,
+        lease_lost,
+        replays,
+        tool_claims,
+        unknown_tool_outcomes,
+        turn_endings,
+        live_turns,
+        request_seconds,
+    })
+}
+
+impl Metrics {
+    /// A fresh registry with every metric registered.
+    pub fn new() -> Self {
+        build().expect("metric names and labels are static and valid, registered once each")
+    }
+
+    /// Records a begin's outcome.
+    pub fn begin(&self, label: BeginLabel) {
+        let outcome = match label {
+            BeginLabel::Started => "started",
+            BeginLabel::Takeover => "takeover",
+            BeginLabel::Restart => "restart",
+            BeginLabel::Replay => "replay",
+            BeginLabel::Refused(code) => code.as_str(),
+        };
+        self.begins.with_label_values(&[outcome]).inc();
+        match label {
+            BeginLabel::Started | BeginLabel::Restart => self.live_turns.inc(),
+            BeginLabel::Takeover => {
+                self.takeovers.inc();
+                self.live_turns.inc();
+            }
+            BeginLabel::Replay => self.replays.inc(),
+            BeginLabel::Refused(_) => {}
+        }
+    }
+
+    /// Records a tool claim: `cached`, or `execute` with whether the previous
+    /// attempt's outcome is unknown.
+    pub fn tool_claim(&self, executed: bool, unknown_previous: bool) {
+        let outcome = if executed { "execute" } else { "cached" };
+        self.tool_claims.with_label_values(&[outcome]).inc();
+        if unknown_previous {
+            self.unknown_tool_outcomes.inc();
+        }
+    }
+
+    /// Records a turn ending in `state`.
+    pub fn turn_ended(&self, state: &str) {
+        self.turn_endings.with_label_values(&[state]).inc();
+        self.live_turns.dec();
+    }
+
+    fn error(&self, code: ErrorCode) {
+        self.errors.with_label_values(&[code.as_str()]).inc();
+        if code.is_conflict() {
+            self.conflicts.with_label_values(&[code.as_str()]).inc();
+        }
+        if code == ErrorCode::LeaseLost {
+            self.lease_lost.inc();
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut text = String::new();
+        if let Err(error) = TextEncoder::new().encode_utf8(&self.registry.gather(), &mut text) {
+            tracing::error!(%error, "cannot encode metrics");
+        }
+        text
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The content type of [`Metrics::render`].
+pub const CONTENT_TYPE: &str = prometheus::TEXT_FORMAT;
+
+/// Middleware: latency by route template and errors by code.
+pub(crate) async fn track(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = request.method().as_str().to_owned();
+    // The template (`/v1/turns/{turn_id}`), never the raw path: ids in
+    // labels would grow the registry without bound.
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", MatchedPath::as_str)
+        .to_owned();
+    let response = next.run(request).await;
+    let metrics = state.metrics();
+    if let Some(code) = response.extensions().get::<ErrorCode>() {
+        metrics.error(*code);
+    }
+    let status = response.status();
+    metrics
+        .request_seconds
+        .with_label_values(&[method.as_str(), route.as_str(), status.as_str()])
+        .observe(started.elapsed().as_secs_f64());
+    tracing::debug!(%method, %route, status = status.as_u16(), elapsed_ms = started.elapsed().as_millis() as u64, "request");
+    response
+}

@@ -1,0 +1,97 @@
+//! The route table and the OpenAPI 3.1 document generated from it.
+//!
+//! `v1_routes` and `ops_routes` are the only lists of routes: the router
+//! is built from them ([`crate::router`]) and so is the document
+//! ([`document`]), each handler registered once with its `#[utoipa::path]`
+//! (method, path, parameters, every response and error code). A route cannot
+//! exist without being documented, nor be documented without existing.
+
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::OpenApi as Document;
+use utoipa::{Modify, OpenApi};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::error::{ErrorBody, ErrorCode, ErrorDetail};
+use crate::routes::{ops, tools, turns, views};
+use crate::AppState;
+
+/// The document's fixed parts; paths come from the routes.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "agentgate",
+        description = "Concurrency control for AI-agent backends: one turn per conversation, \
+            N turns per user, request replay, exactly-once tool executions, fenced takeover. \
+            Every error is `{\"error\": {\"code\", \"message\", \"retry_after_ms\"?, \"active_turn_id\"?}}` \
+            with a meaningful status; 409 and 429 conflicts carry `Retry-After` (seconds).",
+    ),
+    components(schemas(ErrorBody, ErrorDetail, ErrorCode)),
+    modifiers(&BearerAuth),
+    tags(
+        (name = "turns", description = "Begin, heartbeat and end a turn"),
+        (name = "tools", description = "Claim, complete and fail tool executions inside a turn"),
+        (name = "views", description = "Read-only state; never a lease token"),
+        (name = "ops", description = "Health, metrics and this document; never behind an API key"),
+    )
+)]
+struct ApiDoc;
+
+/// Declares the `bearer` scheme the `/v1` operations name.
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut Document) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "Required on every /v1 call when the server is started with --api-key",
+                    ))
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// The `/v1` routes: the turn protocol. These sit behind the API key check.
+pub(crate) fn v1_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(turns::begin))
+        .routes(routes!(turns::heartbeat))
+        .routes(routes!(turns::complete))
+        .routes(routes!(turns::fail))
+        .routes(routes!(turns::await_confirmation))
+        .routes(routes!(tools::claim))
+        .routes(routes!(tools::complete))
+        .routes(routes!(tools::fail))
+        .routes(routes!(views::turn))
+        .routes(routes!(views::session))
+        .routes(routes!(views::user))
+}
+
+/// The operations routes, always open.
+pub(crate) fn ops_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(ops::healthz))
+        .routes(routes!(ops::metrics))
+        .routes(routes!(ops::openapi))
+}
+
+/// The OpenAPI 3.1 document of every route.
+pub fn document() -> Document {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(v1_routes())
+        .merge(ops_routes())
+        .into_openapi()
+}
+
+/// [`document`] as JSON text.
+pub fn document_json() -> String {
+    document()
+        .to_pretty_json()
+        .expect("an OpenAPI document built from static types serialises")
+}

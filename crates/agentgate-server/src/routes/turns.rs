@@ -1,0 +1,246 @@
+//! Turn calls: begin (and confirmation), heartbeat, and the three endings.
+
+use agentgate::canonical::CanonicalJson;
+use agentgate::model::{BeginCommand, BeginOutcome, Ending, LeaseRef};
+use agentgate::{ClientRequestId, SessionId, UserId};
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use crate::dto::{
+    AwaitConfirmationRequest, BeginRequest, BeginResponse, CompleteTurnRequest, FailTurnRequest,
+    GrantDto, HeartbeatResponse, ReplayResponse, TurnDto, TurnResponse,
+};
+use crate::error::{ApiError, BeginErrors, LeaseErrors};
+use crate::extract::{ApiJson, ApiPath, LeaseHeader};
+use crate::metrics::BeginLabel;
+use crate::AppState;
+
+fn command(request: &BeginRequest) -> Result<BeginCommand, ApiError> {
+    let confirmation = request
+        .confirmation
+        .as_ref()
+        .map(|c| c.to_engine())
+        .transpose()?;
+    Ok(BeginCommand::new(
+        UserId::new(request.user_id.clone())?,
+        SessionId::new(request.session_id.clone())?,
+        ClientRequestId::new(request.client_request_id.clone())?,
+        &request.payload,
+        confirmation,
+    )?)
+}
+
+/// Begin a turn, or answer a pending confirmation.
+///
+/// One atomic step in the store (SPEC §4): a new request takes the session
+/// lease and one of the user's permits together and answers 201 with the
+/// lease token; a repeat of a finished request replays its stored outcome
+/// (200); a repeat of a running one whose lease expired takes it over (201,
+/// `takeover: true`, higher fence). With `confirmation`, the new turn is the
+/// continuation of the pending one and carries its `pending` and the decision.
+#[utoipa::path(
+    post,
+    path = "/v1/turns",
+    tag = "turns",
+    request_body = BeginRequest,
+    security((), ("bearer" = [])),
+    responses(
+        (status = 201, description = "Lease granted: run the turn, heartbeat, end it", body = BeginResponse),
+        (status = 200, description = "The request already ended: its stored outcome; no lease taken", body = ReplayResponse),
+        BeginErrors,
+    )
+)]
+pub(crate) async fn begin(
+    State(state): State<AppState>,
+    ApiJson(request): ApiJson<BeginRequest>,
+) -> Result<Response, ApiError> {
+    let outcome = match command(&request) {
+        Ok(command) => state
+            .gate()
+            .store()
+            .begin(&command)
+            .await
+            .map_err(ApiError::from),
+        Err(error) => Err(error),
+    };
+    let metrics = state.metrics();
+    match outcome {
+        Ok(BeginOutcome::Started(grant)) => {
+            metrics.begin(match (grant.takeover, grant.attempt) {
+                (true, _) => BeginLabel::Takeover,
+                (false, 1) => BeginLabel::Started,
+                (false, _) => BeginLabel::Restart,
+            });
+            tracing::info!(
+                turn_id = %grant.turn_id,
+                session_id = %grant.session_id,
+                fence = %grant.fence,
+                attempt = grant.attempt,
+                takeover = grant.takeover,
+                "turn started"
+            );
+            let body = BeginResponse {
+                turn: GrantDto::from(grant),
+            };
+            Ok((StatusCode::CREATED, Json(body)).into_response())
+        }
+        Ok(BeginOutcome::Replay(view)) => {
+            metrics.begin(BeginLabel::Replay);
+            tracing::info!(turn_id = %view.turn_id, fence = %view.fence, state = view.state.as_str(), "turn replayed");
+            let body = ReplayResponse {
+                replay: true,
+                turn: TurnDto::from(view),
+            };
+            Ok((StatusCode::OK, Json(body)).into_response())
+        }
+        Err(error) => {
+            metrics.begin(BeginLabel::Refused(error.code()));
+            tracing::debug!(
+                session_id = %request.session_id,
+                code = error.code().as_str(),
+                "begin refused"
+            );
+            Err(error)
+        }
+    }
+}
+
+/// Renew the turn's lease (session lease and permit together).
+///
+/// Call every third of the lease TTL. A 409 `lease_lost` means the turn was
+/// taken over, expired or ended: stop working on it.
+#[utoipa::path(
+    post,
+    path = "/v1/turns/{turn_id}/heartbeat",
+    tag = "turns",
+    params(
+        ("turn_id" = String, Path, description = "The turn, as returned by begin"),
+        ("Lease-Token" = String, Header, description = "The lease token returned by begin"),
+    ),
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "Renewed", body = HeartbeatResponse),
+        LeaseErrors,
+    )
+)]
+pub(crate) async fn heartbeat(
+    State(state): State<AppState>,
+    ApiPath(turn_id): ApiPath<String>,
+    lease: LeaseHeader,
+) -> Result<Json<HeartbeatResponse>, ApiError> {
+    let lease = lease.for_turn(turn_id)?;
+    let status = state.gate().store().heartbeat(&lease).await?;
+    tracing::debug!(turn_id = %lease.turn_id, "heartbeat");
+    Ok(Json(HeartbeatResponse {
+        lease_expires_in_ms: status.lease_expires_in_ms,
+    }))
+}
+
+async fn end(
+    state: &AppState,
+    lease: &LeaseRef,
+    ending: Ending,
+) -> Result<Json<TurnResponse>, ApiError> {
+    let view = state.gate().store().end_turn(lease, &ending).await?;
+    state.metrics().turn_ended(view.state.as_str());
+    tracing::info!(turn_id = %view.turn_id, fence = %view.fence, state = view.state.as_str(), "turn ended");
+    Ok(Json(TurnResponse {
+        turn: TurnDto::from(view),
+    }))
+}
+
+/// End the turn with its response, releasing the session and the permit.
+///
+/// Repeats of the turn's request replay this response.
+#[utoipa::path(
+    post,
+    path = "/v1/turns/{turn_id}/complete",
+    tag = "turns",
+    request_body = CompleteTurnRequest,
+    params(
+        ("turn_id" = String, Path, description = "The turn"),
+        ("Lease-Token" = String, Header, description = "The lease token returned by begin"),
+    ),
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "Ended: the turn, `state: succeeded`", body = TurnResponse),
+        LeaseErrors,
+    )
+)]
+pub(crate) async fn complete(
+    State(state): State<AppState>,
+    ApiPath(turn_id): ApiPath<String>,
+    lease: LeaseHeader,
+    ApiJson(request): ApiJson<CompleteTurnRequest>,
+) -> Result<Json<TurnResponse>, ApiError> {
+    let lease = lease.for_turn(turn_id)?;
+    let response = CanonicalJson::new("response", &request.response)?;
+    end(&state, &lease, Ending::Succeed { response }).await
+}
+
+/// End the turn with an error, releasing the session and the permit.
+///
+/// With `retryable: true` a repeat of the request restarts the turn;
+/// otherwise repeats replay this failure.
+#[utoipa::path(
+    post,
+    path = "/v1/turns/{turn_id}/fail",
+    tag = "turns",
+    request_body = FailTurnRequest,
+    params(
+        ("turn_id" = String, Path, description = "The turn"),
+        ("Lease-Token" = String, Header, description = "The lease token returned by begin"),
+    ),
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "Ended: the turn, `state: failed`", body = TurnResponse),
+        LeaseErrors,
+    )
+)]
+pub(crate) async fn fail(
+    State(state): State<AppState>,
+    ApiPath(turn_id): ApiPath<String>,
+    lease: LeaseHeader,
+    ApiJson(request): ApiJson<FailTurnRequest>,
+) -> Result<Json<TurnResponse>, ApiError> {
+    let lease = lease.for_turn(turn_id)?;
+    let error = CanonicalJson::new("error", &request.error)?;
+    let ending = Ending::Fail {
+        error,
+        retryable: request.retryable,
+    };
+    end(&state, &lease, ending).await
+}
+
+/// End the turn waiting for a person to approve `pending`, releasing the
+/// lease and the permit.
+///
+/// Until the confirmation arrives (a begin with `confirmation`) or expires,
+/// the session answers new messages with 409 `awaiting_confirmation`.
+#[utoipa::path(
+    post,
+    path = "/v1/turns/{turn_id}/await-confirmation",
+    tag = "turns",
+    request_body = AwaitConfirmationRequest,
+    params(
+        ("turn_id" = String, Path, description = "The turn"),
+        ("Lease-Token" = String, Header, description = "The lease token returned by begin"),
+    ),
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "Ended: the turn, `state: awaiting_confirmation`", body = TurnResponse),
+        LeaseErrors,
+    )
+)]
+pub(crate) async fn await_confirmation(
+    State(state): State<AppState>,
+    ApiPath(turn_id): ApiPath<String>,
+    lease: LeaseHeader,
+    ApiJson(request): ApiJson<AwaitConfirmationRequest>,
+) -> Result<Json<TurnResponse>, ApiError> {
+    let lease = lease.for_turn(turn_id)?;
+    let pending = CanonicalJson::new("pending", &request.pending)?;
+    end(&state, &lease, Ending::AwaitConfirmation { pending }).await
+}

@@ -1,0 +1,116 @@
+//! Read-only state: a turn with its tool executions, a session, a user.
+//! Never a lease token.
+//!
+//! With `?user_id=`, a record of another user answers 404 exactly like a
+//! missing one, so a caller acting for one user cannot probe another's.
+
+use agentgate::{SessionId, TurnId, UserId};
+use axum::extract::State;
+use axum::Json;
+
+use crate::dto::{
+    ExecutionDto, OwnerQuery, SessionDto, SessionResponse, TurnDto, TurnStateResponse, UserDto,
+    UserResponse,
+};
+use crate::error::{ApiError, ErrorCode, ReadErrors};
+use crate::extract::{ApiPath, ApiQuery};
+use crate::AppState;
+
+/// Checks the optional owner filter; a mismatch is reported as `not_found`.
+fn check_owner(query: &OwnerQuery, owner: &UserId, what: &str) -> Result<(), ApiError> {
+    match &query.user_id {
+        Some(asked) if asked != owner.as_str() => Err(ApiError::new(
+            ErrorCode::NotFound,
+            format!("{what} not found"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// A turn's state and its tool executions.
+#[utoipa::path(
+    get,
+    path = "/v1/turns/{turn_id}",
+    tag = "views",
+    params(("turn_id" = String, Path, description = "The turn"), OwnerQuery),
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "The turn", body = TurnStateResponse),
+        ReadErrors,
+    )
+)]
+pub(crate) async fn turn(
+    State(state): State<AppState>,
+    ApiPath(turn_id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<OwnerQuery>,
+) -> Result<Json<TurnStateResponse>, ApiError> {
+    let turn_id = TurnId::new(turn_id)?;
+    let store = state.gate().store();
+    let view = store
+        .turn(&turn_id)
+        .await?
+        .ok_or_else(|| ApiError::new(ErrorCode::NotFound, "turn not found"))?;
+    check_owner(&query, &view.user_id, "turn")?;
+    let executions = store.executions(&turn_id).await?;
+    Ok(Json(TurnStateResponse {
+        turn: TurnDto::from(view),
+        executions: executions.into_iter().map(ExecutionDto::from).collect(),
+    }))
+}
+
+/// A session: its user, live holder, pending confirmation and latest fence.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{session_id}",
+    tag = "views",
+    params(("session_id" = String, Path, description = "The session"), OwnerQuery),
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "The session", body = SessionResponse),
+        ReadErrors,
+    )
+)]
+pub(crate) async fn session(
+    State(state): State<AppState>,
+    ApiPath(session_id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<OwnerQuery>,
+) -> Result<Json<SessionResponse>, ApiError> {
+    let session_id = SessionId::new(session_id)?;
+    let view = state
+        .gate()
+        .store()
+        .session(&session_id)
+        .await?
+        .ok_or_else(|| ApiError::new(ErrorCode::NotFound, "session not found"))?;
+    check_owner(&query, &view.user_id, "session")?;
+    Ok(Json(SessionResponse {
+        session: SessionDto::from(view),
+    }))
+}
+
+/// A user: the cap in force and the live holders (permits in use).
+///
+/// Users are not records: an unknown user is answered with no live turns.
+#[utoipa::path(
+    get,
+    path = "/v1/users/{user_id}",
+    tag = "views",
+    params(("user_id" = String, Path, description = "The user"), OwnerQuery),
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "The user", body = UserResponse),
+        ReadErrors,
+    )
+)]
+pub(crate) async fn user(
+    State(state): State<AppState>,
+    ApiPath(user_id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<OwnerQuery>,
+) -> Result<Json<UserResponse>, ApiError> {
+    let user_id = UserId::new(user_id)?;
+    check_owner(&query, &user_id, "user")?;
+    let view = state.gate().store().user(&user_id).await?;
+    Ok(Json(UserResponse {
+        user: UserDto::from(view),
+    }))
+}

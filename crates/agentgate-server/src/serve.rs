@@ -1,0 +1,246 @@
+//! Running the service: open the store, bind the socket, serve the router
+//! until a shutdown signal, then finish the requests in flight.
+//!
+//! Leases survive a shutdown: they belong to the callers, who either end
+//! their turns against the next server on the same store or let them expire.
+
+use std::fmt;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use agentgate::{Config, Gate};
+use axum::Router;
+use tokio::net::TcpListener;
+
+use crate::auth::ApiKey;
+use crate::limits::DEFAULT_MAX_BODY_BYTES;
+use crate::{router, AppState, ServerOptions};
+
+/// Everything `agentgate serve` is configured with.
+#[derive(Clone)]
+pub struct ServeConfig {
+    /// Address to listen on, `host:port`; port 0 picks a free one.
+    pub listen: String,
+    /// The store URL (`sqlite://path`).
+    pub store_url: String,
+    /// The Redis lease layer's URL, if any: session leases and permits then
+    /// live in Redis, records and fences stay in the SQL store.
+    pub redis_url: Option<String>,
+    /// How long a lease lives without a heartbeat.
+    pub lease_ttl: Duration,
+    /// Concurrent live turns per user unless overridden per user.
+    pub max_turns_per_user: u32,
+    /// When non-empty, every `/v1` call needs one of these as a bearer key.
+    pub api_keys: Vec<ApiKey>,
+    /// Largest request body.
+    pub max_body_bytes: usize,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        let engine = Config::default();
+        Self {
+            listen: "127.0.0.1:7700".to_owned(),
+            store_url: "sqlite://agentgate.db".to_owned(),
+            redis_url: None,
+            lease_ttl: engine.lease_ttl,
+            max_turns_per_user: engine.max_turns_per_user,
+            api_keys: Vec::new(),
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+        }
+    }
+}
+
+/// A URL fit for logs: credentials replaced, so
+/// `postgres://user:secret@host/db` shows as `postgres://…@host/db`.
+fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            format!("{}://…{}", &url[..scheme_end], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+impl fmt::Debug for ServeConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServeConfig")
+            .field("listen", &self.listen)
+            .field("store_url", &redact_url(&self.store_url))
+            .field("redis_url", &self.redis_url.as_deref().map(redact_url))
+            .field("lease_ttl", &self.lease_ttl)
+            .field("max_turns_per_user", &self.max_turns_per_user)
+            .field("api_keys", &self.api_keys.len())
+            .field("max_body_bytes", &self.max_body_bytes)
+            .finish()
+    }
+}
+
+/// Why the service could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// A setting is out of range or unsupported.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// The engine refused to open the store.
+    #[error("cannot open the store: {0}")]
+    Store(#[source] agentgate::Error),
+    /// The socket could not be bound or served.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A bound, ready server.
+#[derive(Debug)]
+pub struct Server {
+    listener: TcpListener,
+    router: Router,
+    local_addr: SocketAddr,
+}
+
+impl Server {
+    /// Opens the store and binds the socket; call [`Server::run`] to serve.
+    ///
+    /// # Errors
+    /// [`ServeError::Config`] for a setting out of range or an unsupported
+    /// store URL; [`ServeError::Store`] when the store (or Redis) cannot be
+    /// opened; [`ServeError::Io`] when the address cannot be bound.
+    pub async fn bind(config: ServeConfig) -> Result<Self, ServeError> {
+        let engine = Config {
+            lease_ttl: config.lease_ttl,
+            max_turns_per_user: config.max_turns_per_user,
+            ..Config::default()
+        };
+        let options = ServerOptions {
+            api_keys: config.api_keys,
+            max_body_bytes: config.max_body_bytes,
+        };
+        let gate = Gate::connect(&config.store_url, config.redis_url.as_deref(), engine)
+            .await
+            .map_err(|error| match error.kind() {
+                agentgate::ErrorKind::InvalidRequest => ServeError::Config(error.to_string()),
+                _ => ServeError::Store(error),
+            })?;
+        let state = AppState::new(gate, options)?;
+        let listener =
+            TcpListener::bind(&config.listen)
+                .await
+                .map_err(|source| ServeError::Io {
+                    what: format!("cannot listen on {}", config.listen),
+                    source,
+                })?;
+        let local_addr = listener.local_addr().map_err(|source| ServeError::Io {
+            what: "cannot read the bound address".to_owned(),
+            source,
+        })?;
+        tracing::info!(
+            %local_addr,
+            store = %redact_url(&config.store_url),
+            redis = ?config.redis_url.as_deref().map(redact_url),
+            lease_ttl_ms = config.lease_ttl.as_millis() as u64,
+            max_turns_per_user = config.max_turns_per_user,
+            api_key_required = state.api_keys().enabled(),
+            "agentgate serving"
+        );
+        Ok(Self {
+            listener,
+            router: router(state),
+            local_addr,
+        })
+    }
+
+    /// The address actually bound (useful with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Serves until `shutdown` completes, then stops accepting connections
+    /// and finishes the requests in flight.
+    ///
+    /// # Errors
+    /// [`ServeError::Io`] when serving fails.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServeError> {
+        axum::serve(self.listener, self.router)
+            .with_graceful_shutdown(shutdown)
+            .await
+            .map_err(|source| ServeError::Io {
+                what: "serving failed".to_owned(),
+                source,
+            })?;
+        tracing::info!("agentgate stopped");
+        Ok(())
+    }
+}
+
+/// Binds and serves until `shutdown` completes.
+///
+/// # Errors
+/// As [`Server::bind`] and [`Server::run`].
+pub async fn serve(
+    config: ServeConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    Server::bind(config).await?.run(shutdown).await
+}
+
+/// Completes on Ctrl-C or SIGTERM (the signals a terminal and a container
+/// runtime send). If a signal handler cannot be installed, that signal is
+/// ignored and the other still works.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(error) = tokio::signal::ctrl_c().await {
+            tracing::error!(%error, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut stream) => {
+                stream.recv().await;
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+    tracing::info!("shutdown requested: finishing requests in flight");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_shown_without_credentials() {
+        assert_eq!(
+            redact_url("postgres://user:secret@db:5432/app"),
+            "postgres://…@db:5432/app"
+        );
+        assert_eq!(redact_url("sqlite://agentgate.db"), "sqlite://agentgate.db");
+        let config = ServeConfig {
+            redis_url: Some("redis://:hunter2@cache".to_owned()),
+            ..ServeConfig::default()
+        };
+        assert!(!format!("{config:?}").contains("hunter2"));
+    }
+}

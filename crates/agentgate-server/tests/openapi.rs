@@ -1,0 +1,240 @@
+//! The OpenAPI document against a real OpenAPI 3.1 parser, and against the
+//! router: every route of SPEC §5 is documented, every documented route is
+//! served, and each operation documents its statuses and error codes.
+#![forbid(unsafe_code)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+
+use agentgate::{Config, Gate};
+use agentgate_server::{router, AppState, ServerOptions};
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use serde_json::Value;
+use tower::ServiceExt as _;
+
+/// SPEC §5's routes, written out by hand: the contract the router and the
+/// document must both match exactly.
+const SPEC_ROUTES: &[(&str, &str)] = &[
+    ("post", "/v1/turns"),
+    ("post", "/v1/turns/{turn_id}/heartbeat"),
+    ("post", "/v1/turns/{turn_id}/tools"),
+    ("post", "/v1/turns/{turn_id}/tools/{execution_id}/complete"),
+    ("post", "/v1/turns/{turn_id}/tools/{execution_id}/fail"),
+    ("post", "/v1/turns/{turn_id}/complete"),
+    ("post", "/v1/turns/{turn_id}/fail"),
+    ("post", "/v1/turns/{turn_id}/await-confirmation"),
+    ("get", "/v1/turns/{turn_id}"),
+    ("get", "/v1/sessions/{session_id}"),
+    ("get", "/v1/users/{user_id}"),
+    ("get", "/healthz"),
+    ("get", "/metrics"),
+    ("get", "/openapi.json"),
+];
+
+fn document() -> Value {
+    serde_json::from_str(&agentgate_server::openapi::document_json()).unwrap()
+}
+
+fn documented_routes(doc: &Value) -> BTreeSet<(String, String)> {
+    let mut routes = BTreeSet::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for method in item.as_object().unwrap().keys() {
+            routes.insert((method.clone(), path.clone()));
+        }
+    }
+    routes
+}
+
+/// Every `$ref` anywhere in `value` (JSON pointers into the document).
+fn refs(value: &Value, found: &mut Vec<String>) {
+    match value {
+        Value::Object(map) => {
+            for (key, inner) in map {
+                match (key.as_str(), inner) {
+                    ("$ref", Value::String(target)) => found.push(target.clone()),
+                    _ => refs(inner, found),
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|v| refs(v, found)),
+        _ => {}
+    }
+}
+
+#[test]
+fn the_document_is_valid_openapi_3_1() {
+    let text = agentgate_server::openapi::document_json();
+    let spec = oas3::from_json(&text).expect("parses as an OpenAPI 3.1 document");
+    let version = spec.validate_version().expect("declares a 3.1.x version");
+    assert_eq!((version.major, version.minor), (3, 1));
+    assert_eq!(spec.info.title, "agentgate");
+
+    let mut operations = 0;
+    for (path, method, operation) in spec.operations() {
+        operations += 1;
+        // Resolving bodies and parameters fails on a dangling reference.
+        operation
+            .request_body(&spec)
+            .unwrap_or_else(|e| panic!("{method} {path}: request body: {e}"));
+        let parameters = operation
+            .parameters(&spec)
+            .unwrap_or_else(|e| panic!("{method} {path}: parameters: {e}"));
+        // Every `{name}` in the path is a documented path parameter.
+        for segment in path.split('/').filter(|s| s.starts_with('{')) {
+            let name = segment.trim_matches(|c| c == '{' || c == '}');
+            assert!(
+                parameters.iter().any(|p| p.name == name),
+                "{method} {path}: path parameter {name} undocumented"
+            );
+        }
+        assert!(
+            !operation.responses(&spec).is_empty(),
+            "{method} {path}: no responses"
+        );
+        assert!(operation.summary.is_some(), "{method} {path}: no summary");
+    }
+    assert_eq!(operations, SPEC_ROUTES.len());
+
+    // No reference points nowhere.
+    let doc = document();
+    let mut targets = Vec::new();
+    refs(&doc, &mut targets);
+    assert!(!targets.is_empty());
+    for target in targets {
+        let pointer = target.strip_prefix('#').expect("local reference");
+        assert!(doc.pointer(pointer).is_some(), "dangling $ref {target}");
+    }
+}
+
+#[test]
+fn every_spec_route_is_documented_and_nothing_else() {
+    let documented = documented_routes(&document());
+    let expected: BTreeSet<(String, String)> = SPEC_ROUTES
+        .iter()
+        .map(|(m, p)| ((*m).to_owned(), (*p).to_owned()))
+        .collect();
+    assert_eq!(documented, expected);
+}
+
+#[test]
+fn operations_document_their_statuses_and_error_codes() {
+    let doc = document();
+    let statuses = |method: &str, path: &str| -> BTreeSet<String> {
+        doc["paths"][path][method]["responses"]
+            .as_object()
+            .unwrap_or_else(|| panic!("{method} {path} has responses"))
+            .keys()
+            .cloned()
+            .collect()
+    };
+    let set = |list: &[&str]| {
+        list.iter()
+            .map(|s| (*s).to_owned())
+            .collect::<BTreeSet<_>>()
+    };
+    assert_eq!(
+        statuses("post", "/v1/turns"),
+        set(&["200", "201", "400", "401", "404", "409", "413", "422", "429", "503"])
+    );
+    assert_eq!(
+        statuses("post", "/v1/turns/{turn_id}/tools"),
+        set(&["200", "201", "400", "401", "404", "409", "413", "422", "503"])
+    );
+    for (method, path) in SPEC_ROUTES.iter().filter(|(_, p)| p.starts_with("/v1/")) {
+        let got = statuses(method, path);
+        for status in ["400", "401", "404", "503"] {
+            assert!(got.contains(status), "{method} {path} documents {status}");
+        }
+    }
+    // Conflicts document Retry-After.
+    let conflict = &doc["paths"]["/v1/turns"]["post"]["responses"]["409"];
+    assert!(conflict["headers"]["Retry-After"].is_object());
+    let capacity = &doc["paths"]["/v1/turns"]["post"]["responses"]["429"];
+    assert!(capacity["headers"]["Retry-After"].is_object());
+    // Every wire error code is in the schema.
+    let codes: BTreeSet<String> = doc["components"]["schemas"]["ErrorCode"]["enum"]
+        .as_array()
+        .expect("ErrorCode is a string enum")
+        .iter()
+        .map(|c| c.as_str().unwrap().to_owned())
+        .collect();
+    for code in [
+        "invalid_request",
+        "unauthorized",
+        "not_found",
+        "payload_too_large",
+        "session_busy",
+        "request_in_flight",
+        "awaiting_confirmation",
+        "tool_in_flight",
+        "lease_lost",
+        "payload_mismatch",
+        "user_at_capacity",
+        "store_unavailable",
+    ] {
+        assert!(codes.contains(code), "ErrorCode documents {code}");
+    }
+    // Post-begin calls document the Lease-Token header.
+    let params = doc["paths"]["/v1/turns/{turn_id}/heartbeat"]["post"]["parameters"]
+        .as_array()
+        .unwrap();
+    assert!(params
+        .iter()
+        .any(|p| p["name"] == "Lease-Token" && p["in"] == "header"));
+}
+
+async fn app() -> (tempfile::TempDir, axum::Router) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("t.db").display());
+    let gate = Gate::open(&url, Config::default()).await.unwrap();
+    let state = AppState::new(gate, ServerOptions::default()).unwrap();
+    (dir, router(state))
+}
+
+async fn call(app: &axum::Router, method: &str, uri: &str, body: &str) -> (StatusCode, Value) {
+    let request = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("content-type", "application/json")
+        .header("lease-token", "lt_not_a_real_token")
+        .body(Body::from(body.to_owned()))
+        .unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    (status, json)
+}
+
+#[tokio::test]
+async fn every_documented_route_is_served() {
+    let (_dir, app) = app().await;
+    for (method, path) in documented_routes(&document()) {
+        let uri = path
+            .replace("{turn_id}", "turn_x")
+            .replace("{execution_id}", "exec_x")
+            .replace("{session_id}", "s")
+            .replace("{user_id}", "u");
+        let (status, body) = call(&app, &method.to_uppercase(), &uri, "{}").await;
+        assert_ne!(status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            !message.starts_with("no route"),
+            "{method} {path} reached the fallback"
+        );
+    }
+}
+
+#[tokio::test]
+async fn unknown_routes_and_methods_answer_json() {
+    let (_dir, app) = app().await;
+    let (status, body) = call(&app, "GET", "/v1/nope", "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(body["error"]["code"], "not_found");
+    let (status, body) = call(&app, "DELETE", "/v1/turns", "").await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(body["error"]["code"], "method_not_allowed");
+}
