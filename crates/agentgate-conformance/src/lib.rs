@@ -51,6 +51,7 @@ macro_rules! suite {
             retention_sweeper,
             fences_only_grow,
             bad_input_changes_nothing,
+            overview_shows_holders_and_activity,
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

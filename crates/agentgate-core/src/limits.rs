@@ -65,3 +65,7 @@ pub const MAX_STORE_RETRIES: u32 = 8;
 /// rounds with a few tool calls each; a thousand distinct calls in one turn is
 /// a runaway loop, and the bound keeps a turn's sweep batch bounded too.
 pub const MAX_EXECUTIONS_PER_TURN: u32 = 1_000;
+
+/// Most rows of each kind an overview returns: a dashboard shows a screenful,
+/// and the query must stay cheap however large the store grows.
+pub const MAX_OVERVIEW_ROWS: u32 = 200;

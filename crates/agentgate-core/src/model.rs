@@ -380,6 +380,27 @@ pub struct ExecutionView {
     pub error: Option<Value>,
 }
 
+/// A live lease as an operator sees it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LiveTurn {
+    /// The user whose permit it takes.
+    pub user_id: UserId,
+    /// The lease and its holder.
+    #[serde(flatten)]
+    pub holder: HolderView,
+}
+
+/// What an operator's dashboard shows: live holders and the latest activity.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Overview {
+    /// Live leases, soonest-expiring last.
+    pub live: Vec<LiveTurn>,
+    /// Turns by latest change, newest first.
+    pub recent_turns: Vec<TurnView>,
+    /// Tool executions by latest change, newest first.
+    pub recent_executions: Vec<ExecutionView>,
+}
+
 /// What one sweep deleted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct SweepReport {

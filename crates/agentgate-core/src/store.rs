@@ -21,8 +21,8 @@ use crate::config::Config;
 use crate::error::{BoxError, Result};
 use crate::ids::{ExecutionId, SessionId, TurnId, UserId};
 use crate::model::{
-    BeginCommand, BeginOutcome, Ending, ExecutionView, LeaseRef, SessionView, SweepReport,
-    ToolCall, ToolClaim, TurnView, UserView,
+    BeginCommand, BeginOutcome, Ending, ExecutionView, LeaseRef, Overview, SessionView,
+    SweepReport, ToolCall, ToolClaim, TurnView, UserView,
 };
 
 /// A boxed, sendable future.
@@ -145,6 +145,16 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// # Errors
     /// `invalid_request` for a cap out of range, `store_unavailable`.
     async fn set_user_cap(&self, user_id: &UserId, cap: Option<u32>) -> Result<()>;
+
+    /// Live leases and the latest turns and tool executions, at most `limit`
+    /// of each (capped at [`crate::limits::MAX_OVERVIEW_ROWS`]).
+    ///
+    /// # Errors
+    /// `store_unavailable`, also when the store does not keep an overview.
+    async fn overview(&self, limit: u32) -> Result<Overview> {
+        let _ = limit;
+        Err(crate::error::Error::store("this store keeps no overview"))
+    }
 
     /// Deletes up to `config().sweep_batch` records that ended more than
     /// `result_retention` ago (store clock).

@@ -33,8 +33,8 @@ use agentgate_core::ids::{ExecutionId, SessionId, TurnId, UserId};
 use agentgate_core::lease::LeaseLayer;
 use agentgate_core::limits::STORE_ACQUIRE_TIMEOUT;
 use agentgate_core::model::{
-    BeginCommand, BeginOutcome, Ending, ExecutionView, LeaseRef, SessionView, SweepReport,
-    ToolCall, ToolClaim, TurnView, UserView,
+    BeginCommand, BeginOutcome, Ending, ExecutionView, LeaseRef, Overview, SessionView,
+    SweepReport, ToolCall, ToolClaim, TurnView, UserView,
 };
 use agentgate_core::store::{Completion, LeaseStatus, Store};
 use async_trait::async_trait;
@@ -57,7 +57,10 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 const READER_CONNECTIONS: u32 = 4;
 
 /// The schema, in order. Each entry is applied once, in its own transaction.
-const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../migrations/0001_init.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("../migrations/0001_init.sql")),
+    (2, include_str!("../migrations/0002_overview.sql")),
+];
 
 /// agentgate on an embedded SQLite file.
 #[derive(Clone)]
@@ -239,6 +242,10 @@ impl Store for SqliteStore {
 
     async fn set_user_cap(&self, user_id: &UserId, cap: Option<u32>) -> Result<()> {
         views::set_user_cap(self, user_id, cap).await
+    }
+
+    async fn overview(&self, limit: u32) -> Result<Overview> {
+        views::overview(self, limit).await
     }
 
     async fn sweep(&self) -> Result<SweepReport> {

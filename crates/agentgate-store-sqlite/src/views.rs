@@ -3,8 +3,10 @@
 use agentgate_core::config::{check_cap, duration_ms};
 use agentgate_core::error::Result;
 use agentgate_core::ids::{Fence, SessionId, TurnId, UserId};
+use agentgate_core::limits::MAX_OVERVIEW_ROWS;
 use agentgate_core::model::{
-    ExecutionView, HolderView, PendingView, SessionView, SweepReport, TurnView, UserView,
+    ExecutionView, HolderView, LiveTurn, Overview, PendingView, SessionView, SweepReport, TurnView,
+    UserView,
 };
 use sqlx::{Row, SqliteConnection, SqlitePool};
 
@@ -226,5 +228,76 @@ pub(crate) async fn sweep(store: &SqliteStore) -> Result<SweepReport> {
         turns,
         executions,
         sessions,
+    })
+}
+
+pub(crate) async fn overview(store: &SqliteStore, limit: u32) -> Result<Overview> {
+    let limit = i64::from(limit.min(MAX_OVERVIEW_ROWS));
+    let mut conn = store.reader.acquire().await.map_err(map_sqlx)?;
+    let now = now_ms(&mut conn).await?;
+    let live = match &store.leases {
+        Some(layer) => {
+            // The rows name the last holder; the layer says who is live.
+            let rows: Vec<(String, String)> = sqlx::query_as(
+                "SELECT user_id, session_id FROM ag_sessions WHERE holder_turn_id IS NOT NULL \
+                 ORDER BY updated_at_ms DESC LIMIT ?",
+            )
+            .bind(limit)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(map_sqlx)?;
+            let mut live = Vec::with_capacity(rows.len());
+            for (user_id, session_id) in rows {
+                if let Some(holder) = layer.holder(&session_id).await? {
+                    live.push(LiveTurn {
+                        user_id: UserId::new(user_id).map_err(corrupt)?,
+                        holder,
+                    });
+                }
+            }
+            live
+        }
+        None => {
+            let rows: Vec<(String, String, String, i64, i64)> = sqlx::query_as(
+                "SELECT user_id, session_id, holder_turn_id, fence, lease_expires_at_ms \
+                 FROM ag_sessions WHERE lease_expires_at_ms > ? \
+                 ORDER BY lease_expires_at_ms DESC LIMIT ?",
+            )
+            .bind(now)
+            .bind(limit)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(map_sqlx)?;
+            rows.into_iter()
+                .map(|(user_id, session_id, turn_id, fence, expires)| {
+                    Ok(LiveTurn {
+                        user_id: UserId::new(user_id).map_err(corrupt)?,
+                        holder: holder(&session_id, turn_id, fence, expires, now)?,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?
+        }
+    };
+    let turns = sqlx::query(&format!(
+        "SELECT {TURN_COLUMNS} FROM ag_turns ORDER BY updated_at_ms DESC LIMIT ?"
+    ))
+    .bind(limit)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(map_sqlx)?;
+    let executions = sqlx::query(&format!(
+        "SELECT {EXECUTION_COLUMNS} FROM ag_tool_executions ORDER BY updated_at_ms DESC LIMIT ?"
+    ))
+    .bind(limit)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(map_sqlx)?;
+    Ok(Overview {
+        live,
+        recent_turns: turns.iter().map(turn_view).collect::<Result<_>>()?,
+        recent_executions: executions
+            .iter()
+            .map(execution_view)
+            .collect::<Result<_>>()?,
     })
 }

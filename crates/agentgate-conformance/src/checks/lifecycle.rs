@@ -160,3 +160,54 @@ pub async fn retention_sweeper(target: &Target) {
     let counts = [("swept_turns".to_owned(), 5), ("kept_live".to_owned(), 1)];
     report(target, "retention_sweeper", &counts.into_iter().collect());
 }
+
+/// The operator overview shows live holders with their users, and the
+/// latest turns and tool executions, newest first; never a lease token.
+pub async fn overview_shows_holders_and_activity(target: &Target) {
+    let gate = target.gate(config()).await;
+    let done = must_start(&gate, "ov-user", "ov-done", "r").await;
+    if let agentgate::ToolStep::Execute(execution) = done.tool("t", &json!(1)).await.expect("claim")
+    {
+        execution.complete(&json!("ok")).await.expect("complete");
+    }
+    let done_id = done.id().clone();
+    done.succeed(&json!("ok")).await.expect("succeed");
+    let live = must_start(&gate, "ov-user", "ov-live", "r").await;
+    let overview = gate.store().overview(50).await.expect("overview");
+    let holder = overview
+        .live
+        .iter()
+        .find(|l| &l.holder.turn_id == live.id())
+        .expect("the live turn is listed");
+    assert_eq!(holder.user_id.as_str(), "ov-user");
+    assert_eq!(holder.holder.fence, live.fence());
+    assert!(holder.holder.lease_expires_in_ms > 0);
+    assert!(
+        overview.live.iter().all(|l| l.holder.turn_id != done_id),
+        "an ended turn holds nothing"
+    );
+    assert_eq!(
+        overview.recent_turns.first().map(|t| &t.turn_id),
+        Some(live.id()),
+        "newest first"
+    );
+    assert!(overview.recent_turns.iter().any(|t| t.turn_id == done_id));
+    assert!(overview
+        .recent_executions
+        .iter()
+        .any(|e| e.turn_id == done_id));
+    let text = serde_json::to_string(&overview).expect("json");
+    assert!(!text.contains("lt_"), "no lease token in an overview");
+    let capped = gate.store().overview(1).await.expect("overview");
+    assert!(capped.recent_turns.len() <= 1);
+    live.succeed(&json!("ok")).await.expect("succeed");
+    let counts = [
+        ("live_listed".to_owned(), overview.live.len()),
+        ("recent_turns".to_owned(), overview.recent_turns.len()),
+    ];
+    report(
+        target,
+        "overview_shows_holders_and_activity",
+        &counts.into_iter().collect(),
+    );
+}
