@@ -103,6 +103,9 @@ impl Store for Faulty {
         self.check()?;
         self.inner.set_user_cap(user_id, cap).await
     }
+    async fn overview(&self, limit: u32) -> Result<agentgate_core::model::Overview> {
+        self.inner.overview(limit).await
+    }
     async fn sweep(&self) -> Result<SweepReport> {
         self.check()?;
         self.inner.sweep().await

@@ -28,6 +28,24 @@ async fn execute(store_url: &str, sql: &str) {
                 .await
                 .expect("ledger ddl");
         }
+        "postgres" | "postgresql" => {
+            let mut conn = sqlx::PgConnection::connect(store_url)
+                .await
+                .expect("connect");
+            sqlx::query(sql)
+                .execute(&mut conn)
+                .await
+                .expect("ledger ddl");
+        }
+        "mysql" | "mariadb" => {
+            let mut conn = sqlx::MySqlConnection::connect(store_url)
+                .await
+                .expect("connect");
+            sqlx::query(sql)
+                .execute(&mut conn)
+                .await
+                .expect("ledger ddl");
+        }
         other => panic!("no ledger for store scheme {other}"),
     }
 }
@@ -53,6 +71,26 @@ pub async fn count(store_url: &str, entry_key: &str) -> i64 {
                 .await
                 .expect("count ledger")
         }
+        "postgres" | "postgresql" => {
+            let mut conn = sqlx::PgConnection::connect(store_url)
+                .await
+                .expect("connect");
+            sqlx::query_scalar("SELECT COUNT(*) FROM conformance_ledger WHERE entry_key = $1")
+                .bind(entry_key)
+                .fetch_one(&mut conn)
+                .await
+                .expect("count ledger")
+        }
+        "mysql" | "mariadb" => {
+            let mut conn = sqlx::MySqlConnection::connect(store_url)
+                .await
+                .expect("connect");
+            sqlx::query_scalar(sql)
+                .bind(entry_key)
+                .fetch_one(&mut conn)
+                .await
+                .expect("count ledger")
+        }
         other => panic!("no ledger for store scheme {other}"),
     }
 }
@@ -69,6 +107,22 @@ pub fn book(
             let sql = "INSERT INTO conformance_ledger (entry_key, amount) VALUES (?, ?)";
             match tx {
                 SqlTx::Sqlite(conn) => {
+                    sqlx::query(sql)
+                        .bind(&entry_key)
+                        .bind(amount)
+                        .execute(conn)
+                        .await?;
+                }
+                SqlTx::Postgres(conn) => {
+                    sqlx::query(
+                        "INSERT INTO conformance_ledger (entry_key, amount) VALUES ($1, $2)",
+                    )
+                    .bind(&entry_key)
+                    .bind(amount)
+                    .execute(conn)
+                    .await?;
+                }
+                SqlTx::MySql(conn) => {
                     sqlx::query(sql)
                         .bind(&entry_key)
                         .bind(amount)

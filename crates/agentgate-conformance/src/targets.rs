@@ -132,3 +132,29 @@ pub async fn sqlite_redis() -> Option<Target> {
     let target = sqlite().await?;
     Some(target.with_redis("sqlite+redis", redis))
 }
+
+/// A fresh PostgreSQL database, dropped when the target is.
+pub async fn postgres() -> Option<Target> {
+    let database = agentgate_store_postgres::testing::TestDatabase::create().await?;
+    let url = database.url().to_owned();
+    Some(Target::new("postgres", url, Some(Box::new(database))))
+}
+
+/// A fresh MySQL/MariaDB database, dropped when the target is.
+pub async fn mysql() -> Option<Target> {
+    let database = agentgate_store_mysql::testing::TestDatabase::create().await?;
+    let url = database.url().to_owned();
+    Some(Target::new("mysql", url, Some(Box::new(database))))
+}
+
+/// A fresh PostgreSQL database with the Redis lease layer.
+pub async fn postgres_redis() -> Option<Target> {
+    let redis = redis_url().await?;
+    Some(postgres().await?.with_redis("postgres+redis", redis))
+}
+
+/// A fresh MySQL/MariaDB database with the Redis lease layer.
+pub async fn mysql_redis() -> Option<Target> {
+    let redis = redis_url().await?;
+    Some(mysql().await?.with_redis("mysql+redis", redis))
+}

@@ -111,3 +111,26 @@ pub trait LeaseLayer: Send + Sync + std::fmt::Debug + 'static {
     /// `store_unavailable`.
     async fn user_holders(&self, user_id: &str) -> Result<Vec<HolderView>>;
 }
+
+/// Before a store records a turn as exhausted: with an external layer the
+/// rows do not show whether the turn still runs, so ask the layer; a turn
+/// whose lease is live is in flight, not exhausted.
+///
+/// # Errors
+/// `request_in_flight` when `turn_id` holds `session_id`'s lease;
+/// `store_unavailable`.
+pub async fn refuse_if_held(layer: &dyn LeaseLayer, session_id: &str, turn_id: &str) -> Result<()> {
+    match layer.holder(session_id).await? {
+        Some(holder) if holder.turn_id.as_str() == turn_id => {
+            Err(crate::error::Error::RequestInFlight {
+                active_turn_id: turn_id.to_owned(),
+                retry_after: std::time::Duration::from_millis(
+                    u64::try_from(holder.lease_expires_in_ms)
+                        .unwrap_or(0)
+                        .max(1),
+                ),
+            })
+        }
+        _ => Ok(()),
+    }
+}

@@ -150,11 +150,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// of each (capped at [`crate::limits::MAX_OVERVIEW_ROWS`]).
     ///
     /// # Errors
-    /// `store_unavailable`, also when the store does not keep an overview.
-    async fn overview(&self, limit: u32) -> Result<Overview> {
-        let _ = limit;
-        Err(crate::error::Error::store("this store keeps no overview"))
-    }
+    /// `store_unavailable`.
+    async fn overview(&self, limit: u32) -> Result<Overview>;
 
     /// Deletes up to `config().sweep_batch` records that ended more than
     /// `result_retention` ago (store clock).

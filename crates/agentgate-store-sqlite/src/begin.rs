@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{Fence, LeaseToken, TurnId};
-use agentgate_core::lease::{Acquired, LeaseClaim, LeaseLayer};
+use agentgate_core::lease::{refuse_if_held, Acquired, LeaseClaim, LeaseLayer};
 use agentgate_core::model::{BeginCommand, BeginOutcome, Grant, TurnState};
 use sqlx::{Sqlite, SqliteConnection, Transaction};
 
@@ -138,6 +138,9 @@ async fn begin_in(
         BeginDecision::Replay { turn_id } => replay(tx, &turn_id).await,
         BeginDecision::Exhaust => {
             let turn_id = turn.as_ref().map(|t| t.turn_id.clone()).unwrap_or_default();
+            if let Some(layer) = &store.leases {
+                refuse_if_held(layer.as_ref(), command.session_id.as_str(), &turn_id).await?;
+            }
             sqlx::query(
                 "UPDATE ag_turns SET state = 'failed', retryable = 0, \
                  error = '{\"code\":\"attempts_exhausted\"}', updated_at_ms = ?1, ended_at_ms = ?1 \
@@ -184,6 +187,7 @@ pub(crate) async fn next_fence(conn: &mut SqliteConnection) -> Result<Fence> {
 }
 
 /// What `decide_begin` said to start, with what the start needs.
+#[derive(Clone, Copy)]
 struct StartPlan<'a> {
     existing: Option<&'a TurnSnapshot>,
     kind: StartKind,
@@ -278,6 +282,53 @@ async fn start(
         }
         None => (ttl_ms, Some(now + ttl_ms)),
     };
+    let written = write_grant(tx, command, &turn_id, &token, fence, row_expiry, &plan).await;
+    if let (Err(_), Some(layer)) = (&written, &store.leases) {
+        // The grant will roll back: give the layer's lease back now rather
+        // than leave the session blocked until the TTL.
+        if let Err(error) = layer.release(turn_id.as_str(), &token.digest_hex()).await {
+            tracing::warn!(%error, turn_id = %turn_id, "could not release an unwritten grant");
+        }
+    }
+    written?;
+    let view = match replay(tx, turn_id.as_str()).await? {
+        BeginOutcome::Replay(view) => view,
+        BeginOutcome::Started(_) => unreachable!("replay returns a view"),
+    };
+    debug_assert_eq!(view.state, TurnState::Running);
+    debug_assert_eq!(view.fence, fence);
+    Ok(BeginOutcome::Started(Grant {
+        turn_id,
+        session_id: command.session_id.clone(),
+        user_id: command.user_id.clone(),
+        client_request_id: command.client_request_id.clone(),
+        lease_token: token,
+        fence,
+        attempt,
+        takeover: kind == StartKind::Takeover,
+        lease_expires_in_ms,
+        confirmation: view.confirmation,
+    }))
+}
+
+/// Writes a grant: the session row (holder, token digest, fence, expiry)
+/// and the turn row (inserted, or restarted under the new fence).
+async fn write_grant(
+    tx: &mut Transaction<'static, Sqlite>,
+    command: &BeginCommand,
+    turn_id: &TurnId,
+    token: &LeaseToken,
+    fence: Fence,
+    row_expiry: Option<i64>,
+    plan: &StartPlan<'_>,
+) -> Result<()> {
+    let StartPlan {
+        existing,
+        kind,
+        attempt,
+        now,
+        ..
+    } = *plan;
     let confirming = command.confirmation.is_some() && kind == StartKind::New;
     sqlx::query(
         "INSERT INTO ag_sessions (session_id, user_id, holder_turn_id, lease_token_hash, fence, \
@@ -311,26 +362,9 @@ async fn start(
         .await
         .map_err(map_sqlx)?;
     } else {
-        insert_turn(tx, command, &turn_id, fence, now).await?;
+        insert_turn(tx, command, turn_id, fence, now).await?;
     }
-    let view = match replay(tx, turn_id.as_str()).await? {
-        BeginOutcome::Replay(view) => view,
-        BeginOutcome::Started(_) => unreachable!("replay returns a view"),
-    };
-    debug_assert_eq!(view.state, TurnState::Running);
-    debug_assert_eq!(view.fence, fence);
-    Ok(BeginOutcome::Started(Grant {
-        turn_id,
-        session_id: command.session_id.clone(),
-        user_id: command.user_id.clone(),
-        client_request_id: command.client_request_id.clone(),
-        lease_token: token,
-        fence,
-        attempt,
-        takeover: kind == StartKind::Takeover,
-        lease_expires_in_ms,
-        confirmation: view.confirmation,
-    }))
+    Ok(())
 }
 
 async fn insert_turn(

@@ -14,7 +14,7 @@
 //!
 //! Architecture invariant: the decisions come from `agentgate_core::decide`;
 //! this crate reads snapshots and applies decisions, nothing more. Time is the
-//! SQLite clock ([`NOW_MS`]), never an app-side clock.
+//! SQLite clock (`NOW_MS`), never an app-side clock.
 #![forbid(unsafe_code)]
 
 mod begin;

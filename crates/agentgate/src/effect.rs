@@ -19,6 +19,12 @@ pub enum SqlTx<'c> {
     /// An embedded SQLite store.
     #[cfg(feature = "sqlite")]
     Sqlite(&'c mut sqlx::SqliteConnection),
+    /// A PostgreSQL store.
+    #[cfg(feature = "postgres")]
+    Postgres(&'c mut sqlx::PgConnection),
+    /// A MySQL or MariaDB store.
+    #[cfg(feature = "mysql")]
+    MySql(&'c mut sqlx::MySqlConnection),
     #[doc(hidden)]
     _Unreachable(
         std::marker::PhantomData<&'c mut ()>,
@@ -31,6 +37,10 @@ impl std::fmt::Debug for SqlTx<'_> {
         match self {
             #[cfg(feature = "sqlite")]
             Self::Sqlite(_) => f.write_str("SqlTx::Sqlite"),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(_) => f.write_str("SqlTx::Postgres"),
+            #[cfg(feature = "mysql")]
+            Self::MySql(_) => f.write_str("SqlTx::MySql"),
             Self::_Unreachable(_, never) => match *never {},
         }
     }
@@ -44,6 +54,20 @@ impl<'c> SqlTx<'c> {
                 .downcast_mut::<sqlx::SqliteConnection>()
                 .expect("checked by is::<SqliteConnection>()");
             return Ok(Self::Sqlite(conn));
+        }
+        #[cfg(feature = "postgres")]
+        if connection.is::<sqlx::PgConnection>() {
+            let conn = connection
+                .downcast_mut::<sqlx::PgConnection>()
+                .expect("checked by is::<PgConnection>()");
+            return Ok(Self::Postgres(conn));
+        }
+        #[cfg(feature = "mysql")]
+        if connection.is::<sqlx::MySqlConnection>() {
+            let conn = connection
+                .downcast_mut::<sqlx::MySqlConnection>()
+                .expect("checked by is::<MySqlConnection>()");
+            return Ok(Self::MySql(conn));
         }
         let _ = connection;
         Err("this store keeps no SQL transaction a side effect can join".into())

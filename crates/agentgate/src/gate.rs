@@ -38,7 +38,9 @@ pub struct Gate {
 impl Gate {
     /// Opens the store at `url` and starts the sweeper.
     ///
-    /// Supported: `sqlite://path` (created if missing).
+    /// Supported: `sqlite://path` (created if missing),
+    /// `postgres://user@host:port/db` (also `postgresql://`) and
+    /// `mysql://user:password@host:port/db` (also `mariadb://`).
     ///
     /// # Errors
     /// `invalid_request` for an unknown scheme or a config out of range;
@@ -184,9 +186,19 @@ async fn open_store(
             agentgate_store_sqlite::SqliteStore::open_with_leases(store_url, config, leases)
                 .await?,
         ),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => Arc::new(
+            agentgate_store_postgres::PostgresStore::open_with_leases(store_url, config, leases)
+                .await?,
+        ),
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => Arc::new(
+            agentgate_store_mysql::MySqlStore::open_with_leases(store_url, config, leases).await?,
+        ),
         other => {
             return Err(Error::invalid(format!(
-                "unsupported store scheme {other:?}; expected sqlite://"
+                "unsupported store scheme {other:?}; expected sqlite://, postgres:// or mysql:// \
+                 (each behind its cargo feature)"
             )))
         }
     })

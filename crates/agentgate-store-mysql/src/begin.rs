@@ -1,0 +1,536 @@
+//! The begin step: lock the user's row, then the session's row, read the
+//! snapshot, ask `decide_begin`, apply, in one READ COMMITTED transaction.
+//!
+//! The user's row lock serialises every begin of one user, so the count of
+//! live leases read after it cannot race another grant (the permit). The
+//! session's row lock serialises every step on the session, so the
+//! `(session_id, client_request_id)` insert never meets a concurrent twin.
+//! Both rows are created on first use by the locking upsert itself; a begin
+//! that is refused rolls back, so nothing is written.
+//!
+//! The session lease and the user's permit are one row write (a user's live
+//! permits are its sessions with a live lease), so they are taken together or
+//! not at all.
+//!
+//! The fence counter is one row that every grant in the database locks until
+//! it commits, so it is taken last, right before the two writes that need
+//! it: grants of different users queue on it for two statements and a
+//! commit only.
+//!
+//! With an external lease layer the decision sees no live lease in the rows
+//! (they keep no expiry); the layer's atomic acquire, made inside the
+//! transaction after the fence is taken, decides busy and capacity, and a
+//! grant that then fails to commit gives the layer's lease straight back.
+//!
+//! Round trips: `BEGIN`, user upsert, session upsert, session lock, facts
+//! (clock, cap, permit count, the request's turn), then for a start the
+//! fence, the session grant and the turn write, and `COMMIT`: nine. A
+//! confirmation adds one read of its target (and one more when the target was
+//! already confirmed) and one `UPDATE` of it.
+
+use std::time::Duration;
+
+use agentgate_core::decide::{
+    decide_begin, BeginDecision, BeginFacts, SessionSnapshot, StartKind, UserLoad,
+};
+use agentgate_core::error::{Error, Result};
+use agentgate_core::ids::{Fence, LeaseToken, TurnId};
+use agentgate_core::lease::refuse_if_held;
+use agentgate_core::lease::{Acquired, LeaseClaim, LeaseLayer};
+use agentgate_core::model::{BeginCommand, BeginOutcome, ConfirmationContext, Grant, TurnView};
+use serde_json::Value;
+use sqlx::MySqlConnection;
+
+use crate::error::{corrupt, map_sqlx, Retry};
+use crate::rows::{
+    get, json, session_snapshot, turn_record, turn_view, TurnRecord, SESSION_COLUMNS, TURN_COLUMNS,
+};
+use crate::{MySqlStore, NOW_MS};
+
+/// What a begin read under its locks.
+struct Facts {
+    now_ms: i64,
+    load: UserLoad,
+    turn: Option<TurnRecord>,
+}
+
+pub(crate) async fn begin(store: &MySqlStore, command: &BeginCommand) -> Result<BeginOutcome> {
+    let mut retry = Retry::new();
+    loop {
+        match begin_once(store, command).await {
+            Err(error) => retry.after(error).await?,
+            outcome => return outcome,
+        }
+    }
+}
+
+async fn begin_once(store: &MySqlStore, command: &BeginCommand) -> Result<BeginOutcome> {
+    let mut tx = store.transaction().await?;
+    let (outcome, wrote) = begin_in(store, &mut tx, command).await?;
+    if wrote {
+        if let Err(error) = tx.commit().await {
+            if let BeginOutcome::Started(grant) = &outcome {
+                give_back(store, grant.turn_id.as_str(), &grant.lease_token).await;
+            }
+            return Err(map_sqlx(error));
+        }
+    }
+    // Otherwise dropping `tx` rolls back the no-op lock upserts: a replay or
+    // a refusal writes nothing.
+    Ok(outcome)
+}
+
+/// Gives the external layer's lease back when its grant did not become
+/// durable. A failure only leaves a lease that expires by itself.
+async fn give_back(store: &MySqlStore, turn_id: &str, token: &LeaseToken) {
+    if let Some(layer) = &store.leases {
+        if let Err(error) = layer.release(turn_id, &token.digest_hex()).await {
+            tracing::warn!(%error, turn_id, "could not give back an undurable lease");
+        }
+    }
+}
+
+/// Locks the user's row, creating it on first use. A duplicate key under
+/// `ON DUPLICATE KEY UPDATE` takes an exclusive lock on the existing row.
+async fn lock_user(conn: &mut MySqlConnection, user_id: &str) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO ag_users (user_id) VALUES (?) \
+         ON DUPLICATE KEY UPDATE max_turns = max_turns",
+    )
+    .bind(user_id)
+    .execute(conn)
+    .await
+    .map_err(map_sqlx)?;
+    Ok(())
+}
+
+/// Locks the session's row, creating it bound to the caller on first use. A
+/// fresh row (no holder, no pending confirmation, the caller's user) decides
+/// exactly like no row at all, and is rolled back unless the begin starts.
+async fn lock_session(
+    conn: &mut MySqlConnection,
+    command: &BeginCommand,
+) -> Result<SessionSnapshot> {
+    sqlx::query(&format!(
+        "INSERT INTO ag_sessions (session_id, user_id, fence, updated_at_ms) \
+         VALUES (?, ?, 0, {NOW_MS}) ON DUPLICATE KEY UPDATE user_id = user_id"
+    ))
+    .bind(command.session_id.as_str())
+    .bind(command.user_id.as_str())
+    .execute(&mut *conn)
+    .await
+    .map_err(map_sqlx)?;
+    let row = sqlx::query(&format!(
+        "SELECT {SESSION_COLUMNS} FROM ag_sessions WHERE session_id = ? FOR UPDATE"
+    ))
+    .bind(command.session_id.as_str())
+    .fetch_one(conn)
+    .await
+    .map_err(map_sqlx)?;
+    session_snapshot(&row)
+}
+
+/// Reads the clock, the cap override, the user's live permits and the
+/// request's turn in one statement, sent after the locks are held so it sees
+/// every grant that committed before them.
+async fn read_facts(
+    conn: &mut MySqlConnection,
+    command: &BeginCommand,
+    default_cap: u32,
+) -> Result<Facts> {
+    let row = sqlx::query(&format!(
+        "SELECT {NOW_MS} AS now_ms, (SELECT max_turns FROM ag_users WHERE user_id = ?) AS cap, \
+         permits.live, permits.soonest, {TURN_COLUMNS} \
+         FROM (SELECT COUNT(*) AS live, MIN(lease_expires_at_ms) AS soonest FROM ag_sessions \
+               WHERE user_id = ? AND lease_expires_at_ms > {NOW_MS}) AS permits \
+         LEFT JOIN ag_turns ON ag_turns.session_id = ? AND ag_turns.client_request_id = ?"
+    ))
+    .bind(command.user_id.as_str())
+    .bind(command.user_id.as_str())
+    .bind(command.session_id.as_str())
+    .bind(command.client_request_id.as_str())
+    .fetch_one(conn)
+    .await
+    .map_err(map_sqlx)?;
+    let cap: Option<i64> = get(&row, "cap")?;
+    let live: i64 = get(&row, "live")?;
+    Ok(Facts {
+        now_ms: get(&row, "now_ms")?,
+        load: UserLoad {
+            cap: cap
+                .and_then(|c| u32::try_from(c).ok())
+                .unwrap_or(default_cap),
+            live: u32::try_from(live).unwrap_or(u32::MAX),
+            soonest_expiry_ms: get(&row, "soonest")?,
+        },
+        turn: turn_record(&row)?,
+    })
+}
+
+async fn turn_by_id(conn: &mut MySqlConnection, turn_id: &str) -> Result<Option<TurnRecord>> {
+    let row = sqlx::query(&format!(
+        "SELECT {TURN_COLUMNS} FROM ag_turns WHERE turn_id = ?"
+    ))
+    .bind(turn_id)
+    .fetch_optional(conn)
+    .await
+    .map_err(map_sqlx)?;
+    Ok(match row {
+        Some(row) => turn_record(&row)?,
+        None => None,
+    })
+}
+
+/// Runs one begin inside `tx`; the flag says whether it wrote anything.
+async fn begin_in(
+    store: &MySqlStore,
+    tx: &mut MySqlConnection,
+    command: &BeginCommand,
+) -> Result<(BeginOutcome, bool)> {
+    lock_user(tx, command.user_id.as_str()).await?;
+    let session = lock_session(tx, command).await?;
+    let facts = read_facts(tx, command, store.config.max_turns_per_user).await?;
+    let confirms = command.confirmation.as_ref().map(|c| c.turn_id.as_str());
+    let confirm_target = match (confirms, &facts.turn) {
+        (Some(target), None) => turn_by_id(tx, target).await?,
+        _ => None,
+    };
+    let continuation = match confirm_target
+        .as_ref()
+        .and_then(|t| t.snapshot.confirmed_by.as_deref())
+    {
+        Some(next) => turn_by_id(tx, next).await?,
+        None => None,
+    };
+    let decision = decide_begin(&BeginFacts {
+        now_ms: facts.now_ms,
+        user_id: command.user_id.as_str(),
+        session_id: command.session_id.as_str(),
+        fingerprint: command.fingerprint.as_hex(),
+        confirms,
+        session: Some(&session),
+        turn: facts.turn.as_ref().map(|t| &t.snapshot),
+        confirm_target: confirm_target.as_ref().map(|t| &t.snapshot),
+        continuation: continuation.as_ref().map(|t| &t.snapshot),
+        load: facts.load,
+    });
+    match decision {
+        BeginDecision::Reject(error) => Err(error),
+        BeginDecision::Replay { turn_id } => {
+            let view = [&facts.turn, &continuation]
+                .into_iter()
+                .flatten()
+                .find(|t| t.view.turn_id.as_str() == turn_id)
+                .map(|t| t.view.clone());
+            let view = match view {
+                Some(view) => view,
+                None => {
+                    turn_by_id(tx, &turn_id)
+                        .await?
+                        .ok_or_else(|| corrupt(format!("replayed turn {turn_id} vanished")))?
+                        .view
+                }
+            };
+            Ok((BeginOutcome::Replay(view), false))
+        }
+        BeginDecision::Exhaust => {
+            let turn_id = facts.turn.as_ref().map(|t| t.snapshot.turn_id.as_str());
+            if let Some(layer) = &store.leases {
+                let own = turn_id.unwrap_or_default();
+                refuse_if_held(layer.as_ref(), command.session_id.as_str(), own).await?;
+            }
+            let view = exhaust(tx, turn_id.unwrap_or_default(), facts.now_ms).await?;
+            Ok((BeginOutcome::Replay(view), true))
+        }
+        BeginDecision::Start { kind, attempt } => {
+            let grant = start(
+                store,
+                tx,
+                command,
+                &facts,
+                confirm_target.as_ref(),
+                kind,
+                attempt,
+            )
+            .await?;
+            Ok((BeginOutcome::Started(grant), true))
+        }
+    }
+}
+
+/// Records a turn that used all its attempts as failed for good.
+async fn exhaust(conn: &mut MySqlConnection, turn_id: &str, now: i64) -> Result<TurnView> {
+    sqlx::query(
+        "UPDATE ag_turns SET state = 'failed', retryable = FALSE, \
+         error = '{\"code\":\"attempts_exhausted\"}', updated_at_ms = ?, ended_at_ms = ? \
+         WHERE turn_id = ?",
+    )
+    .bind(now)
+    .bind(now)
+    .bind(turn_id)
+    .execute(&mut *conn)
+    .await
+    .map_err(map_sqlx)?;
+    let row = sqlx::query(&format!(
+        "SELECT {TURN_COLUMNS} FROM ag_turns WHERE turn_id = ?"
+    ))
+    .bind(turn_id)
+    .fetch_one(conn)
+    .await
+    .map_err(map_sqlx)?;
+    turn_view(&row)
+}
+
+/// Takes the next fence: the counter row's exclusive lock is held until the
+/// grant commits, and `LAST_INSERT_ID(expr)` hands the new value back in the
+/// same round trip.
+async fn next_fence(conn: &mut MySqlConnection) -> Result<Fence> {
+    let done = sqlx::query("UPDATE ag_fence SET value = LAST_INSERT_ID(value + 1) WHERE id = 1")
+        .execute(conn)
+        .await
+        .map_err(map_sqlx)?;
+    let value = i64::try_from(done.last_insert_id()).unwrap_or(0);
+    if done.rows_affected() != 1 || value <= 0 {
+        return Err(corrupt("the fence counter row is missing"));
+    }
+    Ok(Fence(value))
+}
+
+async fn start(
+    store: &MySqlStore,
+    tx: &mut MySqlConnection,
+    command: &BeginCommand,
+    facts: &Facts,
+    target: Option<&TurnRecord>,
+    kind: StartKind,
+    attempt: u32,
+) -> Result<Grant> {
+    let now = facts.now_ms;
+    let token = LeaseToken::generate();
+    let ttl_ms = store.config.lease_ttl_ms();
+    // A new turn that answers a pending confirmation: the pending turn
+    // becomes `confirmed` in this transaction and the new one carries its
+    // pending action and the decision.
+    let confirming = command.confirmation.is_some() && kind == StartKind::New;
+    let (turn_id, confirmation, pending) = match &facts.turn {
+        Some(existing) => (
+            existing.view.turn_id.clone(),
+            existing.view.confirmation.clone(),
+            None,
+        ),
+        None => {
+            let turn_id = TurnId::generate();
+            if confirming {
+                let (confirmation, pending) =
+                    mark_confirmed(tx, command, target, &turn_id, now).await?;
+                (turn_id, Some(confirmation), pending)
+            } else {
+                (turn_id, None, None)
+            }
+        }
+    };
+    let fence = next_fence(tx).await?;
+    grant_session(store, tx, command, &turn_id, &token, fence, now, confirming).await?;
+    let lease_expires_in_ms = match &store.leases {
+        Some(layer) => {
+            let claim = LeaseClaim {
+                session_id: command.session_id.as_str(),
+                user_id: command.user_id.as_str(),
+                turn_id: turn_id.as_str(),
+                token_digest: &token.digest_hex(),
+                fence,
+                ttl_ms,
+                cap: facts.load.cap,
+            };
+            acquire_external(layer.as_ref(), &claim).await?
+        }
+        None => ttl_ms,
+    };
+    if let Err(error) = write_turn(tx, command, facts, &turn_id, attempt, fence, pending).await {
+        give_back(store, turn_id.as_str(), &token).await;
+        return Err(error);
+    }
+    Ok(Grant {
+        turn_id,
+        session_id: command.session_id.clone(),
+        user_id: command.user_id.clone(),
+        client_request_id: command.client_request_id.clone(),
+        lease_token: token,
+        fence,
+        attempt,
+        takeover: kind == StartKind::Takeover,
+        lease_expires_in_ms,
+        confirmation,
+    })
+}
+
+/// Writes the grant on the session's row: holder, token digest, expiry,
+/// fence, and a cleared pending confirmation when this start confirms it.
+#[allow(clippy::too_many_arguments)] // one row's columns, each a different thing
+async fn grant_session(
+    store: &MySqlStore,
+    tx: &mut MySqlConnection,
+    command: &BeginCommand,
+    turn_id: &TurnId,
+    token: &LeaseToken,
+    fence: Fence,
+    now: i64,
+    confirming: bool,
+) -> Result<()> {
+    // With an external layer the row keeps no expiry: the layer is the
+    // authority on liveness; the row keeps the holder and the newest fence.
+    let row_expiry = match store.leases {
+        Some(_) => None,
+        None => Some(now + store.config.lease_ttl_ms()),
+    };
+    sqlx::query(
+        "UPDATE ag_sessions SET holder_turn_id = ?, lease_token_hash = ?, fence = ?, \
+         lease_expires_at_ms = ?, updated_at_ms = ?, \
+         pending_turn_id = IF(?, NULL, pending_turn_id), \
+         pending_expires_at_ms = IF(?, NULL, pending_expires_at_ms) \
+         WHERE session_id = ?",
+    )
+    .bind(turn_id.as_str())
+    .bind(token.digest_hex())
+    .bind(fence.0)
+    .bind(row_expiry)
+    .bind(now)
+    .bind(confirming)
+    .bind(confirming)
+    .bind(command.session_id.as_str())
+    .execute(tx)
+    .await
+    .map_err(map_sqlx)?;
+    Ok(())
+}
+
+/// Takes the lease and permit in the external layer, both or neither;
+/// returns the remaining lease, or the refusal the layer's state implies.
+async fn acquire_external(layer: &dyn LeaseLayer, claim: &LeaseClaim<'_>) -> Result<i64> {
+    let retry = |ms: i64| Duration::from_millis(u64::try_from(ms).unwrap_or(0).max(1));
+    match layer.acquire(claim).await? {
+        Acquired::Granted {
+            lease_expires_in_ms,
+        } => Ok(lease_expires_in_ms),
+        Acquired::Busy {
+            holder_turn_id,
+            expires_in_ms,
+        } if holder_turn_id == claim.turn_id => Err(Error::RequestInFlight {
+            active_turn_id: holder_turn_id,
+            retry_after: retry(expires_in_ms),
+        }),
+        Acquired::Busy {
+            holder_turn_id,
+            expires_in_ms,
+        } => Err(Error::SessionBusy {
+            active_turn_id: holder_turn_id,
+            retry_after: retry(expires_in_ms),
+        }),
+        Acquired::AtCapacity {
+            soonest_expires_in_ms,
+        } => Err(Error::UserAtCapacity {
+            cap: claim.cap,
+            retry_after: retry(soonest_expires_in_ms),
+        }),
+    }
+}
+
+/// Restarts the existing turn or inserts the new one under `fence`.
+async fn write_turn(
+    tx: &mut MySqlConnection,
+    command: &BeginCommand,
+    facts: &Facts,
+    turn_id: &TurnId,
+    attempt: u32,
+    fence: Fence,
+    pending: Option<String>,
+) -> Result<()> {
+    let now = facts.now_ms;
+    let written = if facts.turn.is_some() {
+        sqlx::query(
+            "UPDATE ag_turns SET state = 'running', attempt = ?, fence = ?, error = NULL, \
+             retryable = NULL, updated_at_ms = ?, ended_at_ms = NULL WHERE turn_id = ?",
+        )
+        .bind(i64::from(attempt))
+        .bind(fence.0)
+        .bind(now)
+        .bind(turn_id.as_str())
+        .execute(&mut *tx)
+        .await
+    } else {
+        insert_turn(tx, command, turn_id, fence, now, pending).await
+    };
+    if written.map_err(map_sqlx)?.rows_affected() != 1 {
+        return Err(corrupt(format!("turn {turn_id} was not written")));
+    }
+    Ok(())
+}
+
+/// Marks the confirmation's target (read under the session lock, so still
+/// as read) `confirmed` by `turn_id`; returns the context the new turn
+/// carries and the target's pending action as stored.
+async fn mark_confirmed(
+    tx: &mut MySqlConnection,
+    command: &BeginCommand,
+    target: Option<&TurnRecord>,
+    turn_id: &TurnId,
+    now: i64,
+) -> Result<(ConfirmationContext, Option<String>)> {
+    let confirmation = command
+        .confirmation
+        .as_ref()
+        .ok_or_else(|| corrupt("confirming without a confirmation"))?;
+    let updated = sqlx::query(
+        "UPDATE ag_turns SET state = 'confirmed', confirmed_by = ?, updated_at_ms = ? \
+         WHERE turn_id = ? AND state = 'awaiting_confirmation'",
+    )
+    .bind(turn_id.as_str())
+    .bind(now)
+    .bind(confirmation.turn_id.as_str())
+    .execute(&mut *tx)
+    .await
+    .map_err(map_sqlx)?;
+    let Some(target) = target.filter(|_| updated.rows_affected() == 1) else {
+        return Err(Error::not_found(format!(
+            "pending confirmation of turn {}",
+            confirmation.turn_id
+        )));
+    };
+    let pending = target.pending_text.clone();
+    let context = ConfirmationContext {
+        turn_id: confirmation.turn_id.clone(),
+        decision: confirmation.decision,
+        pending: json(pending.clone())?.unwrap_or(Value::Null),
+    };
+    Ok((context, pending))
+}
+
+async fn insert_turn(
+    tx: &mut MySqlConnection,
+    command: &BeginCommand,
+    turn_id: &TurnId,
+    fence: Fence,
+    now: i64,
+    pending: Option<String>,
+) -> std::result::Result<sqlx::mysql::MySqlQueryResult, sqlx::Error> {
+    // The pending action is copied as the canonical text it is stored as.
+    let confirmation = command.confirmation.as_ref();
+    sqlx::query(
+        "INSERT INTO ag_turns (turn_id, session_id, user_id, client_request_id, fingerprint, \
+         state, attempt, fence, pending, confirms_turn_id, decision, created_at_ms, updated_at_ms) \
+         VALUES (?, ?, ?, ?, ?, 'running', 1, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(turn_id.as_str())
+    .bind(command.session_id.as_str())
+    .bind(command.user_id.as_str())
+    .bind(command.client_request_id.as_str())
+    .bind(command.fingerprint.as_hex())
+    .bind(fence.0)
+    .bind(pending)
+    .bind(confirmation.map(|c| c.turn_id.as_str()))
+    .bind(confirmation.map(|c| c.decision.as_str()))
+    .bind(now)
+    .bind(now)
+    .execute(tx)
+    .await
+}

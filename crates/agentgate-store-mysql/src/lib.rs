@@ -1,0 +1,349 @@
+//! agentgate's MySQL/MariaDB store: many app nodes sharing one database.
+//!
+//! - [`MySqlStore`] (this file): opening, the connection pool and its session
+//!   settings, the transaction every step runs in, the schema runner.
+//! - `begin`: the begin step (SPEC §4 table): lock the user's row, then the
+//!   session's row, read, decide, apply.
+//! - `steps`: heartbeat, tool claims and completions, turn endings.
+//! - `views`: read-only views, cap overrides and the retention sweeper.
+//! - `rows`: rows decoded into core snapshots and views.
+//! - `error`: server error numbers mapped to the engine's portable
+//!   [`Error`], and the bounded retry of a step after a transient conflict.
+//! - [`testing`]: fresh throw-away databases for test suites.
+//!
+//! Every protocol step is one short InnoDB transaction at READ COMMITTED
+//! (no gap locks, so locking a row that does not exist yet cannot deadlock
+//! a concurrent insert). A begin locks the user's row, then the session's
+//! row, each with `INSERT … ON DUPLICATE KEY UPDATE` (which creates the row or
+//! takes its exclusive lock in one statement, unlike `INSERT IGNORE`, whose
+//! shared lock on an existing row deadlocks two upgraders), then the fence
+//! counter; every later step locks only the session's row. Lock order is
+//! always user → session → fence → turn → tool execution. A deadlock, lock
+//! wait timeout or duplicate key anyway runs the whole step again, at most
+//! `MAX_STORE_RETRIES` times. MySQL has no `UPDATE … RETURNING`, so steps
+//! read what they wrote in the same transaction where they need it.
+//!
+//! With an external lease layer (`open_with_leases`, the Redis layer) the
+//! session row keeps the holder and the newest fence but no expiry: the layer
+//! is the authority on liveness and permits, and every durable write still
+//! requires the SQL rows to agree that the writer's fence is the session's
+//! newest, so a holder whose layer lease vanished cannot overwrite a newer
+//! turn.
+//!
+//! Requires InnoDB and `binlog_format` ROW or MIXED (the defaults), since
+//! statement-based binary logging refuses READ COMMITTED writes.
+//!
+//! Architecture invariant: the decisions come from `agentgate_core::decide`;
+//! this crate reads snapshots and applies decisions, nothing more. Time is the
+//! server's clock (`NOW_MS`), never an app-side clock.
+#![forbid(unsafe_code)]
+
+mod begin;
+mod error;
+mod rows;
+mod steps;
+pub mod testing;
+mod views;
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentgate_core::config::Config;
+use agentgate_core::error::{Error, Result};
+use agentgate_core::ids::{ExecutionId, SessionId, TurnId, UserId};
+use agentgate_core::lease::LeaseLayer;
+use agentgate_core::limits::STORE_ACQUIRE_TIMEOUT;
+use agentgate_core::model::{
+    BeginCommand, BeginOutcome, Ending, ExecutionView, LeaseRef, SessionView, SweepReport,
+    ToolCall, ToolClaim, TurnView, UserView,
+};
+use agentgate_core::store::{Completion, LeaseStatus, Store};
+use async_trait::async_trait;
+use serde_json::Value;
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+use sqlx::{Connection, Executor, MySql, MySqlConnection, MySqlPool, Transaction};
+
+use crate::error::map_sqlx;
+
+/// The store's clock in SQL: milliseconds since the Unix epoch.
+///
+/// `UTC_TIMESTAMP(6)` is the server's clock read once at the start of the
+/// statement (like PostgreSQL's `statement_timestamp()`), so every use in one
+/// statement agrees, and every step reads it in a statement sent after the
+/// statement that took its locks. Unlike `UNIX_TIMESTAMP(CURRENT_TIMESTAMP(6))`
+/// it goes through no session time zone (no DST fold to misread) and has no
+/// 2038 limit.
+pub(crate) const NOW_MS: &str =
+    "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)";
+
+/// Pooled connections per store. Steps are a handful of sub-millisecond
+/// statements, so ten connections keep a 2–8 core server busy; several app
+/// nodes times ten stays under MySQL's default `max_connections` of 151.
+const MAX_CONNECTIONS: u32 = 10;
+
+/// Session settings of every pooled connection, sent once per connection:
+///
+/// - READ COMMITTED: each statement reads the newest committed rows (a begin
+///   counts permits after taking its locks and sees every earlier grant), and
+///   InnoDB takes no gap locks, which would deadlock concurrent inserts.
+/// - `innodb_lock_wait_timeout` 5 s (default 50 s): locks are held for one
+///   short step; five seconds of waiting means the holder is wedged, not
+///   busy. The step is then retried within its bound.
+/// - MariaDB only (the `/*M! */` comment is skipped by MySQL):
+///   `idle_transaction_timeout` 60 s: a transaction idle that long (only a
+///   same-transaction side effect leaves a step idle, and one that takes a
+///   minute has hung) is ended with its connection, so the session's row
+///   does not stay locked forever.
+const SESSION_SETTINGS: &str = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; \
+    SET SESSION innodb_lock_wait_timeout = 5 /*M!, idle_transaction_timeout = 60 */";
+
+/// A pooled connection idle for longer than this is pinged before use. A
+/// connection used a moment ago is almost surely alive; one idle for a while
+/// may have been cut by a proxy or a server restart. Skipping the ping on
+/// busy connections saves a round trip per step.
+const PING_AFTER_IDLE: Duration = Duration::from_secs(5);
+
+/// How long a node waits for another node's schema migration. Creating the
+/// tables takes well under a second; thirty seconds means the other node is
+/// stuck, and opening fails instead of waiting forever.
+const MIGRATION_LOCK_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The schema, in order. MySQL DDL is not transactional: each migration is
+/// idempotent and runs under the named lock `GET_LOCK`, which serialises the
+/// nodes that open the same database at once.
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("../migrations/0001_init.sql")),
+    (2, include_str!("../migrations/0002_overview.sql")),
+];
+
+/// agentgate on a MySQL or MariaDB database.
+#[derive(Clone)]
+pub struct MySqlStore {
+    pool: MySqlPool,
+    config: Config,
+    /// Where leases and permits live when not in the session rows (Redis).
+    /// Fences and every durable record stay here either way.
+    leases: Option<Arc<dyn LeaseLayer>>,
+}
+
+impl std::fmt::Debug for MySqlStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the URL: it may hold a password.
+        f.debug_struct("MySqlStore")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Parses a `mysql://` or `mariadb://` URL into connection options.
+fn connect_options(url: &str) -> Result<MySqlConnectOptions> {
+    let url = match url.strip_prefix("mariadb://") {
+        Some(rest) => format!("mysql://{rest}"),
+        None => url.to_owned(),
+    };
+    Ok(MySqlConnectOptions::from_str(&url)
+        .map_err(|e| Error::invalid(format!("bad mysql url: {e}")))?
+        .charset("utf8mb4")
+        .timezone(Some(String::from("+00:00"))))
+}
+
+impl MySqlStore {
+    /// Connects to the database at `url` (`mysql://user:password@host:port/db`,
+    /// also `mariadb://`), and applies the schema, waiting for another node
+    /// that is applying it at the same moment.
+    ///
+    /// # Errors
+    /// `invalid_request` for a bad URL or config; `store_unavailable` when
+    /// the server cannot be reached within the acquire timeout or the schema
+    /// cannot be applied.
+    pub async fn open(url: &str, config: Config) -> Result<Self> {
+        Self::open_with_leases(url, config, None).await
+    }
+
+    /// Opens like [`MySqlStore::open`], keeping leases and permits in
+    /// `leases` when given (the Redis lease layer) instead of the session
+    /// rows. Durable writes stay conditioned on the session's newest fence.
+    ///
+    /// # Errors
+    /// As [`MySqlStore::open`].
+    pub async fn open_with_leases(
+        url: &str,
+        config: Config,
+        leases: Option<Arc<dyn LeaseLayer>>,
+    ) -> Result<Self> {
+        config.validate()?;
+        let options = connect_options(url)?;
+        migrate(&options).await?;
+        let pool = MySqlPoolOptions::new()
+            .max_connections(MAX_CONNECTIONS)
+            .acquire_timeout(STORE_ACQUIRE_TIMEOUT)
+            .after_connect(|conn, _meta| {
+                Box::pin(async move {
+                    // No arguments: sent as one text query, both statements.
+                    conn.execute(SESSION_SETTINGS).await?;
+                    Ok(())
+                })
+            })
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= PING_AFTER_IDLE {
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
+            .connect_with(options)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(Self {
+            pool,
+            config,
+            leases,
+        })
+    }
+
+    /// Opens the transaction a protocol step runs in.
+    pub(crate) async fn transaction(&self) -> Result<Transaction<'static, MySql>> {
+        self.pool.begin().await.map_err(map_sqlx)
+    }
+
+    /// The connection pool, for applications that keep their own tables in
+    /// the same database (the reference ledger does).
+    pub fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+}
+
+/// Applies the pending migrations on a connection of its own, under a named
+/// lock scoped to the database. The lock belongs to the connection, so it is
+/// released when the connection closes, whatever happened.
+async fn migrate(options: &MySqlConnectOptions) -> Result<()> {
+    let mut conn = tokio::time::timeout(
+        STORE_ACQUIRE_TIMEOUT,
+        MySqlConnection::connect_with(options),
+    )
+    .await
+    .map_err(|_| Error::store("timed out connecting to MySQL"))?
+    .map_err(map_sqlx)?;
+    let outcome = migrate_on(&mut conn).await;
+    // Closing releases the named lock even if RELEASE_LOCK was never reached.
+    let _ = conn.close().await;
+    outcome
+}
+
+async fn migrate_on(conn: &mut MySqlConnection) -> Result<()> {
+    let locked: Option<i64> = sqlx::query_scalar(
+        "SELECT GET_LOCK(LEFT(CONCAT('agentgate_migrate.', COALESCE(DATABASE(), '')), 64), ?)",
+    )
+    .bind(MIGRATION_LOCK_TIMEOUT.as_secs())
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(map_sqlx)?;
+    if locked != Some(1) {
+        return Err(Error::store(format!(
+            "another node held the schema migration lock for {MIGRATION_LOCK_TIMEOUT:?}"
+        )));
+    }
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS ag_schema_version (version BIGINT NOT NULL PRIMARY KEY, \
+         applied_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE = InnoDB",
+    )
+    .execute(&mut *conn)
+    .await
+    .map_err(map_sqlx)?;
+    let current: Option<i64> = sqlx::query_scalar("SELECT MAX(version) FROM ag_schema_version")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(map_sqlx)?;
+    let current = current.unwrap_or(0);
+    for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current) {
+        sqlx::raw_sql(sql)
+            .execute(&mut *conn)
+            .await
+            .map_err(map_sqlx)?;
+        sqlx::query("INSERT IGNORE INTO ag_schema_version (version) VALUES (?)")
+            .bind(version)
+            .execute(&mut *conn)
+            .await
+            .map_err(map_sqlx)?;
+        tracing::info!(version, "applied agentgate schema migration");
+    }
+    sqlx::query(
+        "SELECT RELEASE_LOCK(LEFT(CONCAT('agentgate_migrate.', COALESCE(DATABASE(), '')), 64))",
+    )
+    .execute(&mut *conn)
+    .await
+    .map_err(map_sqlx)?;
+    Ok(())
+}
+
+#[async_trait]
+impl Store for MySqlStore {
+    fn config(&self) -> &Config {
+        &self.config
+    }
+
+    async fn begin(&self, command: &BeginCommand) -> Result<BeginOutcome> {
+        begin::begin(self, command).await
+    }
+
+    async fn heartbeat(&self, lease: &LeaseRef) -> Result<LeaseStatus> {
+        steps::heartbeat(self, lease).await
+    }
+
+    async fn claim_tool(&self, lease: &LeaseRef, call: &ToolCall) -> Result<ToolClaim> {
+        steps::claim_tool(self, lease, call).await
+    }
+
+    async fn complete_tool(
+        &self,
+        lease: &LeaseRef,
+        execution_id: &ExecutionId,
+        completion: Completion<'_>,
+    ) -> Result<Value> {
+        steps::complete_tool(self, lease, execution_id, completion).await
+    }
+
+    async fn fail_tool(
+        &self,
+        lease: &LeaseRef,
+        execution_id: &ExecutionId,
+        error: &agentgate_core::canonical::CanonicalJson,
+    ) -> Result<()> {
+        steps::fail_tool(self, lease, execution_id, error).await
+    }
+
+    async fn end_turn(&self, lease: &LeaseRef, ending: &Ending) -> Result<TurnView> {
+        steps::end_turn(self, lease, ending).await
+    }
+
+    async fn turn(&self, turn_id: &TurnId) -> Result<Option<TurnView>> {
+        views::turn(&self.pool, turn_id).await
+    }
+
+    async fn executions(&self, turn_id: &TurnId) -> Result<Vec<ExecutionView>> {
+        views::executions(&self.pool, turn_id).await
+    }
+
+    async fn session(&self, session_id: &SessionId) -> Result<Option<SessionView>> {
+        views::session(self, session_id).await
+    }
+
+    async fn user(&self, user_id: &UserId) -> Result<UserView> {
+        views::user(self, user_id).await
+    }
+
+    async fn set_user_cap(&self, user_id: &UserId, cap: Option<u32>) -> Result<()> {
+        views::set_user_cap(&self.pool, user_id, cap).await
+    }
+
+    async fn overview(&self, limit: u32) -> Result<agentgate_core::model::Overview> {
+        views::overview(self, limit).await
+    }
+
+    async fn sweep(&self) -> Result<SweepReport> {
+        views::sweep(self).await
+    }
+}

@@ -1,0 +1,247 @@
+//! Throw-away databases for test suites (this crate's smoke tests and the
+//! shared conformance suite), so tests run in parallel and repeatedly
+//! without seeing each other's rows.
+//!
+//! The server is found through `AGENTGATE_TEST_MYSQL_URL` (default
+//! [`DEFAULT_ADMIN_URL`]), a URL whose database may be used to create others.
+//! When the server cannot be reached the helpers print why and return `None`
+//! so the caller can skip — unless `AGENTGATE_REQUIRE_SERVICES=1`, in which
+//! case they panic: CI must not pass by skipping.
+//!
+//! Not for production use: it creates and drops databases.
+
+use std::time::Duration;
+
+use sqlx::{ConnectOptions, Connection, MySqlConnection};
+
+/// Where a test server is looked for when the environment does not say.
+pub const DEFAULT_ADMIN_URL: &str = "mysql://root@127.0.0.1:3306/test";
+
+/// The environment variable naming the admin URL.
+pub const ADMIN_URL_ENV: &str = "AGENTGATE_TEST_MYSQL_URL";
+
+/// The environment variable that turns a missing server into a failure.
+pub const REQUIRE_SERVICES_ENV: &str = "AGENTGATE_REQUIRE_SERVICES";
+
+/// Prefix of every database these helpers create, so leftovers of crashed
+/// runs are recognisable (`DROP DATABASE` them freely).
+pub const DATABASE_PREFIX: &str = "agentgate_t_";
+
+/// How long to wait for the test server before deciding it is absent. A
+/// local server answers in milliseconds; a missing one refuses at once or
+/// times out here instead of the pool's longer acquire timeout.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn services_required() -> bool {
+    std::env::var(REQUIRE_SERVICES_ENV).is_ok_and(|v| v == "1")
+}
+
+fn admin_url() -> String {
+    std::env::var(ADMIN_URL_ENV).unwrap_or_else(|_| DEFAULT_ADMIN_URL.to_owned())
+}
+
+/// Reports an absent server: a skip, or a panic when services are required.
+fn absent(reason: &str) -> Option<String> {
+    assert!(
+        !services_required(),
+        "MySQL/MariaDB is required ({REQUIRE_SERVICES_ENV}=1) but {reason}"
+    );
+    eprintln!(
+        "skipping: MySQL/MariaDB not available ({reason}); set {ADMIN_URL_ENV} to point at one"
+    );
+    None
+}
+
+async fn connect_admin() -> Result<MySqlConnection, String> {
+    let url = admin_url();
+    let options = crate::connect_options(&url)
+        .map_err(|e| format!("bad {ADMIN_URL_ENV}: {e}"))?
+        .disable_statement_logging();
+    match tokio::time::timeout(PROBE_TIMEOUT, MySqlConnection::connect_with(&options)).await {
+        Ok(Ok(conn)) => Ok(conn),
+        Ok(Err(error)) => Err(format!("cannot connect to {}: {error}", redact(&url))),
+        Err(_) => Err(format!(
+            "no answer from {} within {PROBE_TIMEOUT:?}",
+            redact(&url)
+        )),
+    }
+}
+
+/// `url` without its password, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            let user = userinfo.split(':').next().unwrap_or_default();
+            format!("{}{user}@{}", &url[..scheme + 3], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// `url` with its database replaced by `database`.
+fn with_database(url: &str, database: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    let authority_start = base.find("://").map_or(0, |i| i + 3);
+    let path_start = base[authority_start..]
+        .find('/')
+        .map_or(base.len(), |i| authority_start + i);
+    let mut out = format!("{}/{database}", &base[..path_start]);
+    if let Some(query) = query {
+        out.push('?');
+        out.push_str(query);
+    }
+    out
+}
+
+/// A fresh, random database name with [`DATABASE_PREFIX`].
+fn fresh_name() -> String {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).expect("the operating system's random source is available");
+    format!("{DATABASE_PREFIX}{}", hex::encode(bytes))
+}
+
+/// Creates an empty database and returns its URL; `None` (after printing
+/// why) when the server is absent.
+///
+/// # Panics
+/// When the server is absent and `AGENTGATE_REQUIRE_SERVICES=1`, or when the
+/// server is there but refuses to create a database.
+pub async fn fresh_database_url() -> Option<String> {
+    let mut admin = match connect_admin().await {
+        Ok(conn) => conn,
+        Err(reason) => return absent(&reason),
+    };
+    let name = fresh_name();
+    sqlx::raw_sql(&format!(
+        "CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+    ))
+    .execute(&mut admin)
+    .await
+    .unwrap_or_else(|e| panic!("MySQL/MariaDB is up but CREATE DATABASE {name} failed: {e}"));
+    let _ = admin.close().await;
+    Some(with_database(&admin_url(), &name))
+}
+
+/// Drops a database made by [`fresh_database_url`], ending its open
+/// connections. Best effort: a failure is printed, not raised, since it
+/// only leaves a prefixed database behind.
+pub async fn drop_database(url: &str) {
+    let Some(name) = url
+        .split('?')
+        .next()
+        .and_then(|base| base.rsplit('/').next())
+        .filter(|name| name.starts_with(DATABASE_PREFIX))
+    else {
+        eprintln!("not dropping {}: not a test database", redact(url));
+        return;
+    };
+    let mut admin = match connect_admin().await {
+        Ok(conn) => conn,
+        Err(reason) => {
+            eprintln!("not dropping {name}: {reason}");
+            return;
+        }
+    };
+    // Like PostgreSQL's `WITH (FORCE)`: end the connections still on the
+    // database (a pooled connection being returned may still sit in its
+    // last transaction), whose metadata locks would hold the drop.
+    let holders: Vec<i64> = sqlx::query_scalar(
+        "SELECT CAST(ID AS SIGNED) FROM information_schema.PROCESSLIST \
+         WHERE DB = ? AND ID <> CONNECTION_ID()",
+    )
+    .bind(name)
+    .fetch_all(&mut admin)
+    .await
+    .unwrap_or_else(|error| {
+        eprintln!("could not list connections on {name}: {error}");
+        Vec::new()
+    });
+    for id in holders {
+        let _ = sqlx::raw_sql(&format!("KILL CONNECTION {id}"))
+            .execute(&mut admin)
+            .await;
+    }
+    // Should one still hold a lock, wait ten seconds, not a year (the default).
+    let drop = format!("SET SESSION lock_wait_timeout = 10; DROP DATABASE IF EXISTS `{name}`");
+    if let Err(error) = sqlx::raw_sql(&drop).execute(&mut admin).await {
+        eprintln!("could not drop test database {name}: {error}");
+    }
+    let _ = admin.close().await;
+}
+
+/// A fresh database that is dropped (best effort) when this value is
+/// dropped, even when the test panicked. Keep it alive as long as the store.
+#[derive(Debug)]
+pub struct TestDatabase {
+    url: String,
+}
+
+impl TestDatabase {
+    /// Creates an empty database; `None` (after printing why) when the
+    /// server is absent.
+    ///
+    /// # Panics
+    /// As [`fresh_database_url`].
+    pub async fn create() -> Option<Self> {
+        fresh_database_url().await.map(|url| Self { url })
+    }
+
+    /// The database's URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        let url = std::mem::take(&mut self.url);
+        // Drop may run inside a runtime, which cannot block on itself: drop
+        // the database from a thread with a small runtime of its own.
+        let dropper =
+            std::thread::spawn(move || {
+                match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime.block_on(drop_database(&url)),
+                    Err(error) => eprintln!("could not drop a test database: {error}"),
+                }
+            });
+        let _ = dropper.join();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn database_is_replaced_and_query_kept() {
+        assert_eq!(
+            with_database("mysql://u@h:3306/test", "x"),
+            "mysql://u@h:3306/x"
+        );
+        assert_eq!(
+            with_database("mysql://u@h/test?ssl-mode=disabled", "x"),
+            "mysql://u@h/x?ssl-mode=disabled"
+        );
+        assert_eq!(with_database("mysql://u@h", "x"), "mysql://u@h/x");
+    }
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(redact("mysql://u:secret@h/db"), "mysql://u@h/db");
+        assert_eq!(redact("mysql://h/db"), "mysql://h/db");
+    }
+
+    #[test]
+    fn names_are_prefixed_and_distinct() {
+        let (a, b) = (fresh_name(), fresh_name());
+        assert!(a.starts_with(DATABASE_PREFIX));
+        assert_ne!(a, b);
+    }
+}

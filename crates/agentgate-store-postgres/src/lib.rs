@@ -1,0 +1,311 @@
+//! agentgate's PostgreSQL store: many app nodes sharing one database.
+//!
+//! - [`PostgresStore`] (this file): opening, the connection pool, the
+//!   transaction every step runs in, the schema runner.
+//! - `begin`: the begin step (SPEC §4 table): lock the user's row, then the
+//!   session's row, read, decide, apply.
+//! - `steps`: heartbeat, tool claims and completions, turn endings.
+//! - `views`: read-only views, cap overrides and the retention sweeper.
+//! - `rows`: rows decoded into core snapshots and views.
+//! - `error`: SQLSTATEs mapped to the engine's portable [`Error`], and the
+//!   bounded retry of a step after a transient conflict.
+//! - [`testing`]: fresh throw-away databases for test suites.
+//!
+//! Every protocol step is one short READ COMMITTED transaction whose row locks
+//! serialise exactly what must be serialised: a begin locks the user's row
+//! (`ag_users`), then the session's row; every later step locks the session's
+//! row only. Lock order is always user → session → turn → tool execution, so
+//! steps queue instead of deadlocking; a deadlock, serialization failure,
+//! unique violation or lock timeout anyway runs the whole step again, at most
+//! `MAX_STORE_RETRIES` times. A heartbeat is one `UPDATE … RETURNING` outside
+//! any explicit transaction: one round trip.
+//!
+//! With an external lease layer (`open_with_leases`, the Redis layer) the
+//! session row keeps the holder and the newest fence but no expiry: the layer
+//! is the authority on liveness and permits, and every durable write still
+//! requires the SQL rows to agree that the writer's fence is the session's
+//! newest, so a holder whose layer lease vanished cannot overwrite a newer
+//! turn.
+//!
+//! Works behind PgBouncer in transaction mode: no session state is relied on
+//! (timeouts are `SET LOCAL`, the migration lock is `pg_advisory_xact_lock`).
+//! PgBouncer must be 1.21 or newer with `max_prepared_statements` set, since
+//! sqlx prepares its statements.
+//!
+//! Architecture invariant: the decisions come from `agentgate_core::decide`;
+//! this crate reads snapshots and applies decisions, nothing more. Time is the
+//! PostgreSQL clock (`NOW_MS`), never an app-side clock.
+#![forbid(unsafe_code)]
+
+mod begin;
+mod error;
+mod rows;
+mod steps;
+pub mod testing;
+mod views;
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentgate_core::config::Config;
+use agentgate_core::error::{Error, Result};
+use agentgate_core::ids::{ExecutionId, SessionId, TurnId, UserId};
+use agentgate_core::lease::LeaseLayer;
+use agentgate_core::limits::STORE_ACQUIRE_TIMEOUT;
+use agentgate_core::model::{
+    BeginCommand, BeginOutcome, Ending, ExecutionView, LeaseRef, SessionView, SweepReport,
+    ToolCall, ToolClaim, TurnView, UserView,
+};
+use agentgate_core::store::{Completion, LeaseStatus, Store};
+use async_trait::async_trait;
+use serde_json::Value;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection, PgPool, Postgres, Transaction};
+
+use crate::error::map_sqlx;
+
+/// The store's clock in SQL: milliseconds since the Unix epoch.
+///
+/// `statement_timestamp()`, not `now()` and not `clock_timestamp()`: `now()`
+/// is the start of the transaction, stale by any lock wait earlier in the
+/// step, and `clock_timestamp()` changes while one statement runs, so two
+/// uses in one statement could disagree about whether a lease is live. The
+/// statement's start is one instant per statement, and every step reads it
+/// in a statement sent after the statement that took its locks.
+pub(crate) const NOW_MS: &str = "floor(extract(epoch from statement_timestamp()) * 1000)::bigint";
+
+/// Pooled connections per store. Steps are a handful of sub-millisecond
+/// statements, so ten connections keep a 2–8 core server busy; several app
+/// nodes times ten stays under PostgreSQL's default `max_connections` of 100.
+const MAX_CONNECTIONS: u32 = 10;
+
+/// Opens every step's transaction, with its limits, in one round trip:
+///
+/// - `lock_timeout` 5 s: how long a statement waits for a row lock before
+///   failing with `55P03` (then the step is retried). Locks are held for one
+///   short step; five seconds of waiting means the holder is wedged, not busy.
+/// - `idle_in_transaction_session_timeout` 60 s: how long the transaction may
+///   sit idle (the app node sends nothing) before the server ends the
+///   connection and releases its row locks. Only a same-transaction side
+///   effect leaves a step idle; one that takes a minute has hung, and the
+///   session's row must not stay locked forever.
+///
+/// Both are `SET LOCAL`, so they end with the transaction (PgBouncer-safe).
+const BEGIN_STEP: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '5s'; \
+    SET LOCAL idle_in_transaction_session_timeout = '60s'";
+
+/// Opens the migration transaction. Its lock wait is longer than a step's:
+/// another node may be applying the schema, which takes a few seconds at most.
+const BEGIN_MIGRATION: &str = "BEGIN; SET LOCAL lock_timeout = '60s'";
+
+/// A pooled connection idle for longer than this is pinged before use. A
+/// connection used a moment ago is almost surely alive; one idle for a while
+/// may have been cut by a proxy or a server restart. Skipping the ping on
+/// busy connections saves a round trip per step.
+const PING_AFTER_IDLE: Duration = Duration::from_secs(5);
+
+/// The key of the transaction-scoped advisory lock that serialises schema
+/// migrations of one database ("agentgat" in ASCII). Advisory keys are
+/// per-database, so stores on different databases do not contend.
+const MIGRATION_LOCK_KEY: i64 = 0x6167_656e_7467_6174;
+
+/// The schema, in order. Each entry is applied once, in one transaction
+/// (PostgreSQL DDL is transactional) under [`MIGRATION_LOCK_KEY`].
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("../migrations/0001_init.sql")),
+    (2, include_str!("../migrations/0002_overview.sql")),
+];
+
+/// agentgate on a PostgreSQL database.
+#[derive(Clone)]
+pub struct PostgresStore {
+    pool: PgPool,
+    config: Config,
+    /// Where leases and permits live when not in the session rows (Redis).
+    /// Fences and every durable record stay here either way.
+    leases: Option<Arc<dyn LeaseLayer>>,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the URL: it may hold a password.
+        f.debug_struct("PostgresStore")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresStore {
+    /// Connects to the database at `url` (`postgres://user@host:port/db`,
+    /// also `postgresql://`), and applies the schema, waiting for another
+    /// node that is applying it at the same moment.
+    ///
+    /// # Errors
+    /// `invalid_request` for a bad URL or config; `store_unavailable` when
+    /// the server cannot be reached within the acquire timeout or the schema
+    /// cannot be applied.
+    pub async fn open(url: &str, config: Config) -> Result<Self> {
+        Self::open_with_leases(url, config, None).await
+    }
+
+    /// Opens like [`PostgresStore::open`], keeping leases and permits in
+    /// `leases` when given (the Redis lease layer) instead of the session
+    /// rows. Durable writes stay conditioned on the session's newest fence.
+    ///
+    /// # Errors
+    /// As [`PostgresStore::open`].
+    pub async fn open_with_leases(
+        url: &str,
+        config: Config,
+        leases: Option<Arc<dyn LeaseLayer>>,
+    ) -> Result<Self> {
+        config.validate()?;
+        let options = PgConnectOptions::from_str(url)
+            .map_err(|e| Error::invalid(format!("bad postgres url: {e}")))?
+            .application_name("agentgate");
+        let pool = PgPoolOptions::new()
+            .max_connections(MAX_CONNECTIONS)
+            .acquire_timeout(STORE_ACQUIRE_TIMEOUT)
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= PING_AFTER_IDLE {
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
+            .connect_with(options)
+            .await
+            .map_err(map_sqlx)?;
+        let store = Self {
+            pool,
+            config,
+            leases,
+        };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// Opens the transaction a protocol step runs in, with its lock and idle
+    /// timeouts, in one round trip.
+    pub(crate) async fn transaction(&self) -> Result<Transaction<'static, Postgres>> {
+        self.pool.begin_with(BEGIN_STEP).await.map_err(map_sqlx)
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        let mut tx = self
+            .pool
+            .begin_with(BEGIN_MIGRATION)
+            .await
+            .map_err(map_sqlx)?;
+        // Lock first: two nodes creating the version table at once would
+        // otherwise race on the catalog (a unique violation in pg_type).
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(MIGRATION_LOCK_KEY)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_sqlx)?;
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS ag_schema_version (version BIGINT PRIMARY KEY, \
+             applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(map_sqlx)?;
+        let current: Option<i64> = sqlx::query_scalar("SELECT MAX(version) FROM ag_schema_version")
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(map_sqlx)?;
+        let current = current.unwrap_or(0);
+        for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current) {
+            sqlx::raw_sql(sql)
+                .execute(&mut *tx)
+                .await
+                .map_err(map_sqlx)?;
+            sqlx::query("INSERT INTO ag_schema_version (version) VALUES ($1)")
+                .bind(version)
+                .execute(&mut *tx)
+                .await
+                .map_err(map_sqlx)?;
+            tracing::info!(version, "applied agentgate schema migration");
+        }
+        tx.commit().await.map_err(map_sqlx)
+    }
+
+    /// The connection pool, for applications that keep their own tables in
+    /// the same database (the reference ledger does).
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    fn config(&self) -> &Config {
+        &self.config
+    }
+
+    async fn begin(&self, command: &BeginCommand) -> Result<BeginOutcome> {
+        begin::begin(self, command).await
+    }
+
+    async fn heartbeat(&self, lease: &LeaseRef) -> Result<LeaseStatus> {
+        steps::heartbeat(self, lease).await
+    }
+
+    async fn claim_tool(&self, lease: &LeaseRef, call: &ToolCall) -> Result<ToolClaim> {
+        steps::claim_tool(self, lease, call).await
+    }
+
+    async fn complete_tool(
+        &self,
+        lease: &LeaseRef,
+        execution_id: &ExecutionId,
+        completion: Completion<'_>,
+    ) -> Result<Value> {
+        steps::complete_tool(self, lease, execution_id, completion).await
+    }
+
+    async fn fail_tool(
+        &self,
+        lease: &LeaseRef,
+        execution_id: &ExecutionId,
+        error: &agentgate_core::canonical::CanonicalJson,
+    ) -> Result<()> {
+        steps::fail_tool(self, lease, execution_id, error).await
+    }
+
+    async fn end_turn(&self, lease: &LeaseRef, ending: &Ending) -> Result<TurnView> {
+        steps::end_turn(self, lease, ending).await
+    }
+
+    async fn turn(&self, turn_id: &TurnId) -> Result<Option<TurnView>> {
+        views::turn(&self.pool, turn_id).await
+    }
+
+    async fn executions(&self, turn_id: &TurnId) -> Result<Vec<ExecutionView>> {
+        views::executions(&self.pool, turn_id).await
+    }
+
+    async fn session(&self, session_id: &SessionId) -> Result<Option<SessionView>> {
+        views::session(self, session_id).await
+    }
+
+    async fn user(&self, user_id: &UserId) -> Result<UserView> {
+        views::user(self, user_id).await
+    }
+
+    async fn set_user_cap(&self, user_id: &UserId, cap: Option<u32>) -> Result<()> {
+        views::set_user_cap(&self.pool, user_id, cap).await
+    }
+
+    async fn overview(&self, limit: u32) -> Result<agentgate_core::model::Overview> {
+        views::overview(self, limit).await
+    }
+
+    async fn sweep(&self) -> Result<SweepReport> {
+        views::sweep(self).await
+    }
+}

@@ -1,0 +1,596 @@
+//! The steps after a grant: heartbeat, tool claims and completions, turn
+//! endings. Each is conditioned on the caller's lease token (by its digest)
+//! and fence, and on the lease being live on the PostgreSQL clock.
+//!
+//! Every step but the heartbeat locks the session's row first
+//! (`SELECT … FOR UPDATE OF s`), the same row a begin locks second, so a
+//! takeover and the old holder's step are serialised and the old holder's
+//! step reads the new holder and changes nothing. A step's lease is judged at
+//! the start of its locking statement; any takeover that committed while it
+//! waited for the lock is seen, because READ COMMITTED re-reads a row it had
+//! to wait for.
+//!
+//! With an external lease layer the layer must hold the lease (one layer
+//! call) and the SQL rows must agree that its fence is the session's newest;
+//! a heartbeat then touches only the layer, and an ending releases the
+//! layer's lease after its commit.
+//!
+//! Round trips: heartbeat 1 (2 when refused, to say why); claim 5 (`BEGIN`,
+//! lock, lookup, write, `COMMIT`; 4 when cached or refused); complete or fail
+//! with a result 4; complete with a same-transaction effect 5 plus the
+//! effect's own; end 4 (the turn's ending and the release are one statement).
+
+use agentgate_core::canonical::CanonicalJson;
+use agentgate_core::config::duration_ms;
+use agentgate_core::decide::{decide_tool_claim, ToolDecision};
+use agentgate_core::error::{Error, Result};
+use agentgate_core::ids::{ExecutionId, Fence};
+use agentgate_core::lease::LeaseLayer;
+use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
+use agentgate_core::model::{
+    idempotency_key, Ending, LeaseRef, PreviousOutcome, ToolCall, ToolClaim, TurnView,
+};
+use agentgate_core::store::{Completion, LeaseStatus, SqlEffect};
+use serde_json::Value;
+use sqlx::postgres::PgRow;
+use sqlx::PgConnection;
+
+use crate::error::{corrupt, map_sqlx, Retry};
+use crate::rows::{execution_snapshot, get, json, turn_view, EXECUTION_COLUMNS, TURN_COLUMNS};
+use crate::{PostgresStore, NOW_MS};
+
+/// A live lease, as checked inside a step's transaction.
+pub(crate) struct LiveLease {
+    pub session_id: String,
+    pub fence: Fence,
+    pub lease_expires_at_ms: i64,
+    pub now_ms: i64,
+}
+
+/// Checks that `lease` is the live holder of its session; explains why not.
+/// With `lock`, the session's row stays locked until the transaction ends.
+pub(crate) async fn check_lease(
+    store: &PostgresStore,
+    conn: &mut PgConnection,
+    lease: &LeaseRef,
+    lock: bool,
+) -> Result<LiveLease> {
+    match &store.leases {
+        Some(layer) => check_external(layer.as_ref(), conn, lease, lock).await,
+        None => check_in_row(conn, lease, lock).await,
+    }
+}
+
+/// With an external lease layer: the layer must hold the lease, and the SQL
+/// rows (the session's row locked, so no newer grant commits meanwhile) must
+/// agree that its fence is the session's newest. The second check is what
+/// stops a holder whose layer lease vanished (Redis restarted) after a newer
+/// turn was granted.
+async fn check_external(
+    layer: &dyn LeaseLayer,
+    conn: &mut PgConnection,
+    lease: &LeaseRef,
+    lock: bool,
+) -> Result<LiveLease> {
+    let held = layer
+        .holds(lease.turn_id.as_str(), &lease.token.digest_hex())
+        .await?;
+    let row = sqlx::query(&format!(
+        "SELECT t.session_id, t.state, t.fence AS turn_fence, s.fence AS session_fence, \
+         {NOW_MS} AS now_ms \
+         FROM ag_turns t JOIN ag_sessions s ON s.session_id = t.session_id \
+         WHERE t.turn_id = $1 {}",
+        if lock { "FOR UPDATE OF s" } else { "" }
+    ))
+    .bind(lease.turn_id.as_str())
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(map_sqlx)?;
+    let Some(row) = row else {
+        return Err(missing_turn(conn, lease).await);
+    };
+    let now: i64 = get(&row, "now_ms")?;
+    let state: String = get(&row, "state")?;
+    let turn_fence: i64 = get(&row, "turn_fence")?;
+    let session_fence: i64 = get(&row, "session_fence")?;
+    let reason = match held {
+        _ if state != "running" => "turn already ended",
+        None => "lease expired, taken over or released",
+        Some(live) if live.fence.0 != turn_fence || session_fence != turn_fence => {
+            "superseded by a newer fence"
+        }
+        Some(live) => {
+            return Ok(LiveLease {
+                session_id: get(&row, "session_id")?,
+                fence: live.fence,
+                lease_expires_at_ms: now + live.expires_in_ms,
+                now_ms: now,
+            })
+        }
+    };
+    Err(Error::LeaseLost { reason })
+}
+
+/// Leases in the session rows: the row must name this turn, this token's
+/// digest, and an expiry after the store's now.
+async fn check_in_row(conn: &mut PgConnection, lease: &LeaseRef, lock: bool) -> Result<LiveLease> {
+    let row = sqlx::query(&format!(
+        "SELECT t.session_id, t.state, s.holder_turn_id, s.lease_token_hash, s.fence, \
+         s.lease_expires_at_ms, {NOW_MS} AS now_ms \
+         FROM ag_turns t JOIN ag_sessions s ON s.session_id = t.session_id \
+         WHERE t.turn_id = $1 {}",
+        if lock { "FOR UPDATE OF s" } else { "" }
+    ))
+    .bind(lease.turn_id.as_str())
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(map_sqlx)?;
+    let Some(row) = row else {
+        return Err(missing_turn(conn, lease).await);
+    };
+    judge(&row, lease)
+}
+
+/// Why a turn has no session row: it does not exist (or the session was
+/// swept, which only happens once the turn is gone too).
+async fn missing_turn(conn: &mut PgConnection, lease: &LeaseRef) -> Error {
+    let exists = sqlx::query_scalar::<_, i32>("SELECT 1 FROM ag_turns WHERE turn_id = $1")
+        .bind(lease.turn_id.as_str())
+        .fetch_optional(conn)
+        .await;
+    match exists {
+        Ok(Some(_)) => Error::LeaseLost {
+            reason: "taken over or released",
+        },
+        Ok(None) => Error::not_found(format!("turn {}", lease.turn_id)),
+        Err(error) => map_sqlx(error),
+    }
+}
+
+fn judge(row: &PgRow, lease: &LeaseRef) -> Result<LiveLease> {
+    let now: i64 = get(row, "now_ms")?;
+    let state: String = get(row, "state")?;
+    let holder: Option<String> = get(row, "holder_turn_id")?;
+    let token_hash: Option<String> = get(row, "lease_token_hash")?;
+    let expires: Option<i64> = get(row, "lease_expires_at_ms")?;
+    let reason = if state != "running" {
+        "turn already ended"
+    } else if holder.as_deref() != Some(lease.turn_id.as_str()) {
+        "taken over or released"
+    } else if token_hash.as_deref() != Some(lease.token.digest_hex().as_str()) {
+        "wrong lease token"
+    } else if expires.is_none_or(|e| e <= now) {
+        "lease expired"
+    } else {
+        return Ok(LiveLease {
+            session_id: get(row, "session_id")?,
+            fence: Fence(get(row, "fence")?),
+            lease_expires_at_ms: expires.unwrap_or(now),
+            now_ms: now,
+        });
+    };
+    Err(Error::LeaseLost { reason })
+}
+
+pub(crate) async fn heartbeat(store: &PostgresStore, lease: &LeaseRef) -> Result<LeaseStatus> {
+    let mut retry = Retry::new();
+    loop {
+        match heartbeat_once(store, lease).await {
+            Err(error) => retry.after(error).await?,
+            status => return status,
+        }
+    }
+}
+
+async fn heartbeat_once(store: &PostgresStore, lease: &LeaseRef) -> Result<LeaseStatus> {
+    let ttl_ms = store.config.lease_ttl_ms();
+    if let Some(layer) = &store.leases {
+        // The lease lives in the layer; a heartbeat never touches SQL.
+        let digest = lease.token.digest_hex();
+        if let Some(remaining) = layer.renew(lease.turn_id.as_str(), &digest, ttl_ms).await? {
+            return Ok(LeaseStatus {
+                lease_expires_in_ms: remaining,
+            });
+        }
+        let mut conn = store.pool.acquire().await.map_err(map_sqlx)?;
+        check_lease(store, &mut conn, lease, false).await?;
+        return Err(Error::LeaseLost {
+            reason: "lease expired",
+        });
+    }
+    // One statement, its own transaction: renews session lease and permit
+    // (the same row); the turn needs no write while it runs.
+    let renewed: Option<i64> = sqlx::query_scalar(&format!(
+        "UPDATE ag_sessions s SET lease_expires_at_ms = {NOW_MS} + $1, updated_at_ms = {NOW_MS} \
+         FROM ag_turns t WHERE t.turn_id = $2 AND s.session_id = t.session_id \
+         AND s.holder_turn_id = $2 AND s.lease_token_hash = $3 AND s.lease_expires_at_ms > {NOW_MS} \
+         RETURNING s.lease_expires_at_ms"
+    ))
+    .bind(ttl_ms)
+    .bind(lease.turn_id.as_str())
+    .bind(lease.token.digest_hex())
+    .fetch_optional(&store.pool)
+    .await
+    .map_err(map_sqlx)?;
+    if renewed.is_none() {
+        // Explain the refusal; nothing was written.
+        let mut conn = store.pool.acquire().await.map_err(map_sqlx)?;
+        check_lease(store, &mut conn, lease, false).await?;
+        return Err(Error::LeaseLost {
+            reason: "lease expired",
+        });
+    }
+    Ok(LeaseStatus {
+        lease_expires_in_ms: ttl_ms,
+    })
+}
+
+pub(crate) async fn claim_tool(
+    store: &PostgresStore,
+    lease: &LeaseRef,
+    call: &ToolCall,
+) -> Result<ToolClaim> {
+    let mut retry = Retry::new();
+    loop {
+        match claim_once(store, lease, call).await {
+            Err(error) => retry.after(error).await?,
+            claim => return claim,
+        }
+    }
+}
+
+async fn claim_once(store: &PostgresStore, lease: &LeaseRef, call: &ToolCall) -> Result<ToolClaim> {
+    let mut tx = store.transaction().await?;
+    let live = check_lease(store, &mut tx, lease, true).await?;
+    // The execution, if any, and how many the turn has, in one read.
+    let row = sqlx::query(&format!(
+        "SELECT (SELECT COUNT(*) FROM ag_tool_executions WHERE turn_id = $1) AS executions, \
+         {EXECUTION_COLUMNS} FROM (SELECT 1) AS one \
+         LEFT JOIN ag_tool_executions e ON e.turn_id = $1 AND e.tool = $2 AND e.args_hash = $3"
+    ))
+    .bind(lease.turn_id.as_str())
+    .bind(call.tool.as_str())
+    .bind(call.args_hash.as_hex())
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(map_sqlx)?;
+    let snapshot = execution_snapshot(&row)?;
+    let key = idempotency_key(&lease.turn_id, call);
+    let claim = match decide_tool_claim(
+        snapshot.as_ref(),
+        live.fence,
+        live.lease_expires_at_ms,
+        live.now_ms,
+    ) {
+        ToolDecision::Reject(error) => return Err(error),
+        ToolDecision::Cached => {
+            let result: Option<String> = get(&row, "result")?;
+            // Nothing written: dropping `tx` rolls back.
+            return Ok(ToolClaim::Cached {
+                execution_id: ExecutionId::new(get::<String>(&row, "execution_id")?)?,
+                result: json(result)?.unwrap_or(Value::Null),
+            });
+        }
+        ToolDecision::Insert => {
+            let executions: i64 = get(&row, "executions")?;
+            insert_execution(&mut tx, lease, call, &key, &live, executions).await?
+        }
+        ToolDecision::Reclaim { attempt, previous } => {
+            let execution_id = snapshot.map(|s| s.execution_id).unwrap_or_default();
+            sqlx::query(
+                "UPDATE ag_tool_executions SET state = 'running', attempt = $1, fence = $2, \
+                 error = NULL, updated_at_ms = $3 WHERE execution_id = $4",
+            )
+            .bind(i64::from(attempt))
+            .bind(live.fence.0)
+            .bind(live.now_ms)
+            .bind(&execution_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_sqlx)?;
+            execute(execution_id, key, attempt, Some(previous))?
+        }
+    };
+    tx.commit().await.map_err(map_sqlx)?;
+    Ok(claim)
+}
+
+fn execute(
+    execution_id: String,
+    key: String,
+    attempt: u32,
+    previous: Option<PreviousOutcome>,
+) -> Result<ToolClaim> {
+    Ok(ToolClaim::Execute {
+        execution_id: ExecutionId::new(execution_id)?,
+        idempotency_key: key,
+        attempt,
+        previous_outcome: previous,
+    })
+}
+
+async fn insert_execution(
+    tx: &mut PgConnection,
+    lease: &LeaseRef,
+    call: &ToolCall,
+    key: &str,
+    live: &LiveLease,
+    existing: i64,
+) -> Result<ToolClaim> {
+    if existing >= i64::from(MAX_EXECUTIONS_PER_TURN) {
+        return Err(Error::invalid(format!(
+            "turn {} has {existing} tool executions, the limit is {MAX_EXECUTIONS_PER_TURN}",
+            lease.turn_id
+        )));
+    }
+    let execution_id = ExecutionId::generate();
+    sqlx::query(
+        "INSERT INTO ag_tool_executions (execution_id, turn_id, tool, args_hash, idempotency_key, \
+         state, attempt, fence, created_at_ms, updated_at_ms) \
+         VALUES ($1, $2, $3, $4, $5, 'running', 1, $6, $7, $7)",
+    )
+    .bind(execution_id.as_str())
+    .bind(lease.turn_id.as_str())
+    .bind(call.tool.as_str())
+    .bind(call.args_hash.as_hex())
+    .bind(key)
+    .bind(live.fence.0)
+    .bind(live.now_ms)
+    .execute(tx)
+    .await
+    .map_err(map_sqlx)?;
+    execute(execution_id.as_str().to_owned(), key.to_owned(), 1, None)
+}
+
+/// Checks that `execution_id` belongs to the turn and runs under `live`'s
+/// fence; explains why not.
+async fn check_execution(
+    conn: &mut PgConnection,
+    lease: &LeaseRef,
+    execution_id: &ExecutionId,
+    live: &LiveLease,
+) -> Result<()> {
+    let row: Option<(String, i64)> = sqlx::query_as(
+        "SELECT state, fence FROM ag_tool_executions WHERE execution_id = $1 AND turn_id = $2",
+    )
+    .bind(execution_id.as_str())
+    .bind(lease.turn_id.as_str())
+    .fetch_optional(conn)
+    .await
+    .map_err(map_sqlx)?;
+    match row {
+        None => Err(Error::not_found(format!("tool execution {execution_id}"))),
+        Some((state, fence)) if state == "running" && fence == live.fence.0 => Ok(()),
+        Some((state, _)) if state != "running" => Err(Error::LeaseLost {
+            reason: "tool execution already ended",
+        }),
+        Some(_) => Err(Error::LeaseLost {
+            reason: "tool execution claimed by a newer lease",
+        }),
+    }
+}
+
+/// Ends a running execution under `live`'s fence with `state` and `column`
+/// set to `value`. Zero rows means the execution is not ours to end; the
+/// caller explains why with [`check_execution`].
+async fn end_execution(
+    conn: &mut PgConnection,
+    lease: &LeaseRef,
+    execution_id: &ExecutionId,
+    live: &LiveLease,
+    ended: EndedExecution<'_>,
+) -> Result<u64> {
+    let (state, column, value) = match ended {
+        EndedExecution::Succeeded(result) => ("succeeded", "result", result),
+        EndedExecution::Failed(error) => ("failed", "error", error),
+    };
+    let done = sqlx::query(&format!(
+        "UPDATE ag_tool_executions SET state = '{state}', {column} = $1, updated_at_ms = $2 \
+         WHERE execution_id = $3 AND turn_id = $4 AND state = 'running' AND fence = $5"
+    ))
+    .bind(value.as_str())
+    .bind(live.now_ms)
+    .bind(execution_id.as_str())
+    .bind(lease.turn_id.as_str())
+    .bind(live.fence.0)
+    .execute(conn)
+    .await
+    .map_err(map_sqlx)?;
+    Ok(done.rows_affected())
+}
+
+/// How an execution ends.
+#[derive(Clone, Copy)]
+enum EndedExecution<'a> {
+    Succeeded(&'a CanonicalJson),
+    Failed(&'a CanonicalJson),
+}
+
+pub(crate) async fn complete_tool(
+    store: &PostgresStore,
+    lease: &LeaseRef,
+    execution_id: &ExecutionId,
+    completion: Completion<'_>,
+) -> Result<Value> {
+    let mut retry = Retry::new();
+    match completion {
+        Completion::Result(result) => loop {
+            match end_tool_once(
+                store,
+                lease,
+                execution_id,
+                EndedExecution::Succeeded(&result),
+            )
+            .await
+            {
+                Err(error) => retry.after(error).await?,
+                Ok(()) => return parse_result(&result),
+            }
+        },
+        Completion::Effect(effect) => loop {
+            let mut applied = false;
+            match complete_with_effect_once(store, lease, execution_id, &mut *effect, &mut applied)
+                .await
+            {
+                // An effect runs at most once: after it ran in a transaction
+                // that then failed, the step is not run again.
+                Err(error) if applied => return Err(error),
+                Err(error) => retry.after(error).await?,
+                Ok(result) => return parse_result(&result),
+            }
+        },
+    }
+}
+
+fn parse_result(result: &CanonicalJson) -> Result<Value> {
+    serde_json::from_str(result.as_str()).map_err(|e| corrupt(format!("tool result: {e}")))
+}
+
+async fn complete_with_effect_once(
+    store: &PostgresStore,
+    lease: &LeaseRef,
+    execution_id: &ExecutionId,
+    effect: &mut dyn SqlEffect,
+    applied: &mut bool,
+) -> Result<CanonicalJson> {
+    let mut tx = store.transaction().await?;
+    let live = check_lease(store, &mut tx, lease, true).await?;
+    check_execution(&mut tx, lease, execution_id, &live).await?;
+    *applied = true;
+    let connection: &mut PgConnection = &mut tx;
+    let value = effect.apply(connection).await.map_err(Error::Effect)?;
+    let result = CanonicalJson::new("result", &value)?;
+    let done = end_execution(
+        &mut tx,
+        lease,
+        execution_id,
+        &live,
+        EndedExecution::Succeeded(&result),
+    )
+    .await?;
+    if done != 1 {
+        return Err(corrupt(format!(
+            "tool execution {execution_id} changed under the session lock"
+        )));
+    }
+    tx.commit().await.map_err(map_sqlx)?;
+    Ok(result)
+}
+
+pub(crate) async fn fail_tool(
+    store: &PostgresStore,
+    lease: &LeaseRef,
+    execution_id: &ExecutionId,
+    error: &CanonicalJson,
+) -> Result<()> {
+    let mut retry = Retry::new();
+    loop {
+        match end_tool_once(store, lease, execution_id, EndedExecution::Failed(error)).await {
+            Err(error) => retry.after(error).await?,
+            done => return done,
+        }
+    }
+}
+
+/// Completes or fails an execution with a value computed outside the store:
+/// the conditional `UPDATE` is the check, and a miss is explained after.
+async fn end_tool_once(
+    store: &PostgresStore,
+    lease: &LeaseRef,
+    execution_id: &ExecutionId,
+    ended: EndedExecution<'_>,
+) -> Result<()> {
+    let mut tx = store.transaction().await?;
+    let live = check_lease(store, &mut tx, lease, true).await?;
+    if end_execution(&mut tx, lease, execution_id, &live, ended).await? != 1 {
+        check_execution(&mut tx, lease, execution_id, &live).await?;
+        return Err(corrupt(format!(
+            "tool execution {execution_id} is running under this lease but was not updated"
+        )));
+    }
+    tx.commit().await.map_err(map_sqlx)
+}
+
+pub(crate) async fn end_turn(
+    store: &PostgresStore,
+    lease: &LeaseRef,
+    ending: &Ending,
+) -> Result<TurnView> {
+    let mut retry = Retry::new();
+    loop {
+        match end_turn_once(store, lease, ending).await {
+            Err(error) => retry.after(error).await?,
+            view => return view,
+        }
+    }
+}
+
+async fn end_turn_once(
+    store: &PostgresStore,
+    lease: &LeaseRef,
+    ending: &Ending,
+) -> Result<TurnView> {
+    let mut tx = store.transaction().await?;
+    let live = check_lease(store, &mut tx, lease, true).await?;
+    let now = live.now_ms;
+    let (state, response, error, retryable, pending) = match ending {
+        Ending::Succeed { response } => ("succeeded", Some(response.as_str()), None, None, None),
+        Ending::Fail { error, retryable } => {
+            ("failed", None, Some(error.as_str()), Some(*retryable), None)
+        }
+        Ending::AwaitConfirmation { pending } => (
+            "awaiting_confirmation",
+            None,
+            None,
+            None,
+            Some(pending.as_str()),
+        ),
+    };
+    let pending_expires = pending.map(|_| now + duration_ms(store.config.confirmation_ttl));
+    // The ending and the release of session lease and permit (one row) in one
+    // statement; an ending that awaits confirmation records the pending turn
+    // on the session.
+    let row = sqlx::query(&format!(
+        "WITH ended AS ( \
+           UPDATE ag_turns SET state = $1, response = $2, error = $3, retryable = $4, \
+           pending = COALESCE($5, pending), updated_at_ms = $6, ended_at_ms = $6 \
+           WHERE turn_id = $7 AND state = 'running' AND fence = $8 RETURNING {TURN_COLUMNS}), \
+         released AS ( \
+           UPDATE ag_sessions SET holder_turn_id = NULL, lease_token_hash = NULL, \
+           lease_expires_at_ms = NULL, updated_at_ms = $6, \
+           pending_turn_id = CASE WHEN $9::BIGINT IS NULL THEN pending_turn_id ELSE $7 END, \
+           pending_expires_at_ms = COALESCE($9::BIGINT, pending_expires_at_ms) \
+           WHERE session_id = $10 AND holder_turn_id = $7 RETURNING 1) \
+         SELECT {TURN_COLUMNS} FROM ended"
+    ))
+    .bind(state)
+    .bind(response)
+    .bind(error)
+    .bind(retryable)
+    .bind(pending)
+    .bind(now)
+    .bind(lease.turn_id.as_str())
+    .bind(live.fence.0)
+    .bind(pending_expires)
+    .bind(&live.session_id)
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(map_sqlx)?;
+    let row = row.ok_or_else(|| {
+        corrupt(format!(
+            "turn {} holds its session but is not running under its fence",
+            lease.turn_id
+        ))
+    })?;
+    let view = turn_view(&row)?;
+    tx.commit().await.map_err(map_sqlx)?;
+    if let Some(layer) = &store.leases {
+        // After the commit, and not an error of the step: the ending is
+        // durable, and a lease whose release failed expires by itself.
+        let digest = lease.token.digest_hex();
+        if let Err(error) = layer.release(lease.turn_id.as_str(), &digest).await {
+            tracing::warn!(%error, turn_id = %lease.turn_id, "could not release an ended turn's lease");
+        }
+    }
+    Ok(view)
+}
