@@ -1,0 +1,472 @@
+//! [`LedgerApp`]: the facade the server calls.
+//!
+//! A message or a confirmation is two steps, so the HTTP layer can answer a
+//! refusal with its real status before it opens an event stream:
+//!
+//! 1. [`LedgerApp::start_message`] / [`LedgerApp::start_confirmation`] begin
+//!    the turn in the engine: an engine refusal (`session_busy`,
+//!    `awaiting_confirmation`, …) comes back as an error, a repeat of an
+//!    ended request as [`Started::Replay`], and a granted lease as
+//!    [`Started::Running`];
+//! 2. [`RunningTurn::run`] runs the agent to the turn's ending, streaming
+//!    [`AgentEvent`]s, until done or until the caller's
+//!    cancellation token fires (the "client went away → cancel" policy; to
+//!    let the turn finish instead, never fire it).
+//!
+//! [`LedgerApp::chat`] and [`LedgerApp::confirm`] do both steps at once. The
+//! queries (sessions, transcript, entries, totals, pending confirmation)
+//! serve the page.
+
+use std::sync::Arc;
+
+use agentgate::{Begun, Decision, Gate, Turn, TurnState, TurnView};
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+use crate::agent;
+use crate::config::{check_utc_offset, LedgerConfig};
+use crate::db::LedgerDb;
+use crate::error::{LedgerError, Result};
+use crate::events::{emit, AgentEvent, EventSender};
+use crate::limits::MAX_MESSAGE_CHARS;
+use crate::model::Model;
+use crate::records::{Category, ChatOutcome, Entry, Reply, SessionSummary, Totals, TranscriptTurn};
+
+/// What the app shares between turns.
+pub(crate) struct Inner {
+    pub(crate) gate: Gate,
+    pub(crate) db: LedgerDb,
+    pub(crate) model: Arc<dyn Model>,
+    pub(crate) config: LedgerConfig,
+}
+
+/// The ledger agent over one engine. Cheap to clone.
+#[derive(Clone)]
+pub struct LedgerApp {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for LedgerApp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LedgerApp")
+            .field("model", &self.inner.model.name())
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A person's chat message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UserMessage {
+    /// Who sends it.
+    pub user_id: String,
+    /// The conversation.
+    pub session_id: String,
+    /// The client's id for this message; reused on retry.
+    pub client_request_id: String,
+    /// The text, at most [`MAX_MESSAGE_CHARS`] characters.
+    pub text: String,
+    /// The sender's time zone (minutes east of UTC, as the browser knows it);
+    /// `None` uses the app's default.
+    pub utc_offset_minutes: Option<i32>,
+}
+
+/// A person's answer to a pending confirmation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfirmRequest {
+    /// Who answers.
+    pub user_id: String,
+    /// The conversation.
+    pub session_id: String,
+    /// The client's id for this answer (each tab its own).
+    pub client_request_id: String,
+    /// The turn awaiting confirmation.
+    pub pending_turn_id: String,
+    /// Approve or reject.
+    pub decision: Decision,
+}
+
+/// What starting a message or confirmation did.
+#[derive(Debug)]
+pub enum Started {
+    /// The request already ended: its stored outcome. Nothing ran.
+    Replay(ChatOutcome),
+    /// A lease was granted: run it.
+    Running(RunningTurn),
+}
+
+/// What kind of turn is running.
+#[derive(Debug)]
+enum Work {
+    Message {
+        text: String,
+        utc_offset_minutes: i32,
+    },
+    Confirmation,
+}
+
+/// A turn that holds its lease and waits to be run. Dropping it without
+/// running releases the lease (the engine fails it as retryable).
+#[derive(Debug)]
+pub struct RunningTurn {
+    app: LedgerApp,
+    turn: Turn,
+    work: Work,
+}
+
+impl RunningTurn {
+    /// The turn's id.
+    pub fn turn_id(&self) -> String {
+        self.turn.id().to_string()
+    }
+
+    /// 1 for the first start, +1 per takeover or restart.
+    pub fn attempt(&self) -> u32 {
+        self.turn.attempt()
+    }
+
+    /// Runs the turn to its ending, sending events to `events` (if any).
+    /// When `cancel` fires, the turn stops at its next step and is failed as
+    /// retryable (a repeat of the request resumes it without booking twice).
+    ///
+    /// # Errors
+    /// `Cancelled`; `Model` when the model failed after its retries; `Engine`
+    /// (`lease_lost` when the lease was lost or taken over, or
+    /// `store_unavailable`); `Database`. On every error the lease is released
+    /// or left to expire, and an `error` event is sent.
+    pub async fn run(
+        self,
+        events: Option<EventSender>,
+        cancel: CancellationToken,
+    ) -> Result<ChatOutcome> {
+        let inner = &self.app.inner;
+        match self.work {
+            Work::Message {
+                text,
+                utc_offset_minutes,
+            } => {
+                agent::run_message(
+                    inner,
+                    self.turn,
+                    &text,
+                    utc_offset_minutes,
+                    events.as_ref(),
+                    cancel,
+                )
+                .await
+            }
+            Work::Confirmation => {
+                agent::run_confirmation(inner, self.turn, events.as_ref(), cancel).await
+            }
+        }
+    }
+}
+
+fn message_payload(text: &str, utc_offset_minutes: Option<i32>) -> Value {
+    match utc_offset_minutes {
+        Some(offset) => json!({"text": text, "utc_offset_minutes": offset}),
+        None => json!({"text": text}),
+    }
+}
+
+impl LedgerApp {
+    /// Opens the app on the engine `gate`, whose store is at `store_url`
+    /// (the app keeps its tables in the same database), creating its tables
+    /// and seeding the default categories if needed.
+    ///
+    /// # Errors
+    /// `Invalid` for a bad config or a store the app cannot run on;
+    /// `Database` when the tables cannot be created.
+    pub async fn open(
+        gate: Gate,
+        store_url: &str,
+        model: Arc<dyn Model>,
+        config: LedgerConfig,
+    ) -> Result<Self> {
+        config.validate()?;
+        let db = LedgerDb::open(store_url).await?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                gate,
+                db,
+                model,
+                config,
+            }),
+        })
+    }
+
+    /// The engine.
+    pub fn gate(&self) -> &Gate {
+        &self.inner.gate
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &LedgerConfig {
+        &self.inner.config
+    }
+
+    /// The model's name.
+    pub fn model_name(&self) -> &str {
+        self.inner.model.name()
+    }
+
+    /// Begins the turn of a chat message.
+    ///
+    /// # Errors
+    /// `Invalid` for an empty or over-long text or a bad time zone; the
+    /// engine's refusals as `Engine` (`session_busy`, `request_in_flight`,
+    /// `awaiting_confirmation`, `user_at_capacity`, `payload_mismatch`,
+    /// `not_found`, `invalid_request`, `store_unavailable`).
+    pub async fn start_message(&self, message: &UserMessage) -> Result<Started> {
+        let text = message.text.trim();
+        if text.is_empty() {
+            return Err(LedgerError::invalid("text must not be empty"));
+        }
+        let chars = text.chars().count();
+        if chars > MAX_MESSAGE_CHARS {
+            return Err(LedgerError::invalid(format!(
+                "text is {chars} characters, the limit is {MAX_MESSAGE_CHARS}"
+            )));
+        }
+        if let Some(offset) = message.utc_offset_minutes {
+            check_utc_offset(offset)?;
+        }
+        let payload = message_payload(text, message.utc_offset_minutes);
+        let begun = self
+            .inner
+            .gate
+            .begin(
+                &message.user_id,
+                &message.session_id,
+                &message.client_request_id,
+                &payload,
+            )
+            .await?;
+        Ok(match begun {
+            Begun::Replay(view) => {
+                agent::record_replay(&self.inner, &view, text, json!({})).await;
+                Started::Replay(ChatOutcome::from_view(&view, true))
+            }
+            Begun::Started(turn) => Started::Running(RunningTurn {
+                app: self.clone(),
+                turn,
+                work: Work::Message {
+                    text: text.to_owned(),
+                    utc_offset_minutes: message
+                        .utc_offset_minutes
+                        .unwrap_or(self.inner.config.utc_offset_minutes),
+                },
+            }),
+        })
+    }
+
+    /// Begins the confirmation turn answering a pending one. Of two tabs
+    /// approving at once, one starts and the other gets `request_in_flight`,
+    /// then (once done) a replay of the first one's outcome.
+    ///
+    /// # Errors
+    /// `Engine(not_found)` when the turn awaits no live confirmation;
+    /// otherwise as [`LedgerApp::start_message`].
+    pub async fn start_confirmation(&self, request: &ConfirmRequest) -> Result<Started> {
+        let begun = self
+            .inner
+            .gate
+            .confirm(
+                &request.user_id,
+                &request.session_id,
+                &request.client_request_id,
+                &request.pending_turn_id,
+                request.decision,
+            )
+            .await?;
+        Ok(match begun {
+            Begun::Replay(view) => {
+                let approve = view
+                    .confirmation
+                    .as_ref()
+                    .is_none_or(|c| c.decision == Decision::Approve);
+                let text = if approve { "确认" } else { "取消" };
+                let data =
+                    json!({"confirms": request.pending_turn_id, "decision": request.decision});
+                agent::record_replay(&self.inner, &view, text, data).await;
+                Started::Replay(ChatOutcome::from_view(&view, true))
+            }
+            Begun::Started(turn) => Started::Running(RunningTurn {
+                app: self.clone(),
+                turn,
+                work: Work::Confirmation,
+            }),
+        })
+    }
+
+    /// Starts and runs a chat message; a replay is returned as it is (and
+    /// sent as a `final` event).
+    ///
+    /// # Errors
+    /// As [`LedgerApp::start_message`] and [`RunningTurn::run`].
+    pub async fn chat(
+        &self,
+        message: &UserMessage,
+        events: Option<EventSender>,
+        cancel: CancellationToken,
+    ) -> Result<ChatOutcome> {
+        let started = self.start_message(message).await;
+        finish(started, events, cancel).await
+    }
+
+    /// Starts and runs a confirmation.
+    ///
+    /// # Errors
+    /// As [`LedgerApp::start_confirmation`] and [`RunningTurn::run`].
+    pub async fn confirm(
+        &self,
+        request: &ConfirmRequest,
+        events: Option<EventSender>,
+        cancel: CancellationToken,
+    ) -> Result<ChatOutcome> {
+        let started = self.start_confirmation(request).await;
+        finish(started, events, cancel).await
+    }
+
+    /// The categories, in display order.
+    ///
+    /// # Errors
+    /// `Database`.
+    pub async fn categories(&self) -> Result<Vec<Category>> {
+        self.inner.db.categories(None).await
+    }
+
+    /// A user's sessions, most recent first (at most
+    /// [`MAX_LIST_ROWS`](crate::limits::MAX_LIST_ROWS)).
+    ///
+    /// # Errors
+    /// `Database`.
+    pub async fn sessions(&self, user_id: &str) -> Result<Vec<SessionSummary>> {
+        self.inner.db.sessions(user_id).await
+    }
+
+    /// A session's turns, oldest first, each with the engine's state (so a
+    /// page reloaded mid-turn sees `running`, then the reply). Another
+    /// user's session reads as empty.
+    ///
+    /// # Errors
+    /// `Database`; `Engine(store_unavailable)`.
+    pub async fn transcript(&self, user_id: &str, session_id: &str) -> Result<Vec<TranscriptTurn>> {
+        let rows = self.inner.db.messages(user_id, session_id).await?;
+        let mut turns: Vec<TranscriptTurn> = Vec::new();
+        for row in rows {
+            let index = match turns.iter().position(|t| t.turn_id == row.turn_id) {
+                Some(index) => index,
+                None => {
+                    turns.push(TranscriptTurn {
+                        turn_id: row.turn_id.clone(),
+                        user_text: String::new(),
+                        confirms: None,
+                        reply: None,
+                        state: None,
+                        error: None,
+                        created_at_ms: row.created_at_ms,
+                    });
+                    turns.len() - 1
+                }
+            };
+            let turn = &mut turns[index];
+            if row.role == "user" {
+                turn.user_text = row.content;
+                turn.confirms = row.data["confirms"].as_str().map(str::to_owned);
+                turn.created_at_ms = row.created_at_ms;
+            } else {
+                turn.reply = Reply::from_value(&row.data);
+            }
+        }
+        for turn in &mut turns {
+            let turn_id = agentgate::TurnId::new(turn.turn_id.as_str())?;
+            if let Some(view) = self.inner.gate.store().turn(&turn_id).await? {
+                turn.state = Some(view.state);
+                turn.error = view.error.clone();
+                if turn.reply.is_none() {
+                    turn.reply = ChatOutcome::from_view(&view, true).reply;
+                }
+            }
+        }
+        Ok(turns)
+    }
+
+    /// A user's entries, newest first (at most
+    /// [`MAX_LIST_ROWS`](crate::limits::MAX_LIST_ROWS)).
+    ///
+    /// # Errors
+    /// `Database`.
+    pub async fn entries(&self, user_id: &str) -> Result<Vec<Entry>> {
+        self.inner.db.entries(user_id).await
+    }
+
+    /// A user's totals per category and overall.
+    ///
+    /// # Errors
+    /// `Database`.
+    pub async fn totals(&self, user_id: &str) -> Result<Totals> {
+        self.inner.db.totals(user_id).await
+    }
+
+    /// The session's live pending confirmation, if any: the turn to name in
+    /// a [`ConfirmRequest`] and what it waits for. `None` also for another
+    /// user's session.
+    ///
+    /// # Errors
+    /// `Engine` (`invalid_request` for a bad session id, `store_unavailable`).
+    pub async fn pending_confirmation(
+        &self,
+        user_id: &str,
+        session_id: &str,
+    ) -> Result<Option<(String, Reply)>> {
+        let store = self.inner.gate.store();
+        let Some(session) = store
+            .session(&agentgate::SessionId::new(session_id)?)
+            .await?
+        else {
+            return Ok(None);
+        };
+        if session.user_id.as_str() != user_id {
+            return Ok(None);
+        }
+        let Some(pending) = session.pending_confirmation else {
+            return Ok(None);
+        };
+        let view: Option<TurnView> = store.turn(&pending.turn_id).await?;
+        Ok(view
+            .filter(|v| v.state == TurnState::AwaitingConfirmation)
+            .and_then(|v| v.pending.as_ref().and_then(Reply::from_value))
+            .map(|reply| (pending.turn_id.to_string(), reply)))
+    }
+}
+
+async fn finish(
+    started: Result<Started>,
+    events: Option<EventSender>,
+    cancel: CancellationToken,
+) -> Result<ChatOutcome> {
+    match started {
+        Ok(Started::Running(turn)) => turn.run(events, cancel).await,
+        Ok(Started::Replay(outcome)) => {
+            emit(
+                events.as_ref(),
+                AgentEvent::Final {
+                    outcome: outcome.clone(),
+                },
+            );
+            Ok(outcome)
+        }
+        Err(error) => {
+            emit(
+                events.as_ref(),
+                AgentEvent::Error {
+                    code: error.code().to_owned(),
+                    message: error.to_string(),
+                    retryable: error.is_retryable(),
+                },
+            );
+            Err(error)
+        }
+    }
+}
