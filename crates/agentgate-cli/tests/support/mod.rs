@@ -22,8 +22,10 @@ pub struct Server {
     child: Child,
     /// `http://127.0.0.1:PORT`
     pub base: String,
-    /// The SQLite file, reused by [`Server::restart`].
+    /// The SQLite file, reused by [`Server::restart`] (unused with another store).
     pub store: PathBuf,
+    /// The `--store` URL, reused by [`Server::restart`].
+    store_url: String,
     /// Where the server's stderr (its logs) goes.
     pub log: PathBuf,
     args: Vec<String>,
@@ -48,11 +50,22 @@ impl Server {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
-        Self::launch(dir.join("agentgate.db"), dir.join("server.log"), args, envs)
+        let store = dir.join("agentgate.db");
+        let store_url = format!("sqlite://{}", store.display());
+        Self::launch(store, store_url, dir.join("server.log"), args, envs)
+    }
+
+    /// Starts the binary on a free port on the store at `store_url` (a
+    /// shared Postgres or MySQL database, say), logging into `log`.
+    #[allow(dead_code)] // used by some test binaries only
+    pub fn start_on_store(store_url: &str, log: PathBuf, args: &[&str]) -> Self {
+        let args = args.iter().map(|a| (*a).to_owned()).collect();
+        Self::launch(PathBuf::new(), store_url.to_owned(), log, args, Vec::new())
     }
 
     fn launch(
         store: PathBuf,
+        store_url: String,
         log: PathBuf,
         args: Vec<String>,
         envs: Vec<(String, String)>,
@@ -67,7 +80,7 @@ impl Server {
             .arg("--listen")
             .arg("127.0.0.1:0")
             .arg("--store")
-            .arg(format!("sqlite://{}", store.display()))
+            .arg(&store_url)
             .args(&args)
             .envs(envs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env("RUST_LOG", "debug")
@@ -100,6 +113,7 @@ impl Server {
             child,
             base: format!("http://{addr}"),
             store,
+            store_url,
             log,
             args,
             envs,
@@ -116,6 +130,7 @@ impl Server {
     pub fn restart(&self) -> Self {
         Self::launch(
             self.store.clone(),
+            self.store_url.clone(),
             self.log.clone(),
             self.args.clone(),
             self.envs.clone(),
