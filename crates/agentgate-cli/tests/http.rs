@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[allow(dead_code)] // the support module serves several test binaries
 mod support;
 
 use std::time::Duration;

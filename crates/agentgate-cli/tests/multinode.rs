@@ -6,6 +6,7 @@
 //! Skipped with a printed reason when the database server is absent, unless
 //! `AGENTGATE_REQUIRE_SERVICES=1`.
 
+#[allow(dead_code)] // the support module serves several test binaries
 mod support;
 
 use std::time::{Duration, Instant};

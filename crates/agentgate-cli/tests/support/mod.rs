@@ -57,7 +57,6 @@ impl Server {
 
     /// Starts the binary on a free port on the store at `store_url` (a
     /// shared Postgres or MySQL database, say), logging into `log`.
-    #[allow(dead_code)] // used by some test binaries only
     pub fn start_on_store(store_url: &str, log: PathBuf, args: &[&str]) -> Self {
         let args = args.iter().map(|a| (*a).to_owned()).collect();
         Self::launch(PathBuf::new(), store_url.to_owned(), log, args, Vec::new())
