@@ -4,6 +4,7 @@
 //! - `serve`: the HTTP service of SPEC §5 (`agentgate_server`).
 //! - `demo`: a printed scenario proving the invariants on a temp SQLite file.
 //! - `hold` (hidden): holds a lease until killed; the demo's kill scenario.
+//! - `bench`: turns/s against the store's raw limit (`agentgate_bench`).
 #![forbid(unsafe_code)]
 
 mod demo;
@@ -42,6 +43,9 @@ enum Command {
         /// <store_url> <redis_url or -> <user> <session> <request> <ttl_ms>
         args: Vec<String>,
     },
+    /// Measure turns/s against the store's own raw limit, round trips per
+    /// turn, a duplicate-begin storm, scaling and (--via http) memory.
+    Bench(agentgate_bench::cli::BenchArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -67,11 +71,18 @@ fn init_tracing(format: LogFormat) {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing(cli.log_format);
+    match cli.command {
+        // The bench's subscriber also counts sqlx statements.
+        Command::Bench(_) => {
+            agentgate_bench::cli::init_tracing(matches!(cli.log_format, LogFormat::Json))
+        }
+        _ => init_tracing(cli.log_format),
+    }
     let result: Result<(), BoxError> = match cli.command {
         Command::Serve(args) => serve::run(args).await,
         Command::Demo => demo::run().await,
         Command::Hold { args } => agentgate_conformance::holder::hold_from_args(&args).await,
+        Command::Bench(args) => agentgate_bench::cli::run(args).await.map_err(Into::into),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

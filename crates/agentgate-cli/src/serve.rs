@@ -6,6 +6,7 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use agentgate_server::app::{ModelChoice, OnDisconnect, DEFAULT_THINK_TIME_MS};
 use agentgate_server::limits::DEFAULT_MAX_BODY_BYTES;
 use agentgate_server::{read_key_file, shutdown_signal, ApiKey, ServeConfig, Server};
 
@@ -53,6 +54,50 @@ pub struct ServeArgs {
     /// Largest request body in bytes; larger ones get 413.
     #[arg(long, env = "AGENTGATE_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
     max_body_bytes: usize,
+    /// Serve only the v1 API: no ledger agent at / nor dashboard at /dashboard.
+    #[arg(long, env = "AGENTGATE_NO_APP")]
+    no_app: bool,
+    /// The reference app's model: the built-in offline one, or an
+    /// OpenAI-compatible chat endpoint (key from AGENTGATE_MODEL_API_KEY).
+    #[arg(long, env = "AGENTGATE_MODEL", value_enum, default_value_t = ModelArg::Offline)]
+    model: ModelArg,
+    /// With --model openai: the endpoint's base URL (or full
+    /// .../chat/completions URL).
+    #[arg(long, env = "AGENTGATE_MODEL_URL")]
+    model_url: Option<String>,
+    /// With --model openai: the model name sent with each request.
+    #[arg(long, env = "AGENTGATE_MODEL_NAME")]
+    model_name: Option<String>,
+    /// The offline model's think time per round in milliseconds (a booking
+    /// takes three rounds), to look like a real LLM.
+    #[arg(long, env = "AGENTGATE_THINK_TIME_MS", default_value_t = DEFAULT_THINK_TIME_MS)]
+    think_time_ms: u64,
+    /// Entries above this amount (in yuan) wait for the person's
+    /// confirmation before they are booked.
+    #[arg(long, env = "AGENTGATE_CONFIRM_THRESHOLD", default_value_t = 1000)]
+    confirm_threshold: u64,
+    /// When a chat page's event stream disconnects: let the turn finish, or
+    /// cancel it. Either way its lease is released.
+    #[arg(long, env = "AGENTGATE_ON_DISCONNECT", value_enum, default_value_t = DisconnectArg::Finish)]
+    on_disconnect: DisconnectArg,
+}
+
+/// `--model`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ModelArg {
+    /// Built in, deterministic, no network.
+    Offline,
+    /// An OpenAI-compatible chat-completions endpoint with tool calling.
+    Openai,
+}
+
+/// `--on-disconnect`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum DisconnectArg {
+    /// The turn runs to its end and releases its lease.
+    Finish,
+    /// The turn is cancelled at its next step and releases its lease.
+    Cancel,
 }
 
 impl ServeArgs {
@@ -65,6 +110,23 @@ impl ServeArgs {
         if let Some(path) = &self.api_key_file {
             api_keys.extend(read_key_file(path)?);
         }
+        let model = match self.model {
+            ModelArg::Offline => ModelChoice::Offline {
+                think_time: Duration::from_millis(self.think_time_ms),
+            },
+            ModelArg::Openai => ModelChoice::OpenAi {
+                url: self
+                    .model_url
+                    .ok_or("--model openai needs --model-url (or AGENTGATE_MODEL_URL)")?,
+                name: self
+                    .model_name
+                    .ok_or("--model openai needs --model-name (or AGENTGATE_MODEL_NAME)")?,
+            },
+        };
+        let confirmation_threshold_cents = i64::try_from(self.confirm_threshold)
+            .ok()
+            .and_then(|yuan| yuan.checked_mul(100))
+            .ok_or("--confirm-threshold is too large")?;
         Ok(ServeConfig {
             listen: self.listen,
             store_url: self.store,
@@ -73,6 +135,13 @@ impl ServeArgs {
             max_turns_per_user: self.max_turns_per_user,
             api_keys,
             max_body_bytes: self.max_body_bytes,
+            app_enabled: !self.no_app,
+            model,
+            confirmation_threshold_cents,
+            on_disconnect: match self.on_disconnect {
+                DisconnectArg::Finish => OnDisconnect::Finish,
+                DisconnectArg::Cancel => OnDisconnect::Cancel,
+            },
         })
     }
 }

@@ -4,6 +4,9 @@
 //! - [`router`] (this file): the axum router over an [`AppState`], callable
 //!   by tests without a socket; its middleware (API keys on `/v1`, body
 //!   limit, timeout, concurrency limit, metrics).
+//! - [`app`]: the reference ledger agent of SPEC §6 (the chat page at `/`,
+//!   the dashboard at `/dashboard`, their JSON and SSE endpoints under
+//!   `/app/`), run in-process on the same engine.
 //! - [`mod@serve`]: binding a socket, running the router, graceful shutdown.
 //! - `routes`: the handlers, one file per group (turns, tools, views, ops).
 //! - [`openapi`]: the one route table, and the OpenAPI 3.1 document generated
@@ -16,11 +19,14 @@
 //! - [`limits`]: the server's named limits.
 //!
 //! Architecture invariant: this crate makes no protocol decision. Every
-//! handler is one call to the engine's [`agentgate::store::Store`], driven by
-//! the lease token the caller sends; the caller heartbeats. Lease tokens and
+//! `/v1` handler is one call to the engine's [`agentgate::store::Store`],
+//! driven by the lease token the caller sends; the caller heartbeats. The
+//! reference app's turns are run by `agentgate-ledger` through the engine's
+//! `Gate`, whose watchdog heartbeats them. Lease tokens and
 //! API keys are never logged nor shown in `Debug`.
 #![forbid(unsafe_code)]
 
+pub mod app;
 pub mod auth;
 pub mod dto;
 pub mod error;
@@ -46,6 +52,7 @@ pub use extract::LEASE_TOKEN_HEADER;
 pub use metrics::Metrics;
 pub use serve::{serve, shutdown_signal, ServeConfig, ServeError, Server};
 
+use crate::app::LedgerMount;
 use crate::error::ErrorCode as Code;
 use crate::limits::{
     DEFAULT_MAX_BODY_BYTES, MAX_CONCURRENT_REQUESTS, MAX_MAX_BODY_BYTES, REQUEST_TIMEOUT,
@@ -58,6 +65,9 @@ pub struct ServerOptions {
     pub api_keys: Vec<ApiKey>,
     /// Largest request body; larger ones get 413 `payload_too_large`.
     pub max_body_bytes: usize,
+    /// The reference app to serve at `/` and `/dashboard`; `None` serves
+    /// the v1 contract alone (those paths then answer 404).
+    pub app: Option<LedgerMount>,
 }
 
 impl Default for ServerOptions {
@@ -65,6 +75,7 @@ impl Default for ServerOptions {
         Self {
             api_keys: Vec::new(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            app: None,
         }
     }
 }
@@ -83,6 +94,8 @@ struct Inner {
     max_body_bytes: usize,
     /// Rendered once: the document is static for the life of the process.
     openapi_json: String,
+    /// The reference app, on the same engine as `gate`.
+    app: Option<LedgerMount>,
 }
 
 impl AppState {
@@ -107,6 +120,7 @@ impl AppState {
                 api_keys,
                 max_body_bytes: options.max_body_bytes,
                 openapi_json: openapi::document_json(),
+                app: options.app,
             }),
         })
     }
@@ -119,6 +133,21 @@ impl AppState {
     /// The metrics registry.
     pub fn metrics(&self) -> &Metrics {
         &self.inner.metrics
+    }
+
+    /// The reference app, when mounted.
+    pub fn app(&self) -> Option<&LedgerMount> {
+        self.inner.app.as_ref()
+    }
+
+    /// The reference app, or the 404 its routes answer without one.
+    pub(crate) fn ledger(&self) -> Result<&LedgerMount, ApiError> {
+        self.app().ok_or_else(|| {
+            ApiError::new(
+                Code::NotFound,
+                "the reference app is not served by this server",
+            )
+        })
     }
 
     pub(crate) fn api_keys(&self) -> &ApiKeys {
@@ -153,7 +182,9 @@ async fn on_layer_error(error: tower::BoxError) -> ApiError {
 
 /// The whole HTTP service as a router: every route of SPEC §5, the API key
 /// check on `/v1`, JSON answers for unknown routes and methods, the body
-/// limit (enforced by the JSON extractor), a per-request timeout, a global concurrency limit and metrics.
+/// limit (enforced by the JSON extractor), a per-request timeout, a global
+/// concurrency limit and metrics; and, when the state has one, the reference
+/// app's pages and endpoints ([`app`]).
 pub fn router(state: AppState) -> Router {
     let api_key_check = middleware::from_fn_with_state(state.clone(), auth::require_api_key);
     let (v1, _) = openapi::v1_routes()
@@ -164,9 +195,11 @@ pub fn router(state: AppState) -> Router {
         .layer(HandleErrorLayer::new(on_layer_error))
         .layer(TimeoutLayer::new(REQUEST_TIMEOUT))
         .layer(GlobalConcurrencyLimitLayer::new(MAX_CONCURRENT_REQUESTS));
-    Router::new()
-        .merge(v1)
-        .merge(ops)
+    let mut routes = Router::new().merge(v1).merge(ops);
+    if state.app().is_some() {
+        routes = routes.merge(app::routes(&state));
+    }
+    routes
         .fallback(routes::ops::no_route)
         .method_not_allowed_fallback(routes::ops::wrong_method)
         .layer(guards)

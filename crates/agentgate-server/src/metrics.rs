@@ -11,11 +11,13 @@
 //! endings it recorded. Turns whose leases expire, or that other nodes end,
 //! are not seen; the store's truth per user is `GET /v1/users/{user_id}`.
 
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
+use prometheus::core::Collector as _;
 use prometheus::{
     HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
 };
@@ -45,6 +47,46 @@ pub struct Metrics {
     turn_endings: IntCounterVec,
     live_turns: IntGauge,
     request_seconds: HistogramVec,
+}
+
+/// The counters the dashboard shows: a snapshot of this process's metrics.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Counters {
+    /// Protocol conflicts (409, 422, 429 answers) by error code.
+    pub conflicts: BTreeMap<String, u64>,
+    /// Begins by outcome (started, takeover, restart, replay, or the code).
+    pub begins: BTreeMap<String, u64>,
+    /// Begins answered with a stored outcome.
+    pub replays: u64,
+    /// Turns taken over after their holder's lease expired.
+    pub takeovers: u64,
+    /// Tool executions handed out again after their holder died mid-call.
+    pub unknown_tool_outcomes: u64,
+    /// Calls refused because the caller's lease was gone.
+    pub lease_lost: u64,
+    /// Turn endings by state.
+    pub turn_endings: BTreeMap<String, u64>,
+    /// Leases this process granted minus turns it ended.
+    pub live_turns: i64,
+}
+
+/// A labelled counter's values by its one label.
+fn by_label(vec: &IntCounterVec) -> BTreeMap<String, u64> {
+    let mut values = BTreeMap::new();
+    for family in vec.collect() {
+        for metric in family.get_metric() {
+            let label = metric
+                .get_label()
+                .first()
+                .map(|pair| pair.value().to_owned())
+                .unwrap_or_default();
+            // Counters are integers kept as f64 by the exposition format.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let value = metric.get_counter().get_value() as u64;
+            values.insert(label, value);
+        }
+    }
+    values
 }
 
 /// How a begin ended, as a metric label.
@@ -201,6 +243,20 @@ impl Metrics {
         }
     }
 
+    /// The dashboard's counters, as of now.
+    pub fn counters(&self) -> Counters {
+        Counters {
+            conflicts: by_label(&self.conflicts),
+            begins: by_label(&self.begins),
+            replays: self.replays.get(),
+            takeovers: self.takeovers.get(),
+            unknown_tool_outcomes: self.unknown_tool_outcomes.get(),
+            lease_lost: self.lease_lost.get(),
+            turn_endings: by_label(&self.turn_endings),
+            live_turns: self.live_turns.get(),
+        }
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut text = String::new();
@@ -243,4 +299,32 @@ pub(crate) async fn track(State(state): State<AppState>, request: Request, next:
         .observe(started.elapsed().as_secs_f64());
     tracing::debug!(%method, %route, status = status.as_u16(), elapsed_ms = started.elapsed().as_millis() as u64, "request");
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_snapshot_what_was_recorded() {
+        let metrics = Metrics::new();
+        assert_eq!(metrics.counters(), Counters::default());
+        metrics.begin(BeginLabel::Started);
+        metrics.begin(BeginLabel::Takeover);
+        metrics.begin(BeginLabel::Replay);
+        metrics.begin(BeginLabel::Refused(ErrorCode::SessionBusy));
+        metrics.error(ErrorCode::SessionBusy);
+        metrics.error(ErrorCode::SessionBusy);
+        metrics.error(ErrorCode::NotFound);
+        metrics.tool_claim(true, true);
+        metrics.turn_ended("succeeded");
+        let counters = metrics.counters();
+        assert_eq!(counters.conflicts.get("session_busy"), Some(&2));
+        assert_eq!(counters.conflicts.get("not_found"), None, "not a conflict");
+        assert_eq!(counters.begins.get("takeover"), Some(&1));
+        assert_eq!((counters.replays, counters.takeovers), (1, 1));
+        assert_eq!(counters.unknown_tool_outcomes, 1);
+        assert_eq!(counters.turn_endings.get("succeeded"), Some(&1));
+        assert_eq!(counters.live_turns, 1, "two grants, one ending");
+    }
 }

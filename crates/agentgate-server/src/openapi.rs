@@ -5,6 +5,10 @@
 //! ([`document`]), each handler registered once with its `#[utoipa::path]`
 //! (method, path, parameters, every response and error code). A route cannot
 //! exist without being documented, nor be documented without existing.
+//!
+//! Deliberately absent: the reference app's pages and endpoints
+//! ([`crate::app`]), which the router mounts beside these when an app is
+//! configured. They are the chat page's own API, not the v1 contract.
 
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::OpenApi as Document;

@@ -10,9 +10,11 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use agentgate::{Config, Gate};
+use agentgate_ledger::LedgerConfig;
 use axum::Router;
 use tokio::net::TcpListener;
 
+use crate::app::{LedgerMount, ModelChoice, OnDisconnect};
 use crate::auth::ApiKey;
 use crate::limits::DEFAULT_MAX_BODY_BYTES;
 use crate::{router, AppState, ServerOptions};
@@ -35,6 +37,14 @@ pub struct ServeConfig {
     pub api_keys: Vec<ApiKey>,
     /// Largest request body.
     pub max_body_bytes: usize,
+    /// Whether to serve the reference app (`/`, `/dashboard`, `/app/`).
+    pub app_enabled: bool,
+    /// The reference app's model.
+    pub model: ModelChoice,
+    /// Entries above this amount, in cents, wait for a person's confirmation.
+    pub confirmation_threshold_cents: i64,
+    /// What a client disconnect does to the app's running turn.
+    pub on_disconnect: OnDisconnect,
 }
 
 impl Default for ServeConfig {
@@ -48,6 +58,10 @@ impl Default for ServeConfig {
             max_turns_per_user: engine.max_turns_per_user,
             api_keys: Vec::new(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            app_enabled: true,
+            model: ModelChoice::default(),
+            confirmation_threshold_cents: LedgerConfig::default().confirmation_threshold_cents,
+            on_disconnect: OnDisconnect::default(),
         }
     }
 }
@@ -73,6 +87,13 @@ impl fmt::Debug for ServeConfig {
             .field("max_turns_per_user", &self.max_turns_per_user)
             .field("api_keys", &self.api_keys.len())
             .field("max_body_bytes", &self.max_body_bytes)
+            .field("app_enabled", &self.app_enabled)
+            .field("model", &self.model)
+            .field(
+                "confirmation_threshold_cents",
+                &self.confirmation_threshold_cents,
+            )
+            .field("on_disconnect", &self.on_disconnect)
             .finish()
     }
 }
@@ -87,6 +108,9 @@ pub enum ServeError {
     /// The engine refused to open the store.
     #[error("cannot open the store: {0}")]
     Store(#[source] agentgate::Error),
+    /// The reference app could not open its tables.
+    #[error("cannot open the reference app: {0}")]
+    App(#[source] agentgate_ledger::LedgerError),
     /// The socket could not be bound or served.
     #[error("{what}: {source}")]
     Io {
@@ -112,16 +136,13 @@ impl Server {
     /// # Errors
     /// [`ServeError::Config`] for a setting out of range or an unsupported
     /// store URL; [`ServeError::Store`] when the store (or Redis) cannot be
-    /// opened; [`ServeError::Io`] when the address cannot be bound.
+    /// opened; [`ServeError::App`] when the reference app cannot create its
+    /// tables; [`ServeError::Io`] when the address cannot be bound.
     pub async fn bind(config: ServeConfig) -> Result<Self, ServeError> {
         let engine = Config {
             lease_ttl: config.lease_ttl,
             max_turns_per_user: config.max_turns_per_user,
             ..Config::default()
-        };
-        let options = ServerOptions {
-            api_keys: config.api_keys,
-            max_body_bytes: config.max_body_bytes,
         };
         let gate = Gate::connect(&config.store_url, config.redis_url.as_deref(), engine)
             .await
@@ -129,6 +150,29 @@ impl Server {
                 agentgate::ErrorKind::InvalidRequest => ServeError::Config(error.to_string()),
                 _ => ServeError::Store(error),
             })?;
+        let app = if config.app_enabled {
+            let ledger = LedgerConfig {
+                confirmation_threshold_cents: config.confirmation_threshold_cents,
+                ..LedgerConfig::default()
+            };
+            Some(
+                LedgerMount::open(
+                    gate.clone(),
+                    &config.store_url,
+                    &config.model,
+                    ledger,
+                    config.on_disconnect,
+                )
+                .await?,
+            )
+        } else {
+            None
+        };
+        let options = ServerOptions {
+            api_keys: config.api_keys,
+            max_body_bytes: config.max_body_bytes,
+            app,
+        };
         let state = AppState::new(gate, options)?;
         let listener =
             TcpListener::bind(&config.listen)
@@ -148,6 +192,8 @@ impl Server {
             lease_ttl_ms = config.lease_ttl.as_millis() as u64,
             max_turns_per_user = config.max_turns_per_user,
             api_key_required = state.api_keys().enabled(),
+            app = ?state.app().map(|a| a.app.model_name()),
+            on_disconnect = %config.on_disconnect,
             "agentgate serving"
         );
         Ok(Self {

@@ -1,0 +1,152 @@
+//! The chat page's reads: a user's sessions, a session's transcript (with
+//! its pending confirmation and whether a turn is still running), a user's
+//! ledger entries and totals, and the app's settings.
+//!
+//! Ids are checked with the engine's constructors, so a bad one is a 400 like
+//! on `/v1`. Another user's session reads as empty, never as an error that
+//! would tell it exists.
+
+use agentgate::{SessionId, TurnState, UserId};
+use agentgate_ledger::{Entry, Reply, SessionSummary, Totals, TranscriptTurn};
+use axum::extract::State;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+use crate::error::ApiError;
+use crate::extract::ApiQuery;
+use crate::AppState;
+
+/// `?user_id=`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct UserQuery {
+    user_id: String,
+}
+
+/// `?user_id=&session_id=`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SessionQuery {
+    user_id: String,
+    session_id: String,
+}
+
+/// A user's sessions.
+#[derive(Debug, Serialize)]
+pub(crate) struct SessionsResponse {
+    sessions: Vec<SessionSummary>,
+}
+
+/// A pending confirmation: the turn to name when answering, and what waits.
+#[derive(Debug, Serialize)]
+pub(crate) struct PendingDto {
+    turn_id: String,
+    reply: Reply,
+}
+
+/// A session's transcript.
+#[derive(Debug, Serialize)]
+pub(crate) struct TranscriptResponse {
+    session_id: String,
+    /// Oldest first.
+    turns: Vec<TranscriptTurn>,
+    /// Whether a turn of this session is still running: the session has a
+    /// live lease, or a turn's record says so (the page polls until it is
+    /// not, then shows the reply).
+    running: bool,
+    /// The live pending confirmation, if any.
+    pending: Option<PendingDto>,
+}
+
+/// A user's ledger.
+#[derive(Debug, Serialize)]
+pub(crate) struct LedgerResponse {
+    /// Newest first.
+    entries: Vec<Entry>,
+    totals: Totals,
+}
+
+/// What the page shows about the server's setup.
+#[derive(Debug, Serialize)]
+pub(crate) struct SettingsResponse {
+    model: String,
+    on_disconnect: &'static str,
+    confirmation_threshold_cents: i64,
+    lease_ttl_ms: u64,
+    max_turns_per_user: u32,
+}
+
+/// A user's sessions, most recent first.
+pub(crate) async fn sessions(
+    State(state): State<AppState>,
+    ApiQuery(query): ApiQuery<UserQuery>,
+) -> Result<Json<SessionsResponse>, ApiError> {
+    let mount = state.ledger()?;
+    let user_id = UserId::new(query.user_id)?;
+    let sessions = mount.app.sessions(user_id.as_str()).await?;
+    Ok(Json(SessionsResponse { sessions }))
+}
+
+/// A session's turns, its pending confirmation and whether a turn runs.
+pub(crate) async fn transcript(
+    State(state): State<AppState>,
+    ApiQuery(query): ApiQuery<SessionQuery>,
+) -> Result<Json<TranscriptResponse>, ApiError> {
+    let mount = state.ledger()?;
+    let user_id = UserId::new(query.user_id)?;
+    let session_id = SessionId::new(query.session_id)?;
+    let turns = mount
+        .app
+        .transcript(user_id.as_str(), session_id.as_str())
+        .await?;
+    let pending = mount
+        .app
+        .pending_confirmation(user_id.as_str(), session_id.as_str())
+        .await?
+        .map(|(turn_id, reply)| PendingDto { turn_id, reply });
+    // The session's live lease says a turn runs even before that turn's
+    // first transcript row is written (or when a /v1 caller holds it).
+    let held = state
+        .gate()
+        .store()
+        .session(&session_id)
+        .await?
+        .is_some_and(|view| view.user_id == user_id && view.holder.is_some());
+    let running = held
+        || turns
+            .iter()
+            .any(|turn| turn.state == Some(TurnState::Running));
+    Ok(Json(TranscriptResponse {
+        session_id: session_id.as_str().to_owned(),
+        turns,
+        running,
+        pending,
+    }))
+}
+
+/// A user's entries and totals per category.
+pub(crate) async fn ledger(
+    State(state): State<AppState>,
+    ApiQuery(query): ApiQuery<UserQuery>,
+) -> Result<Json<LedgerResponse>, ApiError> {
+    let mount = state.ledger()?;
+    let user_id = UserId::new(query.user_id)?;
+    let entries = mount.app.entries(user_id.as_str()).await?;
+    let totals = mount.app.totals(user_id.as_str()).await?;
+    Ok(Json(LedgerResponse { entries, totals }))
+}
+
+/// The model, disconnect policy, threshold and engine limits in force.
+pub(crate) async fn settings(
+    State(state): State<AppState>,
+) -> Result<Json<SettingsResponse>, ApiError> {
+    let mount = state.ledger()?;
+    let engine = state.gate().config();
+    Ok(Json(SettingsResponse {
+        model: mount.app.model_name().to_owned(),
+        on_disconnect: mount.on_disconnect.as_str(),
+        confirmation_threshold_cents: mount.app.config().confirmation_threshold_cents,
+        lease_ttl_ms: u64::try_from(engine.lease_ttl.as_millis()).unwrap_or(u64::MAX),
+        max_turns_per_user: engine.max_turns_per_user,
+    }))
+}

@@ -1,0 +1,206 @@
+//! The dashboard's data: the store's overview (live holders with fence and
+//! remaining lease, recent turns and tool executions), permits in use per
+//! user against their cap, and this server's counters (conflicts by code,
+//! replays, takeovers, unknown tool outcomes).
+//!
+//! The page polls this about once a second. Every figure but the counters
+//! is the store's truth, read on the store's clock, so it covers turns run by
+//! other servers and `/v1` callers too; the counters are this process's.
+//! Results, responses and payloads are left out: the dashboard shows who
+//! holds what, not what users wrote.
+
+use std::collections::BTreeSet;
+
+use agentgate::model::{ExecutionView, LiveTurn, TurnView};
+use agentgate::UserId;
+use axum::extract::State;
+use axum::Json;
+use serde::Serialize;
+
+use crate::error::ApiError;
+use crate::limits::{DASHBOARD_MAX_USERS, DASHBOARD_ROWS};
+use crate::metrics::Counters;
+use crate::AppState;
+
+/// A live lease.
+#[derive(Debug, Serialize)]
+pub(crate) struct HolderRow {
+    user_id: String,
+    session_id: String,
+    turn_id: String,
+    fence: i64,
+    lease_expires_in_ms: i64,
+}
+
+impl From<LiveTurn> for HolderRow {
+    fn from(live: LiveTurn) -> Self {
+        Self {
+            user_id: live.user_id.as_str().to_owned(),
+            session_id: live.holder.session_id.as_str().to_owned(),
+            turn_id: live.holder.turn_id.as_str().to_owned(),
+            fence: live.holder.fence.0,
+            lease_expires_in_ms: live.holder.lease_expires_in_ms,
+        }
+    }
+}
+
+/// A user's permits: live leases against the cap in force.
+#[derive(Debug, Serialize)]
+pub(crate) struct PermitRow {
+    user_id: String,
+    live_turns: u32,
+    max_turns_per_user: u32,
+}
+
+/// A recent turn, without its payload or response.
+#[derive(Debug, Serialize)]
+pub(crate) struct TurnRow {
+    turn_id: String,
+    user_id: String,
+    session_id: String,
+    client_request_id: String,
+    state: &'static str,
+    attempt: u32,
+    fence: i64,
+    /// Set on a confirmation turn: the decision it took.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    decision: Option<&'static str>,
+    updated_at_ms: i64,
+}
+
+impl From<TurnView> for TurnRow {
+    fn from(view: TurnView) -> Self {
+        Self {
+            turn_id: view.turn_id.as_str().to_owned(),
+            user_id: view.user_id.as_str().to_owned(),
+            session_id: view.session_id.as_str().to_owned(),
+            client_request_id: view.client_request_id.as_str().to_owned(),
+            state: view.state.as_str(),
+            attempt: view.attempt,
+            fence: view.fence.0,
+            decision: view.confirmation.as_ref().map(|c| c.decision.as_str()),
+            updated_at_ms: view.updated_at_ms,
+        }
+    }
+}
+
+/// A recent tool execution, without its result.
+#[derive(Debug, Serialize)]
+pub(crate) struct ExecutionRow {
+    execution_id: String,
+    turn_id: String,
+    tool: String,
+    state: &'static str,
+    attempt: u32,
+    fence: i64,
+}
+
+impl From<ExecutionView> for ExecutionRow {
+    fn from(view: ExecutionView) -> Self {
+        Self {
+            execution_id: view.execution_id.as_str().to_owned(),
+            turn_id: view.turn_id.as_str().to_owned(),
+            tool: view.tool.as_str().to_owned(),
+            state: view.state.as_str(),
+            attempt: view.attempt,
+            fence: view.fence.0,
+        }
+    }
+}
+
+/// Everything the dashboard shows.
+#[derive(Debug, Serialize)]
+pub(crate) struct DashboardResponse {
+    /// Live leases, soonest-expiring last.
+    live: Vec<HolderRow>,
+    /// Users with a live lease or a recent turn (at most
+    /// [`DASHBOARD_MAX_USERS`]), live ones first.
+    permits: Vec<PermitRow>,
+    /// Newest first.
+    recent_turns: Vec<TurnRow>,
+    /// Newest first.
+    recent_executions: Vec<ExecutionRow>,
+    /// This server's counters since it started.
+    counters: Counters,
+    lease_ttl_ms: u64,
+    max_turns_per_user: u32,
+}
+
+/// The users to show permits for: those holding a lease, then those with
+/// recent turns, without repeats, at most [`DASHBOARD_MAX_USERS`].
+fn permit_users<'a>(live: &'a [LiveTurn], turns: &'a [TurnView]) -> Vec<&'a UserId> {
+    let mut seen = BTreeSet::new();
+    live.iter()
+        .map(|l| &l.user_id)
+        .chain(turns.iter().map(|t| &t.user_id))
+        .filter(|user| seen.insert(user.as_str()))
+        .take(DASHBOARD_MAX_USERS)
+        .collect()
+}
+
+/// The store's overview, permits per user and the server's counters.
+pub(crate) async fn dashboard(
+    State(state): State<AppState>,
+) -> Result<Json<DashboardResponse>, ApiError> {
+    let store = state.gate().store();
+    let overview = store.overview(DASHBOARD_ROWS).await?;
+    let mut permits = Vec::new();
+    for user_id in permit_users(&overview.live, &overview.recent_turns) {
+        let user = store.user(user_id).await?;
+        permits.push(PermitRow {
+            user_id: user_id.as_str().to_owned(),
+            live_turns: user.live_turns,
+            max_turns_per_user: user.max_turns_per_user,
+        });
+    }
+    let engine = state.gate().config();
+    Ok(Json(DashboardResponse {
+        live: overview.live.into_iter().map(HolderRow::from).collect(),
+        permits,
+        recent_turns: overview
+            .recent_turns
+            .into_iter()
+            .map(TurnRow::from)
+            .collect(),
+        recent_executions: overview
+            .recent_executions
+            .into_iter()
+            .map(ExecutionRow::from)
+            .collect(),
+        counters: state.metrics().counters(),
+        lease_ttl_ms: u64::try_from(engine.lease_ttl.as_millis()).unwrap_or(u64::MAX),
+        max_turns_per_user: engine.max_turns_per_user,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use agentgate::model::HolderView;
+    use agentgate::{Fence, SessionId, TurnId};
+
+    fn live(user: &str, session: &str) -> LiveTurn {
+        LiveTurn {
+            user_id: UserId::new(user).unwrap(),
+            holder: HolderView {
+                session_id: SessionId::new(session).unwrap(),
+                turn_id: TurnId::new(format!("turn_{session}")).unwrap(),
+                fence: Fence(1),
+                lease_expires_in_ms: 1000,
+            },
+        }
+    }
+
+    #[test]
+    fn permit_users_are_distinct_live_first_and_bounded() {
+        let mut holders = vec![live("bob", "b1"), live("alice", "a1"), live("bob", "b2")];
+        let users = permit_users(&holders, &[]);
+        let names: Vec<&str> = users.iter().map(|u| u.as_str()).collect();
+        assert_eq!(names, ["bob", "alice"]);
+        holders = (0..DASHBOARD_MAX_USERS + 5)
+            .map(|i| live(&format!("u{i}"), &format!("s{i}")))
+            .collect();
+        assert_eq!(permit_users(&holders, &[]).len(), DASHBOARD_MAX_USERS);
+    }
+}

@@ -1,0 +1,208 @@
+//! The reference app of SPEC §6, served beside `/v1`: the ledger agent's
+//! chat page at `/`, the live dashboard at `/dashboard`, and the JSON and SSE
+//! endpoints under `/app/` that those two pages call.
+//!
+//! - this file: [`LedgerMount`] (the in-process [`LedgerApp`] plus the
+//!   disconnect policy), [`ModelChoice`], [`OnDisconnect`], and the route
+//!   list ([`routes`]);
+//! - `stream`: send a message or a confirmation and stream the turn's
+//!   [`agentgate_ledger::AgentEvent`]s as server-sent events;
+//! - `api`: the page's reads (sessions, transcript, ledger, pending
+//!   confirmation);
+//! - `dashboard`: the store's overview, permits per user and this server's
+//!   counters;
+//! - `assets`: the HTML, CSS and JS files, embedded in the binary.
+//!
+//! The app runs the engine in-process, on the server's own [`agentgate::Gate`]
+//! and store: the same library any Rust user would call, and the same leases
+//! `/v1` callers contend for.
+//!
+//! Architecture invariant: a refusal (`session_busy`, `request_in_flight`,
+//! `awaiting_confirmation`, `user_at_capacity`, …) is answered with its real
+//! status and the usual JSON error body, through [`crate::error::status_of`],
+//! before any event stream starts. Only a granted turn (or a replay) streams.
+//!
+//! Architecture invariant: the app's endpoints are the pages' own, not part
+//! of the v1 contract; they are deliberately absent from `/openapi.json`.
+//! They sit behind the same API key check as `/v1` (the page asks for the key
+//! when the server wants one); the HTML, CSS and JS files are open.
+
+mod api;
+mod assets;
+mod dashboard;
+mod stream;
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentgate::Gate;
+use agentgate_ledger::{LedgerApp, LedgerConfig, Model, OfflineModel, OpenAiConfig, OpenAiModel};
+use axum::routing::{get, post};
+use axum::{middleware, Router};
+
+use crate::limits::MAX_THINK_TIME;
+use crate::serve::ServeError;
+use crate::AppState;
+
+/// The offline model's default think time per round, in ms: a booking takes
+/// three rounds, so a turn takes about two seconds (SPEC §6).
+pub const DEFAULT_THINK_TIME_MS: u64 = OfflineModel::DEFAULT_THINK_TIME.as_millis() as u64;
+
+/// What happens to a running turn when its event stream's client goes away
+/// (a closed tab, a lost network).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnDisconnect {
+    /// The turn runs to its end and releases its lease; the reply is in the
+    /// transcript on reload. The default: the person asked for it.
+    #[default]
+    Finish,
+    /// The turn is cancelled cooperatively at its next step, failed as
+    /// retryable (a resend resumes it without booking twice) and its lease
+    /// released.
+    Cancel,
+}
+
+impl OnDisconnect {
+    /// The flag's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Finish => "finish",
+            Self::Cancel => "cancel",
+        }
+    }
+}
+
+impl fmt::Display for OnDisconnect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for OnDisconnect {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "finish" => Ok(Self::Finish),
+            "cancel" => Ok(Self::Cancel),
+            other => Err(format!(
+                "on-disconnect is {other:?}, expected finish or cancel"
+            )),
+        }
+    }
+}
+
+/// Which model the ledger agent talks to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ModelChoice {
+    /// The built-in deterministic model, thinking this long per round.
+    Offline {
+        /// Think time per model round (a booking takes three rounds).
+        think_time: Duration,
+    },
+    /// An OpenAI-compatible chat-completions endpoint; the key comes from
+    /// `AGENTGATE_MODEL_API_KEY`.
+    OpenAi {
+        /// Base URL or full `/chat/completions` URL.
+        url: String,
+        /// The model name sent with each request.
+        name: String,
+    },
+}
+
+impl Default for ModelChoice {
+    fn default() -> Self {
+        Self::Offline {
+            think_time: OfflineModel::DEFAULT_THINK_TIME,
+        }
+    }
+}
+
+impl ModelChoice {
+    /// Builds the model.
+    ///
+    /// # Errors
+    /// [`ServeError::Config`] for a think time over [`MAX_THINK_TIME`] or a
+    /// model URL that is not http(s).
+    pub fn build(&self) -> Result<Arc<dyn Model>, ServeError> {
+        match self {
+            Self::Offline { think_time } => {
+                if *think_time > MAX_THINK_TIME {
+                    return Err(ServeError::Config(format!(
+                        "think time is {} ms, allowed 0..={}",
+                        think_time.as_millis(),
+                        MAX_THINK_TIME.as_millis()
+                    )));
+                }
+                Ok(Arc::new(OfflineModel::new(*think_time)))
+            }
+            Self::OpenAi { url, name } => {
+                if name.trim().is_empty() {
+                    return Err(ServeError::Config(
+                        "--model openai needs --model-name".to_owned(),
+                    ));
+                }
+                let model = OpenAiModel::new(OpenAiConfig::new(url.clone(), name.clone()))
+                    .map_err(|e| ServeError::Config(e.to_string()))?;
+                Ok(Arc::new(model))
+            }
+        }
+    }
+}
+
+/// The reference app as mounted in the server. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct LedgerMount {
+    /// The agent, on the server's engine.
+    pub app: LedgerApp,
+    /// What a client disconnect does to its running turn.
+    pub on_disconnect: OnDisconnect,
+}
+
+impl LedgerMount {
+    /// Opens the ledger app on `gate` (whose SQL store is at `store_url`),
+    /// with `model` and `config`.
+    ///
+    /// # Errors
+    /// [`ServeError::Config`] for a bad model or app setting, or a store the
+    /// app cannot keep its tables in; [`ServeError::App`] when the app's
+    /// tables cannot be created.
+    pub async fn open(
+        gate: Gate,
+        store_url: &str,
+        model: &ModelChoice,
+        config: LedgerConfig,
+        on_disconnect: OnDisconnect,
+    ) -> Result<Self, ServeError> {
+        let model = model.build()?;
+        let app = LedgerApp::open(gate, store_url, model, config)
+            .await
+            .map_err(|error| match error {
+                agentgate_ledger::LedgerError::Invalid { message } => ServeError::Config(message),
+                other => ServeError::App(other),
+            })?;
+        Ok(Self { app, on_disconnect })
+    }
+}
+
+/// The app's routes: the two pages and their files (open), and the JSON and
+/// SSE endpoints (behind the API key check when keys are configured).
+pub(crate) fn routes(state: &AppState) -> Router<AppState> {
+    let api_key_check = middleware::from_fn_with_state(state.clone(), crate::auth::require_api_key);
+    let api = Router::new()
+        .route("/app/messages", post(stream::send_message))
+        .route("/app/confirmations", post(stream::confirm))
+        .route("/app/sessions", get(api::sessions))
+        .route("/app/transcript", get(api::transcript))
+        .route("/app/ledger", get(api::ledger))
+        .route("/app/settings", get(api::settings))
+        .route("/app/dashboard", get(dashboard::dashboard))
+        .route_layer(api_key_check);
+    Router::new()
+        .route("/", get(assets::index))
+        .route("/dashboard", get(assets::dashboard))
+        .route("/assets/{file}", get(assets::file))
+        .merge(api)
+}

@@ -1,0 +1,165 @@
+// The reference app in headless Chromium against the real binary: what a
+// person double-clicking, using two tabs, approving twice or reloading
+// mid-reply sees — and that the ledger books each entry exactly once.
+
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import path from "node:path";
+import {
+  ARTIFACTS, startServer, launchBrowser, entries, getJson, chatUrl, eventually, unique,
+} from "../lib/harness.mjs";
+
+/** Per model round; a booking takes three, so a turn takes about 2 s: long enough to click into. */
+const THINK_TIME_MS = 700;
+const REPLY_TIMEOUT_MS = 20_000;
+const STILL_PROCESSING = /still being processed/;
+
+let server;
+let browser;
+
+before(async () => {
+  server = await startServer({ name: "app", thinkTimeMs: THINK_TIME_MS });
+  browser = await launchBrowser();
+});
+
+after(async () => {
+  await browser?.close();
+  await server?.stop();
+});
+
+async function finals(page) {
+  return page.locator("#messages li.msg.assistant[data-state=final]").count();
+}
+
+async function send(page, text) {
+  await page.fill("#composer-input", text);
+  await page.click("#send");
+}
+
+test("a double-clicked send books exactly one entry and shows the server's 409", async () => {
+  const user = unique("dbl");
+  const page = await browser.newTab(chatUrl(server.base, user, "s-1"));
+  await page.fill("#composer-input", "中午吃粉花了 35");
+  await page.dblclick("#send");
+  await page.waitForSelector("#messages li.msg.assistant[data-state=final]", { timeout: REPLY_TIMEOUT_MS });
+  // The second click reached the server and was refused there (409
+  // request_in_flight: the same message id is running), not dropped.
+  await assert.doesNotReject(page.waitForSelector("#messages li.msg.user.refused", { timeout: 5_000 }));
+  assert.match(await page.textContent("#notice"), STILL_PROCESSING);
+  const refusedCode = await page.getAttribute("#messages li.msg.user.refused", "data-code");
+  assert.equal(refusedCode, "request_in_flight");
+  const booked = await entries(server.base, user);
+  assert.equal(booked.length, 1, JSON.stringify(booked));
+  assert.equal(booked[0].amount_cents, 3500);
+  assert.equal(booked[0].category, "餐饮");
+  // The page shows one exchange and the refused duplicate, nothing else.
+  assert.equal(await page.locator("#messages li.msg.assistant").count(), 1);
+  await page.close();
+});
+
+test("two tabs on one session: the second is told to wait, the ledger stays consistent", async () => {
+  const user = unique("tabs");
+  const url = chatUrl(server.base, user, "s-shared");
+  const tabA = await browser.newTab(url);
+  const tabB = await browser.newTab(url);
+  await send(tabA, "taxi 18");
+  await tabA.waitForSelector("#messages li.msg.assistant[data-state=running]");
+  await send(tabB, "咖啡 25");
+  await tabB.waitForSelector("#messages li.msg.user.refused");
+  assert.match(await tabB.textContent("#notice"), STILL_PROCESSING);
+  assert.equal(await tabB.getAttribute("#messages li.msg.user.refused", "data-code"), "session_busy");
+  // B's text is kept for a resend; A's reply arrives in A, and B (polling) shows it too.
+  assert.equal(await tabB.inputValue("#composer-input"), "咖啡 25");
+  await tabA.waitForSelector("#messages li.msg.assistant[data-state=final]", { timeout: REPLY_TIMEOUT_MS });
+  await eventually(async () => (await finals(tabB)) === 1, { what: "tab B to show tab A's reply" });
+  assert.deepEqual((await entries(server.base, user)).map((e) => e.amount_cents), [1800]);
+  // Once idle, B's resend goes through: two entries, each once.
+  await tabB.click("#send");
+  await eventually(async () => (await finals(tabB)) === 2, { timeoutMs: REPLY_TIMEOUT_MS, what: "B's reply" });
+  const amounts = (await entries(server.base, user)).map((e) => e.amount_cents).sort((a, b) => a - b);
+  assert.deepEqual(amounts, [1800, 2500]);
+  const ledgerText = await tabB.textContent("#entries");
+  assert.match(ledgerText, /25\.00/);
+  await tabA.close();
+  await tabB.close();
+});
+
+test("a confirmation approved in two tabs books once; a new message meanwhile must wait", async () => {
+  const user = unique("confirm");
+  const url = chatUrl(server.base, user, "s-big");
+  const tabA = await browser.newTab(url);
+  await send(tabA, "new laptop 6999");
+  await tabA.waitForSelector(".confirm-card:not(.answered) button.approve", { timeout: REPLY_TIMEOUT_MS });
+  const tabB = await browser.newTab(url);
+  await tabB.waitForSelector(".confirm-card:not(.answered) button.approve");
+  assert.equal((await entries(server.base, user)).length, 0, "nothing booked before approval");
+  // A new message while the confirmation is pending gets the server's 409.
+  await send(tabB, "午饭 20");
+  await tabB.waitForSelector("#messages li.msg.user.refused");
+  assert.match(await tabB.textContent("#notice"), /[Ww]aiting for your confirmation/);
+  // Both tabs approve at once.
+  await Promise.all([
+    tabA.click(".confirm-card:not(.answered) button.approve"),
+    tabB.click(".confirm-card:not(.answered) button.approve"),
+  ]);
+  await eventually(
+    async () => {
+      const transcript = await getJson(server.base, `/app/transcript?user_id=${user}&session_id=s-big`);
+      return !transcript.running && transcript.pending === null && transcript.turns.some((t) => t.confirms);
+    },
+    { timeoutMs: REPLY_TIMEOUT_MS, what: "the confirmation turn to end" },
+  );
+  const booked = await entries(server.base, user);
+  assert.equal(booked.length, 1, JSON.stringify(booked));
+  assert.equal(booked[0].amount_cents, 699_900);
+  for (const tab of [tabA, tabB]) {
+    await eventually(async () => (await tab.locator(".confirm-card:not(.answered) button.approve").count()) === 0, {
+      what: "the card to be answered in every tab",
+    });
+  }
+  await tabA.close();
+  await tabB.close();
+});
+
+test("reloading mid-reply shows the running turn, then its reply", async () => {
+  const user = unique("reload");
+  const page = await browser.newTab(chatUrl(server.base, user, "s-reload"));
+  await send(page, "地铁 4 块");
+  await page.waitForSelector("#messages li.msg.assistant[data-state=running]");
+  await page.reload();
+  await page.waitForSelector("body[data-ready=true]");
+  // The transcript says the turn is still running ...
+  await page.waitForSelector("#messages li.msg.assistant[data-state=running]", { timeout: 2_000 });
+  // ... and the reply replaces it when the turn ends, without another send.
+  await page.waitForSelector("#messages li.msg.assistant[data-state=final]", { timeout: REPLY_TIMEOUT_MS });
+  assert.match(await page.textContent("#messages li.msg.assistant[data-state=final]"), /4\.00/);
+  assert.equal((await entries(server.base, user)).length, 1);
+  await page.close();
+});
+
+test("the dashboard shows the holder while a turn runs and none after", async () => {
+  const user = unique("dash");
+  const session = "s-dash";
+  const chat = await browser.newTab(chatUrl(server.base, user, session));
+  // Some history for the screenshot: a booking and a pending confirmation.
+  await send(chat, "中午吃粉花了 35, taxi 18 yesterday");
+  await chat.waitForSelector("#messages li.msg.assistant[data-state=final]", { timeout: REPLY_TIMEOUT_MS });
+  const dashboard = await browser.newTab(`${server.base}/dashboard`);
+  await send(chat, "房租 3500");
+  const holder = `#live tbody tr[data-session="${session}"]`;
+  await dashboard.waitForSelector(holder, { timeout: 5_000 });
+  const cells = await dashboard.locator(`${holder} td`).allTextContents();
+  assert.equal(cells[0], user);
+  assert.match(cells[3], /^\d+$/, "a fence");
+  assert.match(cells[4], /s$/, "remaining lease");
+  assert.match(await dashboard.textContent(`#permits tbody tr[data-user="${user}"]`), /1/);
+  await dashboard.screenshot({ path: path.join(ARTIFACTS, "dashboard.png"), fullPage: true });
+  await chat.waitForSelector(".confirm-card:not(.answered)", { timeout: REPLY_TIMEOUT_MS });
+  await dashboard.waitForSelector("#live-empty", { timeout: 5_000 });
+  assert.equal(await dashboard.locator(holder).count(), 0);
+  await chat.screenshot({ path: path.join(ARTIFACTS, "chat.png"), fullPage: true });
+  const counters = await dashboard.textContent("#counters");
+  assert.match(counters, /Conflicts/);
+  await chat.close();
+  await dashboard.close();
+});
