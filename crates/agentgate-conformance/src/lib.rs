@@ -52,6 +52,7 @@ macro_rules! suite {
             fences_only_grow,
             bad_input_changes_nothing,
             overview_shows_holders_and_activity,
+            concurrent_opens_migrate_once,
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

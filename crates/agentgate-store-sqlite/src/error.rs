@@ -17,3 +17,25 @@ pub(crate) fn map_sqlx(error: sqlx::Error) -> Error {
 pub(crate) fn corrupt(what: impl std::fmt::Display) -> Error {
     Error::store(format!("corrupt row: {what}"))
 }
+
+/// Whether `error` is SQLite's "database is locked / busy" (SQLITE_BUSY and
+/// its extended codes), which a retry may get past.
+pub(crate) fn is_busy(error: &Error) -> bool {
+    let Error::StoreUnavailable(source) = error else {
+        return false;
+    };
+    match source.downcast_ref::<sqlx::Error>() {
+        Some(sqlx::Error::Database(db)) => db
+            .code()
+            .and_then(|code| code.parse::<i32>().ok())
+            .is_some_and(|code| code & 0xff == SQLITE_BUSY || code & 0xff == SQLITE_LOCKED),
+        _ => false,
+    }
+}
+
+/// SQLite's primary result code for a lock held by another connection.
+const SQLITE_BUSY: i32 = 5;
+
+/// SQLite's primary result code for a lock conflict within one connection's
+/// shared cache.
+const SQLITE_LOCKED: i32 = 6;

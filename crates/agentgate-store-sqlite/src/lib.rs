@@ -31,7 +31,7 @@ use agentgate_core::config::Config;
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{ExecutionId, SessionId, TurnId, UserId};
 use agentgate_core::lease::LeaseLayer;
-use agentgate_core::limits::STORE_ACQUIRE_TIMEOUT;
+use agentgate_core::limits::{MAX_STORE_RETRIES, STORE_ACQUIRE_TIMEOUT};
 use agentgate_core::model::{
     BeginCommand, BeginOutcome, Ending, ExecutionView, LeaseRef, Overview, SessionView,
     SweepReport, ToolCall, ToolClaim, TurnView, UserView,
@@ -42,7 +42,7 @@ use serde_json::Value;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Sqlite, SqlitePool, Transaction};
 
-use crate::error::map_sqlx;
+use crate::error::{is_busy, map_sqlx};
 
 /// The store's clock in SQL: milliseconds since the Unix epoch.
 pub(crate) const NOW_MS: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
@@ -51,6 +51,10 @@ pub(crate) const NOW_MS: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 /// reporting `store_unavailable`. Protocol steps are short (well under 10 ms);
 /// five seconds of waiting means the file is wedged, not busy.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Pause before re-opening a file another process is setting up, times the
+/// attempt number.
+const OPEN_RETRY_PAUSE: Duration = Duration::from_millis(50);
 
 /// Reader connections for views. Views are dashboard and GET traffic; four
 /// readers keep them from queueing behind each other on a 2-core machine.
@@ -119,22 +123,43 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(BUSY_TIMEOUT)
             .foreign_keys(true);
+        // Several processes opening a fresh file at once can meet SQLITE_BUSY
+        // where SQLite does not wait (switching the file to WAL): retry the
+        // whole open, within the same bound as any busy step.
+        let mut attempt = 0;
+        loop {
+            match Self::connect(&options, &config, leases.clone()).await {
+                Err(error) if is_busy(&error) && attempt < MAX_STORE_RETRIES => {
+                    attempt += 1;
+                    tracing::debug!(%error, attempt, "sqlite busy while opening; retrying");
+                    tokio::time::sleep(OPEN_RETRY_PAUSE * attempt).await;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    async fn connect(
+        options: &SqliteConnectOptions,
+        config: &Config,
+        leases: Option<Arc<dyn LeaseLayer>>,
+    ) -> Result<Self> {
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
             .acquire_timeout(STORE_ACQUIRE_TIMEOUT)
             .connect_with(options.clone())
             .await
             .map_err(map_sqlx)?;
-        let store_reader = SqlitePoolOptions::new()
+        let reader = SqlitePoolOptions::new()
             .max_connections(READER_CONNECTIONS)
             .acquire_timeout(STORE_ACQUIRE_TIMEOUT)
-            .connect_with(options.read_only(false))
+            .connect_with(options.clone())
             .await
             .map_err(map_sqlx)?;
         let store = Self {
             writer,
-            reader: store_reader,
-            config,
+            reader,
+            config: config.clone(),
             leases,
         };
         store.migrate().await?;

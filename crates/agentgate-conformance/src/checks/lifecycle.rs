@@ -211,3 +211,52 @@ pub async fn overview_shows_holders_and_activity(target: &Target) {
         &counts.into_iter().collect(),
     );
 }
+
+/// Nodes that open a fresh store at the same moment all succeed and agree:
+/// the schema is migrated once, under the store's migration lock. Each node
+/// is a thread with its own runtime, like a process of its own.
+pub async fn concurrent_opens_migrate_once(target: &Target) {
+    const NODES: usize = 8;
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(NODES));
+    let threads: Vec<_> = (0..NODES)
+        .map(|_| {
+            let (store_url, redis_url) = (target.store_url.clone(), target.redis_url.clone());
+            let barrier = std::sync::Arc::clone(&barrier);
+            std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a runtime");
+                barrier.wait();
+                runtime
+                    .block_on(agentgate::Gate::connect(
+                        &store_url,
+                        redis_url.as_deref(),
+                        config(),
+                    ))
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            })
+        })
+        .collect();
+    for thread in threads {
+        let opened = tokio::task::block_in_place(|| thread.join()).expect("a node thread");
+        opened.unwrap_or_else(|e| panic!("a concurrent open failed: {e}"));
+    }
+    // Every node sees one store: a turn begun on one is in flight on another.
+    let first = target.gate(config()).await;
+    let second = target.gate(config()).await;
+    let turn = must_start(&first, "open-user", "open-session", "r").await;
+    let busy = second
+        .begin("open-user", "open-session", "r", &json!({"text": "r"}))
+        .await
+        .expect_err("in flight on every node");
+    assert_eq!(busy.kind(), ErrorKind::RequestInFlight);
+    turn.succeed(&json!("ok")).await.expect("succeed");
+    let counts = [("nodes_opened".to_owned(), NODES)];
+    report(
+        target,
+        "concurrent_opens_migrate_once",
+        &counts.into_iter().collect(),
+    );
+}
