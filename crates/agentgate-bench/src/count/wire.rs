@@ -463,7 +463,7 @@ mod tests {
 
     #[test]
     fn redis_counts_commands_not_arguments() {
-        let stream = b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$4\r\nv\r\nx\r\n*1\r\n$4\r\nPING\r\nPING\r\n";
+        let stream = b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\nx\r\n*1\r\n$4\r\nPING\r\nPING\r\n";
         // SET, the inline `x`, PING, the inline PING.
         assert_eq!(feed_in_pieces(Protocol::Redis, stream), Some((4, 0)));
         assert_eq!(Parser::new(Protocol::Redis).feed(b"*1\r\n:5\r\n"), None);
