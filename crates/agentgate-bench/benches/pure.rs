@@ -31,7 +31,7 @@ fn small_payload() -> Value {
 
 /// About 10 KB: a message with a long history excerpt and tool arguments.
 fn large_payload() -> Value {
-    let history: Vec<Value> = (0..60)
+    let history: Vec<Value> = (0..75)
         .map(|i| {
             json!({
                 "role": if i % 2 == 0 { "user" } else { "assistant" },
