@@ -12,13 +12,12 @@ use agentgate_core::model::{
 };
 use agentgate_core::store::{Completion, LeaseStatus};
 use serde_json::Value;
-use sqlx::{Row, SqliteConnection};
+use sqlx::{Row, Sqlite, SqliteConnection, Transaction};
 
 use crate::begin::now_ms;
 use crate::error::{corrupt, map_sqlx};
 use crate::rows::{execution_snapshot, turn_view, EXECUTION_COLUMNS, TURN_COLUMNS};
 use crate::{SqliteStore, NOW_MS};
-use agentgate_core::lease::LeaseLayer;
 
 /// A live lease, as checked inside a step's transaction.
 pub(crate) struct LiveLease {
@@ -35,9 +34,38 @@ pub(crate) async fn check_lease(
     lease: &LeaseRef,
 ) -> Result<LiveLease> {
     match &store.leases {
-        Some(layer) => check_external(layer.as_ref(), conn, lease).await,
+        Some(layer) => {
+            let held = layer
+                .holds(lease.turn_id.as_str(), &lease.token.digest_hex())
+                .await?;
+            check_external(held, conn, lease).await
+        }
         None => check_in_row(conn, lease).await,
     }
+}
+
+/// Opens a step's write transaction and checks the lease in it. With an
+/// external layer the layer is asked first, before the write lock is taken,
+/// so SQLite's single writer never waits on a Redis round trip; the fence
+/// check inside the transaction still guards every write.
+pub(crate) async fn locked_step(
+    store: &SqliteStore,
+    lease: &LeaseRef,
+) -> Result<(Transaction<'static, Sqlite>, LiveLease)> {
+    let held = match &store.leases {
+        Some(layer) => Some(
+            layer
+                .holds(lease.turn_id.as_str(), &lease.token.digest_hex())
+                .await?,
+        ),
+        None => None,
+    };
+    let mut tx = store.write().await?;
+    let live = match held {
+        Some(held) => check_external(held, &mut tx, lease).await?,
+        None => check_in_row(&mut tx, lease).await?,
+    };
+    Ok((tx, live))
 }
 
 /// With an external lease layer: the layer must hold the lease, and the
@@ -45,13 +73,10 @@ pub(crate) async fn check_lease(
 /// check is what stops a holder whose layer lease vanished (Redis restarted)
 /// after a newer turn was granted.
 async fn check_external(
-    layer: &dyn LeaseLayer,
+    held: Option<agentgate_core::lease::LiveLease>,
     conn: &mut SqliteConnection,
     lease: &LeaseRef,
 ) -> Result<LiveLease> {
-    let held = layer
-        .holds(lease.turn_id.as_str(), &lease.token.digest_hex())
-        .await?;
     let now = now_ms(conn).await?;
     let row: Option<(String, String, i64, Option<i64>)> = sqlx::query_as(
         "SELECT t.session_id, t.state, t.fence, s.fence FROM ag_turns t \
@@ -165,8 +190,7 @@ pub(crate) async fn claim_tool(
     lease: &LeaseRef,
     call: &ToolCall,
 ) -> Result<ToolClaim> {
-    let mut tx = store.write().await?;
-    let live = check_lease(store, &mut tx, lease).await?;
+    let (mut tx, live) = locked_step(store, lease).await?;
     let existing = sqlx::query(&format!(
         "SELECT {EXECUTION_COLUMNS} FROM ag_tool_executions WHERE turn_id = ? AND tool = ? AND args_hash = ?"
     ))
@@ -302,8 +326,7 @@ pub(crate) async fn complete_tool(
     execution_id: &ExecutionId,
     completion: Completion<'_>,
 ) -> Result<Value> {
-    let mut tx = store.write().await?;
-    let live = check_lease(store, &mut tx, lease).await?;
+    let (mut tx, live) = locked_step(store, lease).await?;
     check_execution(&mut tx, lease, execution_id, &live).await?;
     let result = match completion {
         Completion::Result(json) => json,
@@ -334,8 +357,7 @@ pub(crate) async fn fail_tool(
     execution_id: &ExecutionId,
     error: &CanonicalJson,
 ) -> Result<()> {
-    let mut tx = store.write().await?;
-    let live = check_lease(store, &mut tx, lease).await?;
+    let (mut tx, live) = locked_step(store, lease).await?;
     check_execution(&mut tx, lease, execution_id, &live).await?;
     sqlx::query(
         "UPDATE ag_tool_executions SET state = 'failed', error = ?1, updated_at_ms = ?2 \
@@ -356,8 +378,7 @@ pub(crate) async fn end_turn(
     lease: &LeaseRef,
     ending: &Ending,
 ) -> Result<TurnView> {
-    let mut tx = store.write().await?;
-    let live = check_lease(store, &mut tx, lease).await?;
+    let (mut tx, live) = locked_step(store, lease).await?;
     let now = live.now_ms;
     let (state, response, error, retryable, pending) = match ending {
         Ending::Succeed { response } => ("succeeded", Some(response.as_str()), None, None, None),
