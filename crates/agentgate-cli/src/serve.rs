@@ -152,10 +152,11 @@ impl ServeArgs {
 /// # Errors
 /// When a flag is invalid, the store cannot be opened or the address bound.
 pub async fn run(args: ServeArgs) -> Result<(), BoxError> {
+    let shutdown = shutdown_signal();
     let server = Server::bind(args.into_config()?).await?;
     let mut stdout = std::io::stdout();
     writeln!(stdout, "listening on {}", server.local_addr())?;
     stdout.flush()?;
-    server.run(shutdown_signal()).await?;
+    server.run(shutdown).await?;
     Ok(())
 }

@@ -243,33 +243,41 @@ pub async fn serve(
 /// Completes on Ctrl-C or SIGTERM (the signals a terminal and a container
 /// runtime send). If a signal handler cannot be installed, that signal is
 /// ignored and the other still works.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
+    // The handlers are installed now, not when the future is first polled:
+    // a signal that arrives between "listening on" and the first poll must
+    // still shut down gracefully instead of killing the process.
+    #[cfg(unix)]
+    let signals = {
+        use tokio::signal::unix::{signal, SignalKind};
+        (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        )
+    };
+    async move {
+        #[cfg(unix)]
+        match signals {
+            (Ok(mut terminate), Ok(mut interrupt)) => {
+                tokio::select! {
+                    _ = terminate.recv() => {}
+                    _ = interrupt.recv() => {}
+                }
+            }
+            (terminate, interrupt) => {
+                if let Err(error) = terminate.and(interrupt) {
+                    tracing::error!(%error, "cannot listen for SIGTERM or Ctrl-C");
+                }
+                std::future::pending::<()>().await;
+            }
+        }
+        #[cfg(not(unix))]
         if let Err(error) = tokio::signal::ctrl_c().await {
             tracing::error!(%error, "cannot listen for Ctrl-C");
             std::future::pending::<()>().await;
         }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut stream) => {
-                stream.recv().await;
-            }
-            Err(error) => {
-                tracing::error!(%error, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = terminate => {}
+        tracing::info!("shutdown requested: finishing requests in flight");
     }
-    tracing::info!("shutdown requested: finishing requests in flight");
 }
 
 #[cfg(test)]
