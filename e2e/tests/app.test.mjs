@@ -78,8 +78,10 @@ test("two tabs on one session: the second is told to wait, the ledger stays cons
   await eventually(async () => (await finals(tabB)) === 2, { timeoutMs: REPLY_TIMEOUT_MS, what: "B's reply" });
   const amounts = (await entries(server.base, user)).map((e) => e.amount_cents).sort((a, b) => a - b);
   assert.deepEqual(amounts, [1800, 2500]);
-  const ledgerText = await tabB.textContent("#entries");
-  assert.match(ledgerText, /25\.00/);
+  // The ledger pane refreshes after the reply; wait for it rather than race it.
+  await eventually(async () => /25\.00/.test(await tabB.textContent("#entries")), {
+    what: "tab B's ledger pane to show the second entry",
+  });
   await tabA.close();
   await tabB.close();
 });
