@@ -12,6 +12,7 @@
 //! - [`store`]: the [`store::Store`] trait every backend implements.
 //! - [`lease`]: the [`lease::LeaseLayer`] trait for leases kept outside SQL
 //!   (Redis), with fencing still enforced by the SQL store.
+//! - [`retry`]: the bounded retry schedule after a transient store conflict.
 //! - [`error`]: the one error enum of the engine boundary and its [`error::ErrorKind`].
 //!
 //! Architecture invariant: nothing here opens a socket, a file or reads a
@@ -26,6 +27,7 @@ pub mod ids;
 pub mod lease;
 pub mod limits;
 pub mod model;
+pub mod retry;
 pub mod store;
 
 pub use error::{Error, ErrorKind, Result};
