@@ -3,18 +3,18 @@
 //! one row write, so they are taken together or not at all.
 
 use agentgate_core::decide::{
-    decide_begin, BeginDecision, BeginFacts, StartKind, TurnSnapshot, UserLoad,
+    decide_begin, BeginDecision, BeginFacts, SessionSnapshot, StartKind, TurnSnapshot, UserLoad,
 };
 use std::time::Duration;
 
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{Fence, LeaseToken, TurnId};
 use agentgate_core::lease::{refuse_if_held, Acquired, LeaseClaim, LeaseLayer};
-use agentgate_core::model::{BeginCommand, BeginOutcome, Grant, TurnState};
-use sqlx::{Sqlite, SqliteConnection, Transaction};
+use agentgate_core::model::{BeginCommand, BeginOutcome, ConfirmationContext, Grant};
+use sqlx::{Row, Sqlite, SqliteConnection, Transaction};
 
-use crate::error::map_sqlx;
-use crate::rows::{session_snapshot, turn_snapshot, turn_view, SESSION_COLUMNS, TURN_COLUMNS};
+use crate::error::{corrupt, map_sqlx};
+use crate::rows::{session_snapshot, turn_snapshot, turn_view, TURN_COLUMNS};
 use crate::{SqliteStore, NOW_MS};
 
 pub(crate) async fn now_ms(conn: &mut SqliteConnection) -> Result<i64> {
@@ -35,28 +35,66 @@ async fn turn_by_id(conn: &mut SqliteConnection, turn_id: &str) -> Result<Option
     row.as_ref().map(turn_snapshot).transpose()
 }
 
-async fn user_load(
-    conn: &mut SqliteConnection,
-    user_id: &str,
-    default_cap: u32,
+/// Everything `decide_begin` reads about this request but the confirmation
+/// chain, in one statement: the store's now, the user's load (cap override,
+/// live permits, soonest expiry), the session, and the session's turn for
+/// this client request. (SQLite evaluates `now` once per statement step.)
+struct Snapshot {
     now_ms: i64,
-) -> Result<UserLoad> {
-    let (cap, live, soonest): (Option<i64>, i64, Option<i64>) = sqlx::query_as(
-        "SELECT (SELECT max_turns FROM ag_users WHERE user_id = ?1), COUNT(*), \
-         MIN(lease_expires_at_ms) FROM ag_sessions \
-         WHERE user_id = ?1 AND lease_expires_at_ms > ?2",
-    )
-    .bind(user_id)
-    .bind(now_ms)
+    load: UserLoad,
+    session: Option<SessionSnapshot>,
+    turn: Option<TurnSnapshot>,
+}
+
+async fn snapshot(
+    conn: &mut SqliteConnection,
+    command: &BeginCommand,
+    default_cap: u32,
+) -> Result<Snapshot> {
+    let row = sqlx::query(&format!(
+        "SELECT l.now_ms, l.cap, l.live, l.soonest, \
+         s.user_id, s.holder_turn_id, s.lease_expires_at_ms, s.pending_turn_id, \
+         s.pending_expires_at_ms, \
+         t.turn_id, t.session_id, t.fingerprint, t.state, t.attempt, t.retryable, t.confirmed_by \
+         FROM (SELECT {NOW_MS} AS now_ms, \
+               (SELECT max_turns FROM ag_users WHERE user_id = ?1) AS cap, \
+               COUNT(*) AS live, MIN(lease_expires_at_ms) AS soonest \
+               FROM ag_sessions WHERE user_id = ?1 AND lease_expires_at_ms > {NOW_MS}) l \
+         LEFT JOIN ag_sessions s ON s.session_id = ?2 \
+         LEFT JOIN ag_turns t ON t.session_id = ?2 AND t.client_request_id = ?3"
+    ))
+    .bind(command.user_id.as_str())
+    .bind(command.session_id.as_str())
+    .bind(command.client_request_id.as_str())
     .fetch_one(conn)
     .await
     .map_err(map_sqlx)?;
-    Ok(UserLoad {
-        cap: cap
+    let get = |column: &str| row.try_get::<Option<i64>, _>(column).map_err(map_sqlx);
+    let present = |column: &str| {
+        row.try_get::<Option<String>, _>(column)
+            .map(|v| v.is_some())
+            .map_err(map_sqlx)
+    };
+    let load = UserLoad {
+        cap: get("cap")?
             .and_then(|c| u32::try_from(c).ok())
             .unwrap_or(default_cap),
-        live: u32::try_from(live).unwrap_or(u32::MAX),
-        soonest_expiry_ms: soonest,
+        live: u32::try_from(get("live")?.unwrap_or(0)).unwrap_or(u32::MAX),
+        soonest_expiry_ms: get("soonest")?,
+    };
+    Ok(Snapshot {
+        now_ms: get("now_ms")?.unwrap_or_default(),
+        load,
+        session: if present("user_id")? {
+            Some(session_snapshot(&row)?)
+        } else {
+            None
+        },
+        turn: if present("turn_id")? {
+            Some(turn_snapshot(&row)?)
+        } else {
+            None
+        },
     })
 }
 
@@ -80,28 +118,12 @@ async fn begin_in(
     tx: &mut Transaction<'static, Sqlite>,
     command: &BeginCommand,
 ) -> Result<BeginOutcome> {
-    let now = now_ms(tx).await?;
-    let session = sqlx::query(&format!(
-        "SELECT {SESSION_COLUMNS} FROM ag_sessions WHERE session_id = ?"
-    ))
-    .bind(command.session_id.as_str())
-    .fetch_optional(&mut **tx)
-    .await
-    .map_err(map_sqlx)?
-    .as_ref()
-    .map(session_snapshot)
-    .transpose()?;
-    let turn = sqlx::query(&format!(
-        "SELECT {TURN_COLUMNS} FROM ag_turns WHERE session_id = ? AND client_request_id = ?"
-    ))
-    .bind(command.session_id.as_str())
-    .bind(command.client_request_id.as_str())
-    .fetch_optional(&mut **tx)
-    .await
-    .map_err(map_sqlx)?
-    .as_ref()
-    .map(turn_snapshot)
-    .transpose()?;
+    let Snapshot {
+        now_ms: now,
+        load,
+        session,
+        turn,
+    } = snapshot(tx, command, store.config.max_turns_per_user).await?;
     let confirms = command.confirmation.as_ref().map(|c| c.turn_id.as_str());
     let confirm_target = match (confirms, &turn) {
         (Some(target), None) => turn_by_id(tx, target).await?,
@@ -114,13 +136,6 @@ async fn begin_in(
         Some(next) => turn_by_id(tx, next).await?,
         None => None,
     };
-    let load = user_load(
-        tx,
-        command.user_id.as_str(),
-        store.config.max_turns_per_user,
-        now,
-    )
-    .await?;
     let facts = BeginFacts {
         now_ms: now,
         user_id: command.user_id.as_str(),
@@ -290,13 +305,14 @@ async fn start(
             tracing::warn!(%error, turn_id = %turn_id, "could not release an unwritten grant");
         }
     }
-    written?;
-    let view = match replay(tx, turn_id.as_str()).await? {
-        BeginOutcome::Replay(view) => view,
-        BeginOutcome::Started(_) => unreachable!("replay returns a view"),
+    let confirmation = match written? {
+        Written::Inserted(confirmation) => confirmation,
+        // A restarted turn keeps the confirmation it was begun with.
+        Written::Restarted => match replay(tx, turn_id.as_str()).await? {
+            BeginOutcome::Replay(view) => view.confirmation,
+            BeginOutcome::Started(_) => unreachable!("replay returns a view"),
+        },
     };
-    debug_assert_eq!(view.state, TurnState::Running);
-    debug_assert_eq!(view.fence, fence);
     Ok(BeginOutcome::Started(Grant {
         turn_id,
         session_id: command.session_id.clone(),
@@ -307,8 +323,16 @@ async fn start(
         attempt,
         takeover: kind == StartKind::Takeover,
         lease_expires_in_ms,
-        confirmation: view.confirmation,
+        confirmation,
     }))
+}
+
+/// What [`write_grant`] wrote for the turn.
+enum Written {
+    /// A new turn; a confirmation turn carries its context.
+    Inserted(Option<ConfirmationContext>),
+    /// An existing turn, restarted under the new fence.
+    Restarted,
 }
 
 /// Writes a grant: the session row (holder, token digest, fence, expiry)
@@ -321,7 +345,7 @@ async fn write_grant(
     fence: Fence,
     row_expiry: Option<i64>,
     plan: &StartPlan<'_>,
-) -> Result<()> {
+) -> Result<Written> {
     let StartPlan {
         existing,
         kind,
@@ -361,10 +385,12 @@ async fn write_grant(
         .execute(&mut **tx)
         .await
         .map_err(map_sqlx)?;
+        Ok(Written::Restarted)
     } else {
-        insert_turn(tx, command, turn_id, fence, now).await?;
+        insert_turn(tx, command, turn_id, fence, now)
+            .await
+            .map(Written::Inserted)
     }
-    Ok(())
 }
 
 async fn insert_turn(
@@ -373,34 +399,28 @@ async fn insert_turn(
     turn_id: &TurnId,
     fence: Fence,
     now: i64,
-) -> Result<()> {
+) -> Result<Option<ConfirmationContext>> {
     // A confirmation turn carries the pending action and the decision; the
     // pending turn becomes `confirmed` in the same transaction.
     let (pending, decision) = match &command.confirmation {
         Some(confirmation) => {
-            let pending: Option<Option<String>> =
-                sqlx::query_scalar("SELECT pending FROM ag_turns WHERE turn_id = ?")
-                    .bind(confirmation.turn_id.as_str())
-                    .fetch_optional(&mut **tx)
-                    .await
-                    .map_err(map_sqlx)?;
-            let updated = sqlx::query(
+            let confirmed: Option<Option<String>> = sqlx::query_scalar(
                 "UPDATE ag_turns SET state = 'confirmed', confirmed_by = ?1, updated_at_ms = ?2 \
-                 WHERE turn_id = ?3 AND state = 'awaiting_confirmation'",
+                 WHERE turn_id = ?3 AND state = 'awaiting_confirmation' RETURNING pending",
             )
             .bind(turn_id.as_str())
             .bind(now)
             .bind(confirmation.turn_id.as_str())
-            .execute(&mut **tx)
+            .fetch_optional(&mut **tx)
             .await
             .map_err(map_sqlx)?;
-            if updated.rows_affected() != 1 {
+            let Some(pending) = confirmed else {
                 return Err(Error::not_found(format!(
                     "pending confirmation of turn {}",
                     confirmation.turn_id
                 )));
-            }
-            (pending.flatten(), Some(confirmation.decision.as_str()))
+            };
+            (pending, Some(confirmation.decision.as_str()))
         }
         None => (None, None),
     };
@@ -415,12 +435,26 @@ async fn insert_turn(
     .bind(command.client_request_id.as_str())
     .bind(command.fingerprint.as_hex())
     .bind(fence.0)
-    .bind(pending)
+    .bind(pending.as_deref())
     .bind(command.confirmation.as_ref().map(|c| c.turn_id.as_str()))
     .bind(decision)
     .bind(now)
     .execute(&mut **tx)
     .await
     .map_err(map_sqlx)?;
-    Ok(())
+    command
+        .confirmation
+        .as_ref()
+        .map(|confirmation| {
+            Ok(ConfirmationContext {
+                turn_id: confirmation.turn_id.clone(),
+                decision: confirmation.decision,
+                pending: match pending.as_deref() {
+                    Some(text) => serde_json::from_str(text)
+                        .map_err(|e| corrupt(format!("stored pending: {e}")))?,
+                    None => serde_json::Value::Null,
+                },
+            })
+        })
+        .transpose()
 }

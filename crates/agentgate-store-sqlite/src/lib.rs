@@ -6,11 +6,15 @@
 //! - `views`: read-only views and the retention sweeper.
 //! - `error`: SQLite errors mapped to the engine's portable [`Error`].
 //!
-//! Every protocol step runs in a `BEGIN IMMEDIATE` transaction on the writer
-//! pool (one connection), so in-process steps queue in FIFO order instead of
-//! spinning in SQLite's busy handler, and steps from other processes on the
-//! same file wait on the busy timeout. Reads for views use a separate pool;
-//! under WAL they never block the writer.
+//! Every protocol step writes on the writer pool (one connection), so
+//! in-process steps queue in FIFO order instead of spinning in SQLite's busy
+//! handler, and steps from other processes on the same file wait on the busy
+//! timeout. A step that reads before it decides runs in one `BEGIN IMMEDIATE`
+//! transaction; a step whose common case is one write (heartbeat, a first
+//! tool claim, a tool completion) is one autocommit statement carrying the
+//! whole lease check, which SQLite runs as atomically as a transaction (see
+//! `steps`). Reads for views and for explaining a refusal use a separate
+//! pool; under WAL they never block the writer.
 //!
 //! Architecture invariant: the decisions come from `agentgate_core::decide`;
 //! this crate reads snapshots and applies decisions, nothing more. Time is the
@@ -24,6 +28,7 @@ mod steps;
 mod views;
 
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -75,6 +80,9 @@ pub struct SqliteStore {
     /// Where leases and permits live when not in the session rows (Redis).
     /// Fences and every durable record stay here either way.
     leases: Option<Arc<dyn LeaseLayer>>,
+    /// Explicit write transactions begun (`BEGIN IMMEDIATE`), for
+    /// [`SqliteStore::transactions_begun`].
+    transactions: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -161,6 +169,7 @@ impl SqliteStore {
             reader,
             config: config.clone(),
             leases,
+            transactions: Arc::default(),
         };
         store.migrate().await?;
         Ok(store)
@@ -170,6 +179,7 @@ impl SqliteStore {
     /// takes the write lock up front, so a step that reads then writes never
     /// fails to upgrade its snapshot.
     pub(crate) async fn write(&self) -> Result<Transaction<'static, Sqlite>> {
+        self.transactions.fetch_add(1, Ordering::Relaxed);
         self.writer
             .begin_with("BEGIN IMMEDIATE")
             .await
@@ -199,6 +209,14 @@ impl SqliteStore {
                 .map_err(map_sqlx)?;
         }
         tx.commit().await.map_err(map_sqlx)
+    }
+
+    /// How many explicit write transactions (`BEGIN IMMEDIATE … COMMIT` or
+    /// `ROLLBACK`) this store has begun. Each is two calls into SQLite beyond
+    /// its statements; single-statement steps run without one (autocommit).
+    /// For benchmarks that count calls per step.
+    pub fn transactions_begun(&self) -> u64 {
+        self.transactions.load(Ordering::Relaxed)
     }
 
     /// The underlying writer pool, for applications that keep their own tables

@@ -23,10 +23,6 @@ pub(crate) const TURN_COLUMNS: &str = "turn_id, session_id, user_id, client_requ
 pub(crate) const EXECUTION_COLUMNS: &str =
     "execution_id, turn_id, tool, state, attempt, fence, result, error";
 
-/// The columns [`session_snapshot`] reads.
-pub(crate) const SESSION_COLUMNS: &str = "user_id, holder_turn_id, lease_expires_at_ms, \
-    pending_turn_id, pending_expires_at_ms";
-
 fn get<'r, T>(row: &'r SqliteRow, column: &str) -> Result<T>
 where
     T: sqlx::Decode<'r, sqlx::Sqlite> + sqlx::Type<sqlx::Sqlite>,

@@ -1,6 +1,17 @@
 //! The steps after a grant: heartbeat, tool claims and completions, turn
 //! endings. Each is conditioned on the caller's lease token (by its digest)
 //! and fence, and on the lease being live on the SQLite clock.
+//!
+//! The common case of each step is as few calls into SQLite as its writes:
+//! a heartbeat, a first tool claim and a tool completion or failure with a
+//! result are one autocommit statement each, whose `WHERE` carries the whole
+//! lease check ([`live_fence`]); a turn ending is `BEGIN IMMEDIATE`, the
+//! turn's update (`RETURNING` its view), the session's release, `COMMIT`.
+//! When such a statement changes no row, the step falls back to reading the
+//! state in a transaction, which either explains the refusal (`lease_lost`,
+//! `not_found`, a cached result, a tool in flight) or does the rarer work
+//! (a reclaim, a same-transaction effect). SQLite has one writer, so a
+//! single statement's check and write see the same state.
 
 use agentgate_core::canonical::CanonicalJson;
 use agentgate_core::decide::{decide_tool_claim, ToolDecision};
@@ -10,18 +21,18 @@ use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
 use agentgate_core::model::{
     idempotency_key, Ending, LeaseRef, PreviousOutcome, ToolCall, ToolClaim, TurnView,
 };
-use agentgate_core::store::{Completion, LeaseStatus};
+use agentgate_core::store::{Completion, LeaseStatus, SqlEffect};
 use serde_json::Value;
+use sqlx::query::Query;
+use sqlx::sqlite::SqliteArguments;
 use sqlx::{Row, Sqlite, SqliteConnection, Transaction};
 
-use crate::begin::now_ms;
 use crate::error::{corrupt, map_sqlx};
 use crate::rows::{execution_snapshot, turn_view, EXECUTION_COLUMNS, TURN_COLUMNS};
 use crate::{SqliteStore, NOW_MS};
 
 /// A live lease, as checked inside a step's transaction.
 pub(crate) struct LiveLease {
-    pub session_id: String,
     pub fence: Fence,
     pub lease_expires_at_ms: i64,
     pub now_ms: i64,
@@ -42,6 +53,73 @@ pub(crate) async fn check_lease(
         }
         None => check_in_row(conn, lease).await,
     }
+}
+
+/// What a one-statement step binds as `?2` to prove its lease inside the
+/// statement (`?1` is always the turn id); see [`live_fence`].
+enum Proof {
+    /// The lease lives in the session row: the token's digest.
+    Token(String),
+    /// The lease lives in the layer, which holds it under this fence.
+    Layer(Fence),
+}
+
+impl Proof {
+    /// The caller's proof, or `None` when the layer says it holds no lease
+    /// (the step then goes straight to explaining the refusal).
+    async fn of(store: &SqliteStore, lease: &LeaseRef) -> Result<Option<Self>> {
+        let digest = lease.token.digest_hex();
+        match &store.leases {
+            None => Ok(Some(Self::Token(digest))),
+            Some(layer) => Ok(layer
+                .holds(lease.turn_id.as_str(), &digest)
+                .await?
+                .map(|live| Self::Layer(live.fence))),
+        }
+    }
+
+    /// A scalar subquery: the fence of the caller's lease when it is live,
+    /// else NULL, so `fence = {live_fence}` fails for a lost lease. The turn
+    /// must be running; in the row, the session must name it as holder with
+    /// this token's digest and an expiry after the store's now; with a
+    /// layer, the layer's fence must be the turn's and the session's newest.
+    fn live_fence(&self) -> String {
+        match self {
+            Self::Token(_) => format!(
+                "(SELECT s.fence FROM ag_turns t JOIN ag_sessions s ON s.session_id = t.session_id \
+                 WHERE t.turn_id = ?1 AND t.state = 'running' AND s.holder_turn_id = ?1 \
+                 AND s.lease_token_hash = ?2 AND s.lease_expires_at_ms > {NOW_MS})"
+            ),
+            Self::Layer(_) => "(SELECT t.fence FROM ag_turns t JOIN ag_sessions s \
+                 ON s.session_id = t.session_id WHERE t.turn_id = ?1 AND t.state = 'running' \
+                 AND t.fence = ?2 AND s.fence = t.fence)"
+                .to_owned(),
+        }
+    }
+
+    /// `sql` (which uses [`Proof::live_fence`]) with `?1` and `?2` bound.
+    fn query<'q>(
+        &self,
+        sql: &'q str,
+        lease: &'q LeaseRef,
+    ) -> Query<'q, Sqlite, SqliteArguments<'q>> {
+        let query = sqlx::query(sql).bind(lease.turn_id.as_str());
+        match self {
+            Self::Token(digest) => query.bind(digest.clone()),
+            Self::Layer(fence) => query.bind(fence.0),
+        }
+    }
+}
+
+/// How many times a one-statement step runs before giving up when it
+/// changed no row yet the explanation found nothing wrong (the state moved
+/// between the two; in practice never twice).
+const FAST_ATTEMPTS: u32 = 2;
+
+/// The error for a step whose statement kept changing no row while every
+/// explanation found the lease live: the state is moving under it.
+fn unsettled(step: &str) -> Error {
+    Error::conflict(format!("{step}: the lease's state changed during the step"))
 }
 
 /// Opens a step's write transaction and checks the lease in it. With an
@@ -77,16 +155,15 @@ async fn check_external(
     conn: &mut SqliteConnection,
     lease: &LeaseRef,
 ) -> Result<LiveLease> {
-    let now = now_ms(conn).await?;
-    let row: Option<(String, String, i64, Option<i64>)> = sqlx::query_as(
-        "SELECT t.session_id, t.state, t.fence, s.fence FROM ag_turns t \
-         LEFT JOIN ag_sessions s ON s.session_id = t.session_id WHERE t.turn_id = ?",
-    )
+    let row: Option<(String, i64, Option<i64>, i64)> = sqlx::query_as(&format!(
+        "SELECT t.state, t.fence, s.fence, {NOW_MS} FROM ag_turns t \
+         LEFT JOIN ag_sessions s ON s.session_id = t.session_id WHERE t.turn_id = ?"
+    ))
     .bind(lease.turn_id.as_str())
     .fetch_optional(&mut *conn)
     .await
     .map_err(map_sqlx)?;
-    let (session_id, state, turn_fence, session_fence) =
+    let (state, turn_fence, session_fence, now) =
         row.ok_or_else(|| Error::not_found(format!("turn {}", lease.turn_id)))?;
     let reason = match held {
         _ if state != "running" => "turn already ended",
@@ -96,7 +173,6 @@ async fn check_external(
         }
         Some(live) => {
             return Ok(LiveLease {
-                session_id,
                 fence: live.fence,
                 lease_expires_at_ms: now + live.expires_in_ms,
                 now_ms: now,
@@ -109,17 +185,17 @@ async fn check_external(
 /// Leases in the session rows: the row must name this turn, this token's
 /// digest, and an expiry after the store's now.
 async fn check_in_row(conn: &mut SqliteConnection, lease: &LeaseRef) -> Result<LiveLease> {
-    let now = now_ms(conn).await?;
-    let row = sqlx::query(
-        "SELECT t.session_id, t.state, s.holder_turn_id, s.lease_token_hash, s.fence, \
-         s.lease_expires_at_ms FROM ag_turns t LEFT JOIN ag_sessions s ON s.session_id = t.session_id \
-         WHERE t.turn_id = ?",
-    )
+    let row = sqlx::query(&format!(
+        "SELECT t.state, s.holder_turn_id, s.lease_token_hash, s.fence, \
+         s.lease_expires_at_ms, {NOW_MS} AS now_ms FROM ag_turns t \
+         LEFT JOIN ag_sessions s ON s.session_id = t.session_id WHERE t.turn_id = ?"
+    ))
     .bind(lease.turn_id.as_str())
     .fetch_optional(&mut *conn)
     .await
     .map_err(map_sqlx)?
     .ok_or_else(|| Error::not_found(format!("turn {}", lease.turn_id)))?;
+    let now: i64 = row.try_get("now_ms").map_err(map_sqlx)?;
     let state: String = row.try_get("state").map_err(map_sqlx)?;
     let holder: Option<String> = row.try_get("holder_turn_id").map_err(map_sqlx)?;
     let token_hash: Option<String> = row.try_get("lease_token_hash").map_err(map_sqlx)?;
@@ -134,7 +210,6 @@ async fn check_in_row(conn: &mut SqliteConnection, lease: &LeaseRef) -> Result<L
         "lease expired"
     } else {
         return Ok(LiveLease {
-            session_id: row.try_get("session_id").map_err(map_sqlx)?,
             fence: Fence(row.try_get("fence").map_err(map_sqlx)?),
             lease_expires_at_ms: expires.unwrap_or(now),
             now_ms: now,
@@ -159,8 +234,8 @@ pub(crate) async fn heartbeat(store: &SqliteStore, lease: &LeaseRef) -> Result<L
             reason: "lease expired",
         });
     }
-    let mut tx = store.write().await?;
-    // One statement renews session lease, permit (the same row) and turn.
+    // One autocommit statement renews session lease, permit (the same row)
+    // and turn.
     let renewed = sqlx::query(&format!(
         "UPDATE ag_sessions SET lease_expires_at_ms = {NOW_MS} + ?1, updated_at_ms = {NOW_MS} \
          WHERE session_id = (SELECT session_id FROM ag_turns WHERE turn_id = ?2) \
@@ -169,17 +244,18 @@ pub(crate) async fn heartbeat(store: &SqliteStore, lease: &LeaseRef) -> Result<L
     .bind(ttl_ms)
     .bind(lease.turn_id.as_str())
     .bind(lease.token.digest_hex())
-    .execute(&mut *tx)
+    .execute(&store.writer)
     .await
     .map_err(map_sqlx)?;
     if renewed.rows_affected() == 0 {
-        // Explain the refusal; nothing was written.
-        check_lease(store, &mut tx, lease).await?;
+        // Explain the refusal; nothing was written. A lease that was not live
+        // for the statement cannot have become live since.
+        let mut conn = store.reader.acquire().await.map_err(map_sqlx)?;
+        check_lease(store, &mut conn, lease).await?;
         return Err(Error::LeaseLost {
             reason: "lease expired",
         });
     }
-    tx.commit().await.map_err(map_sqlx)?;
     Ok(LeaseStatus {
         lease_expires_in_ms: ttl_ms,
     })
@@ -190,6 +266,11 @@ pub(crate) async fn claim_tool(
     lease: &LeaseRef,
     call: &ToolCall,
 ) -> Result<ToolClaim> {
+    if let Some(claim) = first_claim(store, lease, call).await? {
+        return Ok(claim);
+    }
+    // Not a first claim (or a lost lease, or the turn's execution limit):
+    // read the execution and let `decide_tool_claim` say.
     let (mut tx, live) = locked_step(store, lease).await?;
     let existing = sqlx::query(&format!(
         "SELECT {EXECUTION_COLUMNS} FROM ag_tool_executions WHERE turn_id = ? AND tool = ? AND args_hash = ?"
@@ -239,6 +320,45 @@ pub(crate) async fn claim_tool(
     };
     tx.commit().await.map_err(map_sqlx)?;
     Ok(claim)
+}
+
+/// A first claim of a call, in one statement: inserts the execution when
+/// the lease is live, the call has no execution yet and the turn is under its
+/// execution limit — exactly the case where `decide_tool_claim` says
+/// `Insert`. `None` when it inserted nothing.
+async fn first_claim(
+    store: &SqliteStore,
+    lease: &LeaseRef,
+    call: &ToolCall,
+) -> Result<Option<ToolClaim>> {
+    let Some(proof) = Proof::of(store, lease).await? else {
+        return Ok(None);
+    };
+    let execution_id = ExecutionId::generate();
+    let key = idempotency_key(&lease.turn_id, call);
+    let sql = format!(
+        "INSERT INTO ag_tool_executions (execution_id, turn_id, tool, args_hash, \
+         idempotency_key, state, attempt, fence, created_at_ms, updated_at_ms) \
+         SELECT ?3, ?1, ?4, ?5, ?6, 'running', 1, live.fence, {NOW_MS}, {NOW_MS} \
+         FROM (SELECT {} AS fence) live WHERE live.fence IS NOT NULL \
+         AND (SELECT COUNT(*) FROM ag_tool_executions WHERE turn_id = ?1) < ?7 \
+         ON CONFLICT DO NOTHING",
+        proof.live_fence()
+    );
+    let inserted = proof
+        .query(&sql, lease)
+        .bind(execution_id.as_str())
+        .bind(call.tool.as_str())
+        .bind(call.args_hash.as_hex())
+        .bind(key.as_str())
+        .bind(i64::from(MAX_EXECUTIONS_PER_TURN))
+        .execute(&store.writer)
+        .await
+        .map_err(map_sqlx)?;
+    if inserted.rows_affected() == 0 {
+        return Ok(None);
+    }
+    execute(execution_id.as_str().to_owned(), key, 1, None).map(Some)
 }
 
 fn execute(
@@ -320,22 +440,85 @@ async fn check_execution(
     }
 }
 
+/// How a running execution ends: its state and the column its JSON goes in.
+#[derive(Clone, Copy)]
+enum Finish {
+    Succeeded,
+    Failed,
+}
+
+/// Ends a running execution under a live lease in one autocommit statement;
+/// when that changes no row, explains why (or, if nothing is wrong any more,
+/// runs it again).
+async fn finish_execution(
+    store: &SqliteStore,
+    lease: &LeaseRef,
+    execution_id: &ExecutionId,
+    finish: Finish,
+    json: &CanonicalJson,
+) -> Result<()> {
+    let (state, column) = match finish {
+        Finish::Succeeded => ("succeeded", "result"),
+        Finish::Failed => ("failed", "error"),
+    };
+    for _ in 0..FAST_ATTEMPTS {
+        if let Some(proof) = Proof::of(store, lease).await? {
+            let sql = format!(
+                "UPDATE ag_tool_executions SET state = '{state}', {column} = ?3, \
+                 updated_at_ms = {NOW_MS} WHERE execution_id = ?4 AND turn_id = ?1 \
+                 AND state = 'running' AND fence = {}",
+                proof.live_fence()
+            );
+            let updated = proof
+                .query(&sql, lease)
+                .bind(json.as_str())
+                .bind(execution_id.as_str())
+                .execute(&store.writer)
+                .await
+                .map_err(map_sqlx)?;
+            if updated.rows_affected() == 1 {
+                return Ok(());
+            }
+        }
+        let mut conn = store.reader.acquire().await.map_err(map_sqlx)?;
+        let live = check_lease(store, &mut conn, lease).await?;
+        check_execution(&mut conn, lease, execution_id, &live).await?;
+    }
+    Err(unsettled("tool completion"))
+}
+
 pub(crate) async fn complete_tool(
     store: &SqliteStore,
     lease: &LeaseRef,
     execution_id: &ExecutionId,
     completion: Completion<'_>,
 ) -> Result<Value> {
-    let (mut tx, live) = locked_step(store, lease).await?;
-    check_execution(&mut tx, lease, execution_id, &live).await?;
     let result = match completion {
-        Completion::Result(json) => json,
+        Completion::Result(json) => {
+            finish_execution(store, lease, execution_id, Finish::Succeeded, &json).await?;
+            json
+        }
         Completion::Effect(effect) => {
-            let connection: &mut SqliteConnection = &mut tx;
-            let value = effect.apply(connection).await.map_err(Error::Effect)?;
-            CanonicalJson::new("result", &value)?
+            effect_then_complete(store, lease, execution_id, effect).await?
         }
     };
+    serde_json::from_str(result.as_str()).map_err(|e| corrupt(format!("tool result: {e}")))
+}
+
+/// The same-transaction case: the lease and the execution are checked, the
+/// caller's effect runs and the success mark is written in one write
+/// transaction, so the effect commits exactly when the mark does.
+async fn effect_then_complete(
+    store: &SqliteStore,
+    lease: &LeaseRef,
+    execution_id: &ExecutionId,
+    effect: &mut dyn SqlEffect,
+) -> Result<CanonicalJson> {
+    let (mut tx, live) = locked_step(store, lease).await?;
+    check_execution(&mut tx, lease, execution_id, &live).await?;
+    let connection: &mut SqliteConnection = &mut tx;
+    let value = effect.apply(connection).await.map_err(Error::Effect)?;
+    let result = CanonicalJson::new("result", &value)?;
     sqlx::query(
         "UPDATE ag_tool_executions SET state = 'succeeded', result = ?1, updated_at_ms = ?2 \
          WHERE execution_id = ?3 AND state = 'running' AND fence = ?4",
@@ -348,7 +531,7 @@ pub(crate) async fn complete_tool(
     .await
     .map_err(map_sqlx)?;
     tx.commit().await.map_err(map_sqlx)?;
-    serde_json::from_str(result.as_str()).map_err(|e| corrupt(format!("tool result: {e}")))
+    Ok(result)
 }
 
 pub(crate) async fn fail_tool(
@@ -357,20 +540,7 @@ pub(crate) async fn fail_tool(
     execution_id: &ExecutionId,
     error: &CanonicalJson,
 ) -> Result<()> {
-    let (mut tx, live) = locked_step(store, lease).await?;
-    check_execution(&mut tx, lease, execution_id, &live).await?;
-    sqlx::query(
-        "UPDATE ag_tool_executions SET state = 'failed', error = ?1, updated_at_ms = ?2 \
-         WHERE execution_id = ?3 AND state = 'running' AND fence = ?4",
-    )
-    .bind(error.as_str())
-    .bind(live.now_ms)
-    .bind(execution_id.as_str())
-    .bind(live.fence.0)
-    .execute(&mut *tx)
-    .await
-    .map_err(map_sqlx)?;
-    tx.commit().await.map_err(map_sqlx)
+    finish_execution(store, lease, execution_id, Finish::Failed, error).await
 }
 
 pub(crate) async fn end_turn(
@@ -378,8 +548,38 @@ pub(crate) async fn end_turn(
     lease: &LeaseRef,
     ending: &Ending,
 ) -> Result<TurnView> {
-    let (mut tx, live) = locked_step(store, lease).await?;
-    let now = live.now_ms;
+    let mut ended = None;
+    for _ in 0..FAST_ATTEMPTS {
+        if let Some(view) = try_end(store, lease, ending).await? {
+            ended = Some(view);
+            break;
+        }
+        let mut conn = store.reader.acquire().await.map_err(map_sqlx)?;
+        check_lease(store, &mut conn, lease).await?;
+    }
+    let view = ended.ok_or_else(|| unsettled("turn ending"))?;
+    if let Some(layer) = &store.leases {
+        // After the commit the ending is durable: a release that fails only
+        // leaves a lease that expires by itself, so it is not the caller's
+        // error.
+        if let Err(error) = layer
+            .release(lease.turn_id.as_str(), &lease.token.digest_hex())
+            .await
+        {
+            tracing::warn!(%error, turn_id = %lease.turn_id, "could not release an ended turn's lease");
+        }
+    }
+    Ok(view)
+}
+
+/// Ends the turn and releases its session lease and permit (one row) in one
+/// write transaction of two statements; `None`, with nothing written, when
+/// the lease is not live.
+async fn try_end(
+    store: &SqliteStore,
+    lease: &LeaseRef,
+    ending: &Ending,
+) -> Result<Option<TurnView>> {
     let (state, response, error, retryable, pending) = match ending {
         Ending::Succeed { response } => ("succeeded", Some(response.as_str()), None, None, None),
         Ending::Fail { error, retryable } => {
@@ -393,59 +593,48 @@ pub(crate) async fn end_turn(
             Some(pending.as_str()),
         ),
     };
-    sqlx::query(
-        "UPDATE ag_turns SET state = ?1, response = ?2, error = ?3, retryable = ?4, \
-         pending = COALESCE(?5, pending), updated_at_ms = ?6, ended_at_ms = ?6 \
-         WHERE turn_id = ?7 AND state = 'running' AND fence = ?8",
-    )
-    .bind(state)
-    .bind(response)
-    .bind(error)
-    .bind(retryable)
-    .bind(pending)
-    .bind(now)
-    .bind(lease.turn_id.as_str())
-    .bind(live.fence.0)
-    .execute(&mut *tx)
-    .await
-    .map_err(map_sqlx)?;
-    let pending_expires =
-        pending.map(|_| now + agentgate_core::config::duration_ms(store.config.confirmation_ttl));
+    let Some(proof) = Proof::of(store, lease).await? else {
+        return Ok(None);
+    };
+    let sql = format!(
+        "UPDATE ag_turns SET state = ?3, response = ?4, error = ?5, retryable = ?6, \
+         pending = COALESCE(?7, pending), updated_at_ms = {NOW_MS}, ended_at_ms = {NOW_MS} \
+         WHERE turn_id = ?1 AND state = 'running' AND fence = {} RETURNING {TURN_COLUMNS}",
+        proof.live_fence()
+    );
+    let mut tx = store.write().await?;
+    let row = proof
+        .query(&sql, lease)
+        .bind(state)
+        .bind(response)
+        .bind(error)
+        .bind(retryable)
+        .bind(pending)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(map_sqlx)?;
+    // No row: the lease is not live; dropping `tx` rolls back (nothing was
+    // written).
+    let Some(row) = row else { return Ok(None) };
+    let view = turn_view(&row)?;
+    let pending_ttl_ms =
+        pending.map(|_| agentgate_core::config::duration_ms(store.config.confirmation_ttl));
     // Release session lease and permit (one row) in the same transaction; an
     // ending that awaits confirmation records the pending turn on the session.
     sqlx::query(
         "UPDATE ag_sessions SET holder_turn_id = NULL, lease_token_hash = NULL, \
          lease_expires_at_ms = NULL, updated_at_ms = ?1, \
          pending_turn_id = CASE WHEN ?2 IS NULL THEN pending_turn_id ELSE ?3 END, \
-         pending_expires_at_ms = CASE WHEN ?2 IS NULL THEN pending_expires_at_ms ELSE ?2 END \
+         pending_expires_at_ms = CASE WHEN ?2 IS NULL THEN pending_expires_at_ms ELSE ?1 + ?2 END \
          WHERE session_id = ?4 AND holder_turn_id = ?3",
     )
-    .bind(now)
-    .bind(pending_expires)
+    .bind(view.updated_at_ms)
+    .bind(pending_ttl_ms)
     .bind(lease.turn_id.as_str())
-    .bind(&live.session_id)
+    .bind(view.session_id.as_str())
     .execute(&mut *tx)
     .await
     .map_err(map_sqlx)?;
-    let row = sqlx::query(&format!(
-        "SELECT {TURN_COLUMNS} FROM ag_turns WHERE turn_id = ?"
-    ))
-    .bind(lease.turn_id.as_str())
-    .fetch_one(&mut *tx)
-    .await
-    .map_err(map_sqlx)?;
-    let view = turn_view(&row)?;
     tx.commit().await.map_err(map_sqlx)?;
-    if let Some(layer) = &store.leases {
-        // After the commit the ending is durable: a release that fails only
-        // leaves a lease that expires by itself, so it is not the caller's
-        // error.
-        if let Err(error) = layer
-            .release(lease.turn_id.as_str(), &lease.token.digest_hex())
-            .await
-        {
-            tracing::warn!(%error, turn_id = %lease.turn_id, "could not release an ended turn's lease");
-        }
-    }
-    Ok(view)
+    Ok(Some(view))
 }
