@@ -4,10 +4,10 @@
 //! nothing and they cannot blur the count.
 //!
 //! Per store:
-//! - SQLite: calls into SQLite = sqlx statement events + 2 × transactions
-//!   (commit/rollback hooks; every engine step is `BEGIN IMMEDIATE …
-//!   COMMIT`, which sqlx runs without an event). The raw baseline runs no
-//!   explicit transaction: its calls are its statements.
+//! - SQLite: calls into SQLite = sqlx statement events + 2 × the explicit
+//!   transactions the store began (`BEGIN IMMEDIATE … COMMIT`, which sqlx
+//!   runs without an event; single-statement steps run in autocommit). The
+//!   raw baseline runs no explicit transaction: its calls are its statements.
 //! - PostgreSQL, MySQL, Redis: round trips on the wire, through
 //!   [`crate::count::wire::WireProxy`].
 
@@ -17,7 +17,7 @@ use agentgate::{Config, Gate};
 use serde::Serialize;
 
 use crate::count::wire::{Counts, Protocol, WireProxy};
-use crate::count::{statements_counted, SqliteTransactions, Window};
+use crate::count::{statements_counted, Window};
 use crate::error::Result;
 use crate::library::LibraryTurns;
 use crate::limits::COUNT_WARMUP_TURNS;
@@ -41,7 +41,8 @@ pub struct PassCount {
     pub redis_round_trips_per_turn: Option<f64>,
     /// sqlx statement events (no `BEGIN` on SQLite/PostgreSQL, no `COMMIT` on SQLite).
     pub statements_per_turn: Option<f64>,
-    /// SQLite transactions committed or rolled back (commit/rollback hooks).
+    /// SQLite: explicit transactions begun (single statements run in
+    /// autocommit and are not counted here).
     pub transactions_per_turn: Option<f64>,
 }
 
@@ -144,31 +145,18 @@ pub(crate) async fn count(target: &Target, config: &Config, turns: u32) -> Resul
     let (gate, engine_transactions) =
         open_engine(target, &sql_url, redis_url.as_deref(), config).await?;
     let engine_loop = LibraryTurns::new(gate);
-    let engine = count_pass(
-        &engine_loop,
-        &proxies,
-        engine_transactions.as_deref(),
-        true,
-        turns,
-    )
-    .await?;
+    let engine = count_pass(&engine_loop, &proxies, engine_transactions, turns).await?;
     drop(engine_loop);
 
     let pool = SqlPool::open(target.dialect, &sql_url).await?;
-    let raw_transactions = match &pool {
-        SqlPool::Sqlite(sqlite) => Some(SqliteTransactions::hook(sqlite).await?),
+    // The raw baseline is autocommit only: no explicit transactions.
+    let raw_transactions: Option<Transactions> = match &pool {
+        SqlPool::Sqlite(_) => Some(Box::new(|| 0)),
         _ => None,
     };
     let redis_raw = redis_base.as_deref().zip(target.redis_prefix.as_deref());
     let raw_loop = RawTurns::open(pool.clone(), redis_raw, 1).await?;
-    let raw = count_pass(
-        &raw_loop,
-        &proxies,
-        raw_transactions.as_deref(),
-        false,
-        turns,
-    )
-    .await?;
+    let raw = count_pass(&raw_loop, &proxies, raw_transactions, turns).await?;
     pool.close().await;
 
     Ok(Counted {
@@ -182,13 +170,17 @@ pub(crate) async fn count(target: &Target, config: &Config, turns: u32) -> Resul
     })
 }
 
-/// The engine on its own connections; on SQLite, with its writer hooked.
+/// Reads how many explicit SQLite transactions a pass's store has begun.
+type Transactions = Box<dyn Fn() -> u64 + Send + Sync>;
+
+/// The engine on its own connections; on SQLite, with its explicit
+/// transactions counted.
 async fn open_engine(
     target: &Target,
     sql_url: &str,
     redis_url: Option<&str>,
     config: &Config,
-) -> Result<(Gate, Option<Arc<SqliteTransactions>>)> {
+) -> Result<(Gate, Option<Transactions>)> {
     if target.dialect != Dialect::Sqlite {
         return Ok((
             Gate::connect(sql_url, redis_url, config.clone()).await?,
@@ -202,23 +194,24 @@ async fn open_engine(
         ),
         None => None,
     };
-    let store =
+    let store = Arc::new(
         agentgate_store_sqlite::SqliteStore::open_with_leases(sql_url, config.clone(), layer)
-            .await?;
-    let transactions = SqliteTransactions::hook(store.pool()).await?;
-    Ok((Gate::with_store(Arc::new(store)), Some(transactions)))
+            .await?,
+    );
+    let counted = Arc::clone(&store);
+    let transactions: Transactions = Box::new(move || counted.transactions_begun());
+    Ok((Gate::with_store(store), Some(transactions)))
 }
 
 async fn count_pass(
     turns_loop: &dyn TurnLoop,
     proxies: &Proxies,
-    transactions: Option<&SqliteTransactions>,
-    explicit_transactions: bool,
+    transactions: Option<Transactions>,
     turns: u32,
 ) -> Result<PassCount> {
     drive_sequential(turns_loop, COUNT_WARMUP_TURNS).await?;
     let (sql_before, redis_before) = proxies.snapshot();
-    let transactions_before = transactions.map(SqliteTransactions::ended);
+    let transactions_before = transactions.as_ref().map(|begun| begun());
     // Markers for checking a count by hand: run with
     // RUST_LOG=sqlx::query=debug,agentgate_bench=info and read the
     // statements between them.
@@ -228,7 +221,7 @@ async fn count_pass(
     let statements = window.close();
     tracing::info!(?statements, "counting window closed");
     let (sql_after, redis_after) = proxies.snapshot();
-    let transactions_after = transactions.map(SqliteTransactions::ended);
+    let transactions_after = transactions.as_ref().map(|begun| begun());
 
     let per_turn = |count: u64| count as f64 / f64::from(turns);
     let delta = |before: Option<u64>, after: Option<u64>| after.zip(before).map(|(a, b)| a - b);
@@ -239,9 +232,7 @@ async fn count_pass(
         (Some(_), _) => delta(requests(sql_before), requests(sql_after)),
         // SQLite: one call per statement, plus BEGIN and COMMIT/ROLLBACK of
         // every explicit transaction.
-        (None, Some(ended)) => {
-            statements.map(|s| s + if explicit_transactions { 2 * ended } else { 0 })
-        }
+        (None, Some(begun)) => statements.map(|s| s + 2 * begun),
         (None, None) => None,
     };
     let redis_round_trips = match &proxies.redis {
@@ -267,8 +258,9 @@ fn method(target: &Target, statements: bool, proxies: &Proxies) -> String {
     let mut parts = Vec::new();
     match (target.dialect, &proxies.sql) {
         (Dialect::Sqlite, _) if statements => parts.push(
-            "SQLite: sqlx statement events + 2 x transactions (commit/rollback hooks) for the \
-             engine's BEGIN IMMEDIATE..COMMIT steps; the raw baseline is autocommit",
+            "SQLite: sqlx statement events + 2 x the explicit transactions the store began \
+             (BEGIN IMMEDIATE..COMMIT; single-statement steps are autocommit); the raw baseline \
+             is autocommit",
         ),
         (Dialect::Sqlite, _) => {
             parts.push("SQLite: not counted (the statement counter is not installed)")

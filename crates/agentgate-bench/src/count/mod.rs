@@ -10,10 +10,11 @@
 //!   not even format the event (the measured loops pay nothing for it).
 //!   sqlx executes some transaction control without an event: SQLite's
 //!   `BEGIN`/`COMMIT`/`ROLLBACK` and PostgreSQL's `BEGIN`.
-//! - **SQLite transactions** ([`SqliteTransactions`]): commit and rollback
-//!   hooks on the store's own connection. Every engine step on SQLite is one
-//!   `BEGIN IMMEDIATE … COMMIT`, so its calls into SQLite are statements
-//!   + 2 × transactions.
+//! - **SQLite transactions**: the SQLite store counts the explicit write
+//!   transactions it begins (`SqliteStore::transactions_begun`). A step
+//!   that is one statement runs in autocommit; the others are one
+//!   `BEGIN IMMEDIATE … COMMIT`, so the engine's calls into SQLite are
+//!   statements + 2 × explicit transactions.
 //! - **wire round trips** ([`wire`]): for PostgreSQL, MySQL and Redis a
 //!   loopback proxy in front of the server counts the requests the client
 //!   waits on (PostgreSQL `ReadyForQuery` messages, MySQL command packets,
@@ -22,16 +23,12 @@
 pub mod wire;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 
-use sqlx::SqlitePool;
 use tracing::subscriber::Interest;
 use tracing::{Event, Metadata, Subscriber};
 use tracing_subscriber::filter::{DynFilterFn, LevelFilter};
 use tracing_subscriber::layer::{Context, Layer};
 use tracing_subscriber::registry::LookupSpan;
-
-use crate::error::Result;
 
 /// The target of sqlx's per-statement event.
 const STATEMENT_TARGET: &str = "sqlx::query";
@@ -111,40 +108,5 @@ impl Window {
 impl Drop for Window {
     fn drop(&mut self) {
         COUNTING.store(false, Ordering::SeqCst);
-    }
-}
-
-/// Commits and rollbacks on one SQLite pool's connections.
-#[derive(Debug, Default)]
-pub(crate) struct SqliteTransactions {
-    commits: AtomicU64,
-    rollbacks: AtomicU64,
-}
-
-impl SqliteTransactions {
-    /// Hooks every connection `pool` holds now. Call it on a pool of one
-    /// connection (the store's writer, the raw baseline's), which it keeps.
-    ///
-    /// # Errors
-    /// `Sql` when the connection cannot be acquired.
-    pub(crate) async fn hook(pool: &SqlitePool) -> Result<Arc<Self>> {
-        let counter = Arc::new(Self::default());
-        let mut conn = pool.acquire().await?;
-        let mut handle = conn.lock_handle().await?;
-        let commits = Arc::clone(&counter);
-        handle.set_commit_hook(move || {
-            commits.commits.fetch_add(1, Ordering::Relaxed);
-            true
-        });
-        let rollbacks = Arc::clone(&counter);
-        handle.set_rollback_hook(move || {
-            rollbacks.rollbacks.fetch_add(1, Ordering::Relaxed);
-        });
-        Ok(counter)
-    }
-
-    /// Transactions ended so far (committed or rolled back).
-    pub(crate) fn ended(&self) -> u64 {
-        self.commits.load(Ordering::SeqCst) + self.rollbacks.load(Ordering::SeqCst)
     }
 }
