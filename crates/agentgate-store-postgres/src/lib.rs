@@ -5,6 +5,8 @@
 //! - `begin`: the begin step (SPEC §4 table): lock the user's row, then the
 //!   session's row, read, decide, apply.
 //! - `steps`: heartbeat, tool claims and completions, turn endings.
+//! - `lease`: the caller's lease checked under the session's row lock (and
+//!   refusals explained), or stated as the condition of a one-statement step.
 //! - `views`: read-only views, cap overrides and the retention sweeper.
 //! - `rows`: rows decoded into core snapshots and views.
 //! - `error`: SQLSTATEs mapped to the engine's portable [`Error`], and the
@@ -39,6 +41,7 @@
 
 mod begin;
 mod error;
+mod lease;
 mod rows;
 mod steps;
 pub mod testing;
