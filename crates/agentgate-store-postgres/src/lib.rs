@@ -118,6 +118,7 @@ const MIGRATION_LOCK_KEY: i64 = 0x6167_656e_7467_6174;
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../migrations/0001_init.sql")),
     (2, include_str!("../migrations/0002_overview.sql")),
+    (3, include_str!("../migrations/0003_claim_seq.sql")),
 ];
 
 /// agentgate on a PostgreSQL database.

@@ -4,13 +4,14 @@
 //!
 //! Where SQL can state a step's decision exactly, the step is one autocommit
 //! statement whose `WHERE` is the whole check (`lease::Holder`): a heartbeat,
-//! an execution's ending with a result, a turn's ending. A statement that changes no row is explained after by the
+//! an execution's ending with a result, a turn's ending, the first claim of
+//! a call. A statement that changes no row is explained after by the
 //! read-only checks (or, for a claim, the full path below decides). Each of
 //! them re-checks its conditions on the rows it writes, which READ COMMITTED
 //! re-evaluates on the newest version of a row it had to wait for, so an old
 //! holder's write never lands after a takeover's (see `end_tool_once`).
 //!
-//! The full path — a claim, a completion
+//! The full path — a claim that finds the call's execution, a completion
 //! with a same-transaction effect — is one transaction that locks the
 //! session's row first (`SELECT … FOR UPDATE OF s`), the same row a begin
 //! locks second, reads, asks `decide`, and writes, so a takeover and the old
@@ -23,9 +24,10 @@
 //! layer's lease after its commit.
 //!
 //! Round trips (sqlx's ping when a connection goes back to the pool aside):
-//! heartbeat 1; complete or fail with a result 1; end 1; each + 1 or 2 to
-//! explain a refusal. A claim 5 (`BEGIN`, lock, lookup, write, `COMMIT`; 4
-//! when cached or refused); a complete with a
+//! heartbeat 1; a first claim 1; complete or fail with a result 1; end 1;
+//! each + 1 or 2 to explain a refusal. A claim that finds its call's execution
+//! (cached, in flight, reclaimed) or meets the bound: 1 + the full path's 4
+//! or 5 (`BEGIN`, lock, lookup, [write,] `COMMIT`); a complete with a
 //! same-transaction effect 5 plus the effect's own. With a lease layer every
 //! step but the heartbeat adds one layer call first, and an ending one more
 //! after (the release).
@@ -108,6 +110,14 @@ pub(crate) async fn claim_tool(
 ) -> Result<ToolClaim> {
     let mut retry = Retry::new();
     loop {
+        match first_claim(store, lease, call).await {
+            Ok(Some(claim)) => return Ok(claim),
+            Ok(None) => {}
+            Err(error) => {
+                retry.after(error).await?;
+                continue;
+            }
+        }
         match claim_once(store, lease, call).await {
             Err(error) => retry.after(error).await?,
             claim => return claim,
@@ -115,6 +125,65 @@ pub(crate) async fn claim_tool(
     }
 }
 
+/// The fast path of a claim, for the common case that SQL can decide alone:
+/// the call has no execution yet, so `decide_tool_claim` would say `Insert`.
+/// One autocommit `INSERT … SELECT` that writes only under the live lease and
+/// below the turn's bound of executions, and `ON CONFLICT DO NOTHING`: an
+/// existing execution of the call, or another claim of the turn numbered
+/// from the same count (`claim_seq`, which keeps the bound exact without the
+/// session's lock), leaves no row, and then `None` sends the claim down the
+/// full path, which reads, decides and explains.
+///
+/// An old holder's insert that races a takeover is ordered before it: the
+/// new holder's claim of the same call either sees the row (an execution left
+/// `running` under an older fence: `previous_outcome: unknown`) or inserts
+/// too and fails on the unique key, and runs again to see it.
+async fn first_claim(
+    store: &PostgresStore,
+    lease: &LeaseRef,
+    call: &ToolCall,
+) -> Result<Option<ToolClaim>> {
+    let Some(holder) = Holder::of(store, lease).await? else {
+        return Ok(None);
+    };
+    let key = idempotency_key(&lease.turn_id, call);
+    let execution_id = ExecutionId::generate();
+    let query = format!(
+        "INSERT INTO ag_tool_executions (execution_id, turn_id, tool, args_hash, \
+         idempotency_key, state, attempt, fence, claim_seq, created_at_ms, updated_at_ms) \
+         SELECT $1, $2, $3, $4, $5, 'running', 1, live.fence, live.executions + 1, \
+           {NOW_MS}, {NOW_MS} \
+         FROM (SELECT s.fence, \
+                 (SELECT COUNT(*) FROM ag_tool_executions e WHERE e.turn_id = $2) AS executions \
+               FROM ag_sessions s JOIN ag_turns t ON t.session_id = s.session_id WHERE {}) AS live \
+         WHERE live.executions < {MAX_EXECUTIONS_PER_TURN} \
+         ON CONFLICT DO NOTHING RETURNING execution_id",
+        holder.condition(2, 6)
+    );
+    let query = sqlx::query(&query)
+        .bind(execution_id.as_str())
+        .bind(lease.turn_id.as_str())
+        .bind(call.tool.as_str())
+        .bind(call.args_hash.as_hex())
+        .bind(key.as_str());
+    let inserted = holder
+        .bind(query)
+        .fetch_optional(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    match inserted {
+        Some(_) => Ok(Some(execute(
+            execution_id.as_str().to_owned(),
+            key,
+            1,
+            None,
+        )?)),
+        None => Ok(None),
+    }
+}
+
+/// The full path of a claim: lock the session's row, read the execution and
+/// the turn's count, decide, apply.
 async fn claim_once(store: &PostgresStore, lease: &LeaseRef, call: &ToolCall) -> Result<ToolClaim> {
     let mut tx = store.transaction().await?;
     let live = check_lease(store, &mut tx, lease, true).await?;
@@ -230,8 +299,8 @@ async fn insert_execution(
     let execution_id = ExecutionId::generate();
     sqlx::query(
         "INSERT INTO ag_tool_executions (execution_id, turn_id, tool, args_hash, idempotency_key, \
-         state, attempt, fence, created_at_ms, updated_at_ms) \
-         VALUES ($1, $2, $3, $4, $5, 'running', 1, $6, $7, $7)",
+         state, attempt, fence, claim_seq, created_at_ms, updated_at_ms) \
+         VALUES ($1, $2, $3, $4, $5, 'running', 1, $6, $7, $8, $8)",
     )
     .bind(execution_id.as_str())
     .bind(lease.turn_id.as_str())
@@ -239,6 +308,10 @@ async fn insert_execution(
     .bind(call.args_hash.as_hex())
     .bind(key)
     .bind(live.fence.0)
+    // Numbered after the executions counted: a one-statement claim of the
+    // same turn that counted the same number collides (unique violation,
+    // the step runs again) instead of both passing the bound.
+    .bind(existing + 1)
     .bind(live.now_ms)
     .execute(tx)
     .await
