@@ -13,14 +13,17 @@
 //!   bounded retry of a step after a transient conflict.
 //! - [`testing`]: fresh throw-away databases for test suites.
 //!
-//! Every protocol step is one short READ COMMITTED transaction whose row locks
-//! serialise exactly what must be serialised: a begin locks the user's row
-//! (`ag_users`), then the session's row; every later step locks the session's
-//! row only. Lock order is always user → session → turn → tool execution, so
-//! steps queue instead of deadlocking; a deadlock, serialization failure,
-//! unique violation or lock timeout anyway runs the whole step again, at most
-//! `MAX_STORE_RETRIES` times. A heartbeat is one `UPDATE … RETURNING` outside
-//! any explicit transaction: one round trip.
+//! A begin, a claim that finds its call's execution, and a completion with a
+//! same-transaction effect are each one short READ COMMITTED transaction
+//! whose row locks serialise exactly what must be serialised: a begin locks
+//! the user's row (`ag_users`), then the session's row; the others lock the
+//! session's row only. Lock order is always user → session → turn → tool
+//! execution, so steps queue instead of deadlocking; a deadlock,
+//! serialization failure, unique violation or lock timeout anyway runs the
+//! whole step again, at most `MAX_STORE_RETRIES` times. A heartbeat, a first
+//! tool claim, a completion with a result, a tool failure and a turn ending
+//! are each one autocommit statement whose condition is the lease check
+//! (`steps` says why that is as safe): one round trip.
 //!
 //! With an external lease layer (`open_with_leases`, the Redis layer) the
 //! session row keeps the holder and the newest fence but no expiry: the layer
