@@ -5,20 +5,25 @@
 //! - `begin`: the begin step (SPEC §4 table): lock the user's row, then the
 //!   session's row, read, decide, apply.
 //! - `steps`: heartbeat, tool claims and completions, turn endings.
+//! - `lease`: the caller's lease checked under the session's row lock (and
+//!   refusals explained), or stated as the condition of a one-statement step.
 //! - `views`: read-only views, cap overrides and the retention sweeper.
 //! - `rows`: rows decoded into core snapshots and views.
 //! - `error`: SQLSTATEs mapped to the engine's portable [`Error`], and the
 //!   bounded retry of a step after a transient conflict.
 //! - [`testing`]: fresh throw-away databases for test suites.
 //!
-//! Every protocol step is one short READ COMMITTED transaction whose row locks
-//! serialise exactly what must be serialised: a begin locks the user's row
-//! (`ag_users`), then the session's row; every later step locks the session's
-//! row only. Lock order is always user → session → turn → tool execution, so
-//! steps queue instead of deadlocking; a deadlock, serialization failure,
-//! unique violation or lock timeout anyway runs the whole step again, at most
-//! `MAX_STORE_RETRIES` times. A heartbeat is one `UPDATE … RETURNING` outside
-//! any explicit transaction: one round trip.
+//! A begin, a claim that finds its call's execution, and a completion with a
+//! same-transaction effect are each one short READ COMMITTED transaction
+//! whose row locks serialise exactly what must be serialised: a begin locks
+//! the user's row (`ag_users`), then the session's row; the others lock the
+//! session's row only. Lock order is always user → session → turn → tool
+//! execution, so steps queue instead of deadlocking; a deadlock,
+//! serialization failure, unique violation or lock timeout anyway runs the
+//! whole step again, at most `MAX_STORE_RETRIES` times. A heartbeat, a first
+//! tool claim, a completion with a result, a tool failure and a turn ending
+//! are each one autocommit statement whose condition is the lease check
+//! (`steps` says why that is as safe): one round trip.
 //!
 //! With an external lease layer (`open_with_leases`, the Redis layer) the
 //! session row keeps the holder and the newest fence but no expiry: the layer
@@ -39,6 +44,7 @@
 
 mod begin;
 mod error;
+mod lease;
 mod rows;
 mod steps;
 pub mod testing;
@@ -115,6 +121,7 @@ const MIGRATION_LOCK_KEY: i64 = 0x6167_656e_7467_6174;
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../migrations/0001_init.sql")),
     (2, include_str!("../migrations/0002_overview.sql")),
+    (3, include_str!("../migrations/0003_claim_seq.sql")),
 ];
 
 /// agentgate on a PostgreSQL database.

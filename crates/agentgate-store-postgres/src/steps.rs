@@ -2,175 +2,53 @@
 //! endings. Each is conditioned on the caller's lease token (by its digest)
 //! and fence, and on the lease being live on the PostgreSQL clock.
 //!
-//! Every step but the heartbeat locks the session's row first
-//! (`SELECT … FOR UPDATE OF s`), the same row a begin locks second, so a
-//! takeover and the old holder's step are serialised and the old holder's
-//! step reads the new holder and changes nothing. A step's lease is judged at
-//! the start of its locking statement; any takeover that committed while it
-//! waited for the lock is seen, because READ COMMITTED re-reads a row it had
-//! to wait for.
+//! Where SQL can state a step's decision exactly, the step is one autocommit
+//! statement whose `WHERE` is the whole check (`lease::Holder`): a heartbeat,
+//! an execution's ending with a result, a turn's ending, the first claim of
+//! a call. A statement that changes no row is explained after by the
+//! read-only checks (or, for a claim, the full path below decides). Each of
+//! them re-checks its conditions on the rows it writes, which READ COMMITTED
+//! re-evaluates on the newest version of a row it had to wait for, so an old
+//! holder's write never lands after a takeover's (see `end_tool_once`).
+//!
+//! The full path — a claim that finds the call's execution, a completion
+//! with a same-transaction effect — is one transaction that locks the
+//! session's row first (`SELECT … FOR UPDATE OF s`), the same row a begin
+//! locks second, reads, asks `decide`, and writes, so a takeover and the old
+//! holder's step are serialised and the old holder's step reads the new
+//! holder and changes nothing.
 //!
 //! With an external lease layer the layer must hold the lease (one layer
 //! call) and the SQL rows must agree that its fence is the session's newest;
 //! a heartbeat then touches only the layer, and an ending releases the
 //! layer's lease after its commit.
 //!
-//! Round trips: heartbeat 1 (2 when refused, to say why); claim 5 (`BEGIN`,
-//! lock, lookup, write, `COMMIT`; 4 when cached or refused); complete or fail
-//! with a result 4; complete with a same-transaction effect 5 plus the
-//! effect's own; end 4 (the turn's ending and the release are one statement).
+//! Round trips (sqlx's ping when a connection goes back to the pool aside):
+//! heartbeat 1; a first claim 1; complete or fail with a result 1; end 1;
+//! each + 1 or 2 to explain a refusal. A claim that finds its call's execution
+//! (cached, in flight, reclaimed) or meets the bound: 1 + the full path's 4
+//! or 5 (`BEGIN`, lock, lookup, [write,] `COMMIT`); a complete with a
+//! same-transaction effect 5 plus the effect's own. With a lease layer every
+//! step but the heartbeat adds one layer call first, and an ending one more
+//! after (the release).
 
 use agentgate_core::canonical::CanonicalJson;
 use agentgate_core::config::duration_ms;
-use agentgate_core::decide::{decide_tool_claim, ToolDecision};
+use agentgate_core::decide::{decide_tool_claim, ExecutionSnapshot, ToolDecision};
 use agentgate_core::error::{Error, Result};
-use agentgate_core::ids::{ExecutionId, Fence};
-use agentgate_core::lease::LeaseLayer;
+use agentgate_core::ids::ExecutionId;
 use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
 use agentgate_core::model::{
     idempotency_key, Ending, LeaseRef, PreviousOutcome, ToolCall, ToolClaim, TurnView,
 };
 use agentgate_core::store::{Completion, LeaseStatus, SqlEffect};
 use serde_json::Value;
-use sqlx::postgres::PgRow;
 use sqlx::PgConnection;
 
 use crate::error::{corrupt, map_sqlx, Retry};
+use crate::lease::{check_lease, Holder, LiveLease};
 use crate::rows::{execution_snapshot, get, json, turn_view, EXECUTION_COLUMNS, TURN_COLUMNS};
 use crate::{PostgresStore, NOW_MS};
-
-/// A live lease, as checked inside a step's transaction.
-pub(crate) struct LiveLease {
-    pub session_id: String,
-    pub fence: Fence,
-    pub lease_expires_at_ms: i64,
-    pub now_ms: i64,
-}
-
-/// Checks that `lease` is the live holder of its session; explains why not.
-/// With `lock`, the session's row stays locked until the transaction ends.
-pub(crate) async fn check_lease(
-    store: &PostgresStore,
-    conn: &mut PgConnection,
-    lease: &LeaseRef,
-    lock: bool,
-) -> Result<LiveLease> {
-    match &store.leases {
-        Some(layer) => check_external(layer.as_ref(), conn, lease, lock).await,
-        None => check_in_row(conn, lease, lock).await,
-    }
-}
-
-/// With an external lease layer: the layer must hold the lease, and the SQL
-/// rows (the session's row locked, so no newer grant commits meanwhile) must
-/// agree that its fence is the session's newest. The second check is what
-/// stops a holder whose layer lease vanished (Redis restarted) after a newer
-/// turn was granted.
-async fn check_external(
-    layer: &dyn LeaseLayer,
-    conn: &mut PgConnection,
-    lease: &LeaseRef,
-    lock: bool,
-) -> Result<LiveLease> {
-    let held = layer
-        .holds(lease.turn_id.as_str(), &lease.token.digest_hex())
-        .await?;
-    let row = sqlx::query(&format!(
-        "SELECT t.session_id, t.state, t.fence AS turn_fence, s.fence AS session_fence, \
-         {NOW_MS} AS now_ms \
-         FROM ag_turns t JOIN ag_sessions s ON s.session_id = t.session_id \
-         WHERE t.turn_id = $1 {}",
-        if lock { "FOR UPDATE OF s" } else { "" }
-    ))
-    .bind(lease.turn_id.as_str())
-    .fetch_optional(&mut *conn)
-    .await
-    .map_err(map_sqlx)?;
-    let Some(row) = row else {
-        return Err(missing_turn(conn, lease).await);
-    };
-    let now: i64 = get(&row, "now_ms")?;
-    let state: String = get(&row, "state")?;
-    let turn_fence: i64 = get(&row, "turn_fence")?;
-    let session_fence: i64 = get(&row, "session_fence")?;
-    let reason = match held {
-        _ if state != "running" => "turn already ended",
-        None => "lease expired, taken over or released",
-        Some(live) if live.fence.0 != turn_fence || session_fence != turn_fence => {
-            "superseded by a newer fence"
-        }
-        Some(live) => {
-            return Ok(LiveLease {
-                session_id: get(&row, "session_id")?,
-                fence: live.fence,
-                lease_expires_at_ms: now + live.expires_in_ms,
-                now_ms: now,
-            })
-        }
-    };
-    Err(Error::LeaseLost { reason })
-}
-
-/// Leases in the session rows: the row must name this turn, this token's
-/// digest, and an expiry after the store's now.
-async fn check_in_row(conn: &mut PgConnection, lease: &LeaseRef, lock: bool) -> Result<LiveLease> {
-    let row = sqlx::query(&format!(
-        "SELECT t.session_id, t.state, s.holder_turn_id, s.lease_token_hash, s.fence, \
-         s.lease_expires_at_ms, {NOW_MS} AS now_ms \
-         FROM ag_turns t JOIN ag_sessions s ON s.session_id = t.session_id \
-         WHERE t.turn_id = $1 {}",
-        if lock { "FOR UPDATE OF s" } else { "" }
-    ))
-    .bind(lease.turn_id.as_str())
-    .fetch_optional(&mut *conn)
-    .await
-    .map_err(map_sqlx)?;
-    let Some(row) = row else {
-        return Err(missing_turn(conn, lease).await);
-    };
-    judge(&row, lease)
-}
-
-/// Why a turn has no session row: it does not exist (or the session was
-/// swept, which only happens once the turn is gone too).
-async fn missing_turn(conn: &mut PgConnection, lease: &LeaseRef) -> Error {
-    let exists = sqlx::query_scalar::<_, i32>("SELECT 1 FROM ag_turns WHERE turn_id = $1")
-        .bind(lease.turn_id.as_str())
-        .fetch_optional(conn)
-        .await;
-    match exists {
-        Ok(Some(_)) => Error::LeaseLost {
-            reason: "taken over or released",
-        },
-        Ok(None) => Error::not_found(format!("turn {}", lease.turn_id)),
-        Err(error) => map_sqlx(error),
-    }
-}
-
-fn judge(row: &PgRow, lease: &LeaseRef) -> Result<LiveLease> {
-    let now: i64 = get(row, "now_ms")?;
-    let state: String = get(row, "state")?;
-    let holder: Option<String> = get(row, "holder_turn_id")?;
-    let token_hash: Option<String> = get(row, "lease_token_hash")?;
-    let expires: Option<i64> = get(row, "lease_expires_at_ms")?;
-    let reason = if state != "running" {
-        "turn already ended"
-    } else if holder.as_deref() != Some(lease.turn_id.as_str()) {
-        "taken over or released"
-    } else if token_hash.as_deref() != Some(lease.token.digest_hex().as_str()) {
-        "wrong lease token"
-    } else if expires.is_none_or(|e| e <= now) {
-        "lease expired"
-    } else {
-        return Ok(LiveLease {
-            session_id: get(row, "session_id")?,
-            fence: Fence(get(row, "fence")?),
-            lease_expires_at_ms: expires.unwrap_or(now),
-            now_ms: now,
-        });
-    };
-    Err(Error::LeaseLost { reason })
-}
 
 pub(crate) async fn heartbeat(store: &PostgresStore, lease: &LeaseRef) -> Result<LeaseStatus> {
     let mut retry = Retry::new();
@@ -232,6 +110,14 @@ pub(crate) async fn claim_tool(
 ) -> Result<ToolClaim> {
     let mut retry = Retry::new();
     loop {
+        match first_claim(store, lease, call).await {
+            Ok(Some(claim)) => return Ok(claim),
+            Ok(None) => {}
+            Err(error) => {
+                retry.after(error).await?;
+                continue;
+            }
+        }
         match claim_once(store, lease, call).await {
             Err(error) => retry.after(error).await?,
             claim => return claim,
@@ -239,6 +125,65 @@ pub(crate) async fn claim_tool(
     }
 }
 
+/// The fast path of a claim, for the common case that SQL can decide alone:
+/// the call has no execution yet, so `decide_tool_claim` would say `Insert`.
+/// One autocommit `INSERT … SELECT` that writes only under the live lease and
+/// below the turn's bound of executions, and `ON CONFLICT DO NOTHING`: an
+/// existing execution of the call, or another claim of the turn numbered
+/// from the same count (`claim_seq`, which keeps the bound exact without the
+/// session's lock), leaves no row, and then `None` sends the claim down the
+/// full path, which reads, decides and explains.
+///
+/// An old holder's insert that races a takeover is ordered before it: the
+/// new holder's claim of the same call either sees the row (an execution left
+/// `running` under an older fence: `previous_outcome: unknown`) or inserts
+/// too and fails on the unique key, and runs again to see it.
+async fn first_claim(
+    store: &PostgresStore,
+    lease: &LeaseRef,
+    call: &ToolCall,
+) -> Result<Option<ToolClaim>> {
+    let Some(holder) = Holder::of(store, lease).await? else {
+        return Ok(None);
+    };
+    let key = idempotency_key(&lease.turn_id, call);
+    let execution_id = ExecutionId::generate();
+    let query = format!(
+        "INSERT INTO ag_tool_executions (execution_id, turn_id, tool, args_hash, \
+         idempotency_key, state, attempt, fence, claim_seq, created_at_ms, updated_at_ms) \
+         SELECT $1, $2, $3, $4, $5, 'running', 1, live.fence, live.executions + 1, \
+           {NOW_MS}, {NOW_MS} \
+         FROM (SELECT s.fence, \
+                 (SELECT COUNT(*) FROM ag_tool_executions e WHERE e.turn_id = $2) AS executions \
+               FROM ag_sessions s JOIN ag_turns t ON t.session_id = s.session_id WHERE {}) AS live \
+         WHERE live.executions < {MAX_EXECUTIONS_PER_TURN} \
+         ON CONFLICT DO NOTHING RETURNING execution_id",
+        holder.condition(2, 6)
+    );
+    let query = sqlx::query(&query)
+        .bind(execution_id.as_str())
+        .bind(lease.turn_id.as_str())
+        .bind(call.tool.as_str())
+        .bind(call.args_hash.as_hex())
+        .bind(key.as_str());
+    let inserted = holder
+        .bind(query)
+        .fetch_optional(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    match inserted {
+        Some(_) => Ok(Some(execute(
+            execution_id.as_str().to_owned(),
+            key,
+            1,
+            None,
+        )?)),
+        None => Ok(None),
+    }
+}
+
+/// The full path of a claim: lock the session's row, read the execution and
+/// the turn's count, decide, apply.
 async fn claim_once(store: &PostgresStore, lease: &LeaseRef, call: &ToolCall) -> Result<ToolClaim> {
     let mut tx = store.transaction().await?;
     let live = check_lease(store, &mut tx, lease, true).await?;
@@ -276,23 +221,51 @@ async fn claim_once(store: &PostgresStore, lease: &LeaseRef, call: &ToolCall) ->
             insert_execution(&mut tx, lease, call, &key, &live, executions).await?
         }
         ToolDecision::Reclaim { attempt, previous } => {
-            let execution_id = snapshot.map(|s| s.execution_id).unwrap_or_default();
-            sqlx::query(
-                "UPDATE ag_tool_executions SET state = 'running', attempt = $1, fence = $2, \
-                 error = NULL, updated_at_ms = $3 WHERE execution_id = $4",
-            )
-            .bind(i64::from(attempt))
-            .bind(live.fence.0)
-            .bind(live.now_ms)
-            .bind(&execution_id)
-            .execute(&mut *tx)
-            .await
-            .map_err(map_sqlx)?;
-            execute(execution_id, key, attempt, Some(previous))?
+            let Some(read) = snapshot else {
+                return Err(corrupt("a reclaim decided without an execution"));
+            };
+            reclaim(&mut tx, &read, &live, attempt).await?;
+            execute(read.execution_id, key, attempt, Some(previous))?
         }
     };
     tx.commit().await.map_err(map_sqlx)?;
     Ok(claim)
+}
+
+/// Runs `read` again under `live`'s fence, on the condition that the row is
+/// still as it was read. The session's lock does not cover executions against
+/// one-statement endings (they take no session lock): an old holder's ending
+/// that was in flight at the takeover may commit after this step read the
+/// row, and must not be overwritten, or a succeeded execution would run
+/// again. Such a change fails the condition and the step runs again.
+async fn reclaim(
+    tx: &mut PgConnection,
+    read: &ExecutionSnapshot,
+    live: &LiveLease,
+    attempt: u32,
+) -> Result<()> {
+    let done = sqlx::query(
+        "UPDATE ag_tool_executions SET state = 'running', attempt = $1, fence = $2, \
+         error = NULL, updated_at_ms = $3 \
+         WHERE execution_id = $4 AND state = $5 AND fence = $6 AND attempt = $7",
+    )
+    .bind(i64::from(attempt))
+    .bind(live.fence.0)
+    .bind(live.now_ms)
+    .bind(&read.execution_id)
+    .bind(read.state.as_str())
+    .bind(read.fence.0)
+    .bind(i64::from(read.attempt))
+    .execute(tx)
+    .await
+    .map_err(map_sqlx)?;
+    if done.rows_affected() != 1 {
+        return Err(Error::conflict(format!(
+            "tool execution {} changed while it was being claimed",
+            read.execution_id
+        )));
+    }
+    Ok(())
 }
 
 fn execute(
@@ -326,8 +299,8 @@ async fn insert_execution(
     let execution_id = ExecutionId::generate();
     sqlx::query(
         "INSERT INTO ag_tool_executions (execution_id, turn_id, tool, args_hash, idempotency_key, \
-         state, attempt, fence, created_at_ms, updated_at_ms) \
-         VALUES ($1, $2, $3, $4, $5, 'running', 1, $6, $7, $7)",
+         state, attempt, fence, claim_seq, created_at_ms, updated_at_ms) \
+         VALUES ($1, $2, $3, $4, $5, 'running', 1, $6, $7, $8, $8)",
     )
     .bind(execution_id.as_str())
     .bind(lease.turn_id.as_str())
@@ -335,6 +308,10 @@ async fn insert_execution(
     .bind(call.args_hash.as_hex())
     .bind(key)
     .bind(live.fence.0)
+    // Numbered after the executions counted: a one-statement claim of the
+    // same turn that counted the same number collides (unique violation,
+    // the step runs again) instead of both passing the bound.
+    .bind(existing + 1)
     .bind(live.now_ms)
     .execute(tx)
     .await
@@ -380,10 +357,7 @@ async fn end_execution(
     live: &LiveLease,
     ended: EndedExecution<'_>,
 ) -> Result<u64> {
-    let (state, column, value) = match ended {
-        EndedExecution::Succeeded(result) => ("succeeded", "result", result),
-        EndedExecution::Failed(error) => ("failed", "error", error),
-    };
+    let (state, column, value) = ended.columns();
     let done = sqlx::query(&format!(
         "UPDATE ag_tool_executions SET state = '{state}', {column} = $1, updated_at_ms = $2 \
          WHERE execution_id = $3 AND turn_id = $4 AND state = 'running' AND fence = $5"
@@ -404,6 +378,16 @@ async fn end_execution(
 enum EndedExecution<'a> {
     Succeeded(&'a CanonicalJson),
     Failed(&'a CanonicalJson),
+}
+
+impl<'a> EndedExecution<'a> {
+    /// The state it ends in, the column that keeps the value, the value.
+    fn columns(self) -> (&'static str, &'static str, &'a CanonicalJson) {
+        match self {
+            Self::Succeeded(result) => ("succeeded", "result", result),
+            Self::Failed(error) => ("failed", "error", error),
+        }
+    }
 }
 
 pub(crate) async fn complete_tool(
@@ -469,8 +453,12 @@ async fn complete_with_effect_once(
     )
     .await?;
     if done != 1 {
-        return Err(corrupt(format!(
-            "tool execution {execution_id} changed under the session lock"
+        // The session's lock does not stop this holder's own one-statement
+        // fail or complete of the same execution (it takes no session lock);
+        // dropping `tx` rolls the effect back with the missed mark.
+        check_execution(&mut tx, lease, execution_id, &live).await?;
+        return Err(Error::conflict(format!(
+            "tool execution {execution_id} changed while it was being completed"
         )));
     }
     tx.commit().await.map_err(map_sqlx)?;
@@ -492,23 +480,77 @@ pub(crate) async fn fail_tool(
     }
 }
 
-/// Completes or fails an execution with a value computed outside the store:
-/// the conditional `UPDATE` is the check, and a miss is explained after.
+/// Completes or fails an execution with a value computed outside the store,
+/// in one autocommit statement: the `UPDATE`'s condition is the whole check
+/// (the execution is running under the live lease's fence), and a miss is
+/// explained after, read-only.
+///
+/// Why no session lock is needed under READ COMMITTED: the fence subquery is
+/// read from the statement's snapshot, so it may still show an old holder
+/// whose lease a takeover is committing at that moment. But a takeover never
+/// writes an execution; only the new holder's own later steps do, and each of
+/// them changes the row's `fence` (a reclaim) or its `state` (an ending), or
+/// is conditioned on the state it read (see `reclaim`). If such a write
+/// committed before this statement's snapshot, the row's `fence` or `state`
+/// no longer matches; if it is in flight, this statement waits for its row
+/// lock and PostgreSQL re-checks `state = 'running' AND fence = …` on the
+/// newest version, which fails. If this write commits first, it is ordered
+/// before every write of the new holder, which then sees it (or, having read
+/// before it, fails its conditional write and runs again). So an old holder's
+/// write never lands after a new holder's write on the same row.
 async fn end_tool_once(
     store: &PostgresStore,
     lease: &LeaseRef,
     execution_id: &ExecutionId,
     ended: EndedExecution<'_>,
 ) -> Result<()> {
-    let mut tx = store.transaction().await?;
-    let live = check_lease(store, &mut tx, lease, true).await?;
-    if end_execution(&mut tx, lease, execution_id, &live, ended).await? != 1 {
-        check_execution(&mut tx, lease, execution_id, &live).await?;
-        return Err(corrupt(format!(
-            "tool execution {execution_id} is running under this lease but was not updated"
-        )));
+    let Some(holder) = Holder::of(store, lease).await? else {
+        return Err(explain_execution(store, lease, execution_id).await);
+    };
+    let (state, column, value) = ended.columns();
+    let query = format!(
+        "UPDATE ag_tool_executions SET state = '{state}', {column} = $1, \
+         updated_at_ms = {NOW_MS} \
+         WHERE execution_id = $2 AND turn_id = $3 AND state = 'running' AND fence = {}",
+        holder.live_fence(3, 4)
+    );
+    let query = sqlx::query(&query)
+        .bind(value.as_str())
+        .bind(execution_id.as_str())
+        .bind(lease.turn_id.as_str());
+    let done = holder
+        .bind(query)
+        .execute(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    if done.rows_affected() == 1 {
+        return Ok(());
     }
-    tx.commit().await.map_err(map_sqlx)
+    Err(explain_execution(store, lease, execution_id).await)
+}
+
+/// Why an execution's ending changed no row: the lease, then the execution,
+/// read without locks. When both now pass, the miss raced a change these
+/// reads no longer see, and the step runs again.
+async fn explain_execution(
+    store: &PostgresStore,
+    lease: &LeaseRef,
+    execution_id: &ExecutionId,
+) -> Error {
+    let mut conn = match store.pool.acquire().await {
+        Ok(conn) => conn,
+        Err(error) => return map_sqlx(error),
+    };
+    let checked = match check_lease(store, &mut conn, lease, false).await {
+        Ok(live) => check_execution(&mut conn, lease, execution_id, &live).await,
+        Err(error) => Err(error),
+    };
+    match checked {
+        Err(error) => error,
+        Ok(()) => Error::conflict(format!(
+            "tool execution {execution_id} changed while it was being ended"
+        )),
+    }
 }
 
 pub(crate) async fn end_turn(
@@ -525,14 +567,24 @@ pub(crate) async fn end_turn(
     }
 }
 
+/// Ends the turn and releases session lease and permit (one row) in one
+/// autocommit statement, with the lease check folded in: `live` locks the
+/// session's row only if the caller holds it (the lock order of every step,
+/// session before turn, so a concurrent takeover queues behind it or it
+/// behind the takeover, and after that wait READ COMMITTED re-checks the
+/// condition on the newest row, which a committed takeover fails). `ended`
+/// requires the turn to be running under that lease's fence, and `released`
+/// follows `ended`, so neither writes unless both do. An ending that awaits
+/// confirmation records the pending turn on the session. Zero rows are
+/// explained after, read-only.
 async fn end_turn_once(
     store: &PostgresStore,
     lease: &LeaseRef,
     ending: &Ending,
 ) -> Result<TurnView> {
-    let mut tx = store.transaction().await?;
-    let live = check_lease(store, &mut tx, lease, true).await?;
-    let now = live.now_ms;
+    let Some(holder) = Holder::of(store, lease).await? else {
+        return Err(explain_turn(store, lease).await);
+    };
     let (state, response, error, retryable, pending) = match ending {
         Ending::Succeed { response } => ("succeeded", Some(response.as_str()), None, None, None),
         Ending::Fail { error, retryable } => {
@@ -546,44 +598,43 @@ async fn end_turn_once(
             Some(pending.as_str()),
         ),
     };
-    let pending_expires = pending.map(|_| now + duration_ms(store.config.confirmation_ttl));
-    // The ending and the release of session lease and permit (one row) in one
-    // statement; an ending that awaits confirmation records the pending turn
-    // on the session.
-    let row = sqlx::query(&format!(
-        "WITH ended AS ( \
+    let pending_ttl_ms = pending.map(|_| duration_ms(store.config.confirmation_ttl));
+    let query = format!(
+        "WITH live AS ( \
+           SELECT s.session_id, s.fence FROM ag_sessions s \
+           JOIN ag_turns t ON t.session_id = s.session_id WHERE {} FOR UPDATE OF s), \
+         ended AS ( \
            UPDATE ag_turns SET state = $1, response = $2, error = $3, retryable = $4, \
-           pending = COALESCE($5, pending), updated_at_ms = $6, ended_at_ms = $6 \
-           WHERE turn_id = $7 AND state = 'running' AND fence = $8 RETURNING {TURN_COLUMNS}), \
+           pending = COALESCE($5, pending), updated_at_ms = {NOW_MS}, ended_at_ms = {NOW_MS} \
+           WHERE turn_id = $7 AND state = 'running' AND fence = (SELECT fence FROM live) \
+           RETURNING {TURN_COLUMNS}), \
          released AS ( \
-           UPDATE ag_sessions SET holder_turn_id = NULL, lease_token_hash = NULL, \
-           lease_expires_at_ms = NULL, updated_at_ms = $6, \
-           pending_turn_id = CASE WHEN $9::BIGINT IS NULL THEN pending_turn_id ELSE $7 END, \
-           pending_expires_at_ms = COALESCE($9::BIGINT, pending_expires_at_ms) \
-           WHERE session_id = $10 AND holder_turn_id = $7 RETURNING 1) \
-         SELECT {TURN_COLUMNS} FROM ended"
-    ))
-    .bind(state)
-    .bind(response)
-    .bind(error)
-    .bind(retryable)
-    .bind(pending)
-    .bind(now)
-    .bind(lease.turn_id.as_str())
-    .bind(live.fence.0)
-    .bind(pending_expires)
-    .bind(&live.session_id)
-    .fetch_optional(&mut *tx)
-    .await
-    .map_err(map_sqlx)?;
-    let row = row.ok_or_else(|| {
-        corrupt(format!(
-            "turn {} holds its session but is not running under its fence",
-            lease.turn_id
-        ))
-    })?;
+           UPDATE ag_sessions s SET holder_turn_id = NULL, lease_token_hash = NULL, \
+           lease_expires_at_ms = NULL, updated_at_ms = {NOW_MS}, \
+           pending_turn_id = CASE WHEN $6::BIGINT IS NULL THEN s.pending_turn_id ELSE $7 END, \
+           pending_expires_at_ms = CASE WHEN $6::BIGINT IS NULL THEN s.pending_expires_at_ms \
+             ELSE {NOW_MS} + $6::BIGINT END \
+           FROM ended e WHERE s.session_id = e.session_id AND s.holder_turn_id = $7 RETURNING 1) \
+         SELECT {TURN_COLUMNS} FROM ended",
+        holder.condition(7, 8)
+    );
+    let query = sqlx::query(&query)
+        .bind(state)
+        .bind(response)
+        .bind(error)
+        .bind(retryable)
+        .bind(pending)
+        .bind(pending_ttl_ms)
+        .bind(lease.turn_id.as_str());
+    let row = holder
+        .bind(query)
+        .fetch_optional(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    let Some(row) = row else {
+        return Err(explain_turn(store, lease).await);
+    };
     let view = turn_view(&row)?;
-    tx.commit().await.map_err(map_sqlx)?;
     if let Some(layer) = &store.leases {
         // After the commit, and not an error of the step: the ending is
         // durable, and a lease whose release failed expires by itself.
@@ -593,4 +644,21 @@ async fn end_turn_once(
         }
     }
     Ok(view)
+}
+
+/// Why a turn's ending changed no row, read without locks. When the lease
+/// now passes, the miss raced a change this read no longer sees, and the
+/// step runs again.
+async fn explain_turn(store: &PostgresStore, lease: &LeaseRef) -> Error {
+    let mut conn = match store.pool.acquire().await {
+        Ok(conn) => conn,
+        Err(error) => return map_sqlx(error),
+    };
+    match check_lease(store, &mut conn, lease, false).await {
+        Err(error) => error,
+        Ok(_) => Error::conflict(format!(
+            "turn {} changed while it was ending",
+            lease.turn_id
+        )),
+    }
 }

@@ -1,0 +1,217 @@
+//! The caller's lease, checked two ways.
+//!
+//! - [`check_lease`] reads the session's row (locking it when asked) and
+//!   explains a refusal: the full read-decide-write path of a step, and the
+//!   explanation after a fast path changed no row.
+//! - [`Holder`] states the same check as a SQL condition, so that a step whose
+//!   decision SQL can express exactly (an execution's ending, a turn's
+//!   ending, a first tool claim) is one statement: the condition is true
+//!   exactly when `check_lease` would accept.
+//!
+//! With an external lease layer both ask the layer first (one layer call) and
+//! then require the SQL rows to agree that its fence is the session's newest.
+
+use agentgate_core::error::{Error, Result};
+use agentgate_core::ids::Fence;
+use agentgate_core::lease::LeaseLayer;
+use agentgate_core::model::LeaseRef;
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::query::Query;
+use sqlx::{PgConnection, Postgres};
+
+use crate::error::map_sqlx;
+use crate::rows::get;
+use crate::{PostgresStore, NOW_MS};
+
+/// The caller's credential as a fast-path statement checks it: the token's
+/// digest against the session's row, or, with a lease layer, the fence the
+/// layer holds for it against the turn's and session's rows.
+pub(crate) enum Holder {
+    Row { token_digest: String },
+    Layer { fence: Fence },
+}
+
+impl Holder {
+    /// The caller's credential; `None` when the lease layer says the lease is
+    /// not held (the caller then explains the refusal with [`check_lease`]).
+    pub(crate) async fn of(store: &PostgresStore, lease: &LeaseRef) -> Result<Option<Self>> {
+        let digest = lease.token.digest_hex();
+        let Some(layer) = &store.leases else {
+            return Ok(Some(Self::Row {
+                token_digest: digest,
+            }));
+        };
+        let held = layer.holds(lease.turn_id.as_str(), &digest).await?;
+        Ok(held.map(|live| Self::Layer { fence: live.fence }))
+    }
+
+    /// A `WHERE` condition on `ag_sessions s JOIN ag_turns t` (joined on the
+    /// session) that holds exactly when `$turn` is running and holds a live
+    /// lease with this credential, bound as `$credential`. On the rows: the
+    /// session names the turn and the token's digest, and its expiry is after
+    /// the statement's now. With a layer: the layer's fence is the turn's and
+    /// the session's, so no newer grant exists.
+    pub(crate) fn condition(&self, turn: u8, credential: u8) -> String {
+        match self {
+            Self::Row { .. } => format!(
+                "t.turn_id = ${turn} AND t.state = 'running' AND s.holder_turn_id = ${turn} \
+                 AND s.lease_token_hash = ${credential} AND s.lease_expires_at_ms > {NOW_MS}"
+            ),
+            Self::Layer { .. } => format!(
+                "t.turn_id = ${turn} AND t.state = 'running' AND t.fence = ${credential} \
+                 AND s.fence = ${credential}"
+            ),
+        }
+    }
+
+    /// The live lease's fence as a scalar subquery: NULL when
+    /// [`Holder::condition`] does not hold, so `fence = (…)` is then false.
+    pub(crate) fn live_fence(&self, turn: u8, credential: u8) -> String {
+        format!(
+            "(SELECT s.fence FROM ag_sessions s JOIN ag_turns t ON t.session_id = s.session_id \
+             WHERE {})",
+            self.condition(turn, credential)
+        )
+    }
+
+    /// Binds the credential; call it at the position `condition` was given.
+    pub(crate) fn bind<'q>(
+        &'q self,
+        query: Query<'q, Postgres, PgArguments>,
+    ) -> Query<'q, Postgres, PgArguments> {
+        match self {
+            Self::Row { token_digest } => query.bind(token_digest.as_str()),
+            Self::Layer { fence } => query.bind(fence.0),
+        }
+    }
+}
+
+/// A live lease, as checked inside a step's transaction.
+pub(crate) struct LiveLease {
+    pub fence: Fence,
+    pub lease_expires_at_ms: i64,
+    pub now_ms: i64,
+}
+
+/// Checks that `lease` is the live holder of its session; explains why not.
+/// With `lock`, the session's row stays locked until the transaction ends.
+pub(crate) async fn check_lease(
+    store: &PostgresStore,
+    conn: &mut PgConnection,
+    lease: &LeaseRef,
+    lock: bool,
+) -> Result<LiveLease> {
+    match &store.leases {
+        Some(layer) => check_external(layer.as_ref(), conn, lease, lock).await,
+        None => check_in_row(conn, lease, lock).await,
+    }
+}
+
+/// With an external lease layer: the layer must hold the lease, and the SQL
+/// rows (the session's row locked, so no newer grant commits meanwhile) must
+/// agree that its fence is the session's newest. The second check is what
+/// stops a holder whose layer lease vanished (Redis restarted) after a newer
+/// turn was granted.
+async fn check_external(
+    layer: &dyn LeaseLayer,
+    conn: &mut PgConnection,
+    lease: &LeaseRef,
+    lock: bool,
+) -> Result<LiveLease> {
+    let held = layer
+        .holds(lease.turn_id.as_str(), &lease.token.digest_hex())
+        .await?;
+    let row = sqlx::query(&format!(
+        "SELECT t.state, t.fence AS turn_fence, s.fence AS session_fence, \
+         {NOW_MS} AS now_ms \
+         FROM ag_turns t JOIN ag_sessions s ON s.session_id = t.session_id \
+         WHERE t.turn_id = $1 {}",
+        if lock { "FOR UPDATE OF s" } else { "" }
+    ))
+    .bind(lease.turn_id.as_str())
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(map_sqlx)?;
+    let Some(row) = row else {
+        return Err(missing_turn(conn, lease).await);
+    };
+    let now: i64 = get(&row, "now_ms")?;
+    let state: String = get(&row, "state")?;
+    let turn_fence: i64 = get(&row, "turn_fence")?;
+    let session_fence: i64 = get(&row, "session_fence")?;
+    let reason = match held {
+        _ if state != "running" => "turn already ended",
+        None => "lease expired, taken over or released",
+        Some(live) if live.fence.0 != turn_fence || session_fence != turn_fence => {
+            "superseded by a newer fence"
+        }
+        Some(live) => {
+            return Ok(LiveLease {
+                fence: live.fence,
+                lease_expires_at_ms: now + live.expires_in_ms,
+                now_ms: now,
+            })
+        }
+    };
+    Err(Error::LeaseLost { reason })
+}
+
+/// Leases in the session rows: the row must name this turn, this token's
+/// digest, and an expiry after the store's now.
+async fn check_in_row(conn: &mut PgConnection, lease: &LeaseRef, lock: bool) -> Result<LiveLease> {
+    let row = sqlx::query(&format!(
+        "SELECT t.state, s.holder_turn_id, s.lease_token_hash, s.fence, \
+         s.lease_expires_at_ms, {NOW_MS} AS now_ms \
+         FROM ag_turns t JOIN ag_sessions s ON s.session_id = t.session_id \
+         WHERE t.turn_id = $1 {}",
+        if lock { "FOR UPDATE OF s" } else { "" }
+    ))
+    .bind(lease.turn_id.as_str())
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(map_sqlx)?;
+    let Some(row) = row else {
+        return Err(missing_turn(conn, lease).await);
+    };
+    judge(&row, lease)
+}
+
+/// Why a turn has no session row: it does not exist (or the session was
+/// swept, which only happens once the turn is gone too).
+async fn missing_turn(conn: &mut PgConnection, lease: &LeaseRef) -> Error {
+    let exists = sqlx::query_scalar::<_, i32>("SELECT 1 FROM ag_turns WHERE turn_id = $1")
+        .bind(lease.turn_id.as_str())
+        .fetch_optional(conn)
+        .await;
+    match exists {
+        Ok(Some(_)) => Error::LeaseLost {
+            reason: "taken over or released",
+        },
+        Ok(None) => Error::not_found(format!("turn {}", lease.turn_id)),
+        Err(error) => map_sqlx(error),
+    }
+}
+
+fn judge(row: &PgRow, lease: &LeaseRef) -> Result<LiveLease> {
+    let now: i64 = get(row, "now_ms")?;
+    let state: String = get(row, "state")?;
+    let holder: Option<String> = get(row, "holder_turn_id")?;
+    let token_hash: Option<String> = get(row, "lease_token_hash")?;
+    let expires: Option<i64> = get(row, "lease_expires_at_ms")?;
+    let reason = if state != "running" {
+        "turn already ended"
+    } else if holder.as_deref() != Some(lease.turn_id.as_str()) {
+        "taken over or released"
+    } else if token_hash.as_deref() != Some(lease.token.digest_hex().as_str()) {
+        "wrong lease token"
+    } else if expires.is_none_or(|e| e <= now) {
+        "lease expired"
+    } else {
+        return Ok(LiveLease {
+            fence: Fence(get(row, "fence")?),
+            lease_expires_at_ms: expires.unwrap_or(now),
+            now_ms: now,
+        });
+    };
+    Err(Error::LeaseLost { reason })
+}
