@@ -283,11 +283,14 @@ pub(crate) async fn end_turn(
     let Some(holder) = Holder::of(store, lease).await? else {
         return Ok(None);
     };
+    // One connection for both statements: a second checkout costs sqlx's
+    // release ping.
+    let mut conn = store.pool.acquire().await.map_err(map_sqlx)?;
     let row = sqlx::query(&format!(
         "SELECT {TURN_COLUMNS}, {NOW_MS} AS now_ms FROM ag_turns WHERE turn_id = ?"
     ))
     .bind(lease.turn_id.as_str())
-    .fetch_optional(&store.pool)
+    .fetch_optional(&mut *conn)
     .await
     .map_err(map_sqlx)?;
     let Some(row) = row else {
@@ -328,9 +331,10 @@ pub(crate) async fn end_turn(
         .bind(turn.fence);
     let done = holder
         .bind(query, lease)
-        .execute(&store.pool)
+        .execute(&mut *conn)
         .await
         .map_err(map_sqlx)?;
+    drop(conn);
     // The server counts the rows it found in both tables (sqlx asks for
     // found rows); any match is the one turn and its one session.
     match done.rows_affected() {
