@@ -18,7 +18,10 @@ use sqlx::mysql::MySqlDatabaseError;
 use tokio::time::Instant;
 
 /// Server error numbers after which the step is run again.
-const CONFLICT_ERRORS: &[u16] = &[1213, 1205, 1062, 1020];
+const CONFLICT_ERRORS: &[u16] = &[1213, 1205, DUPLICATE_KEY, 1020];
+
+/// `ER_DUP_ENTRY`: an insert met an existing unique key.
+const DUPLICATE_KEY: u16 = 1062;
 
 /// Maps a sqlx error to `store_unavailable`, keeping the source for logs and
 /// marking transient conflicts for [`Retry`].
@@ -32,6 +35,15 @@ pub(crate) fn map_sqlx(error: sqlx::Error) -> Error {
     } else {
         Error::store(error)
     }
+}
+
+/// Whether `error` is the server's duplicate-key error (1062), which a fast
+/// path's insert takes as "the row exists: decide on the full path".
+pub(crate) fn is_duplicate_key(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|e| e.try_downcast_ref::<MySqlDatabaseError>())
+        .is_some_and(|e| e.number() == DUPLICATE_KEY)
 }
 
 /// A stored value the schema does not allow (a bug or a foreign writer).

@@ -102,50 +102,93 @@ fn turn_snapshot(row: &MySqlRow) -> Result<TurnSnapshot> {
 }
 
 pub(crate) fn turn_view(row: &MySqlRow) -> Result<TurnView> {
-    let pending = json(text(row, "pending")?)?;
-    let confirms: Option<String> = text(row, "confirms_turn_id")?;
-    let confirmation = match confirms {
-        Some(turn_id) => Some(ConfirmationContext {
-            turn_id: id(TurnId::new, turn_id)?,
-            decision: text(row, "decision")?
-                .ok_or_else(|| corrupt("confirmation without decision"))?
-                .parse()?,
-            pending: pending.clone().unwrap_or(Value::Null),
-        }),
-        None => None,
-    };
-    let state: TurnState = text_required(row, "state")?.parse()?;
-    let failed = state == TurnState::Failed;
-    Ok(TurnView {
-        turn_id: id(TurnId::new, text_required(row, "turn_id")?)?,
-        session_id: id(SessionId::new, text_required(row, "session_id")?)?,
-        user_id: id(UserId::new, text_required(row, "user_id")?)?,
-        client_request_id: id(
-            ClientRequestId::new,
-            text_required(row, "client_request_id")?,
-        )?,
-        state,
-        attempt: count(get(row, "attempt")?)?,
-        fence: Fence(get(row, "fence")?),
-        response: json(text(row, "response")?)?,
-        error: json(text(row, "error")?)?,
-        retryable: if failed {
-            Some(get::<Option<bool>>(row, "retryable")?.unwrap_or(false))
-        } else {
-            None
-        },
-        pending: if confirmation.is_some() {
-            None
-        } else {
-            pending
-        },
-        confirmation,
-        confirmed_by: text(row, "confirmed_by")?
-            .map(|t| id(TurnId::new, t))
-            .transpose()?,
-        created_at_ms: get(row, "created_at_ms")?,
-        updated_at_ms: get(row, "updated_at_ms")?,
-    })
+    TurnRow::read(row)?.view()
+}
+
+/// The columns of a turn's view as stored, so a step that wrote some of them
+/// without reading them back (a fast ending) can apply its own `SET` to a row
+/// read before it and get the same view as a read-back.
+#[derive(Debug)]
+pub(crate) struct TurnRow {
+    pub turn_id: String,
+    pub session_id: String,
+    pub user_id: String,
+    pub client_request_id: String,
+    pub state: String,
+    pub attempt: i64,
+    pub fence: i64,
+    pub response: Option<String>,
+    pub error: Option<String>,
+    pub retryable: Option<bool>,
+    pub pending: Option<String>,
+    pub confirms_turn_id: Option<String>,
+    pub decision: Option<String>,
+    pub confirmed_by: Option<String>,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+}
+
+impl TurnRow {
+    /// Reads [`TURN_COLUMNS`] from `row`.
+    pub(crate) fn read(row: &MySqlRow) -> Result<Self> {
+        Ok(Self {
+            turn_id: text_required(row, "turn_id")?,
+            session_id: text_required(row, "session_id")?,
+            user_id: text_required(row, "user_id")?,
+            client_request_id: text_required(row, "client_request_id")?,
+            state: text_required(row, "state")?,
+            attempt: get(row, "attempt")?,
+            fence: get(row, "fence")?,
+            response: text(row, "response")?,
+            error: text(row, "error")?,
+            retryable: get(row, "retryable")?,
+            pending: text(row, "pending")?,
+            confirms_turn_id: text(row, "confirms_turn_id")?,
+            decision: text(row, "decision")?,
+            confirmed_by: text(row, "confirmed_by")?,
+            created_at_ms: get(row, "created_at_ms")?,
+            updated_at_ms: get(row, "updated_at_ms")?,
+        })
+    }
+
+    /// The view callers see.
+    pub(crate) fn view(self) -> Result<TurnView> {
+        let pending = json(self.pending)?;
+        let confirmation = match self.confirms_turn_id {
+            Some(turn_id) => Some(ConfirmationContext {
+                turn_id: id(TurnId::new, turn_id)?,
+                decision: self
+                    .decision
+                    .ok_or_else(|| corrupt("confirmation without decision"))?
+                    .parse()?,
+                pending: pending.clone().unwrap_or(Value::Null),
+            }),
+            None => None,
+        };
+        let state: TurnState = self.state.parse()?;
+        let failed = state == TurnState::Failed;
+        Ok(TurnView {
+            turn_id: id(TurnId::new, self.turn_id)?,
+            session_id: id(SessionId::new, self.session_id)?,
+            user_id: id(UserId::new, self.user_id)?,
+            client_request_id: id(ClientRequestId::new, self.client_request_id)?,
+            state,
+            attempt: count(self.attempt)?,
+            fence: Fence(self.fence),
+            response: json(self.response)?,
+            error: json(self.error)?,
+            retryable: failed.then_some(self.retryable.unwrap_or(false)),
+            pending: if confirmation.is_some() {
+                None
+            } else {
+                pending
+            },
+            confirmation,
+            confirmed_by: self.confirmed_by.map(|t| id(TurnId::new, t)).transpose()?,
+            created_at_ms: self.created_at_ms,
+            updated_at_ms: self.updated_at_ms,
+        })
+    }
 }
 
 pub(crate) fn session_snapshot(row: &MySqlRow) -> Result<SessionSnapshot> {

@@ -15,10 +15,16 @@
 //! a heartbeat then touches only the layer, and an ending releases the
 //! layer's lease after its commit.
 //!
-//! Round trips: heartbeat 1 (2 when refused, to say why); claim 5 (`BEGIN`,
-//! lock, lookup, write, `COMMIT`; 4 when cached or refused); complete or fail
-//! with a result 4; complete with a same-transaction effect 5 plus the
-//! effect's own; end 6 (no `UPDATE … RETURNING`: the view is read back).
+//! A first claim, a completion or failure with a plain result, and an ending
+//! first try the one-statement fast path of `fast`; the locking transaction
+//! below runs only when it changed no row, and either does the step or
+//! explains the refusal.
+//!
+//! Round trips: heartbeat 1 (2 when refused, to say why); claim 1 on the fast
+//! path, else 1 + 5 (`BEGIN`, lock, lookup, write, `COMMIT`; 4 when cached
+//! or refused); complete or fail with a result 1, else 1 + 4; complete with
+//! a same-transaction effect 5 plus the effect's own; end 2, else 2 + 6 (no
+//! `UPDATE … RETURNING`: the view is read back).
 
 use agentgate_core::canonical::CanonicalJson;
 use agentgate_core::config::duration_ms;
@@ -36,6 +42,7 @@ use sqlx::mysql::MySqlRow;
 use sqlx::MySqlConnection;
 
 use crate::error::{corrupt, map_sqlx, Retry};
+use crate::fast::{self, EndedExecution};
 use crate::rows::{
     execution_snapshot, get, json, text, text_required, turn_view, EXECUTION_COLUMNS, TURN_COLUMNS,
 };
@@ -244,7 +251,12 @@ pub(crate) async fn claim_tool(
 ) -> Result<ToolClaim> {
     let mut retry = Retry::new();
     loop {
-        match claim_once(store, lease, call).await {
+        let claim = match fast::claim(store, lease, call).await {
+            Ok(Some(claim)) => Ok(claim),
+            Ok(None) => claim_once(store, lease, call).await,
+            Err(error) => Err(error),
+        };
+        match claim {
             Err(error) => retry.after(error).await?,
             claim => return claim,
         }
@@ -394,10 +406,7 @@ async fn end_execution(
     live: &LiveLease,
     ended: EndedExecution<'_>,
 ) -> Result<u64> {
-    let (state, column, value) = match ended {
-        EndedExecution::Succeeded(result) => ("succeeded", "result", result),
-        EndedExecution::Failed(error) => ("failed", "error", error),
-    };
+    let (state, column, value) = ended.columns();
     let done = sqlx::query(&format!(
         "UPDATE ag_tool_executions SET state = '{state}', {column} = ?, updated_at_ms = ? \
          WHERE execution_id = ? AND turn_id = ? AND state = 'running' AND fence = ?"
@@ -411,13 +420,6 @@ async fn end_execution(
     .await
     .map_err(map_sqlx)?;
     Ok(done.rows_affected())
-}
-
-/// How an execution ends.
-#[derive(Clone, Copy)]
-enum EndedExecution<'a> {
-    Succeeded(&'a CanonicalJson),
-    Failed(&'a CanonicalJson),
 }
 
 pub(crate) async fn complete_tool(
@@ -507,13 +509,17 @@ pub(crate) async fn fail_tool(
 }
 
 /// Completes or fails an execution with a value computed outside the store:
-/// the conditional `UPDATE` is the check, and a miss is explained after.
+/// first the fast path's one statement, then, when it changed no row, the
+/// locking transaction, which does the step or explains the refusal.
 async fn end_tool_once(
     store: &MySqlStore,
     lease: &LeaseRef,
     execution_id: &ExecutionId,
     ended: EndedExecution<'_>,
 ) -> Result<()> {
+    if fast::end_execution(store, lease, execution_id, ended).await? {
+        return Ok(());
+    }
     let mut tx = store.transaction().await?;
     let live = check_lease(store, &mut tx, lease, true).await?;
     if end_execution(&mut tx, lease, execution_id, &live, ended).await? != 1 {
@@ -562,9 +568,29 @@ pub(crate) async fn end_turn(
 ) -> Result<TurnView> {
     let mut retry = Retry::new();
     loop {
-        match end_turn_once(store, lease, ending).await {
+        let view = match fast::end_turn(store, lease, ending).await {
+            Ok(Some(view)) => Ok(view),
+            Ok(None) => end_turn_once(store, lease, ending).await,
+            Err(error) => Err(error),
+        };
+        match view {
             Err(error) => retry.after(error).await?,
-            view => return view,
+            Ok(view) => {
+                release_layer(store, lease).await;
+                return Ok(view);
+            }
+        }
+    }
+}
+
+/// Releases an ended turn's lease in the external layer, after the ending's
+/// commit. Not an error of the step: the ending is durable, and a lease
+/// whose release failed expires by itself.
+async fn release_layer(store: &MySqlStore, lease: &LeaseRef) {
+    if let Some(layer) = &store.leases {
+        let digest = lease.token.digest_hex();
+        if let Err(error) = layer.release(lease.turn_id.as_str(), &digest).await {
+            tracing::warn!(%error, turn_id = %lease.turn_id, "could not release an ended turn's lease");
         }
     }
 }
@@ -620,13 +646,5 @@ async fn end_turn_once(store: &MySqlStore, lease: &LeaseRef, ending: &Ending) ->
     .map_err(map_sqlx)?;
     let view = turn_view(&row)?;
     tx.commit().await.map_err(map_sqlx)?;
-    if let Some(layer) = &store.leases {
-        // After the commit, and not an error of the step: the ending is
-        // durable, and a lease whose release failed expires by itself.
-        let digest = lease.token.digest_hex();
-        if let Err(error) = layer.release(lease.turn_id.as_str(), &digest).await {
-            tracing::warn!(%error, turn_id = %lease.turn_id, "could not release an ended turn's lease");
-        }
-    }
     Ok(view)
 }

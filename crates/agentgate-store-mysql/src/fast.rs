@@ -1,0 +1,352 @@
+//! Fast paths: the common case of a step as one autocommit statement whose
+//! `WHERE` clause is both the lease check and the decision, so the step needs
+//! no `BEGIN`, no separate locking read and no `COMMIT`.
+//!
+//! - a first tool claim: `INSERT … SELECT … FOR UPDATE` (SPEC §4: no
+//!   execution yet → Execute);
+//! - a tool completion or failure with a plain result: a multi-table
+//!   `UPDATE` of the execution;
+//! - a turn ending: one multi-table `UPDATE` of the turn and its session,
+//!   after one plain read of the turn for the view.
+//!
+//! Each returns `None` when its statement changed no row (or met an existing
+//! row), and the caller then runs the step's full read-decide-write path in
+//! `steps`, which either does the step or explains the refusal. A fast path
+//! never refuses by itself, so every answer other than the common case comes
+//! from `agentgate_core::decide` and the full path's checks.
+//!
+//! Why the old holder can never write after a takeover: InnoDB reads the
+//! joined turn and session rows of these statements with locking reads (the
+//! claim `FOR UPDATE`; a multi-table `UPDATE` takes shared record locks on
+//! the rows it only reads, even at READ COMMITTED, unlike an `INSERT …
+//! SELECT` or a single-table `UPDATE`'s subquery, which read a snapshot), and
+//! holds them until the statement commits. A takeover writes the session row
+//! under an exclusive lock. Either the takeover committed first, and the
+//! locking read sees its holder and fence (a locking read always reads the
+//! newest committed row), so the statement matches no row; or the statement
+//! locked the row first, and the takeover waits for its commit, so the write
+//! is ordered before the takeover and the new holder sees it. As on the full
+//! path, the lease is judged on the server's clock at the statement's start.
+//!
+//! The rows are locked in the order the optimizer joins them (the
+//! execution, its turn, the session: primary-key lookups from the bound ids),
+//! which is not a begin's session-then-turn order; a takeover racing its old
+//! holder's statement can therefore deadlock, which InnoDB breaks by rolling
+//! one back, and that step is run again (its retry then refuses the old
+//! holder or goes through).
+//!
+//! With an external lease layer the layer is asked first, as on the full
+//! path, and the statements require the turn's fence to be the layer's and
+//! the session's newest.
+//!
+//! Round trips: claim 1, complete or fail 1, end 2 (the turn read, the
+//! update), each plus one layer call with an external layer.
+
+use agentgate_core::canonical::CanonicalJson;
+use agentgate_core::error::Result;
+use agentgate_core::ids::ExecutionId;
+use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
+use agentgate_core::model::{idempotency_key, Ending, LeaseRef, ToolCall, ToolClaim, TurnView};
+use sqlx::mysql::MySqlArguments;
+use sqlx::query::Query;
+use sqlx::MySql;
+
+use crate::error::{corrupt, is_duplicate_key, map_sqlx};
+use crate::rows::{get, TurnRow, TURN_COLUMNS};
+use crate::{MySqlStore, NOW_MS};
+
+/// What a fast path's statement must find in the rows for the caller to be
+/// the live holder of its turn's session.
+pub(crate) enum Holder {
+    /// The lease lives in the session row: this token's digest, unexpired on
+    /// the server's clock.
+    Row { token_digest: String },
+    /// The external layer holds the lease under this fence: the rows must
+    /// agree that it is the turn's and the session's newest.
+    Layer { fence: i64 },
+}
+
+impl Holder {
+    /// The caller's holder, or `None` when the external layer does not hold
+    /// the lease (the full path explains why).
+    pub(crate) async fn of(store: &MySqlStore, lease: &LeaseRef) -> Result<Option<Self>> {
+        let digest = lease.token.digest_hex();
+        match &store.leases {
+            None => Ok(Some(Self::Row {
+                token_digest: digest,
+            })),
+            Some(layer) => Ok(layer
+                .holds(lease.turn_id.as_str(), &digest)
+                .await?
+                .map(|live| Self::Layer {
+                    fence: live.fence.0,
+                })),
+        }
+    }
+
+    /// The condition on the turn `t` and its session `s` (joined on
+    /// `s.session_id = t.session_id`), with two placeholders that
+    /// [`Holder::bind`] fills: the turn id, then the digest or the fence.
+    /// The same checks as the full path's lease check, in SQL.
+    fn condition(&self) -> String {
+        let common = "t.turn_id = ? AND t.state = 'running' \
+                      AND s.holder_turn_id = t.turn_id AND s.fence = t.fence";
+        match self {
+            Self::Row { .. } => {
+                format!("{common} AND s.lease_token_hash = ? AND s.lease_expires_at_ms > {NOW_MS}")
+            }
+            Self::Layer { .. } => format!("{common} AND t.fence = ?"),
+        }
+    }
+
+    fn bind<'q>(
+        &'q self,
+        query: Query<'q, MySql, MySqlArguments>,
+        lease: &'q LeaseRef,
+    ) -> Query<'q, MySql, MySqlArguments> {
+        let query = query.bind(lease.turn_id.as_str());
+        match self {
+            Self::Row { token_digest } => query.bind(token_digest.as_str()),
+            Self::Layer { fence } => query.bind(*fence),
+        }
+    }
+}
+
+/// A first claim of `call`: inserts the execution as running under the
+/// session's fence when the caller holds the lease, the turn has no
+/// execution of this call and fewer than `MAX_EXECUTIONS_PER_TURN` in all.
+/// `None` when any of that is not so.
+///
+/// `FOR UPDATE` locks the turn and the session exclusively: without it an
+/// `INSERT … SELECT` at READ COMMITTED reads a snapshot and locks nothing.
+/// The count is correlated with the locked turn so that it is evaluated
+/// after the locks are granted; the statement's snapshot is taken at its
+/// first non-locking read, the count, so it sees every claim that held the
+/// session's lock before. (An uncorrelated count is evaluated once before
+/// the join, from a snapshot taken before any lock wait, and two concurrent
+/// claims could both pass the limit.)
+pub(crate) async fn claim(
+    store: &MySqlStore,
+    lease: &LeaseRef,
+    call: &ToolCall,
+) -> Result<Option<ToolClaim>> {
+    let Some(holder) = Holder::of(store, lease).await? else {
+        return Ok(None);
+    };
+    let execution_id = ExecutionId::generate();
+    let key = idempotency_key(&lease.turn_id, call);
+    let sql = format!(
+        "INSERT INTO ag_tool_executions (execution_id, turn_id, tool, args_hash, \
+         idempotency_key, state, attempt, fence, created_at_ms, updated_at_ms) \
+         SELECT ?, t.turn_id, ?, ?, ?, 'running', 1, t.fence, {NOW_MS}, {NOW_MS} \
+         FROM ag_turns t JOIN ag_sessions s ON s.session_id = t.session_id \
+         WHERE {} AND (SELECT COUNT(*) FROM ag_tool_executions x \
+                       WHERE x.turn_id = t.turn_id) < ? \
+         FOR UPDATE",
+        holder.condition()
+    );
+    let query = sqlx::query(&sql)
+        .bind(execution_id.as_str())
+        .bind(call.tool.as_str())
+        .bind(call.args_hash.as_hex())
+        .bind(key.as_str());
+    let inserted = holder
+        .bind(query, lease)
+        .bind(i64::from(MAX_EXECUTIONS_PER_TURN))
+        .execute(&store.pool)
+        .await;
+    match inserted {
+        // The call was claimed before: cached, in flight or to reclaim.
+        Err(error) if is_duplicate_key(&error) => Ok(None),
+        Err(error) => Err(map_sqlx(error)),
+        Ok(done) if done.rows_affected() == 0 => Ok(None),
+        Ok(done) if done.rows_affected() == 1 => Ok(Some(ToolClaim::Execute {
+            execution_id,
+            idempotency_key: key,
+            attempt: 1,
+            previous_outcome: None,
+        })),
+        Ok(done) => Err(corrupt(format!(
+            "a first claim inserted {} executions",
+            done.rows_affected()
+        ))),
+    }
+}
+
+/// How an execution ends.
+#[derive(Clone, Copy)]
+pub(crate) enum EndedExecution<'a> {
+    Succeeded(&'a CanonicalJson),
+    Failed(&'a CanonicalJson),
+}
+
+impl<'a> EndedExecution<'a> {
+    /// The state it ends in, the column its value goes to, and the value.
+    pub(crate) fn columns(self) -> (&'static str, &'static str, &'a CanonicalJson) {
+        match self {
+            Self::Succeeded(result) => ("succeeded", "result", result),
+            Self::Failed(error) => ("failed", "error", error),
+        }
+    }
+}
+
+/// Ends a running execution claimed under the caller's live lease. `false`
+/// when no row changed: not the holder, not running, or claimed under an
+/// older fence.
+pub(crate) async fn end_execution(
+    store: &MySqlStore,
+    lease: &LeaseRef,
+    execution_id: &ExecutionId,
+    ended: EndedExecution<'_>,
+) -> Result<bool> {
+    let Some(holder) = Holder::of(store, lease).await? else {
+        return Ok(false);
+    };
+    let (state, column, value) = ended.columns();
+    let sql = format!(
+        "UPDATE ag_tool_executions e JOIN ag_turns t ON t.turn_id = e.turn_id \
+         JOIN ag_sessions s ON s.session_id = t.session_id \
+         SET e.state = '{state}', e.{column} = ?, e.updated_at_ms = {NOW_MS} \
+         WHERE e.execution_id = ? AND e.state = 'running' AND e.fence = t.fence AND {}",
+        holder.condition()
+    );
+    let query = sqlx::query(&sql)
+        .bind(value.as_str())
+        .bind(execution_id.as_str());
+    let done = holder
+        .bind(query, lease)
+        .execute(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    match done.rows_affected() {
+        0 => Ok(false),
+        1 => Ok(true),
+        n => Err(corrupt(format!("ending one execution changed {n} rows"))),
+    }
+}
+
+/// The columns an ending writes on its turn, and the session's pending
+/// confirmation when it awaits one.
+pub(crate) struct EndingColumns<'a> {
+    pub state: &'static str,
+    pub response: Option<&'a str>,
+    pub error: Option<&'a str>,
+    pub retryable: Option<bool>,
+    pub pending: Option<&'a str>,
+}
+
+impl<'a> EndingColumns<'a> {
+    pub(crate) fn of(ending: &'a Ending) -> Self {
+        let none = Self {
+            state: "",
+            response: None,
+            error: None,
+            retryable: None,
+            pending: None,
+        };
+        match ending {
+            Ending::Succeed { response } => Self {
+                state: "succeeded",
+                response: Some(response.as_str()),
+                ..none
+            },
+            Ending::Fail { error, retryable } => Self {
+                state: "failed",
+                error: Some(error.as_str()),
+                retryable: Some(*retryable),
+                ..none
+            },
+            Ending::AwaitConfirmation { pending } => Self {
+                state: "awaiting_confirmation",
+                pending: Some(pending.as_str()),
+                ..none
+            },
+        }
+    }
+}
+
+/// Ends the caller's running turn and releases its session (lease and
+/// permit, one row) in one statement. `None` when it changed no row.
+///
+/// The view: the turn is read first, plainly, and the update requires the
+/// turn still running under the fence read. A running turn's row changes
+/// only by its ending (it leaves `running`) or by a new grant (a new fence),
+/// so every column the update does not set is still as read, and the view is
+/// the row read with the update's `SET` applied, exactly what a read-back in
+/// the same transaction would give. A read-back after the commit would not:
+/// a begin may restart a failed turn in between.
+pub(crate) async fn end_turn(
+    store: &MySqlStore,
+    lease: &LeaseRef,
+    ending: &Ending,
+) -> Result<Option<TurnView>> {
+    let Some(holder) = Holder::of(store, lease).await? else {
+        return Ok(None);
+    };
+    // One connection for both statements: a second checkout costs sqlx's
+    // release ping.
+    let mut conn = store.pool.acquire().await.map_err(map_sqlx)?;
+    let row = sqlx::query(&format!(
+        "SELECT {TURN_COLUMNS}, {NOW_MS} AS now_ms FROM ag_turns WHERE turn_id = ?"
+    ))
+    .bind(lease.turn_id.as_str())
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(map_sqlx)?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let now: i64 = get(&row, "now_ms")?;
+    let mut turn = TurnRow::read(&row)?;
+    if turn.state != "running" {
+        return Ok(None);
+    }
+    let columns = EndingColumns::of(ending);
+    let confirmation_ttl_ms = agentgate_core::config::duration_ms(store.config.confirmation_ttl);
+    let pending_expires = columns.pending.map(|_| now + confirmation_ttl_ms);
+    // Assignments only use bound values and their own table's columns: a
+    // multi-table `UPDATE` does not promise an order across tables.
+    let sql = format!(
+        "UPDATE ag_turns t JOIN ag_sessions s ON s.session_id = t.session_id \
+         SET t.state = ?, t.response = ?, t.error = ?, t.retryable = ?, \
+         t.pending = COALESCE(?, t.pending), t.updated_at_ms = ?, t.ended_at_ms = ?, \
+         s.holder_turn_id = NULL, s.lease_token_hash = NULL, s.lease_expires_at_ms = NULL, \
+         s.updated_at_ms = ?, s.pending_turn_id = IF(? IS NULL, s.pending_turn_id, ?), \
+         s.pending_expires_at_ms = COALESCE(?, s.pending_expires_at_ms) \
+         WHERE t.fence = ? AND {}",
+        holder.condition()
+    );
+    let query = sqlx::query(&sql)
+        .bind(columns.state)
+        .bind(columns.response)
+        .bind(columns.error)
+        .bind(columns.retryable)
+        .bind(columns.pending)
+        .bind(now)
+        .bind(now)
+        .bind(now)
+        .bind(pending_expires)
+        .bind(lease.turn_id.as_str())
+        .bind(pending_expires)
+        .bind(turn.fence);
+    let done = holder
+        .bind(query, lease)
+        .execute(&mut *conn)
+        .await
+        .map_err(map_sqlx)?;
+    drop(conn);
+    // The server counts the rows it found in both tables (sqlx asks for
+    // found rows); any match is the one turn and its one session.
+    match done.rows_affected() {
+        0 => return Ok(None),
+        1 | 2 => {}
+        n => return Err(corrupt(format!("ending one turn changed {n} rows"))),
+    }
+    turn.state = columns.state.to_owned();
+    turn.response = columns.response.map(str::to_owned);
+    turn.error = columns.error.map(str::to_owned);
+    turn.retryable = columns.retryable;
+    turn.pending = columns.pending.map(str::to_owned).or(turn.pending);
+    turn.updated_at_ms = now;
+    turn.view().map(Some)
+}
