@@ -5,8 +5,8 @@
 //! live leases read after it cannot race another grant (the permit). The
 //! session's row lock serialises every step on the session, so the
 //! `(session_id, client_request_id)` insert never meets a concurrent twin.
-//! Both rows are created on first use by the locking upserts themselves; a begin
-//! that is refused rolls back, so nothing is written.
+//! Both rows are created on first use by the locking upserts themselves; a
+//! begin that is refused rolls back, so nothing is written.
 //!
 //! The session lease and the user's permit are one row write (a user's live
 //! permits are its sessions with a live lease), so they are taken together or
@@ -23,8 +23,9 @@
 //! count, the request's turn; its own statement, so its snapshot is taken
 //! after the locks are held and sees every grant that committed while this
 //! step waited for them), then for a start one statement that takes the
-//! fence and writes the session's grant and the turn, and `COMMIT`: five
-//! (plus the layer's acquire when there is one). A refusal or a replay is
+//! fence and writes the session's grant and the turn, and `COMMIT`: five,
+//! plus the layer's acquire when there is one and sqlx's ping when the
+//! connection goes back to the pool. A refusal or a replay is
 //! `BEGIN`, locks, facts and the rollback. A confirmation adds one read of
 //! its target (and one more when the target was already confirmed) and one
 //! `UPDATE` of it.
