@@ -5,8 +5,8 @@
 //! live leases read after it cannot race another grant (the permit). The
 //! session's row lock serialises every step on the session, so the
 //! `(session_id, client_request_id)` insert never meets a concurrent twin.
-//! Both rows are created on first use by the locking upsert itself; a begin
-//! that is refused rolls back, so nothing is written.
+//! Both rows are created on first use by the locking upserts themselves; a
+//! begin that is refused rolls back, so nothing is written.
 //!
 //! The session lease and the user's permit are one row write (a user's live
 //! permits are its sessions with a live lease), so they are taken together or
@@ -14,18 +14,27 @@
 //!
 //! With an external lease layer the decision sees no live lease in the rows
 //! (they keep no expiry); the layer's atomic acquire, made inside the
-//! transaction after the fence is taken, decides busy and capacity, and a
-//! grant that then fails to commit gives the layer's lease straight back.
+//! transaction after the grant statement took the fence, decides busy and
+//! capacity: a refusal rolls the grant back, and a grant that then fails to
+//! commit gives the layer's lease straight back.
 //!
-//! Round trips: `BEGIN`, user upsert, session upsert, facts (clock, permit
-//! count, the request's turn), then for a start the session grant (fence from
-//! the sequence in the same `UPDATE`) and the turn write, and `COMMIT`: seven.
-//! A confirmation adds one read of its target (and one more when the target
-//! was already confirmed) and one `UPDATE` of it.
+//! Round trips: `BEGIN` (with its `SET LOCAL`s, one simple query), the lock
+//! statement (user upsert, then session upsert), the facts (clock, permit
+//! count, the request's turn; its own statement, so its snapshot is taken
+//! after the locks are held and sees every grant that committed while this
+//! step waited for them), then for a start one statement that takes the
+//! fence and writes the session's grant and the turn, and `COMMIT`: five,
+//! plus the layer's acquire when there is one and sqlx's ping when the
+//! connection goes back to the pool. A refusal or a replay is
+//! `BEGIN`, locks, facts and the rollback. A confirmation adds one read of
+//! its target (and one more when the target was already confirmed) and one
+//! `UPDATE` of it.
 
 use std::time::Duration;
 
-use agentgate_core::decide::{decide_begin, BeginDecision, BeginFacts, StartKind, UserLoad};
+use agentgate_core::decide::{
+    decide_begin, BeginDecision, BeginFacts, SessionSnapshot, StartKind, UserLoad,
+};
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{Fence, LeaseToken, TurnId};
 use agentgate_core::lease::refuse_if_held;
@@ -83,40 +92,42 @@ async fn give_back(store: &PostgresStore, turn_id: &str, token: &LeaseToken) {
     }
 }
 
-/// Locks the user's row, creating it on first use; returns the cap override.
-async fn lock_user(conn: &mut PgConnection, user_id: &str) -> Result<Option<i64>> {
-    // `DO UPDATE` with a no-op assignment is what makes the upsert lock an
-    // existing row (`DO NOTHING` would not), in one statement.
-    sqlx::query_scalar(
-        "INSERT INTO ag_users (user_id) VALUES ($1) \
-         ON CONFLICT (user_id) DO UPDATE SET max_turns = ag_users.max_turns \
-         RETURNING max_turns",
-    )
-    .bind(user_id)
-    .fetch_one(conn)
-    .await
-    .map_err(map_sqlx)
+/// What the lock statement returns: the user's cap override and the
+/// session's row.
+struct Locked {
+    cap: Option<i64>,
+    session: SessionSnapshot,
 }
 
-/// Locks the session's row, creating it bound to the caller on first use. A
-/// fresh row (no holder, no pending confirmation, the caller's user) decides
+/// Locks the user's row, then the session's row, creating either on first
+/// use (the session bound to the caller), in one statement. A fresh session
+/// row (no holder, no pending confirmation, the caller's user) decides
 /// exactly like no row at all, and is rolled back unless the begin starts.
-async fn lock_session(
-    conn: &mut PgConnection,
-    command: &BeginCommand,
-) -> Result<agentgate_core::decide::SessionSnapshot> {
+async fn lock_rows(conn: &mut PgConnection, command: &BeginCommand) -> Result<Locked> {
+    // `DO UPDATE` with a no-op assignment is what makes an upsert lock an
+    // existing row (`DO NOTHING` would not). The session's upsert takes its
+    // row from the user's upsert's output, so it cannot run before the
+    // user's row is locked: the lock order stays user → session without
+    // relying on the unspecified order of sibling `WITH` statements.
     let row = sqlx::query(&format!(
-        "INSERT INTO ag_sessions (session_id, user_id, fence, updated_at_ms) \
-         VALUES ($1, $2, 0, {NOW_MS}) \
-         ON CONFLICT (session_id) DO UPDATE SET user_id = ag_sessions.user_id \
-         RETURNING {SESSION_COLUMNS}"
+        "WITH u AS (INSERT INTO ag_users (user_id) VALUES ($2) \
+           ON CONFLICT (user_id) DO UPDATE SET max_turns = ag_users.max_turns \
+           RETURNING user_id, max_turns), \
+         s AS (INSERT INTO ag_sessions (session_id, user_id, fence, updated_at_ms) \
+           SELECT $1, u.user_id, 0, {NOW_MS} FROM u \
+           ON CONFLICT (session_id) DO UPDATE SET user_id = ag_sessions.user_id \
+           RETURNING {SESSION_COLUMNS}) \
+         SELECT (SELECT max_turns FROM u) AS max_turns, {SESSION_COLUMNS} FROM s"
     ))
     .bind(command.session_id.as_str())
     .bind(command.user_id.as_str())
     .fetch_one(conn)
     .await
     .map_err(map_sqlx)?;
-    session_snapshot(&row)
+    Ok(Locked {
+        cap: get(&row, "max_turns")?,
+        session: session_snapshot(&row)?,
+    })
 }
 
 /// Reads the clock, the user's live permits and the request's turn in one
@@ -174,8 +185,7 @@ async fn begin_in(
     tx: &mut PgConnection,
     command: &BeginCommand,
 ) -> Result<(BeginOutcome, bool)> {
-    let cap = lock_user(tx, command.user_id.as_str()).await?;
-    let session = lock_session(tx, command).await?;
+    let Locked { cap, session } = lock_rows(tx, command).await?;
     let facts = read_facts(tx, command, cap, store.config.max_turns_per_user).await?;
     let confirms = command.confirmation.as_ref().map(|c| c.turn_id.as_str());
     let confirm_target = match (confirms, &facts.turn) {
@@ -282,7 +292,17 @@ async fn start(
             }
         }
     };
-    let fence = grant_session(store, tx, command, &turn_id, &token, now, confirming).await?;
+    let written = Written {
+        turn_id: &turn_id,
+        token: &token,
+        attempt,
+        confirming,
+        pending,
+    };
+    let fence = grant(store, tx, command, facts, &written).await?;
+    // With a lease layer its acquire comes after the grant statement (it
+    // needs the fence); a refusal returns before the commit, so the grant
+    // and the turn roll back and nothing is written.
     let lease_expires_in_ms = match &store.leases {
         Some(layer) => {
             let claim = LeaseClaim {
@@ -298,10 +318,6 @@ async fn start(
         }
         None => ttl_ms,
     };
-    if let Err(error) = write_turn(tx, command, facts, &turn_id, attempt, fence, pending).await {
-        give_back(store, turn_id.as_str(), &token).await;
-        return Err(error);
-    }
     Ok(Grant {
         turn_id,
         session_id: command.session_id.clone(),
@@ -316,40 +332,84 @@ async fn start(
     })
 }
 
-/// Writes the grant on the session's row (holder, token digest, expiry, a
-/// fence from the sequence, and a cleared pending confirmation when this
-/// start confirms it); returns the fence.
-async fn grant_session(
+/// What a start writes besides the request itself.
+struct Written<'a> {
+    turn_id: &'a TurnId,
+    token: &'a LeaseToken,
+    attempt: u32,
+    /// This start answers the session's pending confirmation, which it clears.
+    confirming: bool,
+    /// The confirmed turn's pending action, copied to a new turn.
+    pending: Option<String>,
+}
+
+/// The first half of [`grant`]'s statement: the grant on the session's row
+/// (holder, token digest, expiry, a fence from the sequence, and a cleared
+/// pending confirmation when the start confirms it), returning the fence as
+/// `g`. `$1` session, `$2` turn, `$3` token digest, `$4` expiry (NULL with a
+/// lease layer), `$5` now, `$6` confirming.
+const GRANT_SESSION: &str = "WITH g AS (UPDATE ag_sessions SET holder_turn_id = $2, \
+    lease_token_hash = $3, fence = nextval('ag_fence_seq'), lease_expires_at_ms = $4, \
+    updated_at_ms = $5, \
+    pending_turn_id = CASE WHEN $6 THEN NULL ELSE pending_turn_id END, \
+    pending_expires_at_ms = CASE WHEN $6 THEN NULL ELSE pending_expires_at_ms END \
+    WHERE session_id = $1 RETURNING fence) ";
+
+/// Writes the grant on the session's row and the turn under its fence (the
+/// new turn inserted, or the existing one restarted) in one statement;
+/// returns the fence. The session's row is already locked, so the statement
+/// only adds the turn's row lock after it.
+async fn grant(
     store: &PostgresStore,
     tx: &mut PgConnection,
     command: &BeginCommand,
-    turn_id: &TurnId,
-    token: &LeaseToken,
-    now: i64,
-    confirming: bool,
+    facts: &Facts,
+    written: &Written<'_>,
 ) -> Result<Fence> {
     // With an external layer the row keeps no expiry: the layer is the
     // authority on liveness; the row keeps the holder and the newest fence.
     let row_expiry = match store.leases {
         Some(_) => None,
-        None => Some(now + store.config.lease_ttl_ms()),
+        None => Some(facts.now_ms + store.config.lease_ttl_ms()),
     };
-    let fence: i64 = sqlx::query_scalar(
-        "UPDATE ag_sessions SET holder_turn_id = $2, lease_token_hash = $3, \
-         fence = nextval('ag_fence_seq'), lease_expires_at_ms = $4, updated_at_ms = $5, \
-         pending_turn_id = CASE WHEN $6 THEN NULL ELSE pending_turn_id END, \
-         pending_expires_at_ms = CASE WHEN $6 THEN NULL ELSE pending_expires_at_ms END \
-         WHERE session_id = $1 RETURNING fence",
-    )
-    .bind(command.session_id.as_str())
-    .bind(turn_id.as_str())
-    .bind(token.digest_hex())
-    .bind(row_expiry)
-    .bind(now)
-    .bind(confirming)
-    .fetch_one(tx)
-    .await
-    .map_err(map_sqlx)?;
+    // The pending action is copied as the canonical text it is stored as.
+    let confirmation = command.confirmation.as_ref();
+    let sql = if facts.turn.is_some() {
+        format!(
+            "{GRANT_SESSION} UPDATE ag_turns SET state = 'running', attempt = $7, \
+             fence = g.fence, error = NULL, retryable = NULL, updated_at_ms = $5, \
+             ended_at_ms = NULL FROM g WHERE ag_turns.turn_id = $2 RETURNING g.fence"
+        )
+    } else {
+        format!(
+            "{GRANT_SESSION} INSERT INTO ag_turns (turn_id, session_id, user_id, \
+             client_request_id, fingerprint, state, attempt, fence, pending, confirms_turn_id, \
+             decision, created_at_ms, updated_at_ms) \
+             SELECT $2, $1, $8, $9, $10, 'running', $7, g.fence, $11, $12, $13, $5, $5 FROM g \
+             RETURNING fence"
+        )
+    };
+    let query = sqlx::query_scalar(&sql)
+        .bind(command.session_id.as_str())
+        .bind(written.turn_id.as_str())
+        .bind(written.token.digest_hex())
+        .bind(row_expiry)
+        .bind(facts.now_ms)
+        .bind(written.confirming)
+        .bind(i64::from(written.attempt));
+    let query = match facts.turn {
+        Some(_) => query,
+        None => query
+            .bind(command.user_id.as_str())
+            .bind(command.client_request_id.as_str())
+            .bind(command.fingerprint.as_hex())
+            .bind(written.pending.as_deref())
+            .bind(confirmation.map(|c| c.turn_id.as_str()))
+            .bind(confirmation.map(|c| c.decision.as_str())),
+    };
+    let fence: Option<i64> = query.fetch_optional(tx).await.map_err(map_sqlx)?;
+    let fence =
+        fence.ok_or_else(|| corrupt(format!("turn {} was not written", written.turn_id)))?;
     Ok(Fence(fence))
 }
 
@@ -382,37 +442,6 @@ async fn acquire_external(layer: &dyn LeaseLayer, claim: &LeaseClaim<'_>) -> Res
             retry_after: retry(soonest_expires_in_ms),
         }),
     }
-}
-
-/// Restarts the existing turn or inserts the new one under `fence`.
-async fn write_turn(
-    tx: &mut PgConnection,
-    command: &BeginCommand,
-    facts: &Facts,
-    turn_id: &TurnId,
-    attempt: u32,
-    fence: Fence,
-    pending: Option<String>,
-) -> Result<()> {
-    let now = facts.now_ms;
-    let written = if facts.turn.is_some() {
-        sqlx::query(
-            "UPDATE ag_turns SET state = 'running', attempt = $1, fence = $2, error = NULL, \
-             retryable = NULL, updated_at_ms = $3, ended_at_ms = NULL WHERE turn_id = $4",
-        )
-        .bind(i64::from(attempt))
-        .bind(fence.0)
-        .bind(now)
-        .bind(turn_id.as_str())
-        .execute(&mut *tx)
-        .await
-    } else {
-        insert_turn(tx, command, turn_id, fence, now, pending).await
-    };
-    if written.map_err(map_sqlx)?.rows_affected() != 1 {
-        return Err(corrupt(format!("turn {turn_id} was not written")));
-    }
-    Ok(())
 }
 
 /// Marks the confirmation's target `confirmed` by `turn_id`; returns the
@@ -449,33 +478,4 @@ async fn mark_confirmed(
         pending: json(pending.clone())?.unwrap_or(Value::Null),
     };
     Ok((context, pending))
-}
-
-async fn insert_turn(
-    tx: &mut PgConnection,
-    command: &BeginCommand,
-    turn_id: &TurnId,
-    fence: Fence,
-    now: i64,
-    pending: Option<String>,
-) -> std::result::Result<sqlx::postgres::PgQueryResult, sqlx::Error> {
-    // The pending action is copied as the canonical text it is stored as.
-    let confirmation = command.confirmation.as_ref();
-    sqlx::query(
-        "INSERT INTO ag_turns (turn_id, session_id, user_id, client_request_id, fingerprint, \
-         state, attempt, fence, pending, confirms_turn_id, decision, created_at_ms, updated_at_ms) \
-         VALUES ($1, $2, $3, $4, $5, 'running', 1, $6, $7, $8, $9, $10, $10)",
-    )
-    .bind(turn_id.as_str())
-    .bind(command.session_id.as_str())
-    .bind(command.user_id.as_str())
-    .bind(command.client_request_id.as_str())
-    .bind(command.fingerprint.as_hex())
-    .bind(fence.0)
-    .bind(pending)
-    .bind(confirmation.map(|c| c.turn_id.as_str()))
-    .bind(confirmation.map(|c| c.decision.as_str()))
-    .bind(now)
-    .execute(tx)
-    .await
 }
