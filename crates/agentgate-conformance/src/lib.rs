@@ -39,6 +39,7 @@ macro_rules! suite {
             session_storm,
             user_capacity_storm,
             tool_storm,
+            execution_limit_storm,
             same_transaction_effect,
             takeover_fences_the_old_holder,
             confirmation_race,

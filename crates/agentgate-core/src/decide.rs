@@ -327,6 +327,9 @@ pub fn decide_tool_claim(
     lease_expires_at_ms: i64,
     now_ms: i64,
 ) -> ToolDecision {
+    // The SQL stores also state this first case (and the per-turn execution
+    // limit) in one statement for their fast path: SQLite and PostgreSQL
+    // `first_claim`, MySQL `fast.rs`. Change them with it.
     let Some(execution) = existing else {
         return ToolDecision::Insert;
     };

@@ -12,9 +12,11 @@
 //! timeout. A step that reads before it decides runs in one `BEGIN IMMEDIATE`
 //! transaction; a step whose common case is one write (heartbeat, a first
 //! tool claim, a tool completion) is one autocommit statement carrying the
-//! whole lease check, which SQLite runs as atomically as a transaction (see
-//! `steps`). Reads for views and for explaining a refusal use a separate
-//! pool; under WAL they never block the writer.
+//! whole lease check, which SQLite runs as atomically as a transaction; when
+//! it changes no row, a read explains the refusal or the step's full
+//! transaction does the rarer work (see `steps`). Reads for views and for
+//! explaining a refusal use a separate pool; under WAL they never block the
+//! writer.
 //!
 //! Architecture invariant: the decisions come from `agentgate_core::decide`;
 //! this crate reads snapshots and applies decisions, nothing more. Time is the

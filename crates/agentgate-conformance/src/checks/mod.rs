@@ -28,7 +28,7 @@ pub use lifecycle::{
 pub use redis_loss::{lying_lease_layer_is_refused_by_the_sql_fence, redis_loss_is_fenced};
 pub use storms::{duplicate_storm, fences_only_grow, session_storm, user_capacity_storm};
 pub use takeover::takeover_fences_the_old_holder;
-pub use tools::{same_transaction_effect, tool_storm};
+pub use tools::{execution_limit_storm, same_transaction_effect, tool_storm};
 pub use watchdog::{watchdog_cancels_when_renewal_fails, watchdog_keeps_a_long_turn};
 
 use crate::Target;

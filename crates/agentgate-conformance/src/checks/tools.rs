@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentgate::{ErrorKind, PreviousOutcome, ToolState, ToolStep};
+use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
 use serde_json::json;
 
 use super::{config, must_start, report, storm, STORM_TASKS};
@@ -170,4 +171,55 @@ pub async fn same_transaction_effect(target: &Target) {
         "same_transaction_effect",
         &counts.into_iter().collect(),
     );
+}
+
+/// A turn one execution short of its limit, then 100 concurrent first claims
+/// of distinct calls → exactly 1 executes and 99 are refused with
+/// `invalid_request`: a store whose first claim counts the turn's
+/// executions without serialising against another claim would let several
+/// past the limit.
+pub async fn execution_limit_storm(target: &Target) {
+    let gate = target.gate(config()).await;
+    let turn = Arc::new(must_start(&gate, "limit-user", "limit-session", "r1").await);
+    let below = usize::try_from(MAX_EXECUTIONS_PER_TURN - 1).expect("limit fits");
+    for n in 0..below {
+        match turn.tool("fill", &json!({ "n": n })).await {
+            Ok(ToolStep::Execute(_)) => {}
+            other => panic!("fill claim {n}: {other:?}"),
+        }
+    }
+    let claims = storm(STORM_TASKS, |n| {
+        let turn = Arc::clone(&turn);
+        async move {
+            match turn.tool("last", &json!({ "n": n })).await {
+                Ok(ToolStep::Execute(_)) => Ok(()),
+                Ok(ToolStep::Cached(value)) => panic!("distinct calls cannot be cached: {value}"),
+                Err(error) => Err(error.kind()),
+            }
+        }
+    })
+    .await;
+    let mut counts = BTreeMap::new();
+    for claim in claims {
+        let class = match claim {
+            Ok(()) => "execute".to_owned(),
+            Err(ErrorKind::InvalidRequest) => "over_the_limit".to_owned(),
+            Err(kind) => panic!("unexpected refusal {kind:?}"),
+        };
+        *counts.entry(class).or_default() += 1;
+    }
+    assert_eq!(counts.get("execute"), Some(&1), "{counts:?}");
+    let views = gate
+        .store()
+        .executions(turn.id())
+        .await
+        .expect("executions");
+    assert_eq!(
+        views.len(),
+        below + 1,
+        "exactly the limit of executions recorded"
+    );
+    let turn = Arc::try_unwrap(turn).expect("all claims finished");
+    turn.succeed(&json!("ok")).await.expect("succeed");
+    report(target, "execution_limit_storm", &counts);
 }
