@@ -357,5 +357,95 @@ pub fn decide_tool_claim(
     }
 }
 
+/// A live lease, as a step checked it on the store's clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CheckedLease {
+    /// The grant's fence, which every write of the step is conditioned on.
+    pub fence: Fence,
+    /// When the lease expires, store-clock milliseconds.
+    pub lease_expires_at_ms: i64,
+    /// The store's now when it was checked.
+    pub now_ms: i64,
+}
+
+/// A lease kept in the session row, as a step read it for one turn.
+#[derive(Clone, Copy, Debug)]
+pub struct RowLeaseFacts<'a> {
+    /// Whether the turn is running.
+    pub turn_running: bool,
+    /// The session's holder (`None` when released or no session row).
+    pub holder_turn_id: Option<&'a str>,
+    /// The holder's token digest.
+    pub lease_token_hash: Option<&'a str>,
+    /// The session's newest fence (`None` when no session row).
+    pub fence: Option<i64>,
+    /// The lease's expiry.
+    pub lease_expires_at_ms: Option<i64>,
+    /// The store's now.
+    pub now_ms: i64,
+}
+
+/// Whether the caller (`turn_id`, `token_digest`) holds the live lease in
+/// the session row; `lease_lost` says why not.
+///
+/// # Errors
+/// `lease_lost` with the reason.
+pub fn check_row_lease(
+    facts: &RowLeaseFacts<'_>,
+    turn_id: &str,
+    token_digest: &str,
+) -> Result<CheckedLease, Error> {
+    let reason = if !facts.turn_running {
+        "turn already ended"
+    } else if facts.holder_turn_id != Some(turn_id) {
+        "taken over or released"
+    } else if facts.lease_token_hash != Some(token_digest) {
+        "wrong lease token"
+    } else {
+        match (facts.lease_expires_at_ms, facts.fence) {
+            (Some(expires), Some(fence)) if expires > facts.now_ms => {
+                return Ok(CheckedLease {
+                    fence: Fence(fence),
+                    lease_expires_at_ms: expires,
+                    now_ms: facts.now_ms,
+                })
+            }
+            _ => "lease expired",
+        }
+    };
+    Err(Error::LeaseLost { reason })
+}
+
+/// Whether a lease the external layer reports (`held`) is the turn's live
+/// lease: the turn must be running and the layer's fence must be the turn's
+/// and the session's newest — what stops a holder whose layer lease vanished
+/// (Redis restarted) after a newer turn was granted.
+///
+/// # Errors
+/// `lease_lost` with the reason.
+pub fn check_layer_lease(
+    held: Option<&crate::lease::LiveLease>,
+    turn_running: bool,
+    turn_fence: i64,
+    session_fence: Option<i64>,
+    now_ms: i64,
+) -> Result<CheckedLease, Error> {
+    let reason = match held {
+        _ if !turn_running => "turn already ended",
+        None => "lease expired, taken over or released",
+        Some(live) if live.fence.0 != turn_fence || session_fence != Some(turn_fence) => {
+            "superseded by a newer fence"
+        }
+        Some(live) => {
+            return Ok(CheckedLease {
+                fence: live.fence,
+                lease_expires_at_ms: now_ms + live.expires_in_ms,
+                now_ms,
+            })
+        }
+    };
+    Err(Error::LeaseLost { reason })
+}
+
 #[cfg(test)]
 mod tests;

@@ -28,7 +28,10 @@
 
 use agentgate_core::canonical::CanonicalJson;
 use agentgate_core::config::duration_ms;
-use agentgate_core::decide::{decide_tool_claim, ToolDecision};
+use agentgate_core::decide::{
+    check_layer_lease, check_row_lease, decide_tool_claim, CheckedLease, RowLeaseFacts,
+    ToolDecision,
+};
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{ExecutionId, Fence};
 use agentgate_core::lease::LeaseLayer;
@@ -54,6 +57,18 @@ pub(crate) struct LiveLease {
     pub fence: Fence,
     pub lease_expires_at_ms: i64,
     pub now_ms: i64,
+}
+
+impl LiveLease {
+    /// The lease core's verdict accepted, with the session `row` names.
+    fn new(row: &MySqlRow, checked: CheckedLease) -> Result<Self> {
+        Ok(Self {
+            session_id: text_required(row, "session_id")?,
+            fence: checked.fence,
+            lease_expires_at_ms: checked.lease_expires_at_ms,
+            now_ms: checked.now_ms,
+        })
+    }
 }
 
 /// Checks that `lease` is the live holder of its session; explains why not.
@@ -100,26 +115,15 @@ async fn check_external(
     let Some(row) = row else {
         return Err(missing_turn(conn, lease).await);
     };
-    let now: i64 = get(&row, "now_ms")?;
-    let state = text(&row, "state")?.unwrap_or_default();
-    let turn_fence: i64 = get(&row, "turn_fence")?;
-    let session_fence: i64 = get(&row, "session_fence")?;
-    let reason = match held {
-        _ if state != "running" => "turn already ended",
-        None => "lease expired, taken over or released",
-        Some(live) if live.fence.0 != turn_fence || session_fence != turn_fence => {
-            "superseded by a newer fence"
-        }
-        Some(live) => {
-            return Ok(LiveLease {
-                session_id: text_required(&row, "session_id")?,
-                fence: live.fence,
-                lease_expires_at_ms: now + live.expires_in_ms,
-                now_ms: now,
-            })
-        }
-    };
-    Err(Error::LeaseLost { reason })
+    let state = text(&row, "state")?;
+    let checked = check_layer_lease(
+        held.as_ref(),
+        state.as_deref() == Some("running"),
+        get(&row, "turn_fence")?,
+        Some(get(&row, "session_fence")?),
+        get(&row, "now_ms")?,
+    )?;
+    LiveLease::new(&row, checked)
 }
 
 /// Leases in the session rows: the row must name this turn, this token's
@@ -164,28 +168,19 @@ async fn missing_turn(conn: &mut MySqlConnection, lease: &LeaseRef) -> Error {
 }
 
 fn judge(row: &MySqlRow, lease: &LeaseRef) -> Result<LiveLease> {
-    let now: i64 = get(row, "now_ms")?;
-    let state = text(row, "state")?.unwrap_or_default();
+    let state = text(row, "state")?;
     let holder = text(row, "holder_turn_id")?;
     let token_hash = text(row, "lease_token_hash")?;
-    let expires: Option<i64> = get(row, "lease_expires_at_ms")?;
-    let reason = if state != "running" {
-        "turn already ended"
-    } else if holder.as_deref() != Some(lease.turn_id.as_str()) {
-        "taken over or released"
-    } else if token_hash.as_deref() != Some(lease.token.digest_hex().as_str()) {
-        "wrong lease token"
-    } else if expires.is_none_or(|e| e <= now) {
-        "lease expired"
-    } else {
-        return Ok(LiveLease {
-            session_id: text_required(row, "session_id")?,
-            fence: Fence(get(row, "fence")?),
-            lease_expires_at_ms: expires.unwrap_or(now),
-            now_ms: now,
-        });
+    let facts = RowLeaseFacts {
+        turn_running: state.as_deref() == Some("running"),
+        holder_turn_id: holder.as_deref(),
+        lease_token_hash: token_hash.as_deref(),
+        fence: get(row, "fence")?,
+        lease_expires_at_ms: get(row, "lease_expires_at_ms")?,
+        now_ms: get(row, "now_ms")?,
     };
-    Err(Error::LeaseLost { reason })
+    let checked = check_row_lease(&facts, lease.turn_id.as_str(), &lease.token.digest_hex())?;
+    LiveLease::new(row, checked)
 }
 
 pub(crate) async fn heartbeat(store: &MySqlStore, lease: &LeaseRef) -> Result<LeaseStatus> {

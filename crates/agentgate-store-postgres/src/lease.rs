@@ -11,6 +11,7 @@
 //! With an external lease layer both ask the layer first (one layer call) and
 //! then require the SQL rows to agree that its fence is the session's newest.
 
+use agentgate_core::decide::{check_layer_lease, check_row_lease, RowLeaseFacts};
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::Fence;
 use agentgate_core::lease::LeaseLayer;
@@ -87,11 +88,7 @@ impl Holder {
 }
 
 /// A live lease, as checked inside a step's transaction.
-pub(crate) struct LiveLease {
-    pub fence: Fence,
-    pub lease_expires_at_ms: i64,
-    pub now_ms: i64,
-}
+pub(crate) use agentgate_core::decide::CheckedLease as LiveLease;
 
 /// Checks that `lease` is the live holder of its session; explains why not.
 /// With `lock`, the session's row stays locked until the transaction ends.
@@ -135,25 +132,14 @@ async fn check_external(
     let Some(row) = row else {
         return Err(missing_turn(conn, lease).await);
     };
-    let now: i64 = get(&row, "now_ms")?;
     let state: String = get(&row, "state")?;
-    let turn_fence: i64 = get(&row, "turn_fence")?;
-    let session_fence: i64 = get(&row, "session_fence")?;
-    let reason = match held {
-        _ if state != "running" => "turn already ended",
-        None => "lease expired, taken over or released",
-        Some(live) if live.fence.0 != turn_fence || session_fence != turn_fence => {
-            "superseded by a newer fence"
-        }
-        Some(live) => {
-            return Ok(LiveLease {
-                fence: live.fence,
-                lease_expires_at_ms: now + live.expires_in_ms,
-                now_ms: now,
-            })
-        }
-    };
-    Err(Error::LeaseLost { reason })
+    check_layer_lease(
+        held.as_ref(),
+        state == "running",
+        get(&row, "turn_fence")?,
+        Some(get(&row, "session_fence")?),
+        get(&row, "now_ms")?,
+    )
 }
 
 /// Leases in the session rows: the row must name this turn, this token's
@@ -193,25 +179,16 @@ async fn missing_turn(conn: &mut PgConnection, lease: &LeaseRef) -> Error {
 }
 
 fn judge(row: &PgRow, lease: &LeaseRef) -> Result<LiveLease> {
-    let now: i64 = get(row, "now_ms")?;
     let state: String = get(row, "state")?;
     let holder: Option<String> = get(row, "holder_turn_id")?;
     let token_hash: Option<String> = get(row, "lease_token_hash")?;
-    let expires: Option<i64> = get(row, "lease_expires_at_ms")?;
-    let reason = if state != "running" {
-        "turn already ended"
-    } else if holder.as_deref() != Some(lease.turn_id.as_str()) {
-        "taken over or released"
-    } else if token_hash.as_deref() != Some(lease.token.digest_hex().as_str()) {
-        "wrong lease token"
-    } else if expires.is_none_or(|e| e <= now) {
-        "lease expired"
-    } else {
-        return Ok(LiveLease {
-            fence: Fence(get(row, "fence")?),
-            lease_expires_at_ms: expires.unwrap_or(now),
-            now_ms: now,
-        });
+    let facts = RowLeaseFacts {
+        turn_running: state == "running",
+        holder_turn_id: holder.as_deref(),
+        lease_token_hash: token_hash.as_deref(),
+        fence: Some(get(row, "fence")?),
+        lease_expires_at_ms: get(row, "lease_expires_at_ms")?,
+        now_ms: get(row, "now_ms")?,
     };
-    Err(Error::LeaseLost { reason })
+    check_row_lease(&facts, lease.turn_id.as_str(), &lease.token.digest_hex())
 }

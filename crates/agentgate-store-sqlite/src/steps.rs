@@ -14,7 +14,9 @@
 //! single statement's check and write see the same state.
 
 use agentgate_core::canonical::CanonicalJson;
-use agentgate_core::decide::{decide_tool_claim, ToolDecision};
+use agentgate_core::decide::{
+    check_layer_lease, check_row_lease, decide_tool_claim, RowLeaseFacts, ToolDecision,
+};
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{ExecutionId, Fence};
 use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
@@ -32,11 +34,7 @@ use crate::rows::{execution_snapshot, turn_view, EXECUTION_COLUMNS, TURN_COLUMNS
 use crate::{SqliteStore, NOW_MS};
 
 /// A live lease, as checked inside a step's transaction.
-pub(crate) struct LiveLease {
-    pub fence: Fence,
-    pub lease_expires_at_ms: i64,
-    pub now_ms: i64,
-}
+pub(crate) use agentgate_core::decide::CheckedLease as LiveLease;
 
 /// Checks that `lease` is the live holder of its session; explains why not.
 pub(crate) async fn check_lease(
@@ -165,21 +163,13 @@ async fn check_external(
     .map_err(map_sqlx)?;
     let (state, turn_fence, session_fence, now) =
         row.ok_or_else(|| Error::not_found(format!("turn {}", lease.turn_id)))?;
-    let reason = match held {
-        _ if state != "running" => "turn already ended",
-        None => "lease expired, taken over or released",
-        Some(live) if live.fence.0 != turn_fence || session_fence != Some(turn_fence) => {
-            "superseded by a newer fence"
-        }
-        Some(live) => {
-            return Ok(LiveLease {
-                fence: live.fence,
-                lease_expires_at_ms: now + live.expires_in_ms,
-                now_ms: now,
-            })
-        }
-    };
-    Err(Error::LeaseLost { reason })
+    check_layer_lease(
+        held.as_ref(),
+        state == "running",
+        turn_fence,
+        session_fence,
+        now,
+    )
 }
 
 /// Leases in the session rows: the row must name this turn, this token's
@@ -195,27 +185,22 @@ async fn check_in_row(conn: &mut SqliteConnection, lease: &LeaseRef) -> Result<L
     .await
     .map_err(map_sqlx)?
     .ok_or_else(|| Error::not_found(format!("turn {}", lease.turn_id)))?;
-    let now: i64 = row.try_get("now_ms").map_err(map_sqlx)?;
-    let state: String = row.try_get("state").map_err(map_sqlx)?;
-    let holder: Option<String> = row.try_get("holder_turn_id").map_err(map_sqlx)?;
-    let token_hash: Option<String> = row.try_get("lease_token_hash").map_err(map_sqlx)?;
-    let expires: Option<i64> = row.try_get("lease_expires_at_ms").map_err(map_sqlx)?;
-    let reason = if state != "running" {
-        "turn already ended"
-    } else if holder.as_deref() != Some(lease.turn_id.as_str()) {
-        "taken over or released"
-    } else if token_hash.as_deref() != Some(lease.token.digest_hex().as_str()) {
-        "wrong lease token"
-    } else if expires.is_none_or(|e| e <= now) {
-        "lease expired"
-    } else {
-        return Ok(LiveLease {
-            fence: Fence(row.try_get("fence").map_err(map_sqlx)?),
-            lease_expires_at_ms: expires.unwrap_or(now),
-            now_ms: now,
-        });
+    let get = |column: &str| row.try_get::<Option<String>, _>(column).map_err(map_sqlx);
+    let number = |column: &str| row.try_get::<Option<i64>, _>(column).map_err(map_sqlx);
+    let (state, holder, token_hash) = (
+        get("state")?,
+        get("holder_turn_id")?,
+        get("lease_token_hash")?,
+    );
+    let facts = RowLeaseFacts {
+        turn_running: state.as_deref() == Some("running"),
+        holder_turn_id: holder.as_deref(),
+        lease_token_hash: token_hash.as_deref(),
+        fence: number("fence")?,
+        lease_expires_at_ms: number("lease_expires_at_ms")?,
+        now_ms: number("now_ms")?.unwrap_or_default(),
     };
-    Err(Error::LeaseLost { reason })
+    check_row_lease(&facts, lease.turn_id.as_str(), &lease.token.digest_hex())
 }
 
 pub(crate) async fn heartbeat(store: &SqliteStore, lease: &LeaseRef) -> Result<LeaseStatus> {

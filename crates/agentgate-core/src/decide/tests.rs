@@ -832,3 +832,81 @@ fn an_execution_in_flight_at_the_attempt_limit_is_in_flight_not_exhausted() {
     )));
     assert_eq!(tool_rejected(decision).kind(), ErrorKind::ToolInFlight);
 }
+
+fn row_facts() -> RowLeaseFacts<'static> {
+    RowLeaseFacts {
+        turn_running: true,
+        holder_turn_id: Some("t1"),
+        lease_token_hash: Some("d1"),
+        fence: Some(7),
+        lease_expires_at_ms: Some(2_000),
+        now_ms: 1_000,
+    }
+}
+
+fn lost_reason(result: Result<CheckedLease, Error>) -> &'static str {
+    match result {
+        Err(Error::LeaseLost { reason }) => reason,
+        other => panic!("expected lease_lost, got {other:?}"),
+    }
+}
+
+#[test]
+fn row_lease_live_and_every_refusal() {
+    let live = check_row_lease(&row_facts(), "t1", "d1").expect("live");
+    assert_eq!(
+        live,
+        CheckedLease {
+            fence: Fence(7),
+            lease_expires_at_ms: 2_000,
+            now_ms: 1_000
+        }
+    );
+    let ended = RowLeaseFacts {
+        turn_running: false,
+        ..row_facts()
+    };
+    assert_eq!(
+        lost_reason(check_row_lease(&ended, "t1", "d1")),
+        "turn already ended"
+    );
+    assert_eq!(
+        lost_reason(check_row_lease(&row_facts(), "t2", "d1")),
+        "taken over or released"
+    );
+    assert_eq!(
+        lost_reason(check_row_lease(&row_facts(), "t1", "d2")),
+        "wrong lease token"
+    );
+    let expired = RowLeaseFacts {
+        now_ms: 2_000,
+        ..row_facts()
+    };
+    assert_eq!(
+        lost_reason(check_row_lease(&expired, "t1", "d1")),
+        "lease expired"
+    );
+}
+
+#[test]
+fn layer_lease_needs_the_newest_fence() {
+    let held = crate::lease::LiveLease {
+        session_id: "s".into(),
+        fence: Fence(7),
+        expires_in_ms: 500,
+    };
+    let live = check_layer_lease(Some(&held), true, 7, Some(7), 1_000).expect("live");
+    assert_eq!(live.lease_expires_at_ms, 1_500);
+    assert_eq!(
+        lost_reason(check_layer_lease(Some(&held), false, 7, Some(7), 1_000)),
+        "turn already ended"
+    );
+    assert_eq!(
+        lost_reason(check_layer_lease(None, true, 7, Some(7), 1_000)),
+        "lease expired, taken over or released"
+    );
+    assert_eq!(
+        lost_reason(check_layer_lease(Some(&held), true, 7, Some(8), 1_000)),
+        "superseded by a newer fence"
+    );
+}
