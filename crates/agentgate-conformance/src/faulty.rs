@@ -12,7 +12,8 @@ use agentgate::{
 };
 use agentgate_core::canonical::CanonicalJson;
 use agentgate_core::model::{
-    BeginCommand, BeginOutcome, Ending, LeaseRef, SweepReport, ToolCall, ToolClaim,
+    BeginCommand, BeginOutcome, Ending, LeaseRef, Orphan, OrphanFilter, SweepReport, ToolCall,
+    ToolClaim,
 };
 use async_trait::async_trait;
 use serde_json::Value;
@@ -109,5 +110,14 @@ impl Store for Faulty {
     async fn sweep(&self) -> Result<SweepReport> {
         self.check()?;
         self.inner.sweep().await
+    }
+
+    async fn orphans(&self, filter: &OrphanFilter, limit: u32) -> Result<Vec<Orphan>> {
+        self.inner.orphans(filter, limit).await
+    }
+
+    async fn abandon(&self, orphan: &Orphan) -> Result<bool> {
+        self.check()?;
+        self.inner.abandon(orphan).await
     }
 }

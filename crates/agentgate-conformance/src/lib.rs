@@ -54,6 +54,10 @@ macro_rules! suite {
             bad_input_changes_nothing,
             overview_shows_holders_and_activity,
             concurrent_opens_migrate_once,
+            orphan_claim_storm,
+            orphan_filters,
+            exhausted_orphan_ends_failed,
+            unclaimed_orphan_is_abandoned,
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -21,6 +21,12 @@ pub struct Config {
     pub sweep_batch: u32,
     /// How often the library's background sweeper runs.
     pub sweep_interval: Duration,
+    /// How long an orphan (a running turn whose lease expired without an
+    /// ending) waits for a client's retry or a recovery worker before the
+    /// sweeper ends it `abandoned`. Never less than the lease TTL in force
+    /// (see [`Config::orphan_grace_ms`]); the default, five minutes, is ten
+    /// default TTLs.
+    pub orphan_grace: Duration,
 }
 
 impl Default for Config {
@@ -32,6 +38,7 @@ impl Default for Config {
             confirmation_ttl: Duration::from_secs(24 * 3600),
             sweep_batch: limits::DEFAULT_SWEEP_BATCH,
             sweep_interval: Duration::from_secs(60),
+            orphan_grace: Duration::from_secs(5 * 60),
         }
     }
 }
@@ -99,7 +106,20 @@ impl Config {
             self.sweep_interval,
             Duration::from_millis(10),
             limits::MAX_RETENTION,
+        )?;
+        in_range(
+            "orphan_grace",
+            self.orphan_grace,
+            limits::MIN_ORPHAN_GRACE,
+            limits::MAX_ORPHAN_GRACE,
         )
+    }
+
+    /// The orphan grace in force, in milliseconds: the configured grace, or
+    /// the lease TTL if that is longer, so a client that retries within one
+    /// TTL of its lease expiring always finds its turn still running.
+    pub fn orphan_grace_ms(&self) -> i64 {
+        duration_ms(self.orphan_grace.max(self.lease_ttl))
     }
 
     /// The lease TTL in milliseconds, as stores use it.
@@ -139,5 +159,27 @@ mod tests {
         assert!(no_cap.validate().is_err());
         assert!(check_cap(limits::MAX_TURNS_PER_USER).is_ok());
         assert!(check_cap(limits::MAX_TURNS_PER_USER + 1).is_err());
+    }
+
+    #[test]
+    fn orphan_grace_is_at_least_the_lease_ttl_and_within_its_range() {
+        let under_ttl = Config {
+            orphan_grace: Duration::from_secs(2),
+            ..Config::default()
+        };
+        under_ttl.validate().unwrap();
+        assert_eq!(under_ttl.orphan_grace_ms(), 30_000);
+        assert_eq!(Config::default().orphan_grace_ms(), 300_000);
+        let too_short = Config {
+            orphan_grace: Duration::from_millis(999),
+            ..Config::default()
+        };
+        let error = too_short.validate().unwrap_err();
+        assert!(error.to_string().contains("orphan_grace"), "{error}");
+        let too_long = Config {
+            orphan_grace: limits::MAX_ORPHAN_GRACE + Duration::from_millis(1),
+            ..Config::default()
+        };
+        assert!(too_long.validate().is_err());
     }
 }

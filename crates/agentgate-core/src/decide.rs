@@ -183,7 +183,10 @@ fn decide_existing(facts: &BeginFacts<'_>, turn: &TurnSnapshot) -> BeginDecision
             }
             StartKind::Takeover
         }
-        TurnState::Failed => StartKind::Restart,
+        // A failure the caller may retry, or an orphan the sweeper ended
+        // unclaimed: the repeat runs it again (interrupted tools then claim
+        // as `unknown`), so nothing a person retries is lost.
+        TurnState::Failed | TurnState::Abandoned => StartKind::Restart,
     };
     if turn.attempt >= MAX_TURN_ATTEMPTS {
         return BeginDecision::Exhaust;
@@ -287,6 +290,73 @@ pub fn decide_begin(facts: &BeginFacts<'_>) -> BeginDecision {
         (None, Some(confirms)) => decide_confirmation(facts, confirms),
         (None, None) => gate_start(facts, StartKind::New, 1, None),
     }
+}
+
+/// What one begin of a recovery worker's claim did to the orphan it tried.
+///
+/// # Errors
+/// The begin's error when it is not one of the refusals that mean "someone
+/// else has this turn or its session now" (store errors, corruption).
+pub fn orphan_claim_step(
+    outcome: Result<crate::model::BeginOutcome, Error>,
+) -> Result<Option<crate::model::Grant>, Error> {
+    use crate::error::ErrorKind;
+    use crate::model::BeginOutcome;
+    match outcome {
+        Ok(BeginOutcome::Started(grant)) => Ok(Some(grant)),
+        // It ended meanwhile, or used all its attempts and was just
+        // recorded failed for good: nothing to resume.
+        Ok(BeginOutcome::Replay(_)) => Ok(None),
+        // Another worker or the client's own retry took it over, its session
+        // is held by another turn, or its user has no free permit: pass.
+        Err(error)
+            if matches!(
+                error.kind(),
+                ErrorKind::RequestInFlight
+                    | ErrorKind::SessionBusy
+                    | ErrorKind::UserAtCapacity
+                    | ErrorKind::AwaitingConfirmation
+            ) =>
+        {
+            Ok(None)
+        }
+        // The resume command repeats the turn's own fingerprint: a mismatch
+        // means the stored row is not what was written.
+        Err(Error::PayloadMismatch) => Err(Error::corrupt(
+            "an orphan's own fingerprint does not match its turn",
+        )),
+        Err(error) => Err(error),
+    }
+}
+
+/// The refusal a begin that `decide_begin` told to start gets when the
+/// external lease layer already shows a live holder of its session: what the
+/// layer's acquire would answer, learned before the store takes the fence
+/// (and, on MySQL, the fence counter's lock) for a grant that cannot happen.
+pub fn layer_holder_refusal(holder: &crate::model::HolderView, turn_id: &str) -> Error {
+    let retry_after = Duration::from_millis(
+        u64::try_from(holder.lease_expires_in_ms)
+            .unwrap_or(0)
+            .max(1),
+    );
+    let active_turn_id = holder.turn_id.to_string();
+    if active_turn_id == turn_id {
+        Error::RequestInFlight {
+            active_turn_id,
+            retry_after,
+        }
+    } else {
+        Error::SessionBusy {
+            active_turn_id,
+            retry_after,
+        }
+    }
+}
+
+/// Whether an orphan without a live lease since `orphaned_since_ms` has
+/// waited out its grace and is to be ended `abandoned`.
+pub fn abandon_due(orphaned_since_ms: i64, now_ms: i64, grace_ms: i64) -> bool {
+    now_ms.saturating_sub(orphaned_since_ms) >= grace_ms
 }
 
 /// A tool execution row as read from the store.

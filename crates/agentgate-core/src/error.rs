@@ -186,6 +186,12 @@ impl Error {
         Self::StoreUnavailable(source.into())
     }
 
+    /// A `store_unavailable` for a stored value the schema does not allow
+    /// (a bug or a foreign writer): never read as a default.
+    pub fn corrupt(what: impl std::fmt::Display) -> Self {
+        Self::store(format!("corrupt row: {what}"))
+    }
+
     /// This error's classification.
     pub fn kind(&self) -> ErrorKind {
         match self {

@@ -134,3 +134,16 @@ pub async fn refuse_if_held(layer: &dyn LeaseLayer, session_id: &str, turn_id: &
         _ => Ok(()),
     }
 }
+
+/// Whether `turn_id` holds `session_id`'s live lease in the layer: what an
+/// orphan listing asks before counting a running turn as orphaned, since the
+/// SQL rows keep no expiry when a layer holds the leases.
+///
+/// # Errors
+/// `store_unavailable`.
+pub async fn held_by(layer: &dyn LeaseLayer, session_id: &str, turn_id: &str) -> Result<bool> {
+    Ok(layer
+        .holder(session_id)
+        .await?
+        .is_some_and(|holder| holder.turn_id.as_str() == turn_id))
+}

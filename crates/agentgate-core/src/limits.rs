@@ -69,3 +69,22 @@ pub const MAX_EXECUTIONS_PER_TURN: u32 = 1_000;
 /// Most rows of each kind an overview returns: a dashboard shows a screenful,
 /// and the query must stay cheap however large the store grows.
 pub const MAX_OVERVIEW_ROWS: u32 = 200;
+
+/// Orphans one claim looks at, oldest first. Many recovery workers race for
+/// the same oldest orphans; a worker that loses one moves to the next, so the
+/// window must exceed the workers a deployment runs at once, while one claim
+/// stays a bounded number of store steps.
+pub const MAX_ORPHAN_SCAN: u32 = 128;
+
+/// Most users one orphan filter names: a recovery worker serves a shard of
+/// users, not a list of every account.
+pub const MAX_ORPHAN_FILTER_USERS: usize = 100;
+
+/// Shortest orphan grace: a grace shorter than a lease TTL would abandon a
+/// turn before the client's own retry, or a recovery worker, could come.
+/// The grace is also checked against the configured TTL.
+pub const MIN_ORPHAN_GRACE: Duration = Duration::from_secs(1);
+
+/// Longest orphan grace: a day. A person waiting for a reply has long given
+/// up; the turn must end so its session and permit are free.
+pub const MAX_ORPHAN_GRACE: Duration = Duration::from_secs(24 * 3600);

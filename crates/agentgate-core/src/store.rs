@@ -21,8 +21,9 @@ use crate::config::Config;
 use crate::error::{BoxError, Result};
 use crate::ids::{ExecutionId, SessionId, TurnId, UserId};
 use crate::model::{
-    BeginCommand, BeginOutcome, Ending, ExecutionView, LeaseRef, Overview, SessionView,
-    SweepReport, ToolCall, ToolClaim, TurnView, UserView,
+    BeginCommand, BeginOutcome, ClaimedOrphan, Ending, ExecutionView, JournalEntry, LeaseRef,
+    Orphan, OrphanFilter, Overview, SessionView, SweepReport, ToolCall, ToolClaim, TurnView,
+    UserView,
 };
 
 /// A boxed, sendable future.
@@ -153,10 +154,126 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// `store_unavailable`.
     async fn overview(&self, limit: u32) -> Result<Overview>;
 
-    /// Deletes up to `config().sweep_batch` records that ended more than
-    /// `result_retention` ago (store clock).
+    /// Ends orphans whose grace ran out `abandoned` (see
+    /// [`Store::abandon_orphans`]), then deletes up to `config().sweep_batch`
+    /// records that ended more than `result_retention` ago (store clock).
     ///
     /// # Errors
     /// `store_unavailable`.
     async fn sweep(&self) -> Result<SweepReport>;
+
+    /// Orphans: running turns whose lease is gone without an ending, the
+    /// longest-orphaned first, at most `limit` (capped at
+    /// [`crate::limits::MAX_ORPHAN_SCAN`]), filtered by `filter`.
+    ///
+    /// Where the lease layer keeps no expiry (Redis), a turn's orphan time
+    /// is when a listing first found it unheld, recorded on its row.
+    ///
+    /// # Errors
+    /// `invalid_request` for a filter over its limits, `store_unavailable`.
+    async fn orphans(&self, filter: &OrphanFilter, limit: u32) -> Result<Vec<Orphan>>;
+
+    /// Ends `orphan` `abandoned` and releases its session, in one atomic
+    /// step, if it is still that orphan: running under `orphan.fence` with no
+    /// live lease. Returns whether it did; `false` means someone took it
+    /// over or ended it meanwhile, and nothing was written.
+    ///
+    /// # Errors
+    /// `store_unavailable`.
+    async fn abandon(&self, orphan: &Orphan) -> Result<bool>;
+
+    /// Takes over the longest-orphaned turn that passes `filter`, exactly
+    /// like a takeover (new token, higher fence, `attempt + 1`), and returns
+    /// what resuming it needs. `None` when there is no orphan to claim.
+    ///
+    /// A claim is a begin that repeats the orphan's own request, so the
+    /// store's one atomic begin step decides it: many workers racing for one
+    /// orphan get one grant, the others pass to the next orphan; an orphan
+    /// past its attempts is recorded failed (`attempts_exhausted`) and
+    /// passed over.
+    ///
+    /// # Errors
+    /// `invalid_request` for a bad filter, `store_unavailable`.
+    async fn claim_orphan(&self, filter: &OrphanFilter) -> Result<Option<ClaimedOrphan>> {
+        Ok(claim_orphan_timed(self, filter, || ())
+            .await?
+            .map(|(claimed, ())| claimed))
+    }
+
+    /// Ends `abandoned` the orphans whose grace
+    /// ([`Config::orphan_grace_ms`]) ran out, at most
+    /// [`crate::limits::MAX_ORPHAN_SCAN`] per call; returns how many.
+    ///
+    /// # Errors
+    /// `store_unavailable`.
+    async fn abandon_orphans(&self) -> Result<u64> {
+        let grace_ms = self.config().orphan_grace_ms();
+        let filter = OrphanFilter {
+            min_orphaned_ms: u64::try_from(grace_ms).unwrap_or(u64::MAX),
+            user_ids: Vec::new(),
+        };
+        let mut abandoned = 0;
+        for orphan in self
+            .orphans(&filter, crate::limits::MAX_ORPHAN_SCAN)
+            .await?
+        {
+            assert!(
+                crate::decide::abandon_due(0, orphan.orphaned_for_ms, grace_ms),
+                "orphans() returned an orphan younger than the filter's age"
+            );
+            if self.abandon(&orphan).await? {
+                abandoned += 1;
+            }
+        }
+        Ok(abandoned)
+    }
+}
+
+/// [`Store::claim_orphan`], also returning `mark()` as taken just before the
+/// begin that made the claim: a caller that runs a local lease deadline (the
+/// library's watchdog) measures it from there, not from before a scan that
+/// may have lost several races first. The core reads no clock; the caller
+/// passes one in.
+///
+/// # Errors
+/// As [`Store::claim_orphan`].
+pub async fn claim_orphan_timed<S, T>(
+    store: &S,
+    filter: &OrphanFilter,
+    mark: impl Fn() -> T + Send + Sync,
+) -> Result<Option<(ClaimedOrphan, T)>>
+where
+    S: Store + ?Sized,
+    T: Send,
+{
+    filter.validate()?;
+    let orphans = store
+        .orphans(filter, crate::limits::MAX_ORPHAN_SCAN)
+        .await?;
+    for orphan in orphans {
+        let marked = mark();
+        let outcome = store.begin(&orphan.resume_command()).await;
+        let Some(grant) = crate::decide::orphan_claim_step(outcome)? else {
+            continue;
+        };
+        let journal = store
+            .executions(&grant.turn_id)
+            .await?
+            .into_iter()
+            .map(JournalEntry::from_view)
+            .collect::<Result<Vec<_>>>()?;
+        let payload = match &orphan.payload {
+            Some(json) => serde_json::from_str(json.as_str())
+                .map_err(|e| crate::error::Error::corrupt(format!("stored payload: {e}")))?,
+            None => Value::Null,
+        };
+        let claimed = ClaimedOrphan {
+            grant,
+            payload,
+            journal,
+            orphaned_for_ms: orphan.orphaned_for_ms,
+        };
+        return Ok(Some((claimed, marked)));
+    }
+    Ok(None)
 }

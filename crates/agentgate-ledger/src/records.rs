@@ -134,7 +134,7 @@ impl ChatOutcome {
             TurnState::AwaitingConfirmation | TurnState::Confirmed => {
                 view.pending.as_ref().and_then(Reply::from_value)
             }
-            TurnState::Failed | TurnState::Running => None,
+            TurnState::Failed | TurnState::Running | TurnState::Abandoned => None,
         };
         Self {
             turn_id: view.turn_id.to_string(),

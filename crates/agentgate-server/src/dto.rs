@@ -35,6 +35,10 @@ pub enum TurnStateDto {
     AwaitingConfirmation,
     /// Was awaiting confirmation; a continuation turn took the decision.
     Confirmed,
+    /// Orphaned (its lease expired without an ending) and claimed by no one
+    /// within the orphan grace: ended by the sweeper, its session released.
+    /// A repeat of its request restarts it.
+    Abandoned,
 }
 
 impl From<TurnState> for TurnStateDto {
@@ -45,6 +49,7 @@ impl From<TurnState> for TurnStateDto {
             TurnState::Failed => Self::Failed,
             TurnState::AwaitingConfirmation => Self::AwaitingConfirmation,
             TurnState::Confirmed => Self::Confirmed,
+            TurnState::Abandoned => Self::Abandoned,
         }
     }
 }

@@ -329,6 +329,18 @@ async fn start(
             }
         }
     };
+    if let Some(layer) = &store.leases {
+        // Refuse a grant the layer would refuse before locking the fence
+        // counter, which every grant in the database waits on: a storm of
+        // retries or recovery workers on a held session must not hold it
+        // across a Redis round trip each.
+        if let Some(holder) = layer.holder(command.session_id.as_str()).await? {
+            return Err(agentgate_core::decide::layer_holder_refusal(
+                &holder,
+                turn_id.as_str(),
+            ));
+        }
+    }
     let fence = next_fence(tx).await?;
     grant_session(store, tx, command, &turn_id, &token, fence, now, confirming).await?;
     let lease_expires_in_ms = match &store.leases {
@@ -449,7 +461,8 @@ async fn write_turn(
     let written = if facts.turn.is_some() {
         sqlx::query(
             "UPDATE ag_turns SET state = 'running', attempt = ?, fence = ?, error = NULL, \
-             retryable = NULL, updated_at_ms = ?, ended_at_ms = NULL WHERE turn_id = ?",
+             retryable = NULL, updated_at_ms = ?, ended_at_ms = NULL, orphaned_at_ms = NULL \
+             WHERE turn_id = ?",
         )
         .bind(i64::from(attempt))
         .bind(fence.0)
@@ -517,8 +530,8 @@ async fn insert_turn(
     let confirmation = command.confirmation.as_ref();
     sqlx::query(
         "INSERT INTO ag_turns (turn_id, session_id, user_id, client_request_id, fingerprint, \
-         state, attempt, fence, pending, confirms_turn_id, decision, created_at_ms, updated_at_ms) \
-         VALUES (?, ?, ?, ?, ?, 'running', 1, ?, ?, ?, ?, ?, ?)",
+         state, attempt, fence, pending, confirms_turn_id, decision, created_at_ms, updated_at_ms, \
+         payload) VALUES (?, ?, ?, ?, ?, 'running', 1, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(turn_id.as_str())
     .bind(command.session_id.as_str())
@@ -531,6 +544,7 @@ async fn insert_turn(
     .bind(confirmation.map(|c| c.decision.as_str()))
     .bind(now)
     .bind(now)
+    .bind(command.payload.as_str())
     .execute(tx)
     .await
 }

@@ -46,6 +46,7 @@
 mod begin;
 mod error;
 mod fast;
+mod orphans;
 mod rows;
 mod steps;
 pub mod testing;
@@ -61,8 +62,8 @@ use agentgate_core::ids::{ExecutionId, SessionId, TurnId, UserId};
 use agentgate_core::lease::LeaseLayer;
 use agentgate_core::limits::STORE_ACQUIRE_TIMEOUT;
 use agentgate_core::model::{
-    BeginCommand, BeginOutcome, Ending, ExecutionView, LeaseRef, SessionView, SweepReport,
-    ToolCall, ToolClaim, TurnView, UserView,
+    BeginCommand, BeginOutcome, Ending, ExecutionView, LeaseRef, Orphan, OrphanFilter, SessionView,
+    SweepReport, ToolCall, ToolClaim, TurnView, UserView,
 };
 use agentgate_core::store::{Completion, LeaseStatus, Store};
 use async_trait::async_trait;
@@ -121,6 +122,7 @@ const MIGRATION_LOCK_TIMEOUT: Duration = Duration::from_secs(30);
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../migrations/0001_init.sql")),
     (2, include_str!("../migrations/0002_overview.sql")),
+    (3, include_str!("../migrations/0003_orphans.sql")),
 ];
 
 /// agentgate on a MySQL or MariaDB database.
@@ -350,6 +352,19 @@ impl Store for MySqlStore {
     }
 
     async fn sweep(&self) -> Result<SweepReport> {
-        views::sweep(self).await
+        let abandoned = self.abandon_orphans().await?;
+        let deleted = views::sweep(self).await?;
+        Ok(SweepReport {
+            abandoned,
+            ..deleted
+        })
+    }
+
+    async fn orphans(&self, filter: &OrphanFilter, limit: u32) -> Result<Vec<Orphan>> {
+        orphans::list(self, filter, limit).await
+    }
+
+    async fn abandon(&self, orphan: &Orphan) -> Result<bool> {
+        orphans::abandon(self, orphan).await
     }
 }

@@ -185,16 +185,12 @@ pub(crate) async fn set_user_cap(
 }
 
 /// Turns a sweep may delete: ended before the cutoff (awaiting ones only once
-/// their confirmation expired too), or running with no live lease and silent
-/// since before the cutoff (abandoned; with an external lease layer the row
-/// of a holder keeps no expiry, and a holder is never abandoned). Binds: cutoff, pending cutoff, now.
-const SWEEPABLE_TURNS: &str = "((t.state IN ('succeeded', 'failed', 'confirmed') \
+/// their confirmation expired too). A running turn is never deleted: once
+/// orphaned past its grace it is ended `abandoned` first and kept for the
+/// retention like any ending. Binds: cutoff, pending cutoff.
+const SWEEPABLE_TURNS: &str = "((t.state IN ('succeeded', 'failed', 'confirmed', 'abandoned') \
       AND t.ended_at_ms < ?) \
-    OR (t.state = 'awaiting_confirmation' AND t.ended_at_ms < ?) \
-    OR (t.state = 'running' AND t.updated_at_ms < ? AND NOT EXISTS ( \
-        SELECT 1 FROM ag_sessions s WHERE s.session_id = t.session_id \
-        AND s.holder_turn_id = t.turn_id \
-        AND (s.lease_expires_at_ms > ? OR s.lease_expires_at_ms IS NULL))))";
+    OR (t.state = 'awaiting_confirmation' AND t.ended_at_ms < ?))";
 
 /// Idle sessions with no turns left lose their user binding after
 /// retention. Binds: cutoff, now, now.
@@ -234,6 +230,7 @@ pub(crate) async fn sweep(store: &MySqlStore) -> Result<SweepReport> {
     let sessions = sweep_sessions(store, cutoffs).await?;
     sweep_users(store, cutoffs).await?;
     Ok(SweepReport {
+        abandoned: 0,
         turns,
         executions,
         sessions,
@@ -300,8 +297,6 @@ async fn sweep_turns(store: &MySqlStore, at: Cutoffs) -> Result<(u64, u64)> {
     ))
     .bind(at.cutoff)
     .bind(at.pending_cutoff)
-    .bind(at.cutoff)
-    .bind(at.now)
     .bind(at.batch)
     .fetch_all(&store.pool)
     .await
@@ -316,7 +311,7 @@ async fn sweep_turns(store: &MySqlStore, at: Cutoffs) -> Result<(u64, u64)> {
         "t.turn_id",
         SWEEPABLE_TURNS,
         &candidates,
-        &[at.cutoff, at.pending_cutoff, at.cutoff, at.now],
+        &[at.cutoff, at.pending_cutoff],
     )
     .await?;
     let executions = delete_in(&mut tx, "ag_tool_executions", "turn_id", &doomed).await?;

@@ -378,15 +378,16 @@ async fn grant(
         format!(
             "{GRANT_SESSION} UPDATE ag_turns SET state = 'running', attempt = $7, \
              fence = g.fence, error = NULL, retryable = NULL, updated_at_ms = $5, \
-             ended_at_ms = NULL FROM g WHERE ag_turns.turn_id = $2 RETURNING g.fence"
+             ended_at_ms = NULL, orphaned_at_ms = NULL FROM g WHERE ag_turns.turn_id = $2 \
+             RETURNING g.fence"
         )
     } else {
         format!(
             "{GRANT_SESSION} INSERT INTO ag_turns (turn_id, session_id, user_id, \
              client_request_id, fingerprint, state, attempt, fence, pending, confirms_turn_id, \
-             decision, created_at_ms, updated_at_ms) \
-             SELECT $2, $1, $8, $9, $10, 'running', $7, g.fence, $11, $12, $13, $5, $5 FROM g \
-             RETURNING fence"
+             decision, created_at_ms, updated_at_ms, payload) \
+             SELECT $2, $1, $8, $9, $10, 'running', $7, g.fence, $11, $12, $13, $5, $5, $14 \
+             FROM g RETURNING fence"
         )
     };
     let query = sqlx::query_scalar(&sql)
@@ -405,7 +406,8 @@ async fn grant(
             .bind(command.fingerprint.as_hex())
             .bind(written.pending.as_deref())
             .bind(confirmation.map(|c| c.turn_id.as_str()))
-            .bind(confirmation.map(|c| c.decision.as_str())),
+            .bind(confirmation.map(|c| c.decision.as_str()))
+            .bind(command.payload.as_str()),
     };
     let fence: Option<i64> = query.fetch_optional(tx).await.map_err(map_sqlx)?;
     let fence =

@@ -45,6 +45,7 @@
 mod begin;
 mod error;
 mod lease;
+mod orphans;
 mod rows;
 mod steps;
 pub mod testing;
@@ -60,8 +61,8 @@ use agentgate_core::ids::{ExecutionId, SessionId, TurnId, UserId};
 use agentgate_core::lease::LeaseLayer;
 use agentgate_core::limits::STORE_ACQUIRE_TIMEOUT;
 use agentgate_core::model::{
-    BeginCommand, BeginOutcome, Ending, ExecutionView, LeaseRef, SessionView, SweepReport,
-    ToolCall, ToolClaim, TurnView, UserView,
+    BeginCommand, BeginOutcome, Ending, ExecutionView, LeaseRef, Orphan, OrphanFilter, SessionView,
+    SweepReport, ToolCall, ToolClaim, TurnView, UserView,
 };
 use agentgate_core::store::{Completion, LeaseStatus, Store};
 use async_trait::async_trait;
@@ -122,6 +123,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../migrations/0001_init.sql")),
     (2, include_str!("../migrations/0002_overview.sql")),
     (3, include_str!("../migrations/0003_claim_seq.sql")),
+    (4, include_str!("../migrations/0004_orphans.sql")),
 ];
 
 /// agentgate on a PostgreSQL database.
@@ -313,6 +315,19 @@ impl Store for PostgresStore {
     }
 
     async fn sweep(&self) -> Result<SweepReport> {
-        views::sweep(self).await
+        let abandoned = self.abandon_orphans().await?;
+        let deleted = views::sweep(self).await?;
+        Ok(SweepReport {
+            abandoned,
+            ..deleted
+        })
+    }
+
+    async fn orphans(&self, filter: &OrphanFilter, limit: u32) -> Result<Vec<Orphan>> {
+        orphans::list(self, filter, limit).await
+    }
+
+    async fn abandon(&self, orphan: &Orphan) -> Result<bool> {
+        orphans::abandon(self, orphan).await
     }
 }

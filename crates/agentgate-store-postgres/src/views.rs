@@ -180,21 +180,14 @@ pub(crate) async fn set_user_cap(pool: &PgPool, user_id: &UserId, cap: Option<u3
 }
 
 /// Turns a sweep may delete: ended before the cutoff (awaiting ones only once
-/// their confirmation expired too), or running with no live lease and silent
-/// since before the cutoff (abandoned; with an external lease layer the row
-/// of a holder keeps no expiry, and a holder is never abandoned). `$1` cutoff, `$2` pending cutoff,
-/// `$3` now, `$4` batch. The conditions on `t`'s own columns are the ones a
-/// concurrent takeover or restart changes, so they are re-checked on the
-/// newest row version.
+/// their confirmation expired too). A running turn is never deleted: once
+/// orphaned past its grace it is ended `abandoned` first and kept for the
+/// retention like any ending. `$1` cutoff, `$2` pending cutoff, `$3` batch.
 const SWEEP_TURNS: &str = "WITH doomed AS ( \
       SELECT turn_id FROM ag_turns t WHERE \
-        (t.state IN ('succeeded', 'failed', 'confirmed') AND t.ended_at_ms < $1) \
+        (t.state IN ('succeeded', 'failed', 'confirmed', 'abandoned') AND t.ended_at_ms < $1) \
         OR (t.state = 'awaiting_confirmation' AND t.ended_at_ms < $2) \
-        OR (t.state = 'running' AND t.updated_at_ms < $1 AND NOT EXISTS ( \
-            SELECT 1 FROM ag_sessions s WHERE s.session_id = t.session_id \
-            AND s.holder_turn_id = t.turn_id \
-            AND (s.lease_expires_at_ms > $3 OR s.lease_expires_at_ms IS NULL))) \
-      ORDER BY t.turn_id LIMIT $4 FOR UPDATE SKIP LOCKED), \
+      ORDER BY t.turn_id LIMIT $3 FOR UPDATE SKIP LOCKED), \
     gone AS (DELETE FROM ag_turns t USING doomed d WHERE t.turn_id = d.turn_id RETURNING t.turn_id), \
     gone_executions AS (DELETE FROM ag_tool_executions e USING gone g \
       WHERE e.turn_id = g.turn_id RETURNING 1) \
@@ -232,7 +225,6 @@ pub(crate) async fn sweep(store: &PostgresStore) -> Result<SweepReport> {
     let (turns, executions): (i64, i64) = sqlx::query_as(SWEEP_TURNS)
         .bind(cutoff)
         .bind(pending_cutoff)
-        .bind(now)
         .bind(batch)
         .fetch_one(pool)
         .await
@@ -250,9 +242,11 @@ pub(crate) async fn sweep(store: &PostgresStore) -> Result<SweepReport> {
         .execute(pool)
         .await
         .map_err(map_sqlx)?;
+    let count = |n: i64| u64::try_from(n).map_err(|_| corrupt(format!("count {n}")));
     Ok(SweepReport {
-        turns: u64::try_from(turns).unwrap_or_default(),
-        executions: u64::try_from(executions).unwrap_or_default(),
+        abandoned: 0,
+        turns: count(turns)?,
+        executions: count(executions)?,
         sessions,
     })
 }

@@ -376,7 +376,8 @@ async fn write_grant(
     if existing.is_some() {
         sqlx::query(
             "UPDATE ag_turns SET state = 'running', attempt = ?1, fence = ?2, error = NULL, \
-             retryable = NULL, updated_at_ms = ?3, ended_at_ms = NULL WHERE turn_id = ?4",
+             retryable = NULL, updated_at_ms = ?3, ended_at_ms = NULL, orphaned_at_ms = NULL \
+             WHERE turn_id = ?4",
         )
         .bind(attempt)
         .bind(fence.0)
@@ -426,8 +427,8 @@ async fn insert_turn(
     };
     sqlx::query(
         "INSERT INTO ag_turns (turn_id, session_id, user_id, client_request_id, fingerprint, \
-         state, attempt, fence, pending, confirms_turn_id, decision, created_at_ms, updated_at_ms) \
-         VALUES (?1, ?2, ?3, ?4, ?5, 'running', 1, ?6, ?7, ?8, ?9, ?10, ?10)",
+         state, attempt, fence, pending, confirms_turn_id, decision, created_at_ms, updated_at_ms, \
+         payload) VALUES (?1, ?2, ?3, ?4, ?5, 'running', 1, ?6, ?7, ?8, ?9, ?10, ?10, ?11)",
     )
     .bind(turn_id.as_str())
     .bind(command.session_id.as_str())
@@ -439,6 +440,7 @@ async fn insert_turn(
     .bind(command.confirmation.as_ref().map(|c| c.turn_id.as_str()))
     .bind(decision)
     .bind(now)
+    .bind(command.payload.as_str())
     .execute(&mut **tx)
     .await
     .map_err(map_sqlx)?;

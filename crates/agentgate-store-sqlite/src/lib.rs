@@ -4,6 +4,7 @@
 //! - `begin`: the begin step (SPEC §4 table) in one `BEGIN IMMEDIATE` transaction.
 //! - `steps`: heartbeat, tool claims and completions, turn endings.
 //! - `views`: read-only views and the retention sweeper.
+//! - `orphans`: listing orphaned turns and ending them `abandoned`.
 //! - `error`: SQLite errors mapped to the engine's portable [`Error`].
 //!
 //! Every protocol step writes on the writer pool (one connection), so
@@ -25,6 +26,7 @@
 
 mod begin;
 mod error;
+mod orphans;
 mod rows;
 mod steps;
 mod views;
@@ -40,8 +42,8 @@ use agentgate_core::ids::{ExecutionId, SessionId, TurnId, UserId};
 use agentgate_core::lease::LeaseLayer;
 use agentgate_core::limits::{MAX_STORE_RETRIES, STORE_ACQUIRE_TIMEOUT};
 use agentgate_core::model::{
-    BeginCommand, BeginOutcome, Ending, ExecutionView, LeaseRef, Overview, SessionView,
-    SweepReport, ToolCall, ToolClaim, TurnView, UserView,
+    BeginCommand, BeginOutcome, Ending, ExecutionView, LeaseRef, Orphan, OrphanFilter, Overview,
+    SessionView, SweepReport, ToolCall, ToolClaim, TurnView, UserView,
 };
 use agentgate_core::store::{Completion, LeaseStatus, Store};
 use async_trait::async_trait;
@@ -71,6 +73,7 @@ const READER_CONNECTIONS: u32 = 4;
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../migrations/0001_init.sql")),
     (2, include_str!("../migrations/0002_overview.sql")),
+    (3, include_str!("../migrations/0003_orphans.sql")),
 ];
 
 /// agentgate on an embedded SQLite file.
@@ -294,6 +297,19 @@ impl Store for SqliteStore {
     }
 
     async fn sweep(&self) -> Result<SweepReport> {
-        views::sweep(self).await
+        let abandoned = self.abandon_orphans().await?;
+        let deleted = views::sweep(self).await?;
+        Ok(SweepReport {
+            abandoned,
+            ..deleted
+        })
+    }
+
+    async fn orphans(&self, filter: &OrphanFilter, limit: u32) -> Result<Vec<Orphan>> {
+        orphans::list(self, filter, limit).await
+    }
+
+    async fn abandon(&self, orphan: &Orphan) -> Result<bool> {
+        orphans::abandon(self, orphan).await
     }
 }

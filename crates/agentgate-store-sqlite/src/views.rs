@@ -169,16 +169,14 @@ pub(crate) async fn set_user_cap(
 }
 
 /// Turns a sweep may delete: ended before the cutoff (awaiting ones only once
-/// their confirmation expired too), or running with no live lease and silent
-/// since before the cutoff (abandoned).
+/// their confirmation expired too). A running turn is never deleted: once
+/// orphaned past its grace it is ended `abandoned` first, then kept for the
+/// retention like any ending, so a repeat of its request still finds it.
 const SWEEPABLE_TURNS: &str = "SELECT turn_id FROM ag_turns t WHERE \
-    (t.state IN ('succeeded', 'failed', 'confirmed') AND t.ended_at_ms < ?1) \
+    (t.state IN ('succeeded', 'failed', 'confirmed', 'abandoned') AND t.ended_at_ms < ?1) \
     OR (t.state = 'awaiting_confirmation' AND t.ended_at_ms < ?2) \
-    OR (t.state = 'running' AND t.updated_at_ms < ?1 AND NOT EXISTS ( \
-        SELECT 1 FROM ag_sessions s WHERE s.holder_turn_id = t.turn_id \
-        AND (s.lease_expires_at_ms > ?3 OR s.lease_expires_at_ms IS NULL))) \
     ORDER BY t.turn_id \
-    LIMIT ?4";
+    LIMIT ?3";
 
 pub(crate) async fn sweep(store: &SqliteStore) -> Result<SweepReport> {
     let config = &store.config;
@@ -192,7 +190,6 @@ pub(crate) async fn sweep(store: &SqliteStore) -> Result<SweepReport> {
     ))
     .bind(cutoff)
     .bind(pending_cutoff)
-    .bind(now)
     .bind(batch)
     .execute(&mut *tx)
     .await
@@ -203,7 +200,6 @@ pub(crate) async fn sweep(store: &SqliteStore) -> Result<SweepReport> {
     ))
     .bind(cutoff)
     .bind(pending_cutoff)
-    .bind(now)
     .bind(batch)
     .execute(&mut *tx)
     .await
@@ -225,6 +221,7 @@ pub(crate) async fn sweep(store: &SqliteStore) -> Result<SweepReport> {
     .rows_affected();
     tx.commit().await.map_err(map_sqlx)?;
     Ok(SweepReport {
+        abandoned: 0,
         turns,
         executions,
         sessions,

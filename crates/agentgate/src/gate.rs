@@ -7,7 +7,9 @@ use agentgate_core::config::Config;
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{ClientRequestId, SessionId, TurnId, UserId};
 use agentgate_core::lease::LeaseLayer;
-use agentgate_core::model::{BeginCommand, BeginOutcome, Confirmation, Decision, TurnView};
+use agentgate_core::model::{
+    BeginCommand, BeginOutcome, Confirmation, Decision, JournalEntry, OrphanFilter, TurnView,
+};
 use agentgate_core::store::Store;
 use serde_json::Value;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -25,6 +27,24 @@ pub enum Begun {
     Started(Turn),
     /// The request already ended; its stored outcome. No lease was taken.
     Replay(TurnView),
+}
+
+/// An orphaned turn a recovery worker took over with [`Gate::claim_orphan`]:
+/// a live [`Turn`] (watchdog running, like any start) and what resuming it
+/// needs. Resume by running the turn's work again from `payload`: tool
+/// calls that succeeded return their stored result from [`Turn::tool`]
+/// without running, and those in the journal as `unknown` come back as
+/// `Execute` with `previous_outcome: unknown`.
+#[derive(Debug)]
+pub struct Recovered {
+    /// The turn, under a new lease: higher fence, `attempt + 1`.
+    pub turn: Turn,
+    /// The original request's payload.
+    pub payload: Value,
+    /// The turn's tool executions before the takeover, oldest first.
+    pub journal: Vec<JournalEntry>,
+    /// How long it had been without a live lease.
+    pub orphaned_for_ms: i64,
 }
 
 /// The engine over one store. Cheap to clone; the background sweeper stops
@@ -157,6 +177,37 @@ impl Gate {
         self.begin_command(&command).await
     }
 
+    /// Takes over the longest-orphaned turn that `filter` admits (a running
+    /// turn whose lease expired without an ending), exactly like a takeover,
+    /// for a recovery worker to resume. `None` when there is none. Many
+    /// workers on many nodes never claim the same orphan.
+    ///
+    /// # Errors
+    /// `invalid_request` for a filter over its limits; `store_unavailable`.
+    pub async fn claim_orphan(&self, filter: &OrphanFilter) -> Result<Option<Recovered>> {
+        let claim = agentgate_core::store::claim_orphan_timed(
+            self.store.as_ref(),
+            filter,
+            tokio::time::Instant::now,
+        );
+        let Some((claimed, requested_at)) = claim.await? else {
+            return Ok(None);
+        };
+        tracing::info!(
+            turn_id = %claimed.grant.turn_id,
+            fence = %claimed.grant.fence,
+            attempt = claimed.grant.attempt,
+            orphaned_for_ms = claimed.orphaned_for_ms,
+            "orphan claimed"
+        );
+        Ok(Some(Recovered {
+            turn: Turn::start(Arc::clone(&self.store), claimed.grant, requested_at),
+            payload: claimed.payload,
+            journal: claimed.journal,
+            orphaned_for_ms: claimed.orphaned_for_ms,
+        }))
+    }
+
     /// Begins a turn from a validated command.
     ///
     /// # Errors
@@ -227,6 +278,15 @@ async fn sweep_forever(store: Arc<dyn Store>, stop: CancellationToken) {
         }
         for _ in 0..SWEEP_BATCHES_PER_TICK {
             match store.sweep().await {
+                Ok(report) if report.abandoned > 0 => {
+                    tracing::info!(
+                        abandoned = report.abandoned,
+                        "orphans past their grace ended abandoned"
+                    );
+                    if report.turns + report.sessions < u64::from(config.sweep_batch) {
+                        break;
+                    }
+                }
                 Ok(report) if report.turns + report.sessions < u64::from(config.sweep_batch) => {
                     break
                 }

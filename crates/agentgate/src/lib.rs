@@ -49,10 +49,10 @@ pub use agentgate_core::ids::{
     ClientRequestId, ExecutionId, Fence, SessionId, ToolName, TurnId, UserId,
 };
 pub use agentgate_core::model::{
-    ConfirmationContext, Decision, ExecutionView, PreviousOutcome, SessionView, ToolState,
-    TurnState, TurnView, UserView,
+    ConfirmationContext, Decision, ExecutionView, JournalEntry, JournalOutcome, OrphanFilter,
+    PreviousOutcome, SessionView, ToolState, TurnState, TurnView, UserView,
 };
 pub use agentgate_core::{canonical, limits, model, store};
 pub use effect::SqlTx;
-pub use gate::{Begun, Gate};
+pub use gate::{Begun, Gate, Recovered};
 pub use turn::{Execution, ToolPolicy, ToolStep, Turn, Verifier};

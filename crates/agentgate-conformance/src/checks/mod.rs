@@ -4,6 +4,7 @@
 mod confirmation;
 mod input;
 mod lifecycle;
+mod orphans;
 pub mod process;
 mod redis_loss;
 mod storms;
@@ -24,6 +25,9 @@ pub use input::bad_input_changes_nothing;
 pub use lifecycle::{
     concurrent_opens_migrate_once, dropped_turn_is_released, endings_and_restarts,
     overview_shows_holders_and_activity, retention_sweeper,
+};
+pub use orphans::{
+    exhausted_orphan_ends_failed, orphan_claim_storm, orphan_filters, unclaimed_orphan_is_abandoned,
 };
 pub use redis_loss::{lying_lease_layer_is_refused_by_the_sql_fence, redis_loss_is_fenced};
 pub use storms::{duplicate_storm, fences_only_grow, session_storm, user_capacity_storm};

@@ -910,3 +910,87 @@ fn layer_lease_needs_the_newest_fence() {
         "superseded by a newer fence"
     );
 }
+
+#[test]
+fn an_abandoned_turn_restarts_with_the_next_attempt_and_exhausts_at_the_limit() {
+    let decision = Begin::new()
+        .turn(turn(OWN, TurnState::Abandoned, 2))
+        .decide();
+    assert_start(decision, StartKind::Restart, 3);
+    let exhausted = Begin::new()
+        .turn(turn(OWN, TurnState::Abandoned, MAX_TURN_ATTEMPTS))
+        .decide();
+    assert!(matches!(exhausted, BeginDecision::Exhaust), "{exhausted:?}");
+}
+
+#[test]
+fn an_abandoned_turn_restarts_only_through_the_session_and_permit_gates() {
+    let busy = Begin::new()
+        .turn(turn(OWN, TurnState::Abandoned, 1))
+        .holder(OTHER, NOW + 700)
+        .decide();
+    assert_conflict(busy, ErrorKind::SessionBusy, OTHER, ms(700));
+}
+
+mod orphans {
+    use super::*;
+    use crate::ids::{ClientRequestId, Fence, LeaseToken, SessionId, TurnId, UserId};
+    use crate::model::{BeginOutcome, Grant};
+
+    fn grant() -> Grant {
+        Grant {
+            turn_id: TurnId::new("turn-1").unwrap(),
+            session_id: SessionId::new(SESSION).unwrap(),
+            user_id: UserId::new(USER).unwrap(),
+            client_request_id: ClientRequestId::new("msg-1").unwrap(),
+            lease_token: LeaseToken::generate(),
+            fence: Fence(7),
+            attempt: 2,
+            takeover: true,
+            lease_expires_in_ms: 30_000,
+            confirmation: None,
+        }
+    }
+
+    #[test]
+    fn a_started_begin_is_a_claim() {
+        let step = orphan_claim_step(Ok(BeginOutcome::Started(grant()))).unwrap();
+        assert_eq!(step.map(|g| g.fence), Some(Fence(7)));
+    }
+
+    #[test]
+    fn someone_else_holding_the_turn_or_session_or_permits_passes() {
+        let refusals = [
+            Error::RequestInFlight {
+                active_turn_id: OWN.into(),
+                retry_after: ms(1),
+            },
+            Error::SessionBusy {
+                active_turn_id: OTHER.into(),
+                retry_after: ms(1),
+            },
+            Error::UserAtCapacity {
+                cap: 1,
+                retry_after: ms(1),
+            },
+        ];
+        for refusal in refusals {
+            assert!(orphan_claim_step(Err(refusal)).unwrap().is_none());
+        }
+    }
+
+    #[test]
+    fn store_errors_and_a_fingerprint_mismatch_are_errors_not_passes() {
+        let unavailable = orphan_claim_step(Err(Error::store("down"))).unwrap_err();
+        assert_eq!(unavailable.kind(), ErrorKind::StoreUnavailable);
+        let mismatch = orphan_claim_step(Err(Error::PayloadMismatch)).unwrap_err();
+        assert!(mismatch.to_string().contains("corrupt"), "{mismatch}");
+    }
+
+    #[test]
+    fn abandonment_is_due_exactly_at_the_grace() {
+        assert!(!abandon_due(NOW, NOW + 299_999, 300_000));
+        assert!(abandon_due(NOW, NOW + 300_000, 300_000));
+        assert!(abandon_due(i64::MIN, NOW, 300_000));
+    }
+}

@@ -1,0 +1,206 @@
+//! Orphans: running turns whose lease is gone without an ending. Listing
+//! them for recovery workers and the sweeper, and ending one `abandoned`.
+//!
+//! The claim itself is not here: a claim is a begin that repeats the
+//! orphan's own request (`Store::claim_orphan`), so the begin step decides
+//! it. This module only finds orphans and abandons them.
+//!
+//! With the lease in the session row, a turn is an orphan when the row does
+//! not name it as a holder with an expiry after the store's now, and it has
+//! been one since that expiry. With an external lease layer the row keeps
+//! no expiry, so the layer is asked, and the first listing that finds the
+//! turn unheld records the time on the turn (`orphaned_at_ms`).
+
+use agentgate_core::canonical::{CanonicalJson, Digest};
+use agentgate_core::error::Result;
+use agentgate_core::ids::{ClientRequestId, Fence, SessionId, TurnId, UserId};
+use agentgate_core::lease::held_by;
+use agentgate_core::limits::MAX_ORPHAN_SCAN;
+use agentgate_core::model::{Orphan, OrphanFilter};
+use sqlx::postgres::PgRow;
+use sqlx::{Postgres, QueryBuilder, Row};
+
+use crate::error::{corrupt, map_sqlx, Retry};
+use crate::{PostgresStore, NOW_MS};
+
+/// The error a sweeper records on a turn it abandons.
+const ABANDONED_ERROR: &str = r#"{"code":"abandoned","message":"the turn's holder stopped without an ending and no one resumed it within the orphan grace"}"#;
+
+/// When the turn last had a live lease, as far as the rows tell: the
+/// session's expiry while the row names it, else the recorded orphan time,
+/// else its last grant.
+const ORPHANED_SINCE: &str = "CASE WHEN s.holder_turn_id = t.turn_id \
+    AND s.lease_expires_at_ms IS NOT NULL THEN s.lease_expires_at_ms \
+    ELSE COALESCE(t.orphaned_at_ms, t.updated_at_ms) END";
+
+fn orphan(row: &PgRow, now: i64) -> Result<Orphan> {
+    let text = |column: &str| row.try_get::<String, _>(column).map_err(map_sqlx);
+    let since: i64 = row.try_get("orphaned_since_ms").map_err(map_sqlx)?;
+    let attempt: i64 = row.try_get("attempt").map_err(map_sqlx)?;
+    Ok(Orphan {
+        turn_id: TurnId::new(text("turn_id")?).map_err(corrupt)?,
+        session_id: SessionId::new(text("session_id")?).map_err(corrupt)?,
+        user_id: UserId::new(text("user_id")?).map_err(corrupt)?,
+        client_request_id: ClientRequestId::new(text("client_request_id")?).map_err(corrupt)?,
+        fingerprint: Digest::from_hex(text("fingerprint")?),
+        payload: row
+            .try_get::<Option<String>, _>("payload")
+            .map_err(map_sqlx)?
+            .map(CanonicalJson::from_stored),
+        fence: Fence(row.try_get("fence").map_err(map_sqlx)?),
+        attempt: u32::try_from(attempt).map_err(|_| corrupt(format!("attempt {attempt}")))?,
+        orphaned_since_ms: since,
+        orphaned_for_ms: now - since,
+    })
+}
+
+/// The running turns `filter` admits, as orphan candidates with their
+/// orphan time, longest-orphaned first. With leases in the rows only turns
+/// without a live row lease qualify; with a layer every running turn does,
+/// and the layer is asked afterwards.
+async fn candidates(
+    store: &PostgresStore,
+    filter: &OrphanFilter,
+    limit: u32,
+    now: i64,
+) -> Result<Vec<Orphan>> {
+    let mut sql = QueryBuilder::<Postgres>::new(format!(
+        "SELECT t.turn_id, t.session_id, t.user_id, t.client_request_id, t.fingerprint, \
+         t.payload, t.fence, t.attempt, {ORPHANED_SINCE} AS orphaned_since_ms \
+         FROM ag_turns t LEFT JOIN ag_sessions s ON s.session_id = t.session_id \
+         WHERE t.state = 'running'"
+    ));
+    if store.leases.is_none() {
+        sql.push(" AND NOT (s.holder_turn_id IS NOT DISTINCT FROM t.turn_id AND s.lease_expires_at_ms > ")
+            .push_bind(now)
+            .push(")")
+            .push(format!(" AND {ORPHANED_SINCE} <= "))
+            .push_bind(now.saturating_sub(i64::try_from(filter.min_orphaned_ms).unwrap_or(i64::MAX)));
+    }
+    if !filter.user_ids.is_empty() {
+        let users: Vec<&str> = filter.user_ids.iter().map(|u| u.as_str()).collect();
+        sql.push(" AND t.user_id = ANY(").push_bind(users).push(")");
+    }
+    sql.push(" ORDER BY orphaned_since_ms, t.turn_id LIMIT ")
+        .push_bind(i64::from(limit));
+    let rows = sql.build().fetch_all(&store.pool).await.map_err(map_sqlx)?;
+    rows.iter().map(|row| orphan(row, now)).collect()
+}
+
+pub(crate) async fn list(
+    store: &PostgresStore,
+    filter: &OrphanFilter,
+    limit: u32,
+) -> Result<Vec<Orphan>> {
+    filter.validate()?;
+    let limit = limit.min(MAX_ORPHAN_SCAN);
+    let now: i64 = sqlx::query_scalar(&format!("SELECT {NOW_MS}"))
+        .fetch_one(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    let found = candidates(store, filter, limit, now).await?;
+    let Some(layer) = &store.leases else {
+        return Ok(found);
+    };
+    let min_age = i64::try_from(filter.min_orphaned_ms).unwrap_or(i64::MAX);
+    let mut orphans = Vec::with_capacity(found.len());
+    for mut orphan in found {
+        if held_by(
+            layer.as_ref(),
+            orphan.session_id.as_str(),
+            orphan.turn_id.as_str(),
+        )
+        .await?
+        {
+            continue;
+        }
+        // First seen unheld: record since when, unless a grant came between.
+        let stamped: Option<i64> = sqlx::query_scalar(&format!(
+            "UPDATE ag_turns SET orphaned_at_ms = COALESCE(orphaned_at_ms, {NOW_MS}) \
+             WHERE turn_id = $1 AND state = 'running' AND fence = $2 RETURNING orphaned_at_ms"
+        ))
+        .bind(orphan.turn_id.as_str())
+        .bind(orphan.fence.0)
+        .fetch_optional(&store.pool)
+        .await
+        .map_err(map_sqlx)?
+        .flatten();
+        let Some(since) = stamped else { continue };
+        orphan.orphaned_since_ms = since;
+        orphan.orphaned_for_ms = now.saturating_sub(since).max(0);
+        if orphan.orphaned_for_ms >= min_age {
+            orphans.push(orphan);
+        }
+    }
+    Ok(orphans)
+}
+
+pub(crate) async fn abandon(store: &PostgresStore, orphan: &Orphan) -> Result<bool> {
+    if let Some(layer) = &store.leases {
+        if held_by(
+            layer.as_ref(),
+            orphan.session_id.as_str(),
+            orphan.turn_id.as_str(),
+        )
+        .await?
+        {
+            return Ok(false);
+        }
+    }
+    let mut retry = Retry::new();
+    loop {
+        match abandon_once(store, orphan).await {
+            Err(error) => retry.after(error).await?,
+            done => return done,
+        }
+    }
+}
+
+/// One transaction that locks the session row first, as a begin does, so
+/// a concurrent takeover and this step are ordered: the turn ends only if
+/// it still runs under the orphan's fence with no live row lease (a
+/// takeover changes the fence), and the session is released only if it
+/// still names the turn.
+async fn abandon_once(store: &PostgresStore, orphan: &Orphan) -> Result<bool> {
+    let mut tx = store.transaction().await?;
+    let now: i64 = sqlx::query_scalar(&format!(
+        "SELECT {NOW_MS} FROM (SELECT 1) one LEFT JOIN \
+         (SELECT 1 FROM ag_sessions WHERE session_id = $1 FOR UPDATE) s ON true"
+    ))
+    .bind(orphan.session_id.as_str())
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(map_sqlx)?;
+    let ended = sqlx::query(
+        "UPDATE ag_turns t SET state = 'abandoned', error = $3, retryable = NULL, \
+         updated_at_ms = $4, ended_at_ms = $4, orphaned_at_ms = NULL \
+         WHERE t.turn_id = $1 AND t.state = 'running' AND t.fence = $2 AND NOT EXISTS ( \
+         SELECT 1 FROM ag_sessions s WHERE s.session_id = t.session_id \
+         AND s.holder_turn_id = $1 AND s.lease_expires_at_ms > $4)",
+    )
+    .bind(orphan.turn_id.as_str())
+    .bind(orphan.fence.0)
+    .bind(ABANDONED_ERROR)
+    .bind(now)
+    .execute(&mut *tx)
+    .await
+    .map_err(map_sqlx)?
+    .rows_affected();
+    if ended == 0 {
+        return Ok(false);
+    }
+    assert_eq!(ended, 1, "turn_id is the primary key");
+    sqlx::query(
+        "UPDATE ag_sessions SET holder_turn_id = NULL, lease_token_hash = NULL, \
+         lease_expires_at_ms = NULL, updated_at_ms = $3 \
+         WHERE session_id = $1 AND holder_turn_id = $2",
+    )
+    .bind(orphan.session_id.as_str())
+    .bind(orphan.turn_id.as_str())
+    .bind(now)
+    .execute(&mut *tx)
+    .await
+    .map_err(map_sqlx)?;
+    tx.commit().await.map_err(map_sqlx)?;
+    Ok(true)
+}
