@@ -857,6 +857,151 @@ async fn crash_then_takeover_with_unknown_tool_outcome() {
     assert!(!server.logs().contains(&new_token));
 }
 
+/// A worker that died mid-turn, with nobody retrying its request: a recovery
+/// worker claims the orphan over HTTP, gets its payload and tool journal,
+/// and resumes it; the dead holder is fenced; a second claim finds nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphan_claim_over_http() {
+    const TTL_MS: u64 = 1000;
+    let dir = scratch();
+    let server = Server::start(
+        dir.path(),
+        &["--lease-ttl-ms", &TTL_MS.to_string(), "--no-app"],
+    );
+    let client = server.client();
+    let payload = json!({"text": "refund 40 to nora"});
+    let first = client.begin("nora", "chat-9", "msg-1", &payload).await;
+    let (turn_id, old_token) = lease(&first);
+    let old_fence = first.body["turn"]["fence"].as_i64().unwrap();
+    let tools = format!("/v1/turns/{turn_id}/tools");
+    let interrupted = json!({"tool": "refund", "args": {"amount": 40}});
+    let done = json!({"tool": "lookup", "args": {"who": "nora"}});
+    client
+        .post(&tools, Some(&old_token), &interrupted)
+        .await
+        .expect(201, "");
+    let looked = client
+        .post(&tools, Some(&old_token), &done)
+        .await
+        .expect(201, "");
+    let lookup_id = looked.body["execution"]["execution_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    client
+        .post(
+            &format!("{tools}/{lookup_id}/complete"),
+            Some(&old_token),
+            &json!({"result": {"account": 7}}),
+        )
+        .await
+        .expect(200, "");
+
+    // While the lease is live there is no orphan, and the turn is not one.
+    client
+        .post("/v1/orphans/claim", None, &json!({}))
+        .await
+        .expect(204, "");
+    let view = client
+        .get(&format!("/v1/turns/{turn_id}"))
+        .await
+        .expect(200, "");
+    assert_eq!(view.body["orphaned"], false);
+
+    // The worker dies (no heartbeat): after the TTL the turn is an orphan.
+    tokio::time::sleep(Duration::from_millis(TTL_MS + 200)).await;
+    let view = client
+        .get(&format!("/v1/turns/{turn_id}"))
+        .await
+        .expect(200, "");
+    assert_eq!(view.body["turn"]["state"], "running");
+    assert_eq!(view.body["orphaned"], true);
+    // Filters: bad ones are 400; another user's filter finds nothing.
+    client
+        .post(
+            "/v1/orphans/claim",
+            None,
+            &json!({"user_ids": ["x".repeat(129)]}),
+        )
+        .await
+        .expect(400, "invalid_request");
+    client
+        .post("/v1/orphans/claim", None, &json!({"surprise": 1}))
+        .await
+        .expect(400, "invalid_request");
+    client
+        .post(
+            "/v1/orphans/claim",
+            None,
+            &json!({"user_ids": ["someone-else"]}),
+        )
+        .await
+        .expect(204, "");
+
+    let claimed = client
+        .post("/v1/orphans/claim", None, &json!({"user_ids": ["nora"]}))
+        .await
+        .expect(201, "");
+    let turn = &claimed.body["turn"];
+    assert_eq!(turn["turn_id"], turn_id.as_str());
+    assert_eq!(turn["takeover"], true);
+    assert_eq!(turn["attempt"], 2);
+    assert!(turn["fence"].as_i64().unwrap() > old_fence);
+    assert_eq!(claimed.body["payload"], payload);
+    assert!(claimed.body["orphaned_for_ms"].as_i64().unwrap() >= 0);
+    let journal = claimed.body["journal"].as_array().unwrap();
+    assert_eq!(journal.len(), 2, "{journal:?}");
+    assert_eq!(journal[0]["tool"], "refund");
+    assert_eq!(journal[0]["outcome"], "unknown");
+    assert_eq!(journal[1]["tool"], "lookup");
+    assert_eq!(journal[1]["outcome"], "succeeded");
+    assert_eq!(journal[1]["result"], json!({"account": 7}));
+    let new_token = turn["lease_token"].as_str().unwrap().to_owned();
+    // Nothing else to claim; the dead holder is fenced.
+    client
+        .post("/v1/orphans/claim", None, &json!({}))
+        .await
+        .expect(204, "");
+    client
+        .post(
+            &format!("/v1/turns/{turn_id}/heartbeat"),
+            Some(&old_token),
+            &json!({}),
+        )
+        .await
+        .expect(409, "lease_lost");
+    // The claimant resumes: the interrupted tool comes back as unknown, the
+    // completed one is cached; the turn ends once.
+    let again = client
+        .post(&tools, Some(&new_token), &interrupted)
+        .await
+        .expect(201, "");
+    assert_eq!(again.body["execution"]["previous_outcome"], "unknown");
+    let cached = client
+        .post(&tools, Some(&new_token), &done)
+        .await
+        .expect(200, "");
+    assert_eq!(cached.body["execution"]["result"], json!({"account": 7}));
+    client
+        .post(
+            &format!("/v1/turns/{turn_id}/complete"),
+            Some(&new_token),
+            &json!({"response": "refunded"}),
+        )
+        .await
+        .expect(200, "");
+    let view = client
+        .get(&format!("/v1/turns/{turn_id}"))
+        .await
+        .expect(200, "");
+    assert_eq!(view.body["orphaned"], false);
+    let metrics = client.get("/metrics").await.text;
+    assert!(
+        metrics.contains(r#"agentgate_begins_total{outcome="orphan_claim"} 1"#),
+        "{metrics}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_openapi_and_health_over_http() {
     let dir = scratch();

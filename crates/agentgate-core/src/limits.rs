@@ -76,9 +76,10 @@ pub const MAX_OVERVIEW_ROWS: u32 = 200;
 /// stays a bounded number of store steps.
 pub const MAX_ORPHAN_SCAN: u32 = 128;
 
-/// Most users one orphan filter names: a recovery worker serves a shard of
-/// users, not a list of every account.
-pub const MAX_ORPHAN_FILTER_USERS: usize = 100;
+/// Most users, and most turns, one orphan filter names: a recovery worker
+/// serves a shard of users or its own recent turns, not every account; the
+/// list becomes one bounded `IN (...)` of the candidate query.
+pub const MAX_ORPHAN_FILTER_IDS: usize = 100;
 
 /// Shortest orphan grace: a grace shorter than a lease TTL would abandon a
 /// turn before the client's own retry, or a recovery worker, could come.

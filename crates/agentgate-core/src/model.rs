@@ -443,9 +443,14 @@ pub struct OrphanFilter {
     #[serde(default)]
     pub min_orphaned_ms: u64,
     /// Only orphans of these users (empty: every user); at most
-    /// [`crate::limits::MAX_ORPHAN_FILTER_USERS`].
+    /// [`crate::limits::MAX_ORPHAN_FILTER_IDS`].
     #[serde(default)]
     pub user_ids: Vec<UserId>,
+    /// Only these turns (empty: any turn); at most
+    /// [`crate::limits::MAX_ORPHAN_FILTER_IDS`]. An application sharing the
+    /// store with other callers resumes only the turns it started.
+    #[serde(default)]
+    pub turn_ids: Vec<TurnId>,
 }
 
 impl OrphanFilter {
@@ -455,12 +460,16 @@ impl OrphanFilter {
     /// `invalid_request` for too many users or an age over the longest lease
     /// retention.
     pub fn validate(&self) -> Result<()> {
-        use crate::limits::{MAX_ORPHAN_FILTER_USERS, MAX_RETENTION};
-        if self.user_ids.len() > MAX_ORPHAN_FILTER_USERS {
-            return Err(Error::invalid(format!(
-                "an orphan filter names {} users, the limit is {MAX_ORPHAN_FILTER_USERS}",
-                self.user_ids.len()
-            )));
+        use crate::limits::{MAX_ORPHAN_FILTER_IDS, MAX_RETENTION};
+        for (what, count) in [
+            ("users", self.user_ids.len()),
+            ("turns", self.turn_ids.len()),
+        ] {
+            if count > MAX_ORPHAN_FILTER_IDS {
+                return Err(Error::invalid(format!(
+                    "an orphan filter names {count} {what}, the limit is {MAX_ORPHAN_FILTER_IDS}"
+                )));
+            }
         }
         if u128::from(self.min_orphaned_ms) > MAX_RETENTION.as_millis() {
             return Err(Error::invalid(format!(

@@ -210,7 +210,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         let grace_ms = self.config().orphan_grace_ms();
         let filter = OrphanFilter {
             min_orphaned_ms: u64::try_from(grace_ms).unwrap_or(u64::MAX),
-            user_ids: Vec::new(),
+            ..OrphanFilter::default()
         };
         let mut abandoned = 0;
         for orphan in self

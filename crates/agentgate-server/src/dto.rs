@@ -420,6 +420,11 @@ pub struct TurnResponse {
 pub struct TurnStateResponse {
     /// The turn.
     pub turn: TurnDto,
+    /// `true` when the turn is `running` but no live lease holds it: its
+    /// holder died without an ending. A repeat of its request, or a recovery
+    /// worker (`POST /v1/orphans/claim`), takes it over; unclaimed past the
+    /// orphan grace it ends `abandoned`.
+    pub orphaned: bool,
     /// Its tool executions, oldest first.
     pub executions: Vec<ExecutionDto>,
 }
@@ -632,4 +637,93 @@ pub struct UserResponse {
 pub struct HealthResponse {
     /// Always `ok`; a store that cannot be read gives 503 instead.
     pub status: String,
+}
+
+// ---------------------------------------------------------------- orphans
+
+/// Body of `POST /v1/orphans/claim`; every field optional.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimOrphanRequest {
+    /// Only orphans whose lease has been dead at least this long, so a
+    /// client's own retry comes first (0: any orphan).
+    #[serde(default)]
+    #[schema(minimum = 0, maximum = 2_592_000_000_u64)]
+    pub min_orphaned_ms: u64,
+    /// Only orphans of these users (absent or empty: any user); at most 100.
+    #[serde(default)]
+    #[schema(max_items = 100)]
+    pub user_ids: Vec<String>,
+    /// Only these turns (absent or empty: any turn); at most 100. A service
+    /// sharing the store resumes only the turns it started.
+    #[serde(default)]
+    #[schema(max_items = 100)]
+    pub turn_ids: Vec<String>,
+}
+
+/// What became of one tool execution of a claimed orphan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum JournalOutcomeDto {
+    /// Done: a claim of the same call returns `result` without running it.
+    Succeeded,
+    /// Reported failure: a claim runs it again.
+    Failed,
+    /// Its holder died mid-call; it may have taken effect. A claim runs it
+    /// again with `previous_outcome: "unknown"`: reconcile before acting.
+    Unknown,
+}
+
+/// One tool execution of a claimed orphan.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct JournalEntryDto {
+    /// The execution.
+    pub execution_id: String,
+    /// Its tool.
+    pub tool: String,
+    /// Attempts so far.
+    pub attempt: u32,
+    /// What became of it.
+    pub outcome: JournalOutcomeDto,
+    /// For `succeeded`: the stored result.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    /// For `failed`: the stored error.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<Value>,
+}
+
+impl From<agentgate::JournalEntry> for JournalEntryDto {
+    fn from(entry: agentgate::JournalEntry) -> Self {
+        use agentgate::JournalOutcome;
+        let (outcome, result, error) = match entry.outcome {
+            JournalOutcome::Succeeded { result } => {
+                (JournalOutcomeDto::Succeeded, Some(result), None)
+            }
+            JournalOutcome::Failed { error } => (JournalOutcomeDto::Failed, None, Some(error)),
+            JournalOutcome::Unknown => (JournalOutcomeDto::Unknown, None, None),
+        };
+        Self {
+            execution_id: entry.execution_id.to_string(),
+            tool: entry.tool.to_string(),
+            attempt: entry.attempt,
+            outcome,
+            result,
+            error,
+        }
+    }
+}
+
+/// 201 from `POST /v1/orphans/claim`: the orphan, taken over.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ClaimOrphanResponse {
+    /// The new lease (`takeover: true`, higher fence, `attempt + 1`); use its
+    /// `lease_token` like a begin's.
+    pub turn: GrantDto,
+    /// The original request's payload, to resume from.
+    pub payload: Value,
+    /// The turn's tool executions before the takeover, oldest first.
+    pub journal: Vec<JournalEntryDto>,
+    /// How long the turn had been without a live lease.
+    pub orphaned_for_ms: i64,
 }

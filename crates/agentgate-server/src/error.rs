@@ -412,6 +412,27 @@ pub(crate) enum ClaimErrors {
     StoreUnavailable(ErrorBody),
 }
 
+/// The errors of an orphan claim.
+#[derive(IntoResponses)]
+#[allow(dead_code)] // documentation only, see above
+pub(crate) enum OrphanErrors {
+    /// `invalid_request`: malformed JSON, an unknown field, a user id over
+    /// 128 bytes, more than 100 users or an age over 30 days.
+    #[response(status = 400)]
+    InvalidRequest(ErrorBody),
+    /// `unauthorized`: API keys are configured and the bearer key is missing
+    /// or wrong.
+    #[response(status = 401)]
+    Unauthorized(ErrorBody),
+    /// `payload_too_large`: the body is over the server's limit.
+    #[response(status = 413)]
+    PayloadTooLarge(ErrorBody),
+    /// `store_unavailable`: the store could not be reached or the request
+    /// took longer than the server's timeout.
+    #[response(status = 503)]
+    StoreUnavailable(ErrorBody),
+}
+
 /// The errors of the read endpoints.
 #[derive(IntoResponses)]
 #[allow(dead_code)] // documentation only, see above

@@ -100,6 +100,8 @@ pub enum BeginLabel {
     Restart,
     /// A stored outcome was replayed.
     Replay,
+    /// A recovery worker claimed an orphan (a takeover by another caller).
+    OrphanClaim,
     /// Refused with this code.
     Refused(ErrorCode),
 }
@@ -109,7 +111,7 @@ fn build() -> prometheus::Result<Metrics> {
     let begins = IntCounterVec::new(
         Opts::new(
             "begins_total",
-            "Begins by outcome: started, takeover, restart, replay, or the refusal code",
+            "Begins by outcome: started, takeover, restart, replay, orphan_claim, or the refusal code",
         ),
         &["outcome"],
     )?;
@@ -203,12 +205,13 @@ impl Metrics {
             BeginLabel::Takeover => "takeover",
             BeginLabel::Restart => "restart",
             BeginLabel::Replay => "replay",
+            BeginLabel::OrphanClaim => "orphan_claim",
             BeginLabel::Refused(code) => code.as_str(),
         };
         self.begins.with_label_values(&[outcome]).inc();
         match label {
             BeginLabel::Started | BeginLabel::Restart => self.live_turns.inc(),
-            BeginLabel::Takeover => {
+            BeginLabel::Takeover | BeginLabel::OrphanClaim => {
                 self.takeovers.inc();
                 self.live_turns.inc();
             }

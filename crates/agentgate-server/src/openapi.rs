@@ -17,7 +17,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::error::{ErrorBody, ErrorCode, ErrorDetail};
-use crate::routes::{ops, tools, turns, views};
+use crate::routes::{ops, orphans, tools, turns, views};
 use crate::AppState;
 
 /// The document's fixed parts; paths come from the routes.
@@ -36,6 +36,7 @@ use crate::AppState;
         (name = "turns", description = "Begin, heartbeat and end a turn"),
         (name = "tools", description = "Claim, complete and fail tool executions inside a turn"),
         (name = "views", description = "Read-only state; never a lease token"),
+        (name = "recovery", description = "Claim an orphaned turn (its worker died) to resume it"),
         (name = "ops", description = "Health, metrics and this document; never behind an API key"),
     )
 )]
@@ -75,6 +76,7 @@ pub(crate) fn v1_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(views::turn))
         .routes(routes!(views::session))
         .routes(routes!(views::user))
+        .routes(routes!(orphans::claim))
 }
 
 /// The operations routes, always open.

@@ -85,6 +85,14 @@ async fn candidates(
         }
         sql.push(")");
     }
+    if !filter.turn_ids.is_empty() {
+        sql.push(" AND t.turn_id IN (");
+        let mut turns = sql.separated(", ");
+        for turn in &filter.turn_ids {
+            turns.push_bind(turn.as_str());
+        }
+        sql.push(")");
+    }
     sql.push(" ORDER BY orphaned_since_ms, t.turn_id LIMIT ")
         .push_bind(i64::from(limit));
     let rows = sql.build().fetch_all(&store.pool).await.map_err(map_sqlx)?;

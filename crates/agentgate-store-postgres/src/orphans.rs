@@ -81,6 +81,10 @@ async fn candidates(
         let users: Vec<&str> = filter.user_ids.iter().map(|u| u.as_str()).collect();
         sql.push(" AND t.user_id = ANY(").push_bind(users).push(")");
     }
+    if !filter.turn_ids.is_empty() {
+        let turns: Vec<&str> = filter.turn_ids.iter().map(|t| t.as_str()).collect();
+        sql.push(" AND t.turn_id = ANY(").push_bind(turns).push(")");
+    }
     sql.push(" ORDER BY orphaned_since_ms, t.turn_id LIMIT ")
         .push_bind(i64::from(limit));
     let rows = sql.build().fetch_all(&store.pool).await.map_err(map_sqlx)?;

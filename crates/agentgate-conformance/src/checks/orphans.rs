@@ -277,14 +277,20 @@ pub async fn orphan_filters(target: &Target) {
     tokio::time::sleep(ORPHAN_TTL + Duration::from_millis(100)).await;
     let too_young = OrphanFilter {
         min_orphaned_ms: 3_600_000,
-        user_ids: Vec::new(),
+        ..OrphanFilter::default()
     };
     let young = store.claim_orphan(&too_young).await.expect("claim");
     assert!(young.is_none(), "an age filter claimed a younger orphan");
     let only_second = OrphanFilter {
-        min_orphaned_ms: 0,
         user_ids: vec![second.user_id.clone()],
+        ..OrphanFilter::default()
     };
+    let other_turn = OrphanFilter {
+        turn_ids: vec![first.turn_id.clone()],
+        ..only_second.clone()
+    };
+    let nothing = store.claim_orphan(&other_turn).await.expect("claim");
+    assert!(nothing.is_none(), "user and turn filters both apply");
     let claimed = store
         .claim_orphan(&only_second)
         .await
@@ -297,15 +303,19 @@ pub async fn orphan_filters(target: &Target) {
         .expect("claim")
         .is_none());
     let too_many = OrphanFilter {
-        min_orphaned_ms: 0,
-        user_ids: (0..=agentgate_core::limits::MAX_ORPHAN_FILTER_USERS)
+        user_ids: (0..=agentgate_core::limits::MAX_ORPHAN_FILTER_IDS)
             .map(|i| UserId::new(format!("u{i}")).expect("id"))
             .collect(),
+        ..OrphanFilter::default()
     };
     let error = store.claim_orphan(&too_many).await.expect_err("limit");
     assert_eq!(error.kind(), ErrorKind::InvalidRequest);
+    let only_first = OrphanFilter {
+        turn_ids: vec![first.turn_id.clone()],
+        ..OrphanFilter::default()
+    };
     let rest = store
-        .claim_orphan(&OrphanFilter::default())
+        .claim_orphan(&only_first)
         .await
         .expect("claim")
         .expect("the first user's orphan");

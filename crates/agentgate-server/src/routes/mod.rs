@@ -3,6 +3,7 @@
 //! - [`turns`]: begin (and confirmation), heartbeat, the three endings.
 //! - [`tools`]: tool claim, completion, failure.
 //! - [`views`]: read-only state of a turn, a session, a user.
+//! - [`orphans`]: a recovery worker's claim of an orphaned turn.
 //! - [`ops`]: `/healthz`, `/metrics`, `/openapi.json`, and the JSON answers
 //!   for unknown routes and wrong methods.
 //!
@@ -12,6 +13,7 @@
 //! requests. Which routes exist is decided in [`crate::openapi::api_router`].
 
 pub(crate) mod ops;
+pub(crate) mod orphans;
 pub(crate) mod tools;
 pub(crate) mod turns;
 pub(crate) mod views;

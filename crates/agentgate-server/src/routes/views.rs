@@ -51,8 +51,17 @@ pub(crate) async fn turn(
         .await?
         .ok_or_else(|| ApiError::new(ErrorCode::NotFound, "turn not found"))?;
     check_owner(&query, &view.user_id, "turn")?;
+    let orphaned = match view.state {
+        agentgate::TurnState::Running => store
+            .session(&view.session_id)
+            .await?
+            .and_then(|session| session.holder)
+            .is_none_or(|holder| holder.turn_id != view.turn_id),
+        _ => false,
+    };
     let executions = store.executions(&turn_id).await?;
     Ok(Json(TurnStateResponse {
+        orphaned,
         turn: TurnDto::from(view),
         executions: executions.into_iter().map(ExecutionDto::from).collect(),
     }))

@@ -1,0 +1,79 @@
+//! Recovery: claiming an orphaned turn (a running turn whose holder died
+//! without an ending) to resume it.
+
+use agentgate::{OrphanFilter, TurnId, UserId};
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use crate::dto::{ClaimOrphanRequest, ClaimOrphanResponse, GrantDto, JournalEntryDto};
+use crate::error::{ApiError, OrphanErrors};
+use crate::extract::ApiJson;
+use crate::metrics::BeginLabel;
+use crate::AppState;
+
+/// Claim the longest-orphaned turn, to resume it.
+///
+/// An orphan is a `running` turn whose lease expired without an ending: its
+/// worker crashed or vanished. The claim takes it over exactly like a
+/// takeover (new lease token, higher fence, `attempt + 1`) in one atomic
+/// step, and returns what resuming it needs: the original payload and the
+/// tool journal. Succeeded tool calls return their stored result when
+/// claimed again; `unknown` ones may have taken effect — reconcile them
+/// (e.g. look the booking up by its `idempotency_key`) before acting. Many
+/// workers calling this at once never get the same orphan. 204 when there
+/// is none. An orphan past its attempts is ended `failed` instead.
+#[utoipa::path(
+    post,
+    path = "/v1/orphans/claim",
+    tag = "recovery",
+    request_body(content = ClaimOrphanRequest, description = "Filters; `{}` claims any orphan"),
+    security((), ("bearer" = [])),
+    responses(
+        (status = 201, description = "An orphan, taken over: run it to its end like a begun turn", body = ClaimOrphanResponse),
+        (status = 204, description = "No orphan to claim"),
+        OrphanErrors,
+    )
+)]
+pub(crate) async fn claim(
+    State(state): State<AppState>,
+    ApiJson(request): ApiJson<ClaimOrphanRequest>,
+) -> Result<Response, ApiError> {
+    let filter = OrphanFilter {
+        min_orphaned_ms: request.min_orphaned_ms,
+        user_ids: request
+            .user_ids
+            .into_iter()
+            .map(UserId::new)
+            .collect::<Result<_, _>>()?,
+        turn_ids: request
+            .turn_ids
+            .into_iter()
+            .map(TurnId::new)
+            .collect::<Result<_, _>>()?,
+    };
+    let store = state.gate().store();
+    let Some(claimed) = store.claim_orphan(&filter).await? else {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    };
+    state.metrics().begin(BeginLabel::OrphanClaim);
+    tracing::info!(
+        turn_id = %claimed.grant.turn_id,
+        fence = %claimed.grant.fence,
+        attempt = claimed.grant.attempt,
+        orphaned_for_ms = claimed.orphaned_for_ms,
+        "orphan claimed"
+    );
+    let body = ClaimOrphanResponse {
+        turn: GrantDto::from(claimed.grant),
+        payload: claimed.payload,
+        journal: claimed
+            .journal
+            .into_iter()
+            .map(JournalEntryDto::from)
+            .collect(),
+        orphaned_for_ms: claimed.orphaned_for_ms,
+    };
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
