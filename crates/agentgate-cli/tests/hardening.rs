@@ -372,6 +372,20 @@ async fn postgres_down_fails_fast_and_health_says_so() {
         .expect(201, "");
 
     proxy.stop.send(true).unwrap();
+    // A begin sent as the database goes away, before the probe has seen
+    // it, is answered when the probe marks the store down (two 1 s probes),
+    // not after the pool's 10 s acquire timeout.
+    let started = Instant::now();
+    client
+        .begin("quin", "chat-0", "msg-1", &json!({}))
+        .await
+        .expect(503, "store_unavailable")
+        .expect_retry_after();
+    assert!(
+        started.elapsed() < Duration::from_secs(7),
+        "{:?}",
+        started.elapsed()
+    );
     wait_for_status(&client, "/readyz", 503, Duration::from_secs(6)).await;
     assert_fast_503s(&client, "quin").await;
     let health = client

@@ -12,9 +12,11 @@
 //! down and [`require_dependencies`] answers 503 `store_unavailable` with
 //! `Retry-After` at once, until a probe succeeds again.
 //!
-//! What this module does not do: cancel requests already in flight when a
-//! dependency goes down (they end by their own store timeouts), or decide
-//! anything about leases.
+//! A request already waiting on the store when a dependency is marked down
+//! gets the same 503 at that moment (its response not yet started; a
+//! stream already flowing is left alone).
+//!
+//! What this module does not do: decide anything about leases.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
@@ -27,6 +29,7 @@ use agentgate_core::store::Store;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
+use tokio::sync::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::dto::{DependencyHealth, HealthResponse};
@@ -124,6 +127,8 @@ struct HealthInner {
     leases_state: Tracked,
     /// Stops the probe task when the last clone goes.
     _probe: DropGuard,
+    /// Whether any dependency is down, for requests waiting to learn it.
+    any_down: watch::Sender<bool>,
 }
 
 /// Reads one session from the store.
@@ -166,6 +171,7 @@ impl Health {
                 store_state: Tracked::default(),
                 leases_state: Tracked::default(),
                 _probe: stop.clone().drop_guard(),
+                any_down: watch::Sender::new(false),
             }),
         };
         // The task holds only a weak reference, so dropping the state
@@ -192,6 +198,16 @@ impl Health {
             Some(REDIS)
         } else {
             None
+        }
+    }
+
+    /// Completes when the probe marks a dependency down (at once if one is).
+    async fn tripped(&self) {
+        let mut down = self.inner.any_down.subscribe();
+        // The sender lives as long as `self`, so this cannot fail; if it
+        // somehow did, never completing is the safe answer.
+        if down.wait_for(|down| *down).await.is_err() {
+            std::future::pending::<()>().await;
         }
     }
 
@@ -232,6 +248,10 @@ impl HealthInner {
         if let Some((probe, latency_ms)) = leases {
             self.leases_state.record(probe, latency_ms);
         }
+        let down =
+            self.store_state.is_down() || (self.leases.is_some() && self.leases_state.is_down());
+        self.any_down
+            .send_if_modified(|was| std::mem::replace(was, down) != down);
         (store, leases)
     }
 }
@@ -277,16 +297,24 @@ pub(crate) fn unavailable(what: &str) -> ApiError {
 
 /// Middleware on every route that needs the store: 503 `store_unavailable`
 /// with `Retry-After` at once while the probe sees a dependency down,
-/// instead of letting the request wait out the store's timeouts.
+/// instead of letting the request wait out the store's timeouts. A request
+/// already waiting on the store when the probe marks it down is answered
+/// the same 503 then, not after the store's 10 s acquire timeout: its
+/// outcome is as unknown to the caller as after any 503, and a retry with
+/// the same ids is safe (begins replay, steps are fenced).
 pub(crate) async fn require_dependencies(
     State(state): State<AppState>,
     request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
-    if let Some(down) = state.health().first_down() {
+    let health = state.health();
+    if let Some(down) = health.first_down() {
         return Err(unavailable(down));
     }
-    Ok(next.run(request).await)
+    tokio::select! {
+        response = next.run(request) => Ok(response),
+        () = health.tripped() => Err(unavailable(health.first_down().unwrap_or(STORE))),
+    }
 }
 
 #[cfg(test)]
