@@ -20,7 +20,9 @@ use tokio::time::Instant;
 
 use crate::error::{BenchError, Result};
 use crate::library::{Bodies, TOOL};
-use crate::limits::{HTTP_TIMEOUT, LIVE_LEASE_TTL, LIVE_TURN_CLIENTS, SERVER_STARTUP_TIMEOUT};
+use crate::limits::{
+    HTTP_TIMEOUT, LIVE_LEASE_TTL, LIVE_TURN_CLIENTS, SERVER_MAX_CONNECTIONS, SERVER_STARTUP_TIMEOUT,
+};
 use crate::report::Memory;
 use crate::workload::{next_request, session_of, timed, user_of, TurnLoop, STEPS};
 
@@ -84,9 +86,15 @@ impl RunningServer {
         }
         // A clean environment: no AGENTGATE_API_KEY or other setting of the
         // caller's leaks into the server; the product's default log level.
+        // The cap as an environment variable, not a flag: binaries from
+        // before the cap existed (compared in BENCHMARKS.md) ignore it.
         command
             .env_clear()
             .env("RUST_LOG", "info")
+            .env(
+                "AGENTGATE_MAX_CONNECTIONS",
+                SERVER_MAX_CONNECTIONS.to_string(),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -125,6 +133,7 @@ impl RunningServer {
             redis_url: spec.redis_url.clone(),
             lease_ttl: spec.lease_ttl,
             max_turns_per_user: spec.max_turns_per_user,
+            max_connections: SERVER_MAX_CONNECTIONS,
             ..agentgate_server::ServeConfig::default()
         };
         let server = agentgate_server::Server::bind(config)

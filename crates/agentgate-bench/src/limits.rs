@@ -7,6 +7,13 @@ use std::time::Duration;
 /// run measures the server's queue, not the engine.
 pub const MAX_CONCURRENCY: usize = 1024;
 
+/// The connection cap the bench's server runs with. `agentgate serve` caps
+/// open connections (512 by default) and refuses the rest; each bench client
+/// keeps one keep-alive connection, so the cap must exceed
+/// [`MAX_CONCURRENCY`] plus the harness's own few (readiness checks, the
+/// live-turn clients), or a wide run would measure refusals.
+pub const SERVER_MAX_CONNECTIONS: usize = MAX_CONCURRENCY + 128;
+
 /// Longest measured time per loop. An hour is far past the point where
 /// another minute changes a median; longer is a soak test.
 pub const MAX_DURATION: Duration = Duration::from_secs(3600);

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use agentgate_server::app::{ModelChoice, OnDisconnect, DEFAULT_THINK_TIME_MS};
-use agentgate_server::limits::DEFAULT_MAX_BODY_BYTES;
+use agentgate_server::limits::{DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS};
 use agentgate_server::{read_key_file, shutdown_signal, ApiKey, ServeConfig, Server};
 
 use crate::BoxError;
@@ -80,6 +80,35 @@ pub struct ServeArgs {
     /// cancel it. Either way its lease is released.
     #[arg(long, env = "AGENTGATE_ON_DISCONNECT", value_enum, default_value_t = DisconnectArg::Finish)]
     on_disconnect: DisconnectArg,
+    /// Most client connections open at once; one over the cap is answered
+    /// 503 `overloaded` and closed. Keep it below the process's file
+    /// descriptor limit (`ulimit -n`).
+    #[arg(long, env = "AGENTGATE_MAX_CONNECTIONS", default_value_t = DEFAULT_MAX_CONNECTIONS)]
+    max_connections: usize,
+    /// A Host name this server answers besides IP addresses, `localhost`
+    /// and the --listen host (`name`, or `name:port` for that port only);
+    /// others are refused 403, against DNS rebinding. Repeatable; in the
+    /// environment, comma-separated.
+    #[arg(
+        long = "allowed-host",
+        env = "AGENTGATE_ALLOWED_HOST",
+        value_delimiter = ','
+    )]
+    allowed_hosts: Vec<String>,
+    /// An Origin (`https://name[:port]`) whose pages may call this server
+    /// besides its own; browsers' requests from others are refused 403.
+    /// Repeatable; in the environment, comma-separated.
+    #[arg(
+        long = "allowed-origin",
+        env = "AGENTGATE_ALLOWED_ORIGIN",
+        value_delimiter = ','
+    )]
+    allowed_origins: Vec<String>,
+    /// A header (e.g. X-Agentgate-User) a trusted front end sets to the user
+    /// it acts for: a request about another user_id is then refused 403
+    /// `user_mismatch`, and one without the header 400.
+    #[arg(long, env = "AGENTGATE_USER_HEADER")]
+    user_header: Option<String>,
 }
 
 /// `--model`.
@@ -142,6 +171,10 @@ impl ServeArgs {
                 DisconnectArg::Finish => OnDisconnect::Finish,
                 DisconnectArg::Cancel => OnDisconnect::Cancel,
             },
+            max_connections: self.max_connections,
+            allowed_hosts: self.allowed_hosts,
+            allowed_origins: self.allowed_origins,
+            user_header: self.user_header,
         })
     }
 }

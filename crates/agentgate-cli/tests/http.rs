@@ -601,15 +601,22 @@ async fn bad_input_is_400_413_404_never_500() {
         .get("/v1/turns")
         .await
         .expect(405, "method_not_allowed");
-    // The lenient content type: JSON sent as text/plain is still JSON.
-    let reply = reqwest::Client::new()
-        .post(format!("{}/v1/turns", server.base))
-        .header("content-type", "text/plain")
-        .body(r#"{"user_id":"jo","session_id":"s-jo","client_request_id":"r"}"#)
-        .send()
+    // JSON must say so: a page elsewhere can make a browser send text/plain
+    // (or no type) without asking first, never application/json.
+    for content_type in [Some("text/plain"), None] {
+        let mut request = reqwest::Client::new()
+            .post(format!("{}/v1/turns", server.base))
+            .body(r#"{"user_id":"jo","session_id":"s-jo","client_request_id":"r"}"#);
+        if let Some(content_type) = content_type {
+            request = request.header("content-type", content_type);
+        }
+        let reply = request.send().await.unwrap();
+        assert_eq!(reply.status().as_u16(), 415, "{content_type:?}");
+    }
+    client
+        .begin("jo", "s-jo", "r", &json!({}))
         .await
-        .unwrap();
-    assert_eq!(reply.status().as_u16(), 201);
+        .expect(201, "");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -632,11 +632,32 @@ pub struct UserResponse {
     pub user: UserDto,
 }
 
-/// 200 from `GET /healthz`.
+/// `GET /healthz` and `GET /readyz`: 200 when every dependency is up, 503
+/// (with `Retry-After` and `error`) when one is down.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct HealthResponse {
-    /// Always `ok`; a store that cannot be read gives 503 instead.
+    /// `ok` (200) when every dependency is up, else `unavailable` (503).
     pub status: String,
+    /// Each dependency by name: `store` always, `redis` when the Redis
+    /// lease layer is configured.
+    pub dependencies: std::collections::BTreeMap<String, DependencyHealth>,
+    /// On a 503: the usual error, `store_unavailable` naming what is down,
+    /// with `retry_after_ms`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<crate::error::ErrorDetail>,
+}
+
+/// One dependency's state.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DependencyHealth {
+    /// `up` or `down`.
+    pub status: String,
+    /// How long its probe took, in milliseconds.
+    pub latency_ms: u32,
+    /// When down: `error` (it answered with an error) or `timeout` (it did
+    /// not answer within the probe timeout).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 // ---------------------------------------------------------------- orphans

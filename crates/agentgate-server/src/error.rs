@@ -16,7 +16,7 @@ use axum::Json;
 use serde::Serialize;
 use utoipa::{IntoResponses, ToSchema};
 
-use crate::limits::MAX_ERROR_MESSAGE_BYTES;
+use crate::limits::{MAX_ERROR_MESSAGE_BYTES, UNAVAILABLE_RETRY_AFTER};
 
 /// Every error code the server sends, in `error.code`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, ToSchema)]
@@ -27,13 +27,27 @@ pub enum ErrorCode {
     InvalidRequest,
     /// 401: an API key is configured and the call lacks it or has a wrong one.
     Unauthorized,
+    /// 403: the request's `Origin` is not this server nor an allowed origin
+    /// (a web page elsewhere driving the user's browser).
+    OriginNotAllowed,
+    /// 403: the request's `Host` is not this server's listen address nor an
+    /// allowed host (DNS rebinding).
+    HostNotAllowed,
+    /// 403: a trusted user header is configured and the body's `user_id`
+    /// is not the header's.
+    UserMismatch,
     /// 404: no such turn, session, tool execution, pending confirmation or
     /// route (also: a session or turn of another user).
     NotFound,
     /// 405: the route exists but not with this method.
     MethodNotAllowed,
+    /// 408: the client did not send its request body in time.
+    RequestTimeout,
     /// 413: the body is over the server's limit.
     PayloadTooLarge,
+    /// 415: a JSON endpoint was sent a body without
+    /// `Content-Type: application/json`.
+    UnsupportedMediaType,
     /// 409 + `Retry-After`: the session is held by another live turn.
     SessionBusy,
     /// 409 + `Retry-After`: this very request is running under a live lease.
@@ -58,8 +72,11 @@ pub enum ErrorCode {
     EffectFailed,
     /// 500: a bug in the server; reported, never expected.
     Internal,
-    /// 503: the store could not be reached or did not answer in time.
+    /// 503 + `Retry-After`: the store (or the Redis lease layer) could not
+    /// be reached or did not answer in time.
     StoreUnavailable,
+    /// 503 + `Retry-After`: the server is at its connection limit.
+    Overloaded,
 }
 
 impl ErrorCode {
@@ -68,9 +85,14 @@ impl ErrorCode {
         match self {
             Self::InvalidRequest => "invalid_request",
             Self::Unauthorized => "unauthorized",
+            Self::OriginNotAllowed => "origin_not_allowed",
+            Self::HostNotAllowed => "host_not_allowed",
+            Self::UserMismatch => "user_mismatch",
             Self::NotFound => "not_found",
             Self::MethodNotAllowed => "method_not_allowed",
+            Self::RequestTimeout => "request_timeout",
             Self::PayloadTooLarge => "payload_too_large",
+            Self::UnsupportedMediaType => "unsupported_media_type",
             Self::SessionBusy => "session_busy",
             Self::RequestInFlight => "request_in_flight",
             Self::AwaitingConfirmation => "awaiting_confirmation",
@@ -83,6 +105,7 @@ impl ErrorCode {
             Self::EffectFailed => "effect_failed",
             Self::Internal => "internal",
             Self::StoreUnavailable => "store_unavailable",
+            Self::Overloaded => "overloaded",
         }
     }
 
@@ -123,9 +146,14 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
     match code {
         ErrorCode::InvalidRequest => StatusCode::BAD_REQUEST,
         ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
+        ErrorCode::OriginNotAllowed | ErrorCode::HostNotAllowed | ErrorCode::UserMismatch => {
+            StatusCode::FORBIDDEN
+        }
         ErrorCode::NotFound => StatusCode::NOT_FOUND,
         ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+        ErrorCode::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
         ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorCode::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
         ErrorCode::SessionBusy
         | ErrorCode::RequestInFlight
         | ErrorCode::AwaitingConfirmation
@@ -139,7 +167,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         // effect_failed needs a caller-supplied SQL effect, which only library
         // callers can pass; over HTTP it would be a server bug, hence 500.
         ErrorCode::EffectFailed | ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
-        ErrorCode::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorCode::StoreUnavailable | ErrorCode::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
     }
 }
 
@@ -160,6 +188,7 @@ pub struct ErrorDetail {
     /// For `session_busy`, `request_in_flight`, `awaiting_confirmation`,
     /// `tool_in_flight` and `user_at_capacity`: how long until the blocking
     /// lease (or confirmation) runs out if not renewed, from the store's clock.
+    /// On every 503: when to try again.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after_ms: Option<u64>,
     /// For `session_busy` and `request_in_flight`: the turn holding the
@@ -210,6 +239,12 @@ impl ApiError {
     /// This error's HTTP status.
     pub fn status(&self) -> StatusCode {
         status_of(self.code)
+    }
+
+    /// This error, telling the caller to retry after `retry_after`.
+    pub fn retry_after(mut self, retry_after: Duration) -> Self {
+        self.retry_after = Some(retry_after);
+        self
     }
 }
 
@@ -268,33 +303,56 @@ fn retry_after_secs(retry_after: Duration) -> u64 {
     millis.div_ceil(1000).max(1)
 }
 
+impl ApiError {
+    /// The `Retry-After` this error is sent with: its own, or for any 503
+    /// without one [`UNAVAILABLE_RETRY_AFTER`]. Every 503 says when to come
+    /// back: a client that hot-loops on an outage makes it worse, one that
+    /// gives up never recovers.
+    fn effective_retry_after(&self) -> Option<Duration> {
+        self.retry_after.or_else(|| {
+            (status_of(self.code) == StatusCode::SERVICE_UNAVAILABLE)
+                .then_some(UNAVAILABLE_RETRY_AFTER)
+        })
+    }
+
+    /// The body's `error` member.
+    pub fn detail(self) -> ErrorDetail {
+        let retry_after_ms = self
+            .effective_retry_after()
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1));
+        ErrorDetail {
+            code: self.code,
+            message: self.message,
+            retry_after_ms,
+            active_turn_id: self.active_turn_id,
+        }
+    }
+}
+
+/// Sets the headers every error response of `code` carries: `Retry-After`
+/// when there is one, `WWW-Authenticate` on a 401, and the code itself in
+/// the extensions, from where the metrics layer counts errors.
+pub(crate) fn decorate(response: &mut Response, code: ErrorCode, retry_after_ms: Option<u64>) {
+    let headers = response.headers_mut();
+    if let Some(millis) = retry_after_ms {
+        headers.insert(
+            header::RETRY_AFTER,
+            HeaderValue::from(retry_after_secs(Duration::from_millis(millis))),
+        );
+    }
+    if code == ErrorCode::Unauthorized {
+        headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    response.extensions_mut().insert(code);
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = status_of(self.code);
-        let retry_after_ms = self
-            .retry_after
-            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1));
-        let body = ErrorBody {
-            error: ErrorDetail {
-                code: self.code,
-                message: self.message,
-                retry_after_ms,
-                active_turn_id: self.active_turn_id,
-            },
-        };
-        let mut response = (status, Json(body)).into_response();
-        let headers = response.headers_mut();
-        if let Some(retry_after) = self.retry_after {
-            headers.insert(
-                header::RETRY_AFTER,
-                HeaderValue::from(retry_after_secs(retry_after)),
-            );
-        }
-        if self.code == ErrorCode::Unauthorized {
-            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        }
-        // The metrics layer counts errors by code from here.
-        response.extensions_mut().insert(self.code);
+        let detail = self.detail();
+        let (code, retry_after_ms) = (detail.code, detail.retry_after_ms);
+        let mut response = (status, Json(ErrorBody { error: detail })).into_response();
+        decorate(&mut response, code, retry_after_ms);
         response
     }
 }
@@ -317,6 +375,11 @@ pub(crate) enum BeginErrors {
     /// or wrong.
     #[response(status = 401)]
     Unauthorized(ErrorBody),
+    /// `origin_not_allowed`, `host_not_allowed` (a page elsewhere, or a
+    /// foreign `Host`), or `user_mismatch` (a trusted user header is
+    /// configured and names another user).
+    #[response(status = 403)]
+    Forbidden(ErrorBody),
     /// `not_found`: the session belongs to another user, or the confirmed
     /// turn awaits no live confirmation.
     #[response(status = 404)]
@@ -330,9 +393,16 @@ pub(crate) enum BeginErrors {
         headers(("Retry-After" = u64, description = "Seconds until the blocking lease or confirmation runs out, rounded up, at least 1"))
     )]
     Conflict(ErrorBody),
+    /// `request_timeout`: the body did not arrive within 10 s.
+    #[response(status = 408)]
+    RequestTimeout(ErrorBody),
     /// `payload_too_large`: the body is over the server's limit (1 MiB by default).
     #[response(status = 413)]
     PayloadTooLarge(ErrorBody),
+    /// `unsupported_media_type`: the body was not sent as
+    /// `Content-Type: application/json`.
+    #[response(status = 415)]
+    UnsupportedMediaType(ErrorBody),
     /// `payload_mismatch`: this `client_request_id` was used with another payload.
     #[response(status = 422)]
     PayloadMismatch(ErrorBody),
@@ -342,9 +412,12 @@ pub(crate) enum BeginErrors {
         headers(("Retry-After" = u64, description = "Seconds until the user's soonest lease runs out, rounded up, at least 1"))
     )]
     UserAtCapacity(ErrorBody),
-    /// `store_unavailable`: the store could not be reached or the request
-    /// took longer than the server's timeout.
-    #[response(status = 503)]
+    /// `store_unavailable`: the store (or the Redis lease layer) is down
+    /// or the request took longer than the server's timeout.
+    #[response(
+        status = 503,
+        headers(("Retry-After" = u64, description = "Seconds before trying again, at least 1"))
+    )]
     StoreUnavailable(ErrorBody),
 }
 
@@ -361,6 +434,11 @@ pub(crate) enum LeaseErrors {
     /// or wrong.
     #[response(status = 401)]
     Unauthorized(ErrorBody),
+    /// `origin_not_allowed` or `host_not_allowed`: a browser sent this for
+    /// a page that is neither this server nor an allowed origin, or under a
+    /// `Host` this server does not answer to.
+    #[response(status = 403)]
+    Forbidden(ErrorBody),
     /// `not_found`: no such turn or tool execution.
     #[response(status = 404)]
     NotFound(ErrorBody),
@@ -368,12 +446,54 @@ pub(crate) enum LeaseErrors {
     /// execution) already ended. Stop: this lease can change nothing.
     #[response(status = 409)]
     LeaseLost(ErrorBody),
+    /// `request_timeout`: the body did not arrive within 10 s.
+    #[response(status = 408)]
+    RequestTimeout(ErrorBody),
     /// `payload_too_large`: the body is over the server's limit.
     #[response(status = 413)]
     PayloadTooLarge(ErrorBody),
-    /// `store_unavailable`: the store could not be reached or the request
-    /// took longer than the server's timeout.
-    #[response(status = 503)]
+    /// `unsupported_media_type`: the body was not sent as
+    /// `Content-Type: application/json`.
+    #[response(status = 415)]
+    UnsupportedMediaType(ErrorBody),
+    /// `store_unavailable`: the store (or the Redis lease layer) is down
+    /// or the request took longer than the server's timeout.
+    #[response(
+        status = 503,
+        headers(("Retry-After" = u64, description = "Seconds before trying again, at least 1"))
+    )]
+    StoreUnavailable(ErrorBody),
+}
+
+/// The errors of a heartbeat, which carries no body.
+#[derive(IntoResponses)]
+#[allow(dead_code)] // documentation only, see above
+pub(crate) enum HeartbeatErrors {
+    /// `invalid_request`: missing or malformed `Lease-Token` header.
+    #[response(status = 400)]
+    InvalidRequest(ErrorBody),
+    /// `unauthorized`: API keys are configured and the bearer key is missing
+    /// or wrong.
+    #[response(status = 401)]
+    Unauthorized(ErrorBody),
+    /// `origin_not_allowed` or `host_not_allowed`: a browser sent this for
+    /// a page that is neither this server nor an allowed origin, or under a
+    /// `Host` this server does not answer to.
+    #[response(status = 403)]
+    Forbidden(ErrorBody),
+    /// `not_found`: no such turn.
+    #[response(status = 404)]
+    NotFound(ErrorBody),
+    /// `lease_lost`: wrong token, taken over, expired, or the turn already
+    /// ended. Stop: this lease can change nothing.
+    #[response(status = 409)]
+    LeaseLost(ErrorBody),
+    /// `store_unavailable`: the store (or the Redis lease layer) is down
+    /// or the request took longer than the server's timeout.
+    #[response(
+        status = 503,
+        headers(("Retry-After" = u64, description = "Seconds before trying again, at least 1"))
+    )]
     StoreUnavailable(ErrorBody),
 }
 
@@ -390,6 +510,11 @@ pub(crate) enum ClaimErrors {
     /// or wrong.
     #[response(status = 401)]
     Unauthorized(ErrorBody),
+    /// `origin_not_allowed` or `host_not_allowed`: a browser sent this for
+    /// a page that is neither this server nor an allowed origin, or under a
+    /// `Host` this server does not answer to.
+    #[response(status = 403)]
+    Forbidden(ErrorBody),
     /// `not_found`: no such turn.
     #[response(status = 404)]
     NotFound(ErrorBody),
@@ -400,15 +525,25 @@ pub(crate) enum ClaimErrors {
         headers(("Retry-After" = u64, description = "tool_in_flight only: seconds until the turn's lease runs out, rounded up, at least 1"))
     )]
     Conflict(ErrorBody),
+    /// `request_timeout`: the body did not arrive within 10 s.
+    #[response(status = 408)]
+    RequestTimeout(ErrorBody),
     /// `payload_too_large`: the body is over the server's limit.
     #[response(status = 413)]
     PayloadTooLarge(ErrorBody),
+    /// `unsupported_media_type`: the body was not sent as
+    /// `Content-Type: application/json`.
+    #[response(status = 415)]
+    UnsupportedMediaType(ErrorBody),
     /// `attempts_exhausted`: the tool execution used all its attempts.
     #[response(status = 422)]
     AttemptsExhausted(ErrorBody),
-    /// `store_unavailable`: the store could not be reached or the request
-    /// took longer than the server's timeout.
-    #[response(status = 503)]
+    /// `store_unavailable`: the store (or the Redis lease layer) is down
+    /// or the request took longer than the server's timeout.
+    #[response(
+        status = 503,
+        headers(("Retry-After" = u64, description = "Seconds before trying again, at least 1"))
+    )]
     StoreUnavailable(ErrorBody),
 }
 
@@ -444,13 +579,21 @@ pub(crate) enum ReadErrors {
     /// or wrong.
     #[response(status = 401)]
     Unauthorized(ErrorBody),
+    /// `origin_not_allowed`, `host_not_allowed` (a page elsewhere, or a
+    /// foreign `Host`), or `user_mismatch` (a trusted user header is
+    /// configured and names another user).
+    #[response(status = 403)]
+    Forbidden(ErrorBody),
     /// `not_found`: no such record, or it belongs to a user other than the
     /// `user_id` query parameter.
     #[response(status = 404)]
     NotFound(ErrorBody),
-    /// `store_unavailable`: the store could not be reached or the request
-    /// took longer than the server's timeout.
-    #[response(status = 503)]
+    /// `store_unavailable`: the store (or the Redis lease layer) is down
+    /// or the request took longer than the server's timeout.
+    #[response(
+        status = 503,
+        headers(("Retry-After" = u64, description = "Seconds before trying again, at least 1"))
+    )]
     StoreUnavailable(ErrorBody),
 }
 

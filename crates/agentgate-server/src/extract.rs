@@ -1,6 +1,6 @@
 //! Extractors that turn every malformed request into our JSON error (400
-//! `invalid_request`, or 413 `payload_too_large`) instead of axum's plain-text
-//! 415/422 rejections.
+//! `invalid_request`, 408 `request_timeout`, 413 `payload_too_large`, 415
+//! `unsupported_media_type`) instead of axum's plain-text rejections.
 //!
 //! Ids are validated by the engine's constructors after extraction; this
 //! module only gets bytes, JSON and headers into shape.
@@ -15,17 +15,46 @@ use http_body_util::BodyExt as _;
 use serde::de::DeserializeOwned;
 
 use crate::error::{ApiError, ErrorCode};
-use crate::limits::MAX_DRAINED_BYTES;
+use crate::limits::{BODY_READ_TIMEOUT, MAX_DRAINED_BYTES};
 use crate::AppState;
 
 /// The name of the header that carries a lease token.
 pub const LEASE_TOKEN_HEADER: &str = "lease-token";
 
-/// A JSON body of at most the server's body limit. Any content type is
-/// accepted (clients that forget the header are common and harmless); the
-/// bytes must be JSON of the expected shape.
+/// A JSON body of at most the server's body limit, sent as
+/// `Content-Type: application/json` (parameters such as `charset` allowed),
+/// read within [`BODY_READ_TIMEOUT`].
+///
+/// The content type is required, not guessed: a web page on another site
+/// may make the user's browser POST `text/plain` (or a form) to a loopback
+/// server without asking it first, but not `application/json`. Refusing the
+/// rest closes that door even when no API key is configured.
 #[derive(Debug)]
 pub struct ApiJson<T>(pub T);
+
+/// 415 unless the request declares a JSON body.
+fn require_json(request: &Request) -> Result<(), ApiError> {
+    let declared = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or("");
+    let essence = declared.split(';').next().unwrap_or("").trim();
+    if essence.eq_ignore_ascii_case("application/json") {
+        return Ok(());
+    }
+    let sent = if declared.is_empty() {
+        "no Content-Type".to_owned()
+    } else {
+        format!("Content-Type {declared:?}")
+    };
+    Err(ApiError::new(
+        ErrorCode::UnsupportedMediaType,
+        format!(
+            "this endpoint takes a JSON body sent as Content-Type: application/json; got {sent}"
+        ),
+    ))
+}
 
 fn too_large(limit: usize) -> ApiError {
     ApiError::new(
@@ -39,6 +68,21 @@ fn too_large(limit: usize) -> ApiError {
 /// client still sending when the server answers and closes would otherwise
 /// get a connection reset instead of our answer.
 async fn read_body(request: Request, limit: usize) -> Result<Vec<u8>, ApiError> {
+    tokio::time::timeout(BODY_READ_TIMEOUT, read_body_unbounded(request, limit))
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                ErrorCode::RequestTimeout,
+                format!(
+                    "the request body did not arrive within {} s",
+                    BODY_READ_TIMEOUT.as_secs()
+                ),
+            )
+        })?
+}
+
+/// [`read_body`] without its deadline.
+async fn read_body_unbounded(request: Request, limit: usize) -> Result<Vec<u8>, ApiError> {
     let declared = request
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -74,6 +118,7 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &AppState) -> Result<Self, ApiError> {
+        require_json(&request)?;
         let bytes = read_body(request, state.max_body_bytes()).await?;
         serde_json::from_slice(&bytes)
             .map(ApiJson)

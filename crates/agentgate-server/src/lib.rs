@@ -7,7 +7,9 @@
 //! - [`app`]: the reference ledger agent of SPEC §6 (the chat page at `/`,
 //!   the dashboard at `/dashboard`, their JSON and SSE endpoints under
 //!   `/app/`), run in-process on the same engine.
-//! - [`mod@serve`]: binding a socket, running the router, graceful shutdown.
+//! - [`mod@serve`]: opening the store, binding a socket, running the router.
+//! - `conn`: the accept loop, header-read timeout, connection cap and
+//!   graceful drain.
 //! - `routes`: the handlers, one file per group (turns, tools, views, ops).
 //! - [`openapi`]: the one route table, and the OpenAPI 3.1 document generated
 //!   from it.
@@ -15,6 +17,10 @@
 //! - [`error`]: the error body and the one code → status mapping.
 //! - `extract`: extractors that turn bad input into 400/413 JSON.
 //! - [`auth`]: API keys and the bearer check, in constant time.
+//! - [`guard`]: the `Host` and `Origin` checks against pages elsewhere, and
+//!   the optional trusted user header.
+//! - [`health`]: the dependency probe, the fail-fast guard and the
+//!   `/healthz` and `/readyz` reports.
 //! - [`metrics`]: the `agentgate_*` Prometheus metrics.
 //! - [`limits`]: the server's named limits.
 //!
@@ -28,9 +34,12 @@
 
 pub mod app;
 pub mod auth;
+mod conn;
 pub mod dto;
 pub mod error;
 mod extract;
+pub mod guard;
+pub mod health;
 pub mod limits;
 pub mod metrics;
 pub mod openapi;
@@ -40,7 +49,9 @@ pub mod serve;
 use std::sync::Arc;
 
 use agentgate::Gate;
+use agentgate_core::lease::LeaseLayer;
 use axum::error_handling::HandleErrorLayer;
+use axum::http::HeaderName;
 use axum::{middleware, Router};
 use tower::limit::GlobalConcurrencyLimitLayer;
 use tower::timeout::TimeoutLayer;
@@ -68,6 +79,18 @@ pub struct ServerOptions {
     /// The reference app to serve at `/` and `/dashboard`; `None` serves
     /// the v1 contract alone (those paths then answer 404).
     pub app: Option<LedgerMount>,
+    /// The listen address (`host:port`), whose host is an allowed `Host`.
+    pub listen: String,
+    /// `Host` names answered besides IP addresses, `localhost` and the
+    /// listen host; `name` or `name:port`.
+    pub allowed_hosts: Vec<String>,
+    /// Origins (`https://name[:port]`) allowed besides the server itself.
+    pub allowed_origins: Vec<String>,
+    /// When set, the header a trusted front end names the caller's user in;
+    /// a request about another user is refused 403 `user_mismatch`.
+    pub user_header: Option<String>,
+    /// The lease layer the engine uses, if any, so `/healthz` can probe it.
+    pub lease_layer: Option<Arc<dyn LeaseLayer>>,
 }
 
 impl Default for ServerOptions {
@@ -76,6 +99,11 @@ impl Default for ServerOptions {
             api_keys: Vec::new(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             app: None,
+            listen: String::new(),
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
+            user_header: None,
+            lease_layer: None,
         }
     }
 }
@@ -96,14 +124,19 @@ struct Inner {
     openapi_json: String,
     /// The reference app, on the same engine as `gate`.
     app: Option<LedgerMount>,
+    health: health::Health,
+    origin_policy: guard::OriginPolicy,
+    user_header: Option<HeaderName>,
 }
 
 impl AppState {
     /// State over an opened engine.
     ///
     /// # Errors
-    /// [`ServeError::Config`] for more API keys than allowed or a body limit
-    /// of 0 or over [`MAX_MAX_BODY_BYTES`].
+    /// [`ServeError::Config`] for more API keys than allowed, a body limit
+    /// of 0 or over [`MAX_MAX_BODY_BYTES`], a bad allowed host or origin, or
+    /// a user header that is not a header name. Must be called inside a
+    /// Tokio runtime (it starts the dependency probe).
     pub fn new(gate: Gate, options: ServerOptions) -> Result<Self, ServeError> {
         if options.max_body_bytes == 0 || options.max_body_bytes > MAX_MAX_BODY_BYTES {
             return Err(ServeError::Config(format!(
@@ -113,6 +146,20 @@ impl AppState {
         }
         let api_keys =
             ApiKeys::new(&options.api_keys).map_err(|e| ServeError::Config(e.to_string()))?;
+        let origin_policy = guard::OriginPolicy::new(
+            &options.listen,
+            &options.allowed_hosts,
+            &options.allowed_origins,
+        )
+        .map_err(|e| ServeError::Config(e.to_string()))?;
+        let user_header = options
+            .user_header
+            .as_deref()
+            .map(guard::parse_user_header)
+            .transpose()
+            .map_err(|e| ServeError::Config(e.to_string()))?;
+        let health =
+            health::Health::start(std::sync::Arc::clone(gate.store()), options.lease_layer);
         Ok(Self {
             inner: Arc::new(Inner {
                 gate,
@@ -121,6 +168,9 @@ impl AppState {
                 max_body_bytes: options.max_body_bytes,
                 openapi_json: openapi::document_json(),
                 app: options.app,
+                health,
+                origin_policy,
+                user_header,
             }),
         })
     }
@@ -154,6 +204,19 @@ impl AppState {
         &self.inner.api_keys
     }
 
+    /// The dependencies' health.
+    pub fn health(&self) -> &health::Health {
+        &self.inner.health
+    }
+
+    pub(crate) fn origin_policy(&self) -> &guard::OriginPolicy {
+        &self.inner.origin_policy
+    }
+
+    pub(crate) fn user_header(&self) -> Option<&HeaderName> {
+        self.inner.user_header.as_ref()
+    }
+
     pub(crate) fn max_body_bytes(&self) -> usize {
         self.inner.max_body_bytes
     }
@@ -180,14 +243,17 @@ async fn on_layer_error(error: tower::BoxError) -> ApiError {
     }
 }
 
-/// The whole HTTP service as a router: every route of SPEC §5, the API key
-/// check on `/v1`, JSON answers for unknown routes and methods, the body
+/// The whole HTTP service as a router: every route of SPEC §5, the `Host`
+/// and `Origin` checks on every route, the API key check and the fail-fast
+/// dependency check on `/v1`, JSON answers for unknown routes and methods, the body
 /// limit (enforced by the JSON extractor), a per-request timeout, a global
 /// concurrency limit and metrics; and, when the state has one, the reference
 /// app's pages and endpoints ([`app`]).
 pub fn router(state: AppState) -> Router {
     let api_key_check = middleware::from_fn_with_state(state.clone(), auth::require_api_key);
+    let dependencies = middleware::from_fn_with_state(state.clone(), health::require_dependencies);
     let (v1, _) = openapi::v1_routes()
+        .route_layer(dependencies)
         .route_layer(api_key_check)
         .split_for_parts();
     let (ops, _) = openapi::ops_routes().split_for_parts();
@@ -203,7 +269,11 @@ pub fn router(state: AppState) -> Router {
         .fallback(routes::ops::no_route)
         .method_not_allowed_fallback(routes::ops::wrong_method)
         .layer(guards)
-        // Outermost, so it also sees timeouts and limit waits.
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            guard::check_origin,
+        ))
+        // Outermost, so it also sees timeouts, limit waits and refusals.
         .layer(middleware::from_fn_with_state(
             state.clone(),
             metrics::track,

@@ -71,3 +71,77 @@ pub const DASHBOARD_ROWS: u32 = 50;
 /// Users whose permits the dashboard reads per refresh, one store read each.
 /// The dashboard refreshes every second; this bounds the reads it costs.
 pub const DASHBOARD_MAX_USERS: usize = 20;
+
+/// Longest a client may take to send a request head (request line and
+/// headers), from the moment the connection waits for it. A client that
+/// never finishes its headers (slowloris) would otherwise hold a connection
+/// and a file descriptor forever. Real clients send a head in one packet;
+/// ten seconds allows for a very slow link. hyper starts the same timer when
+/// a kept-alive connection waits for its next request, so this is also how
+/// long an idle keep-alive connection is kept open.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Default cap on open connections; a connection over it is answered 503
+/// `overloaded` and closed at once. Each connection is a file descriptor:
+/// a common soft limit is 1024 per process, and the store's pool, Redis and
+/// SQLite files need some, so 512 leaves headroom; agent backends talk
+/// through a few pooled keep-alive connections, not hundreds.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+
+/// Largest connection cap an operator may configure: past this the host's
+/// descriptor limit, not the cap, is what stops a flood.
+pub const MAX_MAX_CONNECTIONS: usize = 65_536;
+
+/// `Retry-After` sent to a connection refused at the cap: connections free
+/// up as soon as requests finish, so a second is enough to try again.
+pub const OVERLOADED_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// Pause after a failed `accept` (out of descriptors, say) before the next:
+/// retrying at once would spin a core while nothing can change.
+pub const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
+
+/// How long a shutdown waits for open connections to finish their requests
+/// in flight; a stream that outlives it is cut. As long as
+/// [`REQUEST_TIMEOUT`], the longest an ordinary request may take.
+pub const SHUTDOWN_GRACE: Duration = REQUEST_TIMEOUT;
+
+/// `Retry-After` of a 503 that knows no better (the store or Redis is down):
+/// the health probe looks again every [`HEALTH_PROBE_INTERVAL`], so a retry
+/// sooner could not see a recovery, and one much later would wait for
+/// nothing.
+pub const UNAVAILABLE_RETRY_AFTER: Duration = HEALTH_PROBE_INTERVAL;
+
+/// Longest a client may take to send a request body once its headers are
+/// in. The default 1 MiB body arrives in about 8 s even at 1 Mbit/s; a
+/// client that stalls longer is answered 408 `request_timeout` instead of
+/// holding a request slot until [`REQUEST_TIMEOUT`] (and being told the
+/// store is unavailable).
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often the background probe reads from the store and pings the
+/// Redis lease layer. While one is down, requests that need it are refused
+/// at once (503 + `Retry-After`) instead of each waiting out the store's
+/// acquire timeout; a second is quick to notice both an outage and a
+/// recovery, and costs one tiny read per second.
+pub const HEALTH_PROBE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Longest one probe may take before its dependency counts as down. A
+/// healthy store answers a primary-key read in milliseconds, even under
+/// load; a second means it is unreachable or wedged (the store's own
+/// acquire timeout, `agentgate::limits::STORE_ACQUIRE_TIMEOUT`, is ten
+/// times longer because it must also ride out lock waits).
+pub const HEALTH_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Failed probes in a row before a dependency counts as down. One probe
+/// slower than [`HEALTH_PROBE_TIMEOUT`] can be a pause (a checkpoint, a
+/// pool momentarily busy); two in a row, two seconds without a primary-key
+/// read, is an outage worth refusing requests for.
+pub const PROBE_FAILURES_TO_TRIP: u32 = 2;
+
+/// Most `--allowed-host` entries. Every request is compared against each;
+/// a handful of names (a proxy's, a service name) is what deployments need.
+pub const MAX_ALLOWED_HOSTS: usize = 64;
+
+/// Most `--allowed-origin` entries, for the same reason as
+/// [`MAX_ALLOWED_HOSTS`].
+pub const MAX_ALLOWED_ORIGINS: usize = 64;

@@ -7,6 +7,12 @@
 //! template and every error response by code, from the [`ErrorCode`] the
 //! error response carries in its extensions.
 //!
+//! Every label value is drawn from a fixed set, never copied from a request
+//! as sent: methods outside the standard nine are `other`, routes are
+//! templates (`unmatched` when none matched), statuses are the ones this
+//! server answers with, codes and outcomes are enums. A client inventing
+//! methods or paths therefore cannot grow the registry.
+//!
 //! `agentgate_live_turns` is this process's view: grants it handed out minus
 //! endings it recorded. Turns whose leases expire, or that other nodes end,
 //! are not seen; the store's truth per user is `GET /v1/users/{user_id}`.
@@ -15,6 +21,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
+use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::Response;
 use prometheus::core::Collector as _;
@@ -31,6 +38,28 @@ use crate::AppState;
 const LATENCY_BUCKETS_SECONDS: &[f64] = &[
     0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
+
+/// The HTTP methods kept as their own label value; anything else (a client
+/// may send any token as a method) is counted as `other`.
+const KNOWN_METHODS: [Method; 9] = [
+    Method::GET,
+    Method::POST,
+    Method::PUT,
+    Method::DELETE,
+    Method::PATCH,
+    Method::HEAD,
+    Method::OPTIONS,
+    Method::CONNECT,
+    Method::TRACE,
+];
+
+/// The `method` label of a request: one of [`KNOWN_METHODS`], or `other`.
+fn method_label(method: &Method) -> &'static str {
+    KNOWN_METHODS
+        .iter()
+        .find(|known| *known == method)
+        .map_or("other", Method::as_str)
+}
 
 /// The server's metrics.
 #[derive(Clone, Debug)]
@@ -282,7 +311,7 @@ pub const CONTENT_TYPE: &str = prometheus::TEXT_FORMAT;
 /// Middleware: latency by route template and errors by code.
 pub(crate) async fn track(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let started = Instant::now();
-    let method = request.method().as_str().to_owned();
+    let method = method_label(request.method());
     // The template (`/v1/turns/{turn_id}`), never the raw path: ids in
     // labels would grow the registry without bound.
     let route = request
@@ -298,7 +327,7 @@ pub(crate) async fn track(State(state): State<AppState>, request: Request, next:
     let status = response.status();
     metrics
         .request_seconds
-        .with_label_values(&[method.as_str(), route.as_str(), status.as_str()])
+        .with_label_values(&[method, route.as_str(), status.as_str()])
         .observe(started.elapsed().as_secs_f64());
     tracing::debug!(%method, %route, status = status.as_u16(), elapsed_ms = started.elapsed().as_millis() as u64, "request");
     response
@@ -306,6 +335,7 @@ pub(crate) async fn track(State(state): State<AppState>, request: Request, next:
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]
@@ -329,5 +359,13 @@ mod tests {
         assert_eq!(counters.unknown_tool_outcomes, 1);
         assert_eq!(counters.turn_endings.get("succeeded"), Some(&1));
         assert_eq!(counters.live_turns, 1, "two grants, one ending");
+    }
+
+    #[test]
+    fn invented_methods_share_one_label() {
+        assert_eq!(method_label(&Method::POST), "POST");
+        assert_eq!(method_label(&Method::OPTIONS), "OPTIONS");
+        let invented = Method::from_bytes(b"BREW").unwrap();
+        assert_eq!(method_label(&invented), "other");
     }
 }

@@ -28,7 +28,9 @@ use crate::AppState;
         description = "Concurrency control for AI-agent backends: one turn per conversation, \
             N turns per user, request replay, exactly-once tool executions, fenced takeover. \
             Every error is `{\"error\": {\"code\", \"message\", \"retry_after_ms\"?, \"active_turn_id\"?}}` \
-            with a meaningful status; 409 and 429 conflicts carry `Retry-After` (seconds).",
+            with a meaningful status; 409 and 429 conflicts and every 503 carry `Retry-After` (seconds). \
+            JSON bodies must be sent as `Content-Type: application/json` (else 415). A request whose \
+            `Origin` or `Host` names neither this server nor an allowed origin or host is refused 403.",
     ),
     components(schemas(ErrorBody, ErrorDetail, ErrorCode)),
     modifiers(&BearerAuth),
@@ -37,7 +39,7 @@ use crate::AppState;
         (name = "tools", description = "Claim, complete and fail tool executions inside a turn"),
         (name = "views", description = "Read-only state; never a lease token"),
         (name = "recovery", description = "Claim an orphaned turn (its worker died) to resume it"),
-        (name = "ops", description = "Health, metrics and this document; never behind an API key"),
+        (name = "ops", description = "Health, readiness, metrics and this document; never behind an API key"),
     )
 )]
 struct ApiDoc;
@@ -83,6 +85,7 @@ pub(crate) fn v1_routes() -> OpenApiRouter<AppState> {
 pub(crate) fn ops_routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(ops::healthz))
+        .routes(routes!(ops::readyz))
         .routes(routes!(ops::metrics))
         .routes(routes!(ops::openapi))
 }

@@ -7,16 +7,19 @@
 use std::fmt;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use agentgate::{Config, Gate};
+use agentgate_core::lease::LeaseLayer;
 use agentgate_ledger::LedgerConfig;
+use agentgate_store_redis::RedisLeases;
 use axum::Router;
 use tokio::net::TcpListener;
 
 use crate::app::{LedgerMount, ModelChoice, OnDisconnect};
 use crate::auth::ApiKey;
-use crate::limits::DEFAULT_MAX_BODY_BYTES;
+use crate::limits::{DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS, MAX_MAX_CONNECTIONS};
 use crate::{router, AppState, ServerOptions};
 
 /// Everything `agentgate serve` is configured with.
@@ -45,6 +48,15 @@ pub struct ServeConfig {
     pub confirmation_threshold_cents: i64,
     /// What a client disconnect does to the app's running turn.
     pub on_disconnect: OnDisconnect,
+    /// Most connections open at once; more are answered 503 and closed.
+    pub max_connections: usize,
+    /// `Host` names answered besides IP addresses, `localhost` and the
+    /// listen host (`name` or `name:port`).
+    pub allowed_hosts: Vec<String>,
+    /// Origins (`https://name[:port]`) allowed besides the server itself.
+    pub allowed_origins: Vec<String>,
+    /// The header a trusted front end names the caller's user in, if any.
+    pub user_header: Option<String>,
 }
 
 impl Default for ServeConfig {
@@ -62,6 +74,10 @@ impl Default for ServeConfig {
             model: ModelChoice::default(),
             confirmation_threshold_cents: LedgerConfig::default().confirmation_threshold_cents,
             on_disconnect: OnDisconnect::default(),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
+            user_header: None,
         }
     }
 }
@@ -94,6 +110,10 @@ impl fmt::Debug for ServeConfig {
                 &self.confirmation_threshold_cents,
             )
             .field("on_disconnect", &self.on_disconnect)
+            .field("max_connections", &self.max_connections)
+            .field("allowed_hosts", &self.allowed_hosts)
+            .field("allowed_origins", &self.allowed_origins)
+            .field("user_header", &self.user_header)
             .finish()
     }
 }
@@ -128,6 +148,7 @@ pub struct Server {
     listener: TcpListener,
     router: Router,
     local_addr: SocketAddr,
+    max_connections: usize,
 }
 
 impl Server {
@@ -139,17 +160,34 @@ impl Server {
     /// opened; [`ServeError::App`] when the reference app cannot create its
     /// tables; [`ServeError::Io`] when the address cannot be bound.
     pub async fn bind(config: ServeConfig) -> Result<Self, ServeError> {
+        if config.max_connections == 0 || config.max_connections > MAX_MAX_CONNECTIONS {
+            return Err(ServeError::Config(format!(
+                "max connections is {}, allowed 1..={MAX_MAX_CONNECTIONS}",
+                config.max_connections
+            )));
+        }
         let engine = Config {
             lease_ttl: config.lease_ttl,
             max_turns_per_user: config.max_turns_per_user,
             ..Config::default()
         };
-        let gate = Gate::connect(&config.store_url, config.redis_url.as_deref(), engine)
-            .await
-            .map_err(|error| match error.kind() {
-                agentgate::ErrorKind::InvalidRequest => ServeError::Config(error.to_string()),
-                _ => ServeError::Store(error),
-            })?;
+        let opening = |error: agentgate::Error| match error.kind() {
+            agentgate::ErrorKind::InvalidRequest => ServeError::Config(error.to_string()),
+            _ => ServeError::Store(error),
+        };
+        // The lease layer is opened here rather than by `Gate::connect` so
+        // the health probe can ping the same connection the engine uses.
+        let lease_layer: Option<Arc<dyn LeaseLayer>> = match config.redis_url.as_deref() {
+            Some(url) => Some(Arc::new(RedisLeases::open(url).await.map_err(opening)?)),
+            None => None,
+        };
+        let gate = match &lease_layer {
+            Some(layer) => {
+                Gate::connect_with_layer(&config.store_url, Arc::clone(layer), engine).await
+            }
+            None => Gate::open(&config.store_url, engine).await,
+        }
+        .map_err(opening)?;
         let app = if config.app_enabled {
             let ledger = LedgerConfig {
                 confirmation_threshold_cents: config.confirmation_threshold_cents,
@@ -172,6 +210,11 @@ impl Server {
             api_keys: config.api_keys,
             max_body_bytes: config.max_body_bytes,
             app,
+            listen: config.listen.clone(),
+            allowed_hosts: config.allowed_hosts,
+            allowed_origins: config.allowed_origins,
+            user_header: config.user_header.clone(),
+            lease_layer,
         };
         let state = AppState::new(gate, options)?;
         let listener =
@@ -194,12 +237,15 @@ impl Server {
             api_key_required = state.api_keys().enabled(),
             app = ?state.app().map(|a| a.app.model_name()),
             on_disconnect = %config.on_disconnect,
+            max_connections = config.max_connections,
+            user_header = ?config.user_header,
             "agentgate serving"
         );
         Ok(Self {
             listener,
             router: router(state),
             local_addr,
+            max_connections: config.max_connections,
         })
     }
 
@@ -209,21 +255,18 @@ impl Server {
     }
 
     /// Serves until `shutdown` completes, then stops accepting connections
-    /// and finishes the requests in flight.
+    /// and finishes the requests in flight (see [`crate::conn`] for the
+    /// per-connection limits).
     ///
     /// # Errors
-    /// [`ServeError::Io`] when serving fails.
+    /// None today: accept errors are logged and retried. The `Result` stays
+    /// so a future fatal error has somewhere to go.
     pub async fn run(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServeError> {
-        axum::serve(self.listener, self.router)
-            .with_graceful_shutdown(shutdown)
-            .await
-            .map_err(|source| ServeError::Io {
-                what: "serving failed".to_owned(),
-                source,
-            })?;
+        crate::conn::serve_connections(self.listener, self.router, self.max_connections, shutdown)
+            .await;
         tracing::info!("agentgate stopped");
         Ok(())
     }

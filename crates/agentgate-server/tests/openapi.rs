@@ -29,6 +29,7 @@ const SPEC_ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/users/{user_id}"),
     ("post", "/v1/orphans/claim"),
     ("get", "/healthz"),
+    ("get", "/readyz"),
     ("get", "/metrics"),
     ("get", "/openapi.json"),
 ];
@@ -136,11 +137,19 @@ fn operations_document_their_statuses_and_error_codes() {
     };
     assert_eq!(
         statuses("post", "/v1/turns"),
-        set(&["200", "201", "400", "401", "404", "409", "413", "422", "429", "503"])
+        set(&[
+            "200", "201", "400", "401", "403", "404", "408", "409", "413", "415", "422", "429",
+            "503"
+        ])
     );
     assert_eq!(
         statuses("post", "/v1/turns/{turn_id}/tools"),
-        set(&["200", "201", "400", "401", "404", "409", "413", "422", "503"])
+        set(&["200", "201", "400", "401", "403", "404", "408", "409", "413", "415", "422", "503"])
+    );
+    assert_eq!(
+        statuses("post", "/v1/turns/{turn_id}/heartbeat"),
+        set(&["200", "400", "401", "403", "404", "409", "503"]),
+        "a heartbeat reads no body"
     );
     // A claim names no record, so it has no 404; 204 is "no orphan".
     assert_eq!(
@@ -152,9 +161,18 @@ fn operations_document_their_statuses_and_error_codes() {
         .filter(|(_, p)| p.starts_with("/v1/") && *p != "/v1/orphans/claim")
     {
         let got = statuses(method, path);
-        for status in ["400", "401", "404", "503"] {
+        for status in ["400", "401", "403", "404", "503"] {
             assert!(got.contains(status), "{method} {path} documents {status}");
         }
+        let unavailable = &doc["paths"][path][method]["responses"]["503"];
+        assert!(
+            unavailable["headers"]["Retry-After"].is_object(),
+            "{method} {path}: every 503 documents Retry-After"
+        );
+    }
+    for path in ["/healthz", "/readyz"] {
+        let unavailable = &doc["paths"][path]["get"]["responses"]["503"];
+        assert!(unavailable["headers"]["Retry-After"].is_object(), "{path}");
     }
     // Conflicts document Retry-After.
     let conflict = &doc["paths"]["/v1/turns"]["post"]["responses"]["409"];
@@ -181,6 +199,12 @@ fn operations_document_their_statuses_and_error_codes() {
         "payload_mismatch",
         "user_at_capacity",
         "store_unavailable",
+        "request_timeout",
+        "unsupported_media_type",
+        "origin_not_allowed",
+        "host_not_allowed",
+        "user_mismatch",
+        "overloaded",
     ] {
         assert!(codes.contains(code), "ErrorCode documents {code}");
     }

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
 use crate::extract::ApiQuery;
+use crate::guard::CallerUser;
 use crate::AppState;
 
 /// `?user_id=`
@@ -79,8 +80,10 @@ pub(crate) struct SettingsResponse {
 /// A user's sessions, most recent first.
 pub(crate) async fn sessions(
     State(state): State<AppState>,
+    caller: CallerUser,
     ApiQuery(query): ApiQuery<UserQuery>,
 ) -> Result<Json<SessionsResponse>, ApiError> {
+    caller.check(&query.user_id)?;
     let mount = state.ledger()?;
     let user_id = UserId::new(query.user_id)?;
     let sessions = mount.app.sessions(user_id.as_str()).await?;
@@ -90,8 +93,10 @@ pub(crate) async fn sessions(
 /// A session's turns, its pending confirmation and whether a turn runs.
 pub(crate) async fn transcript(
     State(state): State<AppState>,
+    caller: CallerUser,
     ApiQuery(query): ApiQuery<SessionQuery>,
 ) -> Result<Json<TranscriptResponse>, ApiError> {
+    caller.check(&query.user_id)?;
     let mount = state.ledger()?;
     let user_id = UserId::new(query.user_id)?;
     let session_id = SessionId::new(query.session_id)?;
@@ -127,8 +132,10 @@ pub(crate) async fn transcript(
 /// A user's entries and totals per category.
 pub(crate) async fn ledger(
     State(state): State<AppState>,
+    caller: CallerUser,
     ApiQuery(query): ApiQuery<UserQuery>,
 ) -> Result<Json<LedgerResponse>, ApiError> {
+    caller.check(&query.user_id)?;
     let mount = state.ledger()?;
     let user_id = UserId::new(query.user_id)?;
     let entries = mount.app.entries(user_id.as_str()).await?;

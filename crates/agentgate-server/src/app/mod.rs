@@ -191,6 +191,8 @@ impl LedgerMount {
 /// SSE endpoints (behind the API key check when keys are configured).
 pub(crate) fn routes(state: &AppState) -> Router<AppState> {
     let api_key_check = middleware::from_fn_with_state(state.clone(), crate::auth::require_api_key);
+    let dependencies =
+        middleware::from_fn_with_state(state.clone(), crate::health::require_dependencies);
     let api = Router::new()
         .route("/app/messages", post(stream::send_message))
         .route("/app/confirmations", post(stream::confirm))
@@ -199,6 +201,7 @@ pub(crate) fn routes(state: &AppState) -> Router<AppState> {
         .route("/app/ledger", get(api::ledger))
         .route("/app/settings", get(api::settings))
         .route("/app/dashboard", get(dashboard::dashboard))
+        .route_layer(dependencies)
         .route_layer(api_key_check);
     Router::new()
         .route("/", get(assets::index))

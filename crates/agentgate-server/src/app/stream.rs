@@ -34,6 +34,7 @@ use super::OnDisconnect;
 use crate::dto::DecisionDto;
 use crate::error::ApiError;
 use crate::extract::ApiJson;
+use crate::guard::CallerUser;
 use crate::limits::SSE_KEEP_ALIVE;
 use crate::metrics::{BeginLabel, Metrics};
 use crate::AppState;
@@ -68,8 +69,10 @@ pub(crate) struct ConfirmationRequest {
 /// Begins a message turn and streams it.
 pub(crate) async fn send_message(
     State(state): State<AppState>,
+    caller: CallerUser,
     ApiJson(request): ApiJson<MessageRequest>,
 ) -> Result<Response, ApiError> {
+    caller.check(&request.user_id)?;
     let mount = state.ledger()?;
     let message = UserMessage {
         user_id: request.user_id,
@@ -85,8 +88,10 @@ pub(crate) async fn send_message(
 /// Begins a confirmation turn and streams it.
 pub(crate) async fn confirm(
     State(state): State<AppState>,
+    caller: CallerUser,
     ApiJson(request): ApiJson<ConfirmationRequest>,
 ) -> Result<Response, ApiError> {
+    caller.check(&request.user_id)?;
     let mount = state.ledger()?;
     let answer = ConfirmRequest {
         user_id: request.user_id,

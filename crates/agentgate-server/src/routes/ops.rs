@@ -1,39 +1,63 @@
-//! Operations endpoints (`/healthz`, `/metrics`, `/openapi.json`, open even
+//! Operations endpoints (`/healthz`, `/readyz`, `/metrics`, `/openapi.json`, open even
 //! when API keys are configured) and the JSON answers for unknown routes and
 //! wrong methods.
 
-use agentgate::SessionId;
 use axum::extract::State;
-use axum::http::{header, Uri};
-use axum::response::IntoResponse;
+use axum::http::{header, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use crate::dto::HealthResponse;
-use crate::error::{ApiError, ErrorBody, ErrorCode};
+use crate::error::{decorate, status_of, ApiError, ErrorCode};
 use crate::AppState;
 
-/// The session id the health check reads. The read neither creates nor
-/// changes a session, so any valid id serves.
-const HEALTH_PROBE_SESSION: &str = "agentgate-healthz";
+/// A health report as a response: 200, or 503 with the error's
+/// `Retry-After` when a dependency is down.
+fn health_response(report: HealthResponse) -> Response {
+    let error = report.error.as_ref().map(|e| (e.code, e.retry_after_ms));
+    let status = error.map_or(StatusCode::OK, |(code, _)| status_of(code));
+    let mut response = (status, Json(report)).into_response();
+    if let Some((code, retry_after_ms)) = error {
+        decorate(&mut response, code, retry_after_ms);
+    }
+    response
+}
 
-/// Liveness and store reachability: one read from the store.
+/// Liveness and each dependency's state, probed now: one read from the
+/// store and, when configured, one from the Redis lease layer, each bounded
+/// by the probe timeout (1 s).
 #[utoipa::path(
     get,
     path = "/healthz",
     tag = "ops",
     responses(
-        (status = 200, description = "Serving, and the store answers", body = HealthResponse),
-        (status = 503, description = "`store_unavailable`: the store does not answer", body = ErrorBody),
+        (status = 200, description = "Serving, and every dependency answers", body = HealthResponse),
+        (status = 503, description = "A dependency (`store` or `redis`) does not answer: `status: unavailable`, \
+            each dependency's state, and `error.code: store_unavailable`",
+            body = HealthResponse,
+            headers(("Retry-After" = u64, description = "Seconds until the next probe, at least 1"))),
     )
 )]
-pub(crate) async fn healthz(
-    State(state): State<AppState>,
-) -> Result<Json<HealthResponse>, ApiError> {
-    let probe = SessionId::new(HEALTH_PROBE_SESSION)?;
-    state.gate().store().session(&probe).await?;
-    Ok(Json(HealthResponse {
-        status: "ok".to_owned(),
-    }))
+pub(crate) async fn healthz(State(state): State<AppState>) -> Response {
+    health_response(state.health().check_now().await)
+}
+
+/// Readiness for a load balancer: whether this server can serve requests
+/// now, from the background probe's last view (no store I/O per call). 503
+/// exactly when `/v1` calls are being refused with `store_unavailable`.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "ops",
+    responses(
+        (status = 200, description = "Ready: every dependency answered the last probe", body = HealthResponse),
+        (status = 503, description = "Not ready: a dependency is down; `/v1` calls are refused until it is back",
+            body = HealthResponse,
+            headers(("Retry-After" = u64, description = "Seconds until the next probe, at least 1"))),
+    )
+)]
+pub(crate) async fn readyz(State(state): State<AppState>) -> Response {
+    health_response(state.health().last_seen())
 }
 
 /// Prometheus metrics, text exposition format; every name starts `agentgate_`.

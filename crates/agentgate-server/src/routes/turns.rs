@@ -12,8 +12,9 @@ use crate::dto::{
     AwaitConfirmationRequest, BeginRequest, BeginResponse, CompleteTurnRequest, FailTurnRequest,
     GrantDto, HeartbeatResponse, ReplayResponse, TurnDto, TurnResponse,
 };
-use crate::error::{ApiError, BeginErrors, LeaseErrors};
+use crate::error::{ApiError, BeginErrors, HeartbeatErrors, LeaseErrors};
 use crate::extract::{ApiJson, ApiPath, LeaseHeader};
+use crate::guard::CallerUser;
 use crate::metrics::BeginLabel;
 use crate::AppState;
 
@@ -54,8 +55,10 @@ fn command(request: &BeginRequest) -> Result<BeginCommand, ApiError> {
 )]
 pub(crate) async fn begin(
     State(state): State<AppState>,
+    caller: CallerUser,
     ApiJson(request): ApiJson<BeginRequest>,
 ) -> Result<Response, ApiError> {
+    caller.check(&request.user_id)?;
     let outcome = match command(&request) {
         Ok(command) => state
             .gate()
@@ -122,7 +125,7 @@ pub(crate) async fn begin(
     security((), ("bearer" = [])),
     responses(
         (status = 200, description = "Renewed", body = HeartbeatResponse),
-        LeaseErrors,
+        HeartbeatErrors,
     )
 )]
 pub(crate) async fn heartbeat(

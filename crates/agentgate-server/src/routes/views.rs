@@ -3,6 +3,8 @@
 //!
 //! With `?user_id=`, a record of another user answers 404 exactly like a
 //! missing one, so a caller acting for one user cannot probe another's.
+//! With a trusted user header configured, the header's user is that filter,
+//! and a query or path naming another user is refused 403 `user_mismatch`.
 
 use agentgate::{SessionId, TurnId, UserId};
 use axum::extract::State;
@@ -14,9 +16,24 @@ use crate::dto::{
 };
 use crate::error::{ApiError, ErrorCode, ReadErrors};
 use crate::extract::{ApiPath, ApiQuery};
+use crate::guard::CallerUser;
 use crate::AppState;
 
 /// Checks the optional owner filter; a mismatch is reported as `not_found`.
+/// The owner filter in force: the query's, or with a trusted user header
+/// the header's user (a query naming another user is then refused).
+fn owner_filter(query: OwnerQuery, caller: &CallerUser) -> Result<OwnerQuery, ApiError> {
+    let Some(bound) = caller.bound() else {
+        return Ok(query);
+    };
+    if let Some(asked) = &query.user_id {
+        caller.check(asked)?;
+    }
+    Ok(OwnerQuery {
+        user_id: Some(bound.to_owned()),
+    })
+}
+
 fn check_owner(query: &OwnerQuery, owner: &UserId, what: &str) -> Result<(), ApiError> {
     match &query.user_id {
         Some(asked) if asked != owner.as_str() => Err(ApiError::new(
@@ -42,8 +59,10 @@ fn check_owner(query: &OwnerQuery, owner: &UserId, what: &str) -> Result<(), Api
 pub(crate) async fn turn(
     State(state): State<AppState>,
     ApiPath(turn_id): ApiPath<String>,
+    caller: CallerUser,
     ApiQuery(query): ApiQuery<OwnerQuery>,
 ) -> Result<Json<TurnStateResponse>, ApiError> {
+    let query = owner_filter(query, &caller)?;
     let turn_id = TurnId::new(turn_id)?;
     let store = state.gate().store();
     let view = store
@@ -82,8 +101,10 @@ pub(crate) async fn turn(
 pub(crate) async fn session(
     State(state): State<AppState>,
     ApiPath(session_id): ApiPath<String>,
+    caller: CallerUser,
     ApiQuery(query): ApiQuery<OwnerQuery>,
 ) -> Result<Json<SessionResponse>, ApiError> {
+    let query = owner_filter(query, &caller)?;
     let session_id = SessionId::new(session_id)?;
     let view = state
         .gate()
@@ -114,9 +135,11 @@ pub(crate) async fn session(
 pub(crate) async fn user(
     State(state): State<AppState>,
     ApiPath(user_id): ApiPath<String>,
+    caller: CallerUser,
     ApiQuery(query): ApiQuery<OwnerQuery>,
 ) -> Result<Json<UserResponse>, ApiError> {
     let user_id = UserId::new(user_id)?;
+    caller.check(user_id.as_str())?;
     check_owner(&query, &user_id, "user")?;
     let view = state.gate().store().user(&user_id).await?;
     Ok(Json(UserResponse {

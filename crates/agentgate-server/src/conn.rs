@@ -1,0 +1,171 @@
+//! Connections: the accept loop, the per-connection limits and the graceful
+//! drain on shutdown.
+//!
+//! `axum::serve` offers none of the limits a server facing slow or hostile
+//! clients needs, so connections are served here with hyper's HTTP/1.1
+//! connection builder directly:
+//!
+//! - a header-read timeout ([`HEADER_READ_TIMEOUT`]): a client that opens a
+//!   connection and never finishes a request head is cut off. hyper starts
+//!   the same timer when a kept-alive connection waits for its next request,
+//!   so it is also the idle keep-alive timeout;
+//! - a connection cap (a semaphore of [`ServeConfig::max_connections`]
+//!   permits): a connection over the cap is answered `503 overloaded` with
+//!   `Retry-After` and closed at once, so file descriptors never run out and
+//!   `/healthz` keeps answering;
+//! - on shutdown, accepting stops, every open connection is told to finish
+//!   its request in flight and close, and the drain waits at most
+//!   [`SHUTDOWN_GRACE`].
+//!
+//! What this module does not own: request-level limits (body size and read
+//! time, request timeout, concurrency), which are the router's.
+//!
+//! [`ServeConfig::max_connections`]: crate::ServeConfig::max_connections
+
+use std::future::Future;
+use std::sync::{Arc, LazyLock};
+
+use axum::Router;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use crate::limits::{
+    ACCEPT_ERROR_BACKOFF, HEADER_READ_TIMEOUT, OVERLOADED_RETRY_AFTER, SHUTDOWN_GRACE,
+};
+
+/// What a connection over the cap is told before it is closed: a complete
+/// HTTP/1.1 answer in one write, so a client that reads it learns to retry.
+fn overloaded_response() -> &'static [u8] {
+    static RESPONSE: LazyLock<Vec<u8>> = LazyLock::new(|| {
+        let body = serde_json::json!({"error": {
+            "code": "overloaded",
+            "message": "the server is at its connection limit; retry later",
+            "retry_after_ms": OVERLOADED_RETRY_AFTER.as_millis() as u64,
+        }})
+        .to_string();
+        format!(
+            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+             retry-after: {}\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+            OVERLOADED_RETRY_AFTER.as_secs().max(1),
+            body.len()
+        )
+        .into_bytes()
+    });
+    &RESPONSE
+}
+
+/// The HTTP/1.1 connection settings every connection gets.
+fn connection_builder() -> http1::Builder {
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .keep_alive(true);
+    builder
+}
+
+/// Tells a connection over the cap to come back later, without waiting on
+/// it: one non-blocking write (a fresh socket's send buffer takes it whole),
+/// then close.
+fn refuse(stream: &TcpStream) {
+    if let Err(error) = stream.try_write(overloaded_response()) {
+        tracing::debug!(%error, "could not tell a refused connection why");
+    }
+}
+
+/// Accepts connections on `listener` and serves `router` on each, at most
+/// `max_connections` at once, until `shutdown` completes; then drains.
+pub(crate) async fn serve_connections(
+    listener: TcpListener,
+    router: Router,
+    max_connections: usize,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) {
+    let permits = Arc::new(Semaphore::new(max_connections));
+    let stop = CancellationToken::new();
+    let builder = Arc::new(connection_builder());
+    tokio::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _peer)) => stream,
+                Err(error) => {
+                    // EMFILE and friends: back off instead of spinning on an
+                    // accept that fails until a descriptor frees up.
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(ACCEPT_ERROR_BACKOFF).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
+            tracing::warn!(
+                max_connections,
+                "connection refused: at the connection limit"
+            );
+            refuse(&stream);
+            continue;
+        };
+        let service = TowerToHyperService::new(router.clone());
+        let (builder, stop) = (Arc::clone(&builder), stop.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            if let Err(error) = stream.set_nodelay(true) {
+                tracing::debug!(%error, "cannot set TCP_NODELAY");
+            }
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            let result = tokio::select! {
+                result = connection.as_mut() => result,
+                () = stop.cancelled() => {
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            if let Err(error) = result {
+                // Header timeouts, resets and malformed requests: the
+                // client's doing, worth a debug line, never an error.
+                tracing::debug!(%error, "connection ended");
+            }
+        });
+    }
+    drop(listener);
+    stop.cancel();
+    let all = u32::try_from(max_connections).unwrap_or(u32::MAX);
+    if tokio::time::timeout(SHUTDOWN_GRACE, permits.acquire_many(all))
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            grace_s = SHUTDOWN_GRACE.as_secs(),
+            "connections still open after the shutdown grace; closing them"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_overloaded_answer_is_well_formed() {
+        let text = std::str::from_utf8(overloaded_response()).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        let length: usize = head
+            .lines()
+            .find_map(|line| line.strip_prefix("content-length: "))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(body.len(), length);
+        let json: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(json["error"]["code"], "overloaded");
+        assert_eq!(json["error"]["retry_after_ms"], 1000);
+    }
+}
