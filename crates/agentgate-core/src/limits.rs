@@ -69,3 +69,8 @@ pub const MAX_EXECUTIONS_PER_TURN: u32 = 1_000;
 /// Most rows of each kind an overview returns: a dashboard shows a screenful,
 /// and the query must stay cheap however large the store grows.
 pub const MAX_OVERVIEW_ROWS: u32 = 200;
+
+/// Largest TLS file (a CA bundle, a client certificate or key) a store URL
+/// may name. Mozilla's whole root bundle is about 220 KB; a file larger than
+/// a mebibyte is not a certificate, and is refused before it is read.
+pub const MAX_TLS_FILE_BYTES: u64 = 1024 * 1024;
