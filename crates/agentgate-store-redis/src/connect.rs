@@ -17,6 +17,7 @@
 //! password. Messages name the option and its file path only.
 
 use agentgate_core::error::{Error, Result};
+#[cfg(feature = "tls")]
 use agentgate_core::limits::MAX_TLS_FILE_BYTES;
 
 /// Key prefix unless the URL's `key_prefix` parameter says otherwise.
