@@ -116,12 +116,6 @@ pub(crate) fn connect_options(url: &str) -> Result<MySqlConnectOptions> {
         None => url.to_owned(),
     };
     let tls = tls_parameters(&url)?;
-    let mode = tls.mode.unwrap_or(SslMode::Preferred);
-    if !cfg!(feature = "tls") && (mode.insists_on_tls() || tls.ca.is_some()) {
-        return Err(Error::invalid(
-            "mysql ssl-mode needs TLS, which this build leaves out (cargo feature `tls`)",
-        ));
-    }
     for (option, path, pem) in [
         ("ssl-ca", &tls.ca, Pem::Certificate),
         ("ssl-cert", &tls.client_cert, Pem::Certificate),
@@ -130,6 +124,12 @@ pub(crate) fn connect_options(url: &str) -> Result<MySqlConnectOptions> {
         if let Some(path) = path {
             check_pem_file(option, path, pem)?;
         }
+    }
+    let mode = tls.mode.unwrap_or(SslMode::Preferred);
+    if !cfg!(feature = "tls") && (mode.insists_on_tls() || tls.ca.is_some()) {
+        return Err(Error::invalid(
+            "mysql ssl-mode needs TLS, which this build leaves out (cargo feature `tls`)",
+        ));
     }
     let mut options = MySqlConnectOptions::from_str(&url)
         .map_err(|e| Error::invalid(format!("bad mysql url: {e}")))?

@@ -116,12 +116,6 @@ pub(crate) struct Tls {
 /// file, TLS asked of a build without the `tls` feature, or a malformed URL.
 pub(crate) fn connect_options(url: &str) -> Result<PgConnectOptions> {
     let tls = tls_parameters(url)?;
-    let mode = tls.mode.unwrap_or(SslMode::Prefer);
-    if !cfg!(feature = "tls") && (mode.insists_on_tls() || tls.root_cert.is_some()) {
-        return Err(Error::invalid(
-            "postgres sslmode needs TLS, which this build leaves out (cargo feature `tls`)",
-        ));
-    }
     for (option, path, pem) in [
         ("sslrootcert", &tls.root_cert, Pem::Certificate),
         ("sslcert", &tls.client_cert, Pem::Certificate),
@@ -130,6 +124,12 @@ pub(crate) fn connect_options(url: &str) -> Result<PgConnectOptions> {
         if let Some(path) = path {
             check_pem_file(option, path, pem)?;
         }
+    }
+    let mode = tls.mode.unwrap_or(SslMode::Prefer);
+    if !cfg!(feature = "tls") && (mode.insists_on_tls() || tls.root_cert.is_some()) {
+        return Err(Error::invalid(
+            "postgres sslmode needs TLS, which this build leaves out (cargo feature `tls`)",
+        ));
     }
     let mut options = PgConnectOptions::from_str(url)
         .map_err(|e| Error::invalid(format!("bad postgres url: {e}")))?;
