@@ -89,3 +89,8 @@ pub const MIN_ORPHAN_GRACE: Duration = Duration::from_secs(1);
 /// Longest orphan grace: a day. A person waiting for a reply has long given
 /// up; the turn must end so its session and permit are free.
 pub const MAX_ORPHAN_GRACE: Duration = Duration::from_secs(24 * 3600);
+
+/// Largest TLS file (a CA bundle, a client certificate or key) a store URL
+/// may name. Mozilla's whole root bundle is about 220 KB; a file larger than
+/// a mebibyte is not a certificate, and is refused before it is read.
+pub const MAX_TLS_FILE_BYTES: u64 = 1024 * 1024;

@@ -2,6 +2,8 @@
 //!
 //! - [`MySqlStore`] (this file): opening, the connection pool and its session
 //!   settings, the transaction every step runs in, the schema runner.
+//! - `connect`: the URL turned into connect options: `ssl-mode`, `ssl-ca`,
+//!   client certificates, unknown parameters refused.
 //! - `begin`: the begin step (SPEC §4 table): lock the user's row, then the
 //!   session's row, read, decide, apply.
 //! - `steps`: heartbeat, tool claims and completions, turn endings.
@@ -44,6 +46,7 @@
 #![forbid(unsafe_code)]
 
 mod begin;
+mod connect;
 mod error;
 mod fast;
 mod orphans;
@@ -52,7 +55,6 @@ mod steps;
 pub mod testing;
 mod views;
 
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -71,6 +73,7 @@ use serde_json::Value;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::{Connection, Executor, MySql, MySqlConnection, MySqlPool, Transaction};
 
+use crate::connect::connect_options;
 use crate::error::map_sqlx;
 
 /// The store's clock in SQL: milliseconds since the Unix epoch.
@@ -144,25 +147,18 @@ impl std::fmt::Debug for MySqlStore {
     }
 }
 
-/// Parses a `mysql://` or `mariadb://` URL into connection options.
-fn connect_options(url: &str) -> Result<MySqlConnectOptions> {
-    let url = match url.strip_prefix("mariadb://") {
-        Some(rest) => format!("mysql://{rest}"),
-        None => url.to_owned(),
-    };
-    Ok(MySqlConnectOptions::from_str(&url)
-        .map_err(|e| Error::invalid(format!("bad mysql url: {e}")))?
-        .charset("utf8mb4")
-        .timezone(Some(String::from("+00:00"))))
-}
-
 impl MySqlStore {
     /// Connects to the database at `url` (`mysql://user:password@host:port/db`,
     /// also `mariadb://`), and applies the schema, waiting for another node
     /// that is applying it at the same moment.
     ///
+    /// TLS as in the MySQL client: `?ssl-mode=VERIFY_IDENTITY&ssl-ca=/path/ca.pem`
+    /// (also `ssl-cert` and `ssl-key` for a client certificate); the
+    /// `connect` module lists the rules. TLS needs the crate's `tls` feature.
+    ///
     /// # Errors
-    /// `invalid_request` for a bad URL or config; `store_unavailable` when
+    /// `invalid_request` for a bad URL (an unknown parameter, a bad
+    /// `ssl-mode`, an unreadable TLS file) or config; `store_unavailable` when
     /// the server cannot be reached within the acquire timeout or the schema
     /// cannot be applied.
     pub async fn open(url: &str, config: Config) -> Result<Self> {

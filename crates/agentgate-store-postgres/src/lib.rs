@@ -2,6 +2,8 @@
 //!
 //! - [`PostgresStore`] (this file): opening, the connection pool, the
 //!   transaction every step runs in, the schema runner.
+//! - `connect`: the URL turned into connect options: `sslmode`,
+//!   `sslrootcert`, client certificates, unknown parameters refused.
 //! - `begin`: the begin step (SPEC §4 table): lock the user's row, then the
 //!   session's row, read, decide, apply.
 //! - `steps`: heartbeat, tool claims and completions, turn endings.
@@ -9,7 +11,8 @@
 //!   refusals explained), or stated as the condition of a one-statement step.
 //! - `views`: read-only views, cap overrides and the retention sweeper.
 //! - `rows`: rows decoded into core snapshots and views.
-//! - `error`: SQLSTATEs mapped to the engine's portable [`Error`], and the
+//! - `error`: SQLSTATEs mapped to the engine's portable
+//!   [`Error`](agentgate_core::error::Error), and the
 //!   bounded retry of a step after a transient conflict.
 //! - [`testing`]: fresh throw-away databases for test suites.
 //!
@@ -43,6 +46,7 @@
 #![forbid(unsafe_code)]
 
 mod begin;
+mod connect;
 mod error;
 mod lease;
 mod orphans;
@@ -51,12 +55,11 @@ mod steps;
 pub mod testing;
 mod views;
 
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use agentgate_core::config::Config;
-use agentgate_core::error::{Error, Result};
+use agentgate_core::error::Result;
 use agentgate_core::ids::{ExecutionId, SessionId, TurnId, UserId};
 use agentgate_core::lease::LeaseLayer;
 use agentgate_core::limits::STORE_ACQUIRE_TIMEOUT;
@@ -67,7 +70,7 @@ use agentgate_core::model::{
 use agentgate_core::store::{Completion, LeaseStatus, Store};
 use async_trait::async_trait;
 use serde_json::Value;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, PgPool, Postgres, Transaction};
 
 use crate::error::map_sqlx;
@@ -150,8 +153,13 @@ impl PostgresStore {
     /// also `postgresql://`), and applies the schema, waiting for another
     /// node that is applying it at the same moment.
     ///
+    /// TLS as in libpq: `?sslmode=verify-full&sslrootcert=/path/ca.pem`
+    /// (also `sslcert` and `sslkey` for a client certificate); the `connect`
+    /// module lists the rules. TLS needs the crate's `tls` feature.
+    ///
     /// # Errors
-    /// `invalid_request` for a bad URL or config; `store_unavailable` when
+    /// `invalid_request` for a bad URL (an unknown parameter, a bad
+    /// `sslmode`, an unreadable TLS file) or config; `store_unavailable` when
     /// the server cannot be reached within the acquire timeout or the schema
     /// cannot be applied.
     pub async fn open(url: &str, config: Config) -> Result<Self> {
@@ -170,9 +178,7 @@ impl PostgresStore {
         leases: Option<Arc<dyn LeaseLayer>>,
     ) -> Result<Self> {
         config.validate()?;
-        let options = PgConnectOptions::from_str(url)
-            .map_err(|e| Error::invalid(format!("bad postgres url: {e}")))?
-            .application_name("agentgate");
+        let options = connect::connect_options(url)?.application_name("agentgate");
         let pool = PgPoolOptions::new()
             .max_connections(MAX_CONNECTIONS)
             .acquire_timeout(STORE_ACQUIRE_TIMEOUT)

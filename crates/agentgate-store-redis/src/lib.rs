@@ -20,7 +20,12 @@
 //! `u:<user>` a sorted set of turn ids scored by permit expiry. Scripts touch
 //! keys derived inside the script, so a Redis Cluster is not supported; use a
 //! single primary (with replicas) as Redisson's single-server mode does.
+//!
+//! `connect` turns the URL into a client: `key_prefix`, and for `rediss://`
+//! (TLS, the crate's `tls` feature) `ca_file`, `cert_file`, `key_file`.
 #![forbid(unsafe_code)]
+
+mod connect;
 
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{Fence, SessionId, TurnId};
@@ -31,11 +36,7 @@ use async_trait::async_trait;
 use redis::aio::ConnectionManager;
 use redis::Script;
 
-/// Key prefix unless the URL's `key_prefix` parameter says otherwise.
-pub const DEFAULT_KEY_PREFIX: &str = "agentgate:";
-
-/// Longest key prefix accepted: keys stay short and indexable.
-const MAX_KEY_PREFIX_BYTES: usize = 64;
+pub use connect::DEFAULT_KEY_PREFIX;
 
 struct Scripts {
     acquire: Script,
@@ -77,46 +78,21 @@ fn map_redis(error: redis::RedisError) -> Error {
     Error::store(error)
 }
 
-/// Splits `key_prefix=...` off a Redis URL's query.
-fn split_prefix(url: &str) -> Result<(String, String)> {
-    let Some((base, query)) = url.split_once('?') else {
-        return Ok((url.to_owned(), DEFAULT_KEY_PREFIX.to_owned()));
-    };
-    let mut prefix = DEFAULT_KEY_PREFIX.to_owned();
-    let mut kept = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        match pair.split_once('=') {
-            Some(("key_prefix", value)) => prefix = value.to_owned(),
-            _ => kept.push(pair),
-        }
-    }
-    if prefix.is_empty()
-        || prefix.len() > MAX_KEY_PREFIX_BYTES
-        || prefix.chars().any(char::is_control)
-    {
-        return Err(Error::invalid(format!(
-            "redis key_prefix must be 1-{MAX_KEY_PREFIX_BYTES} bytes without control characters"
-        )));
-    }
-    let base = if kept.is_empty() {
-        base.to_owned()
-    } else {
-        format!("{base}?{}", kept.join("&"))
-    };
-    Ok((base, prefix))
-}
-
 impl RedisLeases {
-    /// Connects to `url` (`redis://host:port/db`, optionally with
-    /// `?key_prefix=...`).
+    /// Connects to `url` (`redis://host:port/db`, or `rediss://` for TLS),
+    /// optionally with `?key_prefix=...`, and for `rediss://` with
+    /// `ca_file=/path/ca.pem` (a private CA instead of Mozilla's roots) and
+    /// `cert_file=...&key_file=...` (a client certificate).
     ///
     /// # Errors
-    /// `invalid_request` for a bad URL; `store_unavailable` when Redis cannot
-    /// be reached within the acquire timeout.
+    /// `invalid_request` for a bad URL (an unknown parameter, TLS files on
+    /// a `redis://` URL, an unreadable TLS file, `rediss://` without the
+    /// `tls` feature); `store_unavailable` when Redis cannot be reached or
+    /// the TLS handshake fails within the acquire timeout.
     pub async fn open(url: &str) -> Result<Self> {
-        let (url, prefix) = split_prefix(url)?;
-        let client = redis::Client::open(url.as_str())
-            .map_err(|e| Error::invalid(format!("bad redis url: {e}")))?;
+        let parsed = connect::parse(url)?;
+        let client = connect::client(&parsed)?;
+        let prefix = parsed.prefix;
         let connection =
             tokio::time::timeout(STORE_ACQUIRE_TIMEOUT, ConnectionManager::new(client))
                 .await
@@ -273,25 +249,4 @@ fn holder_view(session_id: &str, turn_id: &str, fence: i64, ms: i64) -> Result<H
         fence: Fence(fence),
         lease_expires_in_ms: ms,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn key_prefix_is_split_off_the_url() {
-        assert_eq!(
-            split_prefix("redis://127.0.0.1:6379/0").unwrap(),
-            (
-                "redis://127.0.0.1:6379/0".to_owned(),
-                DEFAULT_KEY_PREFIX.to_owned()
-            )
-        );
-        assert_eq!(
-            split_prefix("redis://h/0?key_prefix=t1:&protocol=resp3").unwrap(),
-            ("redis://h/0?protocol=resp3".to_owned(), "t1:".to_owned())
-        );
-        assert!(split_prefix("redis://h/0?key_prefix=").is_err());
-    }
 }

@@ -1,0 +1,351 @@
+//! The store URL turned into connect options, TLS included.
+//!
+//! Owns the URL's query parameters: `ssl-mode` (`DISABLED`, `PREFERRED`,
+//! `REQUIRED`, `VERIFY_CA`, `VERIFY_IDENTITY`, as in the MySQL client, any
+//! case; also spelt `sslmode`), `ssl-ca` (a PEM file of the CA to verify the
+//! server against), `ssl-cert` and `ssl-key` (a client certificate and its
+//! key, together), and the parameters sqlx itself reads, passed on untouched.
+//! Every other parameter is refused: sqlx would ignore it, and a misspelt
+//! `ssl-mode` must not quietly mean plaintext.
+//!
+//! A CA file means the server is checked against it: with no `ssl-mode` the
+//! mode is `VERIFY_IDENTITY`; with `REQUIRED` it is `VERIFY_CA`; with a mode
+//! that does not insist on TLS the URL is refused. (The same rules as the
+//! PostgreSQL store's `sslrootcert`.) Files are checked when the store opens,
+//! so a wrong path is an `invalid_request` naming the option, not a failed
+//! handshake later.
+//!
+//! Deliberately absent: the handshake itself (sqlx's rustls, behind this
+//! crate's `tls` feature) and the URL in any message, since it may hold a
+//! password. Messages name the option, its value or its file path only.
+
+use std::str::FromStr;
+
+use agentgate_core::error::{Error, Result};
+use agentgate_core::limits::MAX_TLS_FILE_BYTES;
+use sqlx::mysql::{MySqlConnectOptions, MySqlSslMode};
+
+/// Query parameters sqlx reads itself; passed on untouched.
+const SQLX_PARAMETERS: &[&str] = &[
+    "charset",
+    "collation",
+    "statement-cache-capacity",
+    "socket",
+    "timezone",
+    "time-zone",
+];
+
+/// The MySQL client's `--ssl-mode`, ours so it can be compared and named in
+/// messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SslMode {
+    Disabled,
+    Preferred,
+    Required,
+    VerifyCa,
+    VerifyIdentity,
+}
+
+impl SslMode {
+    fn parse(value: &str) -> Result<Self> {
+        Ok(match value.to_ascii_uppercase().as_str() {
+            "DISABLED" => Self::Disabled,
+            "PREFERRED" => Self::Preferred,
+            "REQUIRED" => Self::Required,
+            "VERIFY_CA" => Self::VerifyCa,
+            "VERIFY_IDENTITY" => Self::VerifyIdentity,
+            _ => {
+                return Err(Error::invalid(format!(
+                    "invalid mysql ssl-mode {value:?}: expected DISABLED, PREFERRED, REQUIRED, \
+                     VERIFY_CA or VERIFY_IDENTITY"
+                )))
+            }
+        })
+    }
+
+    /// The MySQL client's spelling.
+    fn name(self) -> &'static str {
+        match self {
+            Self::Disabled => "DISABLED",
+            Self::Preferred => "PREFERRED",
+            Self::Required => "REQUIRED",
+            Self::VerifyCa => "VERIFY_CA",
+            Self::VerifyIdentity => "VERIFY_IDENTITY",
+        }
+    }
+
+    /// Whether the connection fails rather than run without TLS.
+    fn insists_on_tls(self) -> bool {
+        matches!(self, Self::Required | Self::VerifyCa | Self::VerifyIdentity)
+    }
+
+    fn to_sqlx(self) -> MySqlSslMode {
+        match self {
+            Self::Disabled => MySqlSslMode::Disabled,
+            Self::Preferred => MySqlSslMode::Preferred,
+            Self::Required => MySqlSslMode::Required,
+            Self::VerifyCa => MySqlSslMode::VerifyCa,
+            Self::VerifyIdentity => MySqlSslMode::VerifyIdentity,
+        }
+    }
+}
+
+/// The TLS parameters of one URL. Paths only, never file contents, so the
+/// derived `Debug` holds no secret.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Tls {
+    /// `ssl-mode` as resolved against the CA file; `None` leaves sqlx's
+    /// default (`PREFERRED`).
+    pub(crate) mode: Option<SslMode>,
+    pub(crate) ca: Option<String>,
+    pub(crate) client_cert: Option<String>,
+    pub(crate) client_key: Option<String>,
+}
+
+/// Parses a `mysql://` or `mariadb://` URL into sqlx's connect options, with
+/// the session settings every connection needs (utf8mb4, UTC).
+///
+/// # Errors
+/// `invalid_request` naming the option for an unknown parameter, a bad
+/// `ssl-mode`, a CA file with a mode that does not use it, a client
+/// certificate without its key (or the reverse), an unreadable or non-PEM
+/// file, TLS asked of a build without the `tls` feature, or a malformed URL.
+pub(crate) fn connect_options(url: &str) -> Result<MySqlConnectOptions> {
+    let url = match url.strip_prefix("mariadb://") {
+        Some(rest) => format!("mysql://{rest}"),
+        None => url.to_owned(),
+    };
+    let tls = tls_parameters(&url)?;
+    for (option, path, pem) in [
+        ("ssl-ca", &tls.ca, Pem::Certificate),
+        ("ssl-cert", &tls.client_cert, Pem::Certificate),
+        ("ssl-key", &tls.client_key, Pem::PrivateKey),
+    ] {
+        if let Some(path) = path {
+            check_pem_file(option, path, pem)?;
+        }
+    }
+    let mode = tls.mode.unwrap_or(SslMode::Preferred);
+    if !cfg!(feature = "tls") && (mode.insists_on_tls() || tls.ca.is_some()) {
+        return Err(Error::invalid(
+            "mysql ssl-mode needs TLS, which this build leaves out (cargo feature `tls`)",
+        ));
+    }
+    let mut options = MySqlConnectOptions::from_str(&url)
+        .map_err(|e| Error::invalid(format!("bad mysql url: {e}")))?
+        .charset("utf8mb4")
+        .timezone(Some(String::from("+00:00")));
+    if let Some(mode) = tls.mode {
+        options = options.ssl_mode(mode.to_sqlx());
+    }
+    Ok(options)
+}
+
+/// Reads and checks the URL's TLS parameters, refusing unknown ones.
+pub(crate) fn tls_parameters(url: &str) -> Result<Tls> {
+    let parsed = url::Url::parse(url).map_err(|e| Error::invalid(format!("bad mysql url: {e}")))?;
+    let mut tls = Tls::default();
+    for (key, value) in parsed.query_pairs() {
+        let value = value.into_owned();
+        match key.as_ref() {
+            "ssl-mode" | "sslmode" => tls.mode = Some(SslMode::parse(&value)?),
+            "ssl-ca" | "sslca" => tls.ca = Some(value),
+            "ssl-cert" | "sslcert" => tls.client_cert = Some(value),
+            "ssl-key" | "sslkey" => tls.client_key = Some(value),
+            known if SQLX_PARAMETERS.contains(&known) => {}
+            unknown => {
+                return Err(Error::invalid(format!(
+                    "unknown mysql url parameter {unknown:?}: expected ssl-mode, ssl-ca, \
+                     ssl-cert, ssl-key or one of {SQLX_PARAMETERS:?}"
+                )))
+            }
+        }
+    }
+    if tls.client_cert.is_some() != tls.client_key.is_some() {
+        return Err(Error::invalid(
+            "mysql ssl-cert and ssl-key go together: give both or neither",
+        ));
+    }
+    tls.mode = match (tls.mode, tls.ca.is_some()) {
+        (None, true) => Some(SslMode::VerifyIdentity),
+        (Some(SslMode::Required), true) => Some(SslMode::VerifyCa),
+        (Some(mode), true) if !mode.insists_on_tls() => {
+            return Err(Error::invalid(format!(
+                "mysql ssl-ca needs ssl-mode=REQUIRED, VERIFY_CA or VERIFY_IDENTITY: \
+                 with ssl-mode={} the server is never checked against it",
+                mode.name()
+            )))
+        }
+        (mode, _) => mode,
+    };
+    if tls.client_cert.is_some() && tls.mode == Some(SslMode::Disabled) {
+        return Err(Error::invalid(
+            "mysql ssl-cert needs TLS, but ssl-mode=DISABLED turns it off",
+        ));
+    }
+    Ok(tls)
+}
+
+/// What a TLS file must hold.
+#[derive(Clone, Copy)]
+enum Pem {
+    Certificate,
+    PrivateKey,
+}
+
+/// Checks that `path` is a readable PEM file of the expected kind.
+///
+/// Synchronous: it runs once, when the store opens, on a file of at most
+/// [`MAX_TLS_FILE_BYTES`].
+fn check_pem_file(option: &str, path: &str, pem: Pem) -> Result<()> {
+    let bad = |why: String| Error::invalid(format!("mysql {option} {path:?}: {why}"));
+    let bytes = std::fs::metadata(path)
+        .map_err(|e| bad(e.to_string()))?
+        .len();
+    if bytes > MAX_TLS_FILE_BYTES {
+        return Err(bad(format!("larger than {MAX_TLS_FILE_BYTES} bytes")));
+    }
+    let text = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+    let text = String::from_utf8_lossy(&text);
+    let (marker, what) = match pem {
+        Pem::Certificate => ("-----BEGIN CERTIFICATE-----", "certificate"),
+        Pem::PrivateKey => ("PRIVATE KEY-----", "private key"),
+    };
+    if !text.contains(marker) {
+        return Err(bad(format!("no PEM {what} in the file")));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use agentgate_core::error::ErrorKind;
+
+    use super::*;
+
+    const BASE: &str = "mysql://agent:hunter2@db.example:3306/app";
+
+    fn pem_file(dir: &tempfile::TempDir, name: &str, body: &str) -> String {
+        let path = dir.path().join(name);
+        std::fs::write(&path, body).expect("write a test file");
+        path.to_str().expect("utf-8 temp path").to_owned()
+    }
+
+    fn refusal(url: &str) -> String {
+        let error = connect_options(url).expect_err("refused");
+        assert_eq!(error.kind(), ErrorKind::InvalidRequest, "{error}");
+        let message = error.to_string();
+        assert!(!message.contains("hunter2"), "password in {message:?}");
+        message
+    }
+
+    #[test]
+    fn every_client_ssl_mode_is_read_in_either_spelling() {
+        for (text, mode) in [
+            ("DISABLED", SslMode::Disabled),
+            ("preferred", SslMode::Preferred),
+            ("REQUIRED", SslMode::Required),
+            ("VERIFY_CA", SslMode::VerifyCa),
+            ("verify_identity", SslMode::VerifyIdentity),
+        ] {
+            for key in ["ssl-mode", "sslmode"] {
+                let tls = tls_parameters(&format!("{BASE}?{key}={text}")).expect("valid");
+                assert_eq!(tls.mode, Some(mode), "{key}={text}");
+            }
+        }
+        assert_eq!(tls_parameters(BASE).expect("valid").mode, None);
+        let mariadb = connect_options("mariadb://agent:hunter2@db/app?ssl-mode=DISABLED");
+        assert!(matches!(
+            mariadb.expect("valid").get_ssl_mode(),
+            MySqlSslMode::Disabled
+        ));
+    }
+
+    #[test]
+    fn a_bad_ssl_mode_is_refused_by_name() {
+        // libpq's spelling is not the MySQL client's.
+        let message = refusal(&format!("{BASE}?ssl-mode=verify-full"));
+        assert!(
+            message.contains("ssl-mode") && message.contains("verify-full"),
+            "{message}"
+        );
+        refusal(&format!("{BASE}?ssl-mode="));
+        refusal(&format!("{BASE}?sslmode=ON"));
+    }
+
+    #[test]
+    fn an_unknown_parameter_is_refused_not_ignored() {
+        let message = refusal(&format!("{BASE}?ssl_mode=REQUIRED"));
+        assert!(message.contains("\"ssl_mode\""), "{message}");
+        connect_options(&format!(
+            "{BASE}?statement-cache-capacity=10&ssl-mode=DISABLED"
+        ))
+        .expect("sqlx parameters pass");
+    }
+
+    #[test]
+    fn a_ca_file_means_verification() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ca = pem_file(&dir, "ca.pem", "-----BEGIN CERTIFICATE-----\nx\n");
+        let mode = |query: &str| tls_parameters(&format!("{BASE}?{query}")).map(|t| t.mode);
+        assert_eq!(
+            mode(&format!("ssl-ca={ca}")).expect("valid"),
+            Some(SslMode::VerifyIdentity)
+        );
+        assert_eq!(
+            mode(&format!("ssl-mode=REQUIRED&ssl-ca={ca}")).expect("valid"),
+            Some(SslMode::VerifyCa)
+        );
+        assert_eq!(
+            mode(&format!("ssl-mode=VERIFY_IDENTITY&sslca={ca}")).expect("valid"),
+            Some(SslMode::VerifyIdentity)
+        );
+        for weak in ["DISABLED", "PREFERRED"] {
+            let message = refusal(&format!("{BASE}?ssl-mode={weak}&ssl-ca={ca}"));
+            assert!(
+                message.contains("ssl-ca") && message.contains(weak),
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
+    fn tls_files_are_checked_when_opening() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let not_pem = pem_file(&dir, "ca.txt", "hello");
+        let cert = pem_file(&dir, "cert.pem", "-----BEGIN CERTIFICATE-----\nx\n");
+        let key = pem_file(&dir, "key.pem", "-----BEGIN EC PRIVATE KEY-----\nx\n");
+        let message = refusal(&format!("{BASE}?ssl-mode=VERIFY_CA&ssl-ca=/nonexistent/ca"));
+        assert!(message.contains("ssl-ca") && message.contains("/nonexistent/ca"));
+        let message = refusal(&format!("{BASE}?ssl-mode=VERIFY_CA&ssl-ca={not_pem}"));
+        assert!(message.contains("no PEM certificate"), "{message}");
+        let message = refusal(&format!("{BASE}?ssl-mode=REQUIRED&ssl-cert={cert}"));
+        assert!(message.contains("ssl-cert and ssl-key"), "{message}");
+        let message = refusal(&format!(
+            "{BASE}?ssl-mode=REQUIRED&ssl-cert={cert}&ssl-key={cert}"
+        ));
+        assert!(message.contains("ssl-key") && message.contains("no PEM private key"));
+        let message = refusal(&format!(
+            "{BASE}?ssl-mode=DISABLED&ssl-cert={cert}&ssl-key={key}"
+        ));
+        assert!(message.contains("DISABLED"), "{message}");
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn a_checked_url_sets_the_resolved_mode() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ca = pem_file(&dir, "ca.pem", "-----BEGIN CERTIFICATE-----\nx\n");
+        let options =
+            connect_options(&format!("{BASE}?ssl-mode=REQUIRED&ssl-ca={ca}")).expect("valid");
+        assert!(matches!(options.get_ssl_mode(), MySqlSslMode::VerifyCa));
+    }
+
+    #[cfg(not(feature = "tls"))]
+    #[test]
+    fn tls_without_the_feature_is_refused() {
+        let message = refusal(&format!("{BASE}?ssl-mode=REQUIRED"));
+        assert!(message.contains("feature `tls`"), "{message}");
+        connect_options(&format!("{BASE}?ssl-mode=PREFERRED")).expect("plaintext fallback");
+    }
+}

@@ -1,0 +1,335 @@
+//! The store URL turned into connect options, TLS included.
+//!
+//! Owns the URL's query parameters: `sslmode` (`disable`, `allow`, `prefer`,
+//! `require`, `verify-ca`, `verify-full`, as in libpq), `sslrootcert` (a PEM
+//! file of the CA to verify the server against), `sslcert` and `sslkey` (a
+//! client certificate and its key, together), and the parameters sqlx itself
+//! reads, passed on untouched. Every other parameter is refused: sqlx would
+//! ignore it, and a misspelt `sslmode` must not quietly mean plaintext.
+//!
+//! A CA file means the server is checked against it: with no `sslmode` the
+//! mode is `verify-full`; with `require` it is `verify-ca` (libpq's rule);
+//! with a mode that does not insist on TLS the URL is refused. Files are
+//! checked when the store opens, so a wrong path is an `invalid_request`
+//! naming the option, not a failed handshake later.
+//!
+//! Deliberately absent: the handshake itself (sqlx's rustls, behind this
+//! crate's `tls` feature) and the URL in any message, since it may hold a
+//! password. Messages name the option, its value or its file path only.
+
+use std::str::FromStr;
+
+use agentgate_core::error::{Error, Result};
+use agentgate_core::limits::MAX_TLS_FILE_BYTES;
+use sqlx::postgres::{PgConnectOptions, PgSslMode};
+
+/// Query parameters sqlx reads itself; passed on untouched. (`options[...]`
+/// is matched by prefix.)
+const SQLX_PARAMETERS: &[&str] = &[
+    "statement-cache-capacity",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+    "options",
+];
+
+/// libpq's `sslmode`, ours so it can be compared and named in messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SslMode {
+    Disable,
+    Allow,
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+impl SslMode {
+    fn parse(value: &str) -> Result<Self> {
+        Ok(match value.to_ascii_lowercase().as_str() {
+            "disable" => Self::Disable,
+            "allow" => Self::Allow,
+            "prefer" => Self::Prefer,
+            "require" => Self::Require,
+            "verify-ca" => Self::VerifyCa,
+            "verify-full" => Self::VerifyFull,
+            _ => {
+                return Err(Error::invalid(format!(
+                    "invalid postgres sslmode {value:?}: expected disable, allow, prefer, \
+                     require, verify-ca or verify-full"
+                )))
+            }
+        })
+    }
+
+    /// libpq's spelling.
+    fn name(self) -> &'static str {
+        match self {
+            Self::Disable => "disable",
+            Self::Allow => "allow",
+            Self::Prefer => "prefer",
+            Self::Require => "require",
+            Self::VerifyCa => "verify-ca",
+            Self::VerifyFull => "verify-full",
+        }
+    }
+
+    /// Whether the connection fails rather than run without TLS.
+    fn insists_on_tls(self) -> bool {
+        matches!(self, Self::Require | Self::VerifyCa | Self::VerifyFull)
+    }
+
+    fn to_sqlx(self) -> PgSslMode {
+        match self {
+            Self::Disable => PgSslMode::Disable,
+            Self::Allow => PgSslMode::Allow,
+            Self::Prefer => PgSslMode::Prefer,
+            Self::Require => PgSslMode::Require,
+            Self::VerifyCa => PgSslMode::VerifyCa,
+            Self::VerifyFull => PgSslMode::VerifyFull,
+        }
+    }
+}
+
+/// The TLS parameters of one URL. Paths only, never file contents, so the
+/// derived `Debug` holds no secret.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Tls {
+    /// `sslmode` as resolved against the CA file; `None` leaves sqlx's
+    /// default (`PGSSLMODE`, else `prefer`).
+    pub(crate) mode: Option<SslMode>,
+    pub(crate) root_cert: Option<String>,
+    pub(crate) client_cert: Option<String>,
+    pub(crate) client_key: Option<String>,
+}
+
+/// Parses a `postgres://` URL into sqlx's connect options.
+///
+/// # Errors
+/// `invalid_request` naming the option for an unknown parameter, a bad
+/// `sslmode`, a CA file with a mode that does not use it, a client
+/// certificate without its key (or the reverse), an unreadable or non-PEM
+/// file, TLS asked of a build without the `tls` feature, or a malformed URL.
+pub(crate) fn connect_options(url: &str) -> Result<PgConnectOptions> {
+    let tls = tls_parameters(url)?;
+    for (option, path, pem) in [
+        ("sslrootcert", &tls.root_cert, Pem::Certificate),
+        ("sslcert", &tls.client_cert, Pem::Certificate),
+        ("sslkey", &tls.client_key, Pem::PrivateKey),
+    ] {
+        if let Some(path) = path {
+            check_pem_file(option, path, pem)?;
+        }
+    }
+    let mode = tls.mode.unwrap_or(SslMode::Prefer);
+    if !cfg!(feature = "tls") && (mode.insists_on_tls() || tls.root_cert.is_some()) {
+        return Err(Error::invalid(
+            "postgres sslmode needs TLS, which this build leaves out (cargo feature `tls`)",
+        ));
+    }
+    let mut options = PgConnectOptions::from_str(url)
+        .map_err(|e| Error::invalid(format!("bad postgres url: {e}")))?;
+    if let Some(mode) = tls.mode {
+        options = options.ssl_mode(mode.to_sqlx());
+    }
+    Ok(options)
+}
+
+/// Reads and checks the URL's TLS parameters, refusing unknown ones.
+pub(crate) fn tls_parameters(url: &str) -> Result<Tls> {
+    let parsed =
+        url::Url::parse(url).map_err(|e| Error::invalid(format!("bad postgres url: {e}")))?;
+    let mut tls = Tls::default();
+    for (key, value) in parsed.query_pairs() {
+        let value = value.into_owned();
+        match key.as_ref() {
+            "sslmode" | "ssl-mode" => tls.mode = Some(SslMode::parse(&value)?),
+            "sslrootcert" | "ssl-root-cert" | "ssl-ca" => tls.root_cert = Some(value),
+            "sslcert" | "ssl-cert" => tls.client_cert = Some(value),
+            "sslkey" | "ssl-key" => tls.client_key = Some(value),
+            known if SQLX_PARAMETERS.contains(&known) || known.starts_with("options[") => {}
+            unknown => {
+                return Err(Error::invalid(format!(
+                    "unknown postgres url parameter {unknown:?}: expected sslmode, \
+                     sslrootcert, sslcert, sslkey or one of {SQLX_PARAMETERS:?}"
+                )))
+            }
+        }
+    }
+    if tls.client_cert.is_some() != tls.client_key.is_some() {
+        return Err(Error::invalid(
+            "postgres sslcert and sslkey go together: give both or neither",
+        ));
+    }
+    tls.mode = match (tls.mode, tls.root_cert.is_some()) {
+        (None, true) => Some(SslMode::VerifyFull),
+        (Some(SslMode::Require), true) => Some(SslMode::VerifyCa),
+        (Some(mode), true) if !mode.insists_on_tls() => {
+            return Err(Error::invalid(format!(
+                "postgres sslrootcert needs sslmode=require, verify-ca or verify-full: \
+                 with sslmode={} the server is never checked against it",
+                mode.name()
+            )))
+        }
+        (mode, _) => mode,
+    };
+    if tls.client_cert.is_some() && tls.mode == Some(SslMode::Disable) {
+        return Err(Error::invalid(
+            "postgres sslcert needs TLS, but sslmode=disable turns it off",
+        ));
+    }
+    Ok(tls)
+}
+
+/// What a TLS file must hold.
+#[derive(Clone, Copy)]
+enum Pem {
+    Certificate,
+    PrivateKey,
+}
+
+/// Checks that `path` is a readable PEM file of the expected kind.
+///
+/// Synchronous: it runs once, when the store opens, on a file of at most
+/// [`MAX_TLS_FILE_BYTES`].
+fn check_pem_file(option: &str, path: &str, pem: Pem) -> Result<()> {
+    let bad = |why: String| Error::invalid(format!("postgres {option} {path:?}: {why}"));
+    let bytes = std::fs::metadata(path)
+        .map_err(|e| bad(e.to_string()))?
+        .len();
+    if bytes > MAX_TLS_FILE_BYTES {
+        return Err(bad(format!("larger than {MAX_TLS_FILE_BYTES} bytes")));
+    }
+    let text = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+    let text = String::from_utf8_lossy(&text);
+    let (marker, what) = match pem {
+        Pem::Certificate => ("-----BEGIN CERTIFICATE-----", "certificate"),
+        Pem::PrivateKey => ("PRIVATE KEY-----", "private key"),
+    };
+    if !text.contains(marker) {
+        return Err(bad(format!("no PEM {what} in the file")));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use agentgate_core::error::ErrorKind;
+
+    use super::*;
+
+    const BASE: &str = "postgres://agent:hunter2@db.example:5432/app";
+
+    fn pem_file(dir: &tempfile::TempDir, name: &str, body: &str) -> String {
+        let path = dir.path().join(name);
+        std::fs::write(&path, body).expect("write a test file");
+        path.to_str().expect("utf-8 temp path").to_owned()
+    }
+
+    fn refusal(url: &str) -> String {
+        let error = connect_options(url).expect_err("refused");
+        assert_eq!(error.kind(), ErrorKind::InvalidRequest, "{error}");
+        let message = error.to_string();
+        assert!(!message.contains("hunter2"), "password in {message:?}");
+        message
+    }
+
+    #[test]
+    fn every_libpq_sslmode_is_read() {
+        for (text, mode) in [
+            ("disable", SslMode::Disable),
+            ("allow", SslMode::Allow),
+            ("prefer", SslMode::Prefer),
+            ("require", SslMode::Require),
+            ("verify-ca", SslMode::VerifyCa),
+            ("VERIFY-FULL", SslMode::VerifyFull),
+        ] {
+            let tls = tls_parameters(&format!("{BASE}?sslmode={text}")).expect("valid");
+            assert_eq!(tls.mode, Some(mode), "{text}");
+        }
+        assert_eq!(tls_parameters(BASE).expect("valid").mode, None);
+    }
+
+    #[test]
+    fn a_bad_sslmode_is_refused_by_name() {
+        let message = refusal(&format!("{BASE}?sslmode=required"));
+        assert!(
+            message.contains("sslmode") && message.contains("required"),
+            "{message}"
+        );
+        refusal(&format!("{BASE}?sslmode="));
+    }
+
+    #[test]
+    fn an_unknown_parameter_is_refused_not_ignored() {
+        let message = refusal(&format!("{BASE}?sslmod=require"));
+        assert!(message.contains("\"sslmod\""), "{message}");
+        // sqlx's own parameters still pass.
+        let url = format!("{BASE}?application_name=x&options[search_path]=s&sslmode=disable");
+        connect_options(&url).expect("sqlx parameters pass");
+    }
+
+    #[test]
+    fn a_ca_file_means_verification() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ca = pem_file(&dir, "ca.pem", "-----BEGIN CERTIFICATE-----\nx\n");
+        let mode = |query: &str| tls_parameters(&format!("{BASE}?{query}")).map(|t| t.mode);
+        assert_eq!(
+            mode(&format!("sslrootcert={ca}")).expect("valid"),
+            Some(SslMode::VerifyFull)
+        );
+        assert_eq!(
+            mode(&format!("sslmode=require&sslrootcert={ca}")).expect("valid"),
+            Some(SslMode::VerifyCa)
+        );
+        assert_eq!(
+            mode(&format!("sslmode=verify-ca&sslrootcert={ca}")).expect("valid"),
+            Some(SslMode::VerifyCa)
+        );
+        for weak in ["disable", "allow", "prefer"] {
+            let message = refusal(&format!("{BASE}?sslmode={weak}&sslrootcert={ca}"));
+            assert!(message.contains("sslrootcert"), "{message}");
+        }
+    }
+
+    #[test]
+    fn tls_files_are_checked_when_opening() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let not_pem = pem_file(&dir, "ca.txt", "hello");
+        let key = pem_file(&dir, "key.pem", "-----BEGIN PRIVATE KEY-----\nx\n");
+        let message = refusal(&format!(
+            "{BASE}?sslmode=verify-full&sslrootcert=/nonexistent/ca"
+        ));
+        assert!(message.contains("sslrootcert") && message.contains("/nonexistent/ca"));
+        let message = refusal(&format!("{BASE}?sslmode=verify-full&sslrootcert={not_pem}"));
+        assert!(message.contains("no PEM certificate"), "{message}");
+        let message = refusal(&format!("{BASE}?sslmode=require&sslkey={key}"));
+        assert!(message.contains("sslcert and sslkey"), "{message}");
+        let message = refusal(&format!(
+            "{BASE}?sslmode=require&sslcert={key}&sslkey={key}"
+        ));
+        assert!(message.contains("sslcert") && message.contains("no PEM certificate"));
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn a_checked_url_sets_the_resolved_mode() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ca = pem_file(&dir, "ca.pem", "-----BEGIN CERTIFICATE-----\nx\n");
+        let options =
+            connect_options(&format!("{BASE}?sslmode=require&sslrootcert={ca}")).expect("valid");
+        assert!(matches!(options.get_ssl_mode(), PgSslMode::VerifyCa));
+    }
+
+    #[cfg(not(feature = "tls"))]
+    #[test]
+    fn tls_without_the_feature_is_refused() {
+        let message = refusal(&format!("{BASE}?sslmode=require"));
+        assert!(message.contains("feature `tls`"), "{message}");
+        connect_options(&format!("{BASE}?sslmode=prefer")).expect("plaintext fallback");
+    }
+}
