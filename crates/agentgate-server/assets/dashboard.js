@@ -96,7 +96,7 @@ function render(data) {
   const orphans = data.recent_turns.filter((t) => t.state === "running" && t.orphaned).length;
   fill(
     els.counters,
-    counter("Live turns · all nodes", liveCount, `this node: ${c.live_turns}`, "live"),
+    counter("Live turns · all nodes", liveCount, `this node: ${c.live_turns} begun and not yet ended`, "live"),
     counter("Orphaned · all nodes", orphans, "running, no live holder (recent turns)", "orphaned"),
     counter("Conflicts · this node", sum(c.conflicts), detail(c.conflicts), "conflicts"),
     counter("Replays · this node", c.replays, "stored answers sent again", "replays"),
