@@ -530,7 +530,9 @@ function renderTranscript(data) {
   const recorded = new Set();
   for (const turn of data.turns) {
     if (turn.client_request_id) recorded.add(turn.client_request_id);
-    const said = turn.confirms ? (turn.user_text === "确认" ? t("approved_label") : t("rejected_label")) : turn.user_text;
+    // A confirmation turn records "确认"/"取消" or "Approve"/"Reject" (by the card's language).
+    const approved = ["确认", "Approve"].includes(turn.user_text);
+    const said = turn.confirms ? (approved ? t("approved_label") : t("rejected_label")) : turn.user_text;
     items.push(userBubble(said, clock(turn.created_at_ms), turn.confirms ? undefined : turn.client_request_id));
     items.push(recordedAssistant(turn, data.pending));
   }
