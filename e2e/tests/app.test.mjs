@@ -107,11 +107,12 @@ test("a confirmation approved in two tabs books once; a new message meanwhile mu
   await tabB.waitForSelector("#notice:not([hidden])");
   assert.match(await tabB.textContent("#notice"), /[Ww]aiting for your confirmation/);
   assert.equal(await tabB.inputValue("#composer-input"), "午饭 20");
-  // Both tabs approve at once.
-  await Promise.all([
-    tabA.click(".confirm-card:not(.answered) button.approve"),
-    tabB.click(".confirm-card:not(.answered) button.approve"),
-  ]);
+  // Both tabs approve at once: the buttons are taken first and pressed
+  // together, since a tab that learns of the other's approval (the tabs keep
+  // in sync) redraws its card as answered, with no button left to press.
+  const live = ".confirm-card:not(.answered) button.approve";
+  const [buttonA, buttonB] = await Promise.all([tabA.$(live), tabB.$(live)]);
+  await Promise.all([buttonA.evaluate((b) => b.click()), buttonB.evaluate((b) => b.click())]);
   await eventually(
     async () => {
       const transcript = await getJson(server.base, `/app/transcript?user_id=${user}&session_id=s-big`);
