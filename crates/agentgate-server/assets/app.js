@@ -363,6 +363,14 @@ function confirmCard(turnId, pending, live, expiresAtMs) {
   return card;
 }
 
+/** A card no longer waiting: no buttons, no deadline (until the transcript redraws it). */
+function settleCard(card) {
+  card.classList.add("answered");
+  card.querySelector("h3").textContent = t("card.title_done");
+  card.querySelector(".deadline")?.remove();
+  card.querySelector(".actions")?.remove();
+}
+
 function remainingText(ms) {
   const left = Math.max(0, ms);
   return left >= 60_000 ? t("minutes", { n: Math.round(left / 60_000) }) : t("seconds", { n: Math.ceil(left / 1000) });
@@ -406,7 +414,7 @@ async function answer(card, turnId, decision, expiresAtMs, ui) {
     );
     state.activeStreams -= 1;
     if (result.ok) {
-      card.classList.add("answered");
+      settleCard(card);
       if (replay && replay.client_request_id !== requestId) {
         // Another answer was applied first; its outcome is replayed to us.
         const applied = replay.decision || decision;
@@ -434,7 +442,7 @@ async function answer(card, turnId, decision, expiresAtMs, ui) {
         await sleep(Math.min(Math.max(error.retry_after_ms || 0, SYNC_BUSY_MS), 2000));
         continue;
       case "not_found": {
-        card.classList.add("answered");
+        settleCard(card);
         status.textContent = t("card.gone");
         const expired = expiresAtMs && Date.now() >= expiresAtMs;
         showNotice(expired ? t("notice.confirm_expired", { time: clock(expiresAtMs) }) : t("notice.confirm_gone"), "warn", "confirm");
