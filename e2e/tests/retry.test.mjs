@@ -198,6 +198,22 @@ test("Chinese browser: Chinese notices, Chinese numerals booked, amounts one way
     assert.match(await page.textContent(".confirm-card:not(.answered)"), /2000\.00/);
     assert.match(await page.textContent(".confirm-card:not(.answered) .deadline"), /请在 .* 前答复/);
     await page.screenshot({ path: "/tmp/h4-zh.png", fullPage: true });
+    // A second tab, its view stale, rejects after the first approved: told so in Chinese.
+    const other = await zh.newTab(chatUrl(server.base, user, "s-zh"));
+    await other.waitForSelector(".confirm-card:not(.answered) button.reject");
+    const held = [];
+    await other.route("**/app/transcript*", (route) => held.push(route));
+    await page.click(".confirm-card:not(.answered) button.approve");
+    await eventually(async () => (await entries(server.base, user)).length === 3, { what: "the approved entry" });
+    await other.click(".confirm-card:not(.answered) button.reject");
+    await eventually(async () => /已在另一个标签页批准；你的拒绝没有生效/.test((await other.textContent("#notice")) || ""), {
+      what: "the Chinese notice that the approve won",
+    });
+    await other.screenshot({ path: "/tmp/h4-zh-reject-lost.png", fullPage: true });
+    await other.unroute("**/app/transcript*");
+    for (const route of held) await route.continue().catch(() => {});
+    assert.equal((await entries(server.base, user)).length, 3);
+    await other.close();
     await page.close();
   } finally {
     await zh.close();
