@@ -168,6 +168,47 @@ test("a reject that lost to another tab's approve says so", async () => {
   await tabB.close();
 });
 
+test("a reject sent while another answer still runs waits for it, then says which was applied", async () => {
+  const user = unique("inflight");
+  const session = "s-inflight";
+  const page = await browser.newTab(chatUrl(server.base, user, session));
+  await page.fill("#composer-input", "new phone 4999");
+  await page.click("#send");
+  const card = await page.waitForSelector(".confirm-card:not(.answered)", { timeout: REPLY_TIMEOUT_MS });
+  const pendingTurn = await card.getAttribute("data-turn-id");
+  // Another client approves through /v1 and holds the continuation's lease
+  // (as a slow agent would): the page's reject meets 409 request_in_flight.
+  const begun = await fetch(`${server.base}/v1/turns`, {
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({
+      user_id: user, session_id: session, client_request_id: "other-device",
+      confirmation: { turn_id: pendingTurn, decision: "approve" },
+    }),
+  });
+  assert.equal(begun.status, 201);
+  const { turn } = await begun.json();
+  const statuses = [];
+  page.on("response", (response) => {
+    if (response.url().endsWith("/app/confirmations")) statuses.push(response.status());
+  });
+  await page.click(".confirm-card button.reject");
+  await eventually(async () => statuses.includes(409), { what: "the reject's 409 request_in_flight" });
+  assert.match(await page.textContent("#notice"), /already being answered/);
+  // The other answer ends; the page asks again with the same id and learns it.
+  const done = await fetch(`${server.base}/v1/turns/${turn.turn_id}/complete`, {
+    method: "POST",
+    headers: { "Content-Type": "application/json", "Lease-Token": turn.lease_token },
+    body: JSON.stringify({ response: { text: "approved elsewhere", entries: [] } }),
+  });
+  assert.equal(done.status, 200);
+  await eventually(async () => /Approved in another tab; your reject was not applied/.test(await page.textContent("#notice")), {
+    what: "the notice that the approve won",
+  });
+  assert.doesNotMatch(await page.textContent("#messages"), /✗ Reject/);
+  await page.close();
+});
+
 test("Chinese browser: Chinese notices, Chinese numerals booked, amounts one way", async () => {
   const zh = await launchBrowser({ locale: "zh-CN" });
   try {
