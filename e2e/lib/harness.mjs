@@ -28,14 +28,15 @@ mkdirSync(ARTIFACTS, { recursive: true });
  * Starts `agentgate serve` on 127.0.0.1:0 with a fresh SQLite store.
  * `thinkTimeMs` is the offline model's time per round (a turn is three rounds).
  */
-export async function startServer({ name, thinkTimeMs = 400, args = [] } = {}) {
-  const dir = mkdtempSync(path.join(tmpdir(), "agentgate-e2e-"));
+export async function startServer({ name, thinkTimeMs = 400, args = [], listen = "127.0.0.1:0", dir: storeDir } = {}) {
+  // A given `dir` is an earlier server's store: a restart on the same data.
+  const dir = storeDir || mkdtempSync(path.join(tmpdir(), "agentgate-e2e-"));
   const log = path.join(ARTIFACTS, `${name || "server"}.log`);
   const child = spawn(
     BIN,
     [
       "serve",
-      "--listen", "127.0.0.1:0",
+      "--listen", listen,
       "--store", `sqlite://${path.join(dir, "agentgate.db")}`,
       "--think-time-ms", String(thinkTimeMs),
       ...args,
@@ -63,23 +64,27 @@ export async function startServer({ name, thinkTimeMs = 400, args = [] } = {}) {
     base,
     dir,
     log,
-    async stop() {
-      if (child.exitCode === null) {
+    /** The port it listens on. */
+    port: Number(new URL(base).port),
+    /** Stops it; `keepStore` leaves the store for a restart; `signal` SIGKILL is a crash. */
+    async stop({ keepStore = false, signal = "SIGTERM" } = {}) {
+      if (child.exitCode === null && child.signalCode === null) {
         const exited = new Promise((resolve) => child.once("exit", resolve));
-        child.kill("SIGTERM");
+        child.kill(signal);
         await exited;
       }
-      rmSync(dir, { recursive: true, force: true });
+      if (!keepStore) rmSync(dir, { recursive: true, force: true });
     },
   };
 }
 
-/** A Chromium context with a fresh profile directory; its pages are tabs. */
-export async function launchBrowser() {
+/** A Chromium context with a fresh profile directory; its pages are tabs. `locale` sets navigator.language. */
+export async function launchBrowser({ locale = "en-US" } = {}) {
   const profile = mkdtempSync(path.join(tmpdir(), "agentgate-chromium-"));
   const context = await chromium.launchPersistentContext(profile, {
     executablePath: CHROMIUM,
     headless: true,
+    locale,
     viewport: { width: 1360, height: 860 },
     timezoneId: "Asia/Shanghai",
     args: [

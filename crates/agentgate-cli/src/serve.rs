@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use agentgate_server::app::{ModelChoice, OnDisconnect, DEFAULT_THINK_TIME_MS};
 use agentgate_server::limits::{DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS};
+use agentgate_server::serve::DEFAULT_CONFIRMATION_TTL_MS;
 use agentgate_server::{read_key_file, shutdown_signal, ApiKey, ServeConfig, Server};
 
 use crate::BoxError;
@@ -38,6 +39,11 @@ pub struct ServeArgs {
     /// Concurrent live turns per user.
     #[arg(long, env = "AGENTGATE_MAX_TURNS_PER_USER", default_value_t = 5)]
     max_turns_per_user: u32,
+    /// How long a pending confirmation waits for the person's answer, in
+    /// milliseconds (1 s to 30 days); until then new messages in that
+    /// conversation are refused with awaiting_confirmation.
+    #[arg(long, env = "AGENTGATE_CONFIRMATION_TTL_MS", default_value_t = DEFAULT_CONFIRMATION_TTL_MS)]
+    confirmation_ttl_ms: u64,
     /// API key required as `Authorization: Bearer <key>` on every /v1 call.
     /// Repeatable; in the environment, comma-separated. Prefer
     /// --api-key-file or the environment: flags show in `ps`.
@@ -162,6 +168,7 @@ impl ServeArgs {
             redis_url: self.redis,
             lease_ttl: Duration::from_millis(self.lease_ttl_ms),
             max_turns_per_user: self.max_turns_per_user,
+            confirmation_ttl: Duration::from_millis(self.confirmation_ttl_ms),
             api_keys,
             max_body_bytes: self.max_body_bytes,
             app_enabled: !self.no_app,

@@ -262,6 +262,57 @@ async fn a_confirmation_blocks_new_messages_and_approving_twice_books_once() {
     assert_eq!(app.entries("dave").await.unwrap().len(), 2);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_late_reject_learns_that_the_approve_was_applied() {
+    let dir = scratch();
+    let server = Server::start(
+        dir.path(),
+        &["--think-time-ms", "0", "--confirmation-ttl-ms", "120000"],
+    );
+    let app = AppClient::new(&server.base);
+    let (_, settings) = app.get("/app/settings").await.unwrap();
+    assert_eq!(settings["confirmation_ttl_ms"], 120_000);
+    let events = app
+        .send("gina", "s1", "m1", "new laptop 6999")
+        .await
+        .unwrap()
+        .events();
+    let waiting = last(&events, "awaiting_confirmation").expect("a pending card");
+    let pending_turn = waiting["turn_id"].as_str().unwrap().to_owned();
+    // The card's deadline: the flag's TTL, counted down on the store's clock.
+    let transcript = app.transcript("gina", "s1").await.unwrap();
+    let expires_in_ms = transcript["pending"]["expires_in_ms"].as_i64().unwrap();
+    assert!(
+        (100_000..=120_000).contains(&expires_in_ms),
+        "{expires_in_ms}"
+    );
+
+    let approved = app
+        .confirm("gina", "s1", "tab-a", &pending_turn, "approve")
+        .await
+        .unwrap()
+        .events();
+    let outcome = &last(&approved, "final").expect("a final event")["outcome"];
+    assert_eq!(outcome["decision"], "approve");
+    assert_eq!(outcome["client_request_id"], "tab-a");
+    // Another tab rejects afterwards: the server replays the approve, and
+    // says whose answer it was, so that tab can tell the person the truth.
+    let late = app
+        .confirm("gina", "s1", "tab-b", &pending_turn, "reject")
+        .await
+        .unwrap()
+        .events();
+    let replayed = &last(&late, "final").expect("a replay")["outcome"];
+    assert_eq!(replayed["replayed"], true);
+    assert_eq!(replayed["decision"], "approve");
+    assert_eq!(replayed["client_request_id"], "tab-a");
+    assert_eq!(app.entries("gina").await.unwrap().len(), 1);
+    // The transcript names each turn's request id, for a retry as itself.
+    let transcript = app.transcript("gina", "s1").await.unwrap();
+    assert_eq!(transcript["turns"][0]["client_request_id"], "m1");
+    assert!(transcript["pending"].is_null());
+}
+
 #[tokio::test]
 async fn on_disconnect_finish_lets_the_turn_end_and_release_its_lease() {
     let dir = scratch();

@@ -360,11 +360,13 @@ impl LedgerApp {
                 None => {
                     turns.push(TranscriptTurn {
                         turn_id: row.turn_id.clone(),
+                        client_request_id: None,
                         user_text: String::new(),
                         confirms: None,
                         reply: None,
                         state: None,
                         error: None,
+                        retryable: None,
                         created_at_ms: row.created_at_ms,
                     });
                     turns.len() - 1
@@ -384,6 +386,8 @@ impl LedgerApp {
             if let Some(view) = self.inner.gate.store().turn(&turn_id).await? {
                 turn.state = Some(view.state);
                 turn.error = view.error.clone();
+                turn.retryable = view.retryable;
+                turn.client_request_id = Some(view.client_request_id.as_str().to_owned());
                 if turn.reply.is_none() {
                     turn.reply = ChatOutcome::from_view(&view, true).reply;
                 }

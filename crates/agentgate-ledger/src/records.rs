@@ -2,7 +2,7 @@
 //! the server sends; amounts go out both as integer cents and as two-decimal
 //! text so a page never does float arithmetic on money.
 
-use agentgate::{TurnState, TurnView};
+use agentgate::{Decision, TurnState, TurnView};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -109,6 +109,10 @@ impl Reply {
 pub struct ChatOutcome {
     /// The turn.
     pub turn_id: String,
+    /// The client's id of the request that started the turn: on a replay
+    /// of a second confirmation it is the first answer's, not the caller's.
+    #[serde(default)]
+    pub client_request_id: String,
     /// Its state: `succeeded`, `awaiting_confirmation`, `confirmed` (a
     /// pending turn that was since answered) or `failed`.
     pub state: TurnState,
@@ -124,6 +128,12 @@ pub struct ChatOutcome {
     /// For `confirmed`: the confirmation turn that took the decision.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub confirmed_by: Option<String>,
+    /// For a confirmation turn: the decision it carried out. A second
+    /// answer to the same pending turn replays the first one's outcome, so
+    /// a page compares this with what it sent to tell the person whose
+    /// answer was applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision: Option<Decision>,
 }
 
 impl ChatOutcome {
@@ -138,11 +148,13 @@ impl ChatOutcome {
         };
         Self {
             turn_id: view.turn_id.to_string(),
+            client_request_id: view.client_request_id.as_str().to_owned(),
             state: view.state,
             replayed,
             reply,
             error: view.error.clone(),
             confirmed_by: view.confirmed_by.as_ref().map(ToString::to_string),
+            decision: view.confirmation.as_ref().map(|c| c.decision),
         }
     }
 }
@@ -180,6 +192,11 @@ pub struct SessionSummary {
 pub struct TranscriptTurn {
     /// The turn.
     pub turn_id: String,
+    /// The client's id of the request that started the turn, so a page can
+    /// offer a retry of a failed turn as that same request (never a new
+    /// one that could book twice); `None` once the engine swept the turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_request_id: Option<String>,
     /// What the person sent (for a confirmation turn: "确认" or "取消").
     pub user_text: String,
     /// For a confirmation turn: the pending turn it answered.
@@ -195,6 +212,10 @@ pub struct TranscriptTurn {
     /// For a failed turn: its error.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<Value>,
+    /// For a failed turn: whether a repeat of its request runs it again
+    /// (else the repeat replays the failure).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retryable: Option<bool>,
     /// Store-clock time of the message, ms since the Unix epoch.
     pub created_at_ms: i64,
 }

@@ -3,17 +3,42 @@
 // starts and is shown as it is; an accepted message streams the turn's events
 // (deltas, tool calls, tool results, the final reply). Nothing is blocked on
 // the client only.
+//
+// A message keeps one client_request_id from the moment it is first sent
+// until its reply is known: a second click, Enter pressed twice, a resend
+// after a lost connection or a reload all send that same id, so the server
+// runs it at most once. Messages not yet answered wait in an outbox in
+// localStorage and are resent with their id, with backoff, while a page of
+// this browser is open. Tabs of one conversation keep each other in sync
+// (BroadcastChannel, plus polling the server for other browsers).
+//
+// Every notice says what is true: when it says a message is in the box, it
+// is; when it says a message will be resent, the outbox resends it.
 
 import { h, getJson, postStream, newId, money, clock, fill } from "/assets/common.js";
+import { t, translatePage } from "/assets/i18n.js";
 
-/** How often a running turn's transcript is re-read (reload mid-turn, a refusal). */
-const POLL_INTERVAL_MS = 700;
-/** Polls per wait at most: ten minutes, far above any turn's lease. */
-const MAX_POLLS = Math.ceil((10 * 60 * 1000) / POLL_INTERVAL_MS);
-/** Turns whose request id this browser remembers, so a failed one can be retried as itself. */
-const MAX_REMEMBERED_REQUESTS = 100;
+/** Transcript polls while a turn of this session runs, or a message of ours waits for its reply. */
+const SYNC_BUSY_MS = 700;
+/** Transcript polls while idle: picks up other browsers' messages. */
+const SYNC_IDLE_MS = 2500;
+/** Transcript polls while the tab is hidden. */
+const SYNC_HIDDEN_MS = 10_000;
+/** How often the outbox is looked at. */
+const OUTBOX_TICK_MS = 1000;
+/** Automatic sends of one message at most (then the person decides): about ten minutes with the backoff. */
+const MAX_AUTO_SENDS = 25;
+const BACKOFF_FIRST_MS = 1000;
+const BACKOFF_MAX_MS = 30_000;
+/** Messages kept in the outbox at most; the oldest are dropped beyond. */
+const MAX_OUTBOX = 50;
+/** An outbox entry whose tab has not touched it for this long is adopted by another tab (the first was closed). */
+const OWNER_STALE_MS = 10_000;
+/** Re-asks of one confirmation answer while another tab's answer runs. */
+const MAX_CONFIRM_FOLLOWS = 60;
 const USER_STORAGE = "agentgate.user";
-const REQUESTS_STORAGE = "agentgate.requests";
+const OUTBOX_STORAGE = "agentgate.outbox";
+const TAB_ID = newId("tab");
 
 const els = {
   userForm: document.getElementById("user-form"),
@@ -35,15 +60,27 @@ const els = {
 const state = {
   user: "demo-user",
   session: "",
-  /** The message being sent: {text, id, session}. Kept until the server accepts it. */
+  /** The message in the box and its id: {id, user, session, text}. Kept until the server accepts it. */
   draft: null,
-  /** Messages the server refused in this view: {text, code}; shown after the transcript until the next accepted send. */
-  unsent: [],
   /** Streams this tab is reading; the transcript is not re-rendered under them. */
   activeStreams: 0,
-  polling: false,
+  /** Whether the server said a turn of this session runs (last sync). */
+  running: false,
+  /** The last transcript rendered, to re-render only on change. */
+  signature: "",
+  /** After session_busy: the text that waits in the box for the running turn to end. */
+  busyText: null,
   settings: null,
 };
+
+/** Message ids this tab has a request open for (a count: a double-click opens two). */
+const sending = new Map();
+/** Wakes the sync loop early (another tab changed something, this tab sent). */
+let wakeSync = () => {};
+/** A wake asked for while a sync ran: the next wait is skipped. */
+let wakeRequested = false;
+
+const channel = typeof BroadcastChannel === "function" ? new BroadcastChannel("agentgate.app") : null;
 
 // ------------------------------------------------------------ helpers
 
@@ -61,87 +98,98 @@ function writeHash() {
   history.replaceState(null, "", `#${params}`);
 }
 
-function rememberRequest(turnId, request) {
-  let map = {};
-  try {
-    map = JSON.parse(localStorage.getItem(REQUESTS_STORAGE) || "{}");
-  } catch {
-    map = {};
-  }
-  map[turnId] = request;
-  const keys = Object.keys(map);
-  for (const key of keys.slice(0, Math.max(0, keys.length - MAX_REMEMBERED_REQUESTS))) delete map[key];
-  localStorage.setItem(REQUESTS_STORAGE, JSON.stringify(map));
+function sleep(ms) {
+  return new Promise((resolve) => setTimeout(resolve, ms));
 }
 
-function rememberedRequest(turnId) {
-  try {
-    return JSON.parse(localStorage.getItem(REQUESTS_STORAGE) || "{}")[turnId] || null;
-  } catch {
-    return null;
-  }
+function seconds(ms) {
+  return Math.max(1, Math.ceil((ms || 0) / 1000));
 }
 
-function showNotice(text, kind = "warn") {
+/** Tells the other tabs of this browser that this conversation changed. */
+function broadcast() {
+  channel?.postMessage({ type: "changed", user: state.user, session: state.session });
+}
+
+/** Notices carry a key, so a later event clears only the notice it is about. */
+function showNotice(text, kind = "warn", key = "") {
   els.notice.textContent = text;
   els.notice.dataset.kind = kind;
+  els.notice.dataset.key = key;
   els.notice.hidden = false;
 }
 
-function hideNotice() {
+function hideNotice(key) {
+  if (key !== undefined && els.notice.dataset.key !== key) return;
   els.notice.hidden = true;
   els.notice.textContent = "";
+  els.notice.dataset.key = "";
 }
 
 function scrollToEnd() {
   els.messages.scrollTop = els.messages.scrollHeight;
 }
 
-function sleep(ms) {
-  return new Promise((resolve) => setTimeout(resolve, ms));
+// ------------------------------------------------------------ the outbox
+
+function readOutbox() {
+  try {
+    const list = JSON.parse(localStorage.getItem(OUTBOX_STORAGE) || "[]");
+    return Array.isArray(list) ? list : [];
+  } catch {
+    return [];
+  }
 }
 
-/** What a refusal means for the person, from the server's error code. */
-function refusalText(status, error) {
-  const code = error && error.code;
-  const seconds = error && error.retry_after_ms ? Math.ceil(error.retry_after_ms / 1000) : null;
-  switch (code) {
-    case "session_busy":
-    case "request_in_flight":
-      return "The previous message is still being processed. Your message was not sent: send it again once the reply is in.";
-    case "awaiting_confirmation":
-      return "Waiting for your confirmation: approve or reject the pending entry before sending a new message.";
-    case "user_at_capacity":
-      return `You already have the most conversations running at once${seconds ? `; try again in ${seconds} s` : ""}.`;
-    case "payload_mismatch":
-      return "This message id was already used for a different text; edit the message to send it as a new one.";
-    case "network":
-      return "Could not reach the server. Your message was kept: send it again to retry (it will not be booked twice).";
-    default:
-      return `${(error && error.message) || "The server refused the message"} (HTTP ${status}).`;
-  }
+function writeOutbox(list) {
+  localStorage.setItem(OUTBOX_STORAGE, JSON.stringify(list.slice(-MAX_OUTBOX)));
+}
+
+function outboxGet(id) {
+  return readOutbox().find((entry) => entry.id === id) || null;
+}
+
+/** Creates or updates the entry of message `id`; this tab owns it from now on. */
+function outboxUpdate(id, change) {
+  const list = readOutbox();
+  const index = list.findIndex((entry) => entry.id === id);
+  const entry = { ...(index >= 0 ? list[index] : {}), ...change, id, owner: TAB_ID, touched_at_ms: Date.now() };
+  if (index >= 0) list[index] = entry;
+  else list.push(entry);
+  writeOutbox(list);
+  return entry;
+}
+
+function outboxRemove(id) {
+  writeOutbox(readOutbox().filter((entry) => entry.id !== id));
+}
+
+function backoffMs(attempts) {
+  return Math.min(BACKOFF_MAX_MS, BACKOFF_FIRST_MS * 2 ** Math.max(0, attempts - 1));
+}
+
+/** The id to send `text` with: the box's draft, or a message of this conversation still waiting for its reply. */
+function messageFor(text) {
+  const draft = state.draft;
+  if (draft && draft.text === text && draft.session === state.session && draft.user === state.user) return draft;
+  const waiting = readOutbox().find((e) => e.user === state.user && e.session === state.session && e.text === text);
+  if (waiting) return { id: waiting.id, user: waiting.user, session: waiting.session, text };
+  return { id: newId("msg"), user: state.user, session: state.session, text };
 }
 
 // ------------------------------------------------------------ rendering
 
-function userBubble(text, status) {
+function userBubble(text, status, requestId) {
   return h(
     "li",
-    { class: "msg user" },
+    { class: "msg user", dataset: requestId ? { requestId } : {} },
     h("div", { class: "bubble" }, text),
     h("div", { class: "status" }, status || ""),
   );
 }
 
-function refusedBubble(text, code) {
-  const li = userBubble(text, "Not sent");
-  li.classList.add("refused");
-  li.dataset.code = code || "";
-  return li;
-}
-
 function setStatus(li, text) {
-  const status = li.querySelector(".status");
+  const status = li && li.querySelector(".status");
   if (status) status.textContent = text;
 }
 
@@ -149,10 +197,8 @@ function bookedList(entries) {
   if (!entries || entries.length === 0) return null;
   return h(
     "ul",
-    { class: "booked", "aria-label": "Booked entries" },
-    entries.map((e) =>
-      h("li", {}, `#${e.id} ${e.category} ${e.type === "income" ? "+" : "−"}${e.amount} · ${e.occur_date}`),
-    ),
+    { class: "booked", "aria-label": t("entries") },
+    entries.map((e) => h("li", {}, `#${e.id} ${e.category} ${money(e.amount_cents, e.type)} · ${e.occur_date}`)),
   );
 }
 
@@ -171,22 +217,20 @@ function liveAssistant() {
   const text = h("div", { class: "bubble working" }, "");
   const tools = h("ul", { class: "tools", "aria-label": "Tool calls" });
   const extra = h("div", {});
-  const status = h("div", { class: "status" }, "Thinking…");
+  const status = h("div", { class: "status" }, t("status.thinking"));
   const li = h("li", { class: "msg assistant", dataset: { state: "running" } }, text, tools, extra, status);
   const calls = new Map();
   let streamed = "";
   const bubble = {
     li,
     done: false,
-    turnId: null,
-    handle(name, data, request) {
+    outcome: null,
+    handle(name, data) {
       switch (name) {
         case "started":
-          bubble.turnId = data.turn_id;
           li.dataset.turnId = data.turn_id;
-          if (request) rememberRequest(data.turn_id, request);
-          if (data.takeover) status.textContent = `Resumed after a crash (attempt ${data.attempt})…`;
-          else if (data.attempt > 1) status.textContent = `Retrying (attempt ${data.attempt})…`;
+          if (data.takeover) status.textContent = t("status.resumed", { n: data.attempt });
+          else if (data.attempt > 1) status.textContent = t("status.retrying", { n: data.attempt });
           break;
         case "delta":
           streamed += data.text;
@@ -209,16 +253,19 @@ function liveAssistant() {
           chip.title = JSON.stringify(data.result);
           break;
         }
-        case "awaiting_confirmation":
+        case "awaiting_confirmation": {
           text.classList.remove("working");
           text.textContent = data.text;
           li.dataset.state = "awaiting_confirmation";
-          fill(extra, confirmCard(data.turn_id, data.pending, true));
-          status.textContent = "Waiting for your confirmation";
+          const ttl = state.settings ? state.settings.confirmation_ttl_ms : null;
+          fill(extra, confirmCard(data.turn_id, data.pending, true, ttl ? Date.now() + ttl : null));
+          status.textContent = t("status.waiting_confirmation");
           bubble.done = true;
           break;
+        }
         case "final":
           text.classList.remove("working");
+          bubble.outcome = data.outcome;
           renderOutcome(bubble, data.outcome, { text, extra, status });
           bubble.done = true;
           break;
@@ -228,9 +275,7 @@ function liveAssistant() {
           li.dataset.state = "error";
           li.dataset.code = data.code;
           text.textContent = data.message;
-          status.textContent = data.retryable
-            ? "Send the message again to retry: nothing is booked twice."
-            : "";
+          status.textContent = data.retryable ? t("status.retryable_error") : "";
           bubble.done = true;
           break;
         default:
@@ -240,7 +285,8 @@ function liveAssistant() {
     },
     broken() {
       text.classList.remove("working");
-      status.textContent = "Connection lost. The turn goes on on the server; its reply appears here when it ends.";
+      if (!streamed) text.hidden = true;
+      status.textContent = t("status.broken");
     },
   };
   return bubble;
@@ -253,91 +299,182 @@ function renderOutcome(bubble, outcome, parts) {
   if (outcome.state === "failed") {
     bubble.li.classList.add("failed");
     bubble.li.dataset.state = "error";
-    text.textContent = (outcome.error && (outcome.error.message || JSON.stringify(outcome.error))) || "This turn failed.";
+    text.textContent = (outcome.error && (outcome.error.message || JSON.stringify(outcome.error))) || t("failed");
     return;
   }
   bubble.li.dataset.state = "final";
   text.textContent = reply.text || "";
   const children = [bookedList(reply.entries)];
   if (outcome.state === "awaiting_confirmation") {
-    children.push(confirmCard(outcome.turn_id, reply.pending || [], true));
+    children.push(confirmCard(outcome.turn_id, reply.pending || [], true, null));
   }
   fill(extra, children);
-  status.textContent = outcome.replayed ? "Already answered: the stored reply, nothing booked again." : "";
+  status.textContent = outcome.replayed ? t("status.replayed") : "";
 }
 
-/** The approve / reject card of a pending confirmation. */
-function confirmCard(turnId, pending, live) {
-  // One answer id per card in this tab, reused if the same answer is re-sent.
-  const requestId = newId("confirm");
+/** One answer id per pending turn and decision in this tab: a re-sent answer is the same request. */
+const answerIds = new Map();
+
+function answerId(turnId, decision) {
+  const key = `${turnId}:${decision}`;
+  if (!answerIds.has(key)) answerIds.set(key, newId("confirm"));
+  return answerIds.get(key);
+}
+
+/** The approve / reject card of a pending confirmation; `expiresAtMs` is its deadline on this clock. */
+function confirmCard(turnId, pending, live, expiresAtMs) {
   const status = h("p", { class: "status muted" });
-  const approve = h("button", { type: "button", class: "approve", dataset: { decision: "approve" } }, "Approve");
-  const reject = h("button", { type: "button", class: "reject", dataset: { decision: "reject" } }, "Reject");
+  const approve = h("button", { type: "button", class: "approve", dataset: { decision: "approve" } }, t("approve"));
+  const reject = h("button", { type: "button", class: "reject", dataset: { decision: "reject" } }, t("reject"));
+  const deadline = live && expiresAtMs
+    ? h("p", { class: "deadline muted", dataset: { expiresAt: String(expiresAtMs) } }, t("card.expires", {
+        time: clock(expiresAtMs),
+        left: remainingText(expiresAtMs - Date.now()),
+      }))
+    : null;
   const card = h(
     "div",
-    { class: "confirm-card", role: "group", "aria-label": "Pending confirmation", dataset: { turnId } },
-    h("h3", {}, live ? "Confirm before booking" : "Confirmation no longer pending"),
+    { class: "confirm-card", role: "group", "aria-label": t("card.title"), dataset: { turnId } },
+    h("h3", {}, live ? t("card.title") : t("card.title_done")),
     h(
       "ul",
       {},
       pending.map((e) =>
-        h("li", {}, `${e.category} ${e.type === "income" ? "+" : "−"}${money(e.amount_cents)}${e.note ? ` · ${e.note}` : ""} · ${e.occur_date}`),
+        h("li", {}, `${e.category} ${money(e.amount_cents, e.type)}${e.note ? ` · ${e.note}` : ""} · ${e.occur_date}`),
       ),
     ),
+    deadline,
     live ? h("div", { class: "actions" }, approve, reject) : null,
     status,
   );
   if (!live) card.classList.add("answered");
-  const answer = async (decision) => {
-    approve.disabled = true;
-    reject.disabled = true;
-    status.textContent = "Sending…";
-    hideNotice();
+  if (live && expiresAtMs) {
+    // When the deadline passes, the server's word decides how the card reads.
+    setTimeout(() => {
+      if (card.isConnected) syncNow();
+    }, Math.max(0, expiresAtMs - Date.now()) + 500);
+  }
+  const setButtons = (enabled) => {
+    approve.disabled = !enabled;
+    reject.disabled = !enabled;
+  };
+  approve.addEventListener("click", () => answer(card, turnId, "approve", expiresAtMs, { status, setButtons }));
+  reject.addEventListener("click", () => answer(card, turnId, "reject", expiresAtMs, { status, setButtons }));
+  return card;
+}
+
+/** A card no longer waiting: no buttons, no deadline (until the transcript redraws it). */
+function settleCard(card) {
+  card.classList.add("answered");
+  card.querySelector("h3").textContent = t("card.title_done");
+  card.querySelector(".deadline")?.remove();
+  card.querySelector(".actions")?.remove();
+}
+
+function remainingText(ms) {
+  const left = Math.max(0, ms);
+  return left >= 60_000 ? t("minutes", { n: Math.round(left / 60_000) }) : t("seconds", { n: Math.ceil(left / 1000) });
+}
+
+/**
+ * Sends an answer to a pending confirmation and shows what the server did
+ * with it. A second answer of the same pending turn (another tab's) follows
+ * the first: while the first runs the server says request_in_flight, and
+ * this page asks again (same id) until it gets the first one's outcome; a
+ * replay names the decision that was applied, which may not be ours.
+ */
+async function answer(card, turnId, decision, expiresAtMs, ui) {
+  const { status, setButtons } = ui;
+  setButtons(false);
+  status.textContent = t("card.sending");
+  hideNotice();
+  const requestId = answerId(turnId, decision);
+  for (let follow = 0; follow < MAX_CONFIRM_FOLLOWS; follow += 1) {
     let assistant = null;
+    let replay = null;
     state.activeStreams += 1;
     const result = await postStream(
       "/app/confirmations",
       { user_id: state.user, session_id: state.session, client_request_id: requestId, turn_id: turnId, decision },
       {
-        onOpen() {
-          assistant = liveAssistant();
-          els.messages.append(userBubble(decision === "approve" ? "✓ Approve" : "✗ Reject"), assistant.li);
-          scrollToEnd();
-        },
         onEvent(name, data) {
+          if (!assistant && name === "final" && data.outcome && data.outcome.replayed) {
+            replay = data.outcome;
+            return;
+          }
+          if (!assistant) {
+            // Our answer runs: show it and its reply.
+            assistant = liveAssistant();
+            els.messages.append(userBubble(decision === "approve" ? t("approved_label") : t("rejected_label")), assistant.li);
+            broadcast();
+          }
           assistant.handle(name, data);
         },
       },
     );
     state.activeStreams -= 1;
-    if (!result.ok) {
-      const code = result.error && result.error.code;
-      if (code === "request_in_flight" || code === "session_busy") {
-        status.textContent = "Already being answered (in another tab?)…";
-        showNotice("This confirmation is already being processed; its result appears here when it ends.");
-        pollUntilIdle();
-      } else if (code === "not_found") {
-        status.textContent = "Already answered or expired.";
-        refresh();
+    if (result.ok) {
+      settleCard(card);
+      if (replay && replay.client_request_id !== requestId) {
+        // Another answer was applied first; its outcome is replayed to us.
+        const applied = replay.decision || decision;
+        status.textContent = applied === "approve" ? t("card.approved") : t("card.rejected");
+        const same = applied === decision;
+        showNotice(t(same ? `notice.confirm_same.${applied}` : `notice.confirm_lost.${applied}`), same ? "warn" : "error", "confirm");
+      } else if (replay) {
+        // Our own answer, sent before (a lost connection): its stored outcome.
+        status.textContent = decision === "approve" ? t("card.approved") : t("card.rejected");
       } else {
-        approve.disabled = false;
-        reject.disabled = false;
-        status.textContent = "";
-        showNotice(refusalText(result.status, result.error), "error");
+        status.textContent = decision === "approve" ? t("card.approved") : t("card.rejected");
+        if (!result.ended || (assistant && !assistant.done)) assistant?.broken();
       }
+      afterTurn();
       return;
     }
-    card.classList.add("answered");
-    status.textContent = decision === "approve" ? "Approved." : "Rejected.";
-    if (!result.ended || (assistant && !assistant.done)) {
-      if (assistant) assistant.broken();
-      pollUntilIdle();
+    const error = result.error || {};
+    switch (error.code) {
+      case "request_in_flight":
+        // Another tab's answer of this pending turn is running (or ours,
+        // sent before a lost connection): wait for it, then ask again with
+        // the same id to learn which answer was applied.
+        status.textContent = t("card.other_tab");
+        showNotice(t("notice.confirm_in_flight"), "warn", "confirm");
+        await sleep(Math.min(Math.max(error.retry_after_ms || 0, SYNC_BUSY_MS), 2000));
+        continue;
+      case "not_found": {
+        settleCard(card);
+        status.textContent = t("card.gone");
+        const expired = expiresAtMs && Date.now() >= expiresAtMs;
+        showNotice(expired ? t("notice.confirm_expired", { time: clock(expiresAtMs) }) : t("notice.confirm_gone"), "warn", "confirm");
+        syncNow();
+        return;
+      }
+      case "session_busy":
+        setButtons(true);
+        status.textContent = "";
+        showNotice(t("notice.confirm_busy", { seconds: seconds(error.retry_after_ms) }), "warn", "confirm");
+        return;
+      case "network":
+      case "bad_response":
+        setButtons(true);
+        status.textContent = "";
+        showNotice(t("notice.confirm_network"), "error", "confirm");
+        return;
+      default:
+        if (result.status >= 500) {
+          setButtons(true);
+          status.textContent = "";
+          showNotice(t("notice.confirm_network"), "error", "confirm");
+          return;
+        }
+        setButtons(true);
+        status.textContent = "";
+        showNotice(t("notice.confirm_refused", { message: error.message || error.code, status: result.status }), "error", "confirm");
+        return;
     }
-    afterTurn();
-  };
-  approve.addEventListener("click", () => answer("approve"));
-  reject.addEventListener("click", () => answer("reject"));
-  return card;
+  }
+  setButtons(true);
+  status.textContent = "";
 }
 
 /** The assistant's side of a turn from the transcript. */
@@ -347,48 +484,64 @@ function recordedAssistant(turn, pending) {
   const extra = h("div", {});
   const status = h("div", { class: "status" });
   const li = h("li", { class: "msg assistant", dataset: { turnId: turn.turn_id, state: turn.state || "unknown" } }, text, extra, status);
+  const retryButton = () =>
+    turn.client_request_id && !turn.confirms
+      ? h("button", { type: "button", class: "retry", onclick: () => retry(turn) }, t("retry"))
+      : null;
   switch (turn.state) {
     case "running":
       text.classList.add("working");
-      text.textContent = "Working on it…";
-      status.textContent = "Still running: the reply appears here when the turn ends.";
+      text.textContent = t("status.working");
+      status.textContent = t("status.running");
       break;
     case "awaiting_confirmation": {
       const live = Boolean(pending && pending.turn_id === turn.turn_id);
-      fill(extra, bookedList(reply.entries), confirmCard(turn.turn_id, reply.pending || [], live));
-      if (!live) status.textContent = "The confirmation expired.";
+      const expiresAt = live && pending.expires_in_ms !== undefined ? Date.now() + pending.expires_in_ms : null;
+      fill(extra, bookedList(reply.entries), confirmCard(turn.turn_id, reply.pending || [], live, expiresAt));
+      if (!live) status.textContent = t("status.expired");
       break;
     }
     case "confirmed":
       fill(extra, bookedList(reply.entries));
-      status.textContent = "Answered below.";
+      status.textContent = t("status.answered_below");
       break;
     case "failed": {
       li.classList.add("failed");
       const error = turn.error || {};
-      text.textContent = error.message || error.code || "This turn failed.";
-      const request = rememberedRequest(turn.turn_id);
-      if (request && request.text) {
-        fill(
-          extra,
-          h("button", { type: "button", onclick: () => sendMessage(request.text, request.id) }, "Retry"),
-        );
-        status.textContent = "Retrying resumes it: nothing is booked twice.";
+      text.textContent = error.message || error.code || t("failed");
+      if (turn.retryable) {
+        fill(extra, retryButton());
+        status.textContent = t("status.retry_same");
       }
       break;
     }
+    case "abandoned":
+      li.classList.add("failed");
+      text.textContent = t("abandoned");
+      fill(extra, retryButton());
+      status.textContent = t("status.retry_same");
+      break;
     default:
       fill(extra, bookedList(reply.entries));
   }
-  li.dataset.state = turn.state === "running" ? "running" : turn.state === "failed" ? "error" : "final";
+  li.dataset.state = turn.state === "running" ? "running" : ["failed", "abandoned"].includes(turn.state) ? "error" : "final";
   return li;
+}
+
+/** A retry of a recorded turn: the same request, with the same id. */
+function retry(turn) {
+  deliver({ id: turn.client_request_id, user: state.user, session: state.session, text: turn.user_text });
 }
 
 function renderTranscript(data) {
   const items = [];
+  const recorded = new Set();
   for (const turn of data.turns) {
-    const said = turn.confirms ? (turn.user_text === "确认" ? "✓ Approve" : "✗ Reject") : turn.user_text;
-    items.push(userBubble(said, clock(turn.created_at_ms)));
+    if (turn.client_request_id) recorded.add(turn.client_request_id);
+    // A confirmation turn records "确认"/"取消" or "Approve"/"Reject" (by the card's language).
+    const approved = ["确认", "Approve"].includes(turn.user_text);
+    const said = turn.confirms ? (approved ? t("approved_label") : t("rejected_label")) : turn.user_text;
+    items.push(userBubble(said, clock(turn.created_at_ms), turn.confirms ? undefined : turn.client_request_id));
     items.push(recordedAssistant(turn, data.pending));
   }
   if (data.running && !data.turns.some((turn) => turn.state === "running")) {
@@ -396,20 +549,25 @@ function renderTranscript(data) {
     // an API caller): show that something is running.
     items.push(recordedAssistant({ turn_id: "", state: "running" }, null));
   }
-  for (const message of state.unsent) items.push(refusedBubble(message.text, message.code));
-  if (items.length === 0) {
-    items.push(
-      h("li", { class: "empty" }, "No messages yet. Tell the agent what you spent or earned: “午饭 35”, “taxi 18 yesterday”."),
-    );
+  // Messages of ours the server accepted but has not recorded yet.
+  for (const entry of readOutbox()) {
+    if (entry.accepted && entry.user === state.user && entry.session === state.session && !recorded.has(entry.id)) {
+      items.push(userBubble(entry.text, t("status.accepted_waiting"), entry.id));
+    }
   }
+  if (items.length === 0) items.push(h("li", { class: "empty" }, t("empty")));
   fill(els.messages, items);
   scrollToEnd();
 }
 
 function renderSessions(sessions) {
-  const items = sessions.map((s) => ({ id: s.session_id, title: s.title, meta: `${s.turns} turn${s.turns === 1 ? "" : "s"} · ${clock(s.last_message_at_ms)}` }));
+  const items = sessions.map((s) => ({
+    id: s.session_id,
+    title: s.title,
+    meta: `${s.turns === 1 ? t("turns_one") : t("turns", { n: s.turns })} · ${clock(s.last_message_at_ms)}`,
+  }));
   if (!items.some((s) => s.id === state.session)) {
-    items.unshift({ id: state.session, title: "New conversation", meta: "no messages yet" });
+    items.unshift({ id: state.session, title: t("new_conversation"), meta: t("no_messages") });
   }
   fill(
     els.sessionList,
@@ -419,11 +577,7 @@ function renderSessions(sessions) {
         {},
         h(
           "button",
-          {
-            type: "button",
-            "aria-current": s.id === state.session ? "true" : "false",
-            onclick: () => switchSession(s.id),
-          },
+          { type: "button", "aria-current": s.id === state.session ? "true" : "false", onclick: () => switchSession(s.id) },
           h("span", { class: "title" }, s.title),
           h("span", { class: "meta" }, s.meta),
         ),
@@ -437,21 +591,21 @@ function renderLedger(ledger) {
   const totals = ledger.totals;
   fill(
     els.totals,
-    h("div", { class: "total expense" }, h("span", { class: "label" }, "Expense"), h("span", { class: "value" }, totals.expense)),
-    h("div", { class: "total income" }, h("span", { class: "label" }, "Income"), h("span", { class: "value" }, totals.income)),
+    h("div", { class: "total expense" }, h("span", { class: "label" }, t("expense")), h("span", { class: "value" }, money(totals.expense_cents))),
+    h("div", { class: "total income" }, h("span", { class: "label" }, t("income")), h("span", { class: "value" }, money(totals.income_cents))),
   );
   const largest = Math.max(1, ...totals.categories.map((c) => c.amount_cents));
   fill(
     els.categories,
     totals.categories.length === 0
-      ? h("tr", {}, h("td", { colspan: 3, class: "muted" }, "Nothing booked yet."))
+      ? h("tr", {}, h("td", { colspan: 3, class: "muted" }, t("nothing_booked")))
       : totals.categories.map((c) =>
           h(
             "tr",
             {},
-            h("td", {}, `${c.category}${c.type === "income" ? " (income)" : ""}`, h("div", { class: "bar", "aria-hidden": "true" }, h("span", { style: { width: `${Math.round((100 * c.amount_cents) / largest)}%` } }))),
+            h("td", {}, `${c.category}${c.type === "income" ? t("income_suffix") : ""}`, h("div", { class: "bar", "aria-hidden": "true" }, h("span", { style: { width: `${Math.round((100 * c.amount_cents) / largest)}%` } }))),
             h("td", { class: "num" }, c.count),
-            h("td", { class: `num ${c.type}` }, c.amount),
+            h("td", { class: `num ${c.type}` }, money(c.amount_cents)),
           ),
         ),
   );
@@ -464,11 +618,12 @@ function renderLedger(ledger) {
         h("td", { class: "mono" }, e.occur_date),
         h("td", {}, e.category),
         h("td", {}, e.note),
-        h("td", { class: `num ${e.type}` }, `${e.type === "income" ? "+" : "−"}${e.amount}`),
+        h("td", { class: `num ${e.type}` }, money(e.amount_cents, e.type)),
       ),
     ),
   );
-  els.ledgerCount.textContent = `${ledger.entries.length} entr${ledger.entries.length === 1 ? "y" : "ies"}`;
+  const count = ledger.entries.length;
+  els.ledgerCount.textContent = count === 1 ? t("entry_count_one") : t("entry_count", { n: count });
 }
 
 // ------------------------------------------------------------ loading
@@ -483,9 +638,15 @@ async function loadTranscript() {
   const params = new URLSearchParams({ user_id: state.user, session_id: state.session });
   const result = await getJson(`/app/transcript?${params}`);
   if (!result.ok) {
-    showNotice(refusalText(result.status, result.body.error), "error");
+    const error = (result.body && result.body.error) || {};
+    // A notice about a message (kept, busy, …) says more than "offline"; keep it.
+    const free = els.notice.hidden || ["offline", "load"].includes(els.notice.dataset.key);
+    if (!free) return null;
+    if (result.status === 0 || result.status >= 500) showNotice(t("notice.offline"), "error", "offline");
+    else showNotice(t("notice.load_failed", { message: error.message || error.code, status: result.status }), "error", "load");
     return null;
   }
+  hideNotice("offline");
   return result.body;
 }
 
@@ -499,132 +660,373 @@ async function loadSettings() {
   if (!result.ok) return;
   const s = result.body;
   state.settings = s;
-  els.settings.textContent =
-    `Model: ${s.model} · entries above ${money(s.confirmation_threshold_cents)} need confirmation · ` +
-    `closing the tab ${s.on_disconnect === "cancel" ? "cancels the turn" : "lets the turn finish"} · ` +
-    `lease ${Math.round(s.lease_ttl_ms / 1000)} s · ${s.max_turns_per_user} turns per user at once`;
+  els.settings.textContent = t("settings", {
+    model: s.model,
+    threshold: money(s.confirmation_threshold_cents),
+    ttl: remainingText(s.confirmation_ttl_ms),
+    disconnect: s.on_disconnect === "cancel" ? t("settings.cancel") : t("settings.finish"),
+    lease: Math.round(s.lease_ttl_ms / 1000),
+    cap: s.max_turns_per_user,
+  });
 }
 
-/** Re-reads the transcript (unless this tab is streaming), then the side panes. */
-async function refresh() {
-  const data = await loadTranscript();
-  if (data && state.activeStreams === 0) renderTranscript(data);
-  loadLedger();
-  loadSessions();
-  return data;
+/** The transcript's shape: re-render only when it changed. */
+function signatureOf(data) {
+  return JSON.stringify([
+    data.turns.map((turn) => [turn.turn_id, turn.state, Boolean(turn.reply)]),
+    data.running,
+    data.pending && data.pending.turn_id,
+    readOutbox().filter((e) => e.accepted && e.session === state.session).map((e) => e.id),
+  ]);
 }
 
-/** Polls the transcript until no turn of this session runs, then shows it. */
-async function pollUntilIdle() {
-  if (state.polling) return;
-  state.polling = true;
-  const session = state.session;
-  try {
-    for (let i = 0; i < MAX_POLLS && session === state.session; i += 1) {
-      const data = await loadTranscript();
-      if (data && !data.running && state.activeStreams === 0) {
-        renderTranscript(data);
-        break;
-      }
-      await sleep(POLL_INTERVAL_MS);
+/** Drops the outbox entries of this conversation whose turn the transcript shows as ended. */
+function settleOutbox(data) {
+  for (const entry of readOutbox()) {
+    if (entry.user !== state.user || entry.session !== state.session || sending.has(entry.id)) continue;
+    const turn = data.turns.find((recorded) => recorded.client_request_id === entry.id);
+    if (!turn || !turn.state || turn.state === "running") continue;
+    outboxRemove(entry.id);
+    // It reached the server after all (only its answer was lost): it is
+    // in the transcript now, no longer waiting in the box.
+    if (state.draft && state.draft.id === entry.id) {
+      if (els.input.value.trim() === entry.text) els.input.value = "";
+      state.draft = null;
+      hideNotice("kept");
     }
-  } finally {
-    state.polling = false;
   }
-  loadLedger();
-  loadSessions();
+}
+
+/** Reads the conversation from the server and shows it if it changed. */
+async function syncOnce({ force = false } = {}) {
+  const user = state.user;
+  const session = state.session;
+  const data = await loadTranscript();
+  if (!data || user !== state.user || session !== state.session) return;
+  state.running = data.running;
+  settleOutbox(data);
+  const signature = signatureOf(data);
+  if ((force || signature !== state.signature) && state.activeStreams === 0) {
+    state.signature = signature;
+    renderTranscript(data);
+    loadLedger();
+    loadSessions();
+  }
+  if (!data.running && state.busyText !== null && els.notice.dataset.key === "busy") {
+    const stillInBox = els.input.value.trim() === state.busyText;
+    showNotice(stillInBox ? t("notice.busy_over") : t("notice.busy_over_empty"), "warn", "busy-over");
+    state.busyText = null;
+  }
+}
+
+function syncNow() {
+  wakeRequested = true;
+  wakeSync();
+}
+
+async function syncLoop() {
+  for (;;) {
+    try {
+      await syncOnce();
+    } catch (error) {
+      console.error("sync", error);
+    }
+    const waiting = readOutbox().some((e) => e.accepted && e.user === state.user && e.session === state.session);
+    const ms = document.hidden ? SYNC_HIDDEN_MS : state.running || waiting ? SYNC_BUSY_MS : SYNC_IDLE_MS;
+    if (wakeRequested) {
+      wakeRequested = false;
+      continue;
+    }
+    await new Promise((resolve) => {
+      const timer = setTimeout(resolve, ms);
+      wakeSync = () => {
+        clearTimeout(timer);
+        resolve();
+      };
+    });
+    wakeSync = () => {};
+    wakeRequested = false;
+  }
 }
 
 function afterTurn() {
+  broadcast();
   loadLedger();
   loadSessions();
-  if (state.activeStreams === 0) refresh();
+  if (state.activeStreams === 0) syncOnce({ force: true });
 }
 
-// ------------------------------------------------------------ actions
+// ------------------------------------------------------------ sending
 
-async function sendMessage(rawText, retryId) {
-  const text = rawText.trim();
+function sendFromBox() {
+  const text = els.input.value.trim();
   if (!text) {
-    showNotice("Type a message first.", "error");
+    // A second Enter after the box was emptied by the first one's acceptance.
+    if (sending.size === 0) showNotice(t("notice.type_first"), "error", "type");
     return;
   }
-  if (retryId) {
-    state.draft = { text, id: retryId, session: state.session };
-  } else if (!state.draft || state.draft.text !== text || state.draft.session !== state.session) {
-    state.draft = { text, id: newId("msg"), session: state.session };
-  }
-  const draft = state.draft;
-  hideNotice();
+  state.draft = messageFor(text);
+  deliver(state.draft);
+}
+
+/** Puts `text` back in the box (when the box is empty or holds it); false if the box holds something else. */
+function keepInBox(message) {
+  const current = els.input.value.trim();
+  if (current !== "" && current !== message.text) return false;
+  els.input.value = message.text;
+  state.draft = { id: message.id, user: message.user, session: message.session, text: message.text };
+  return true;
+}
+
+/** Takes back the bubble of a message that was not sent (its text is in the box). */
+function dropBubble(bubble) {
+  if (!bubble || !bubble.fresh) return;
+  bubble.li.remove();
+  if (els.messages.children.length === 0) els.messages.append(h("li", { class: "empty" }, t("empty")));
+}
+
+/** The user bubble of message `id` in view, or a new one. */
+function bubbleFor(message) {
+  const selector = `#messages li.msg.user[data-request-id="${CSS.escape(message.id)}"]`;
+  const existing = els.messages.querySelector(selector);
+  if (existing) return { li: existing, fresh: false };
   els.messages.querySelector(".empty")?.remove();
-  const userLi = userBubble(text, "Sending…");
-  els.messages.append(userLi);
+  const li = userBubble(message.text, t("status.sending"), message.id);
+  els.messages.append(li);
   scrollToEnd();
+  return { li, fresh: true };
+}
+
+/**
+ * Sends a message with its id and shows what came of it. Used for the
+ * box's send, a retry button and the outbox's automatic resends alike.
+ */
+async function deliver(message, { auto = false } = {}) {
+  const visible = () => message.user === state.user && message.session === state.session;
+  const previous = outboxGet(message.id);
+  // From now until its outcome is known, the message waits in the outbox
+  // (not due before this request has had its chance).
+  outboxUpdate(message.id, {
+    user: message.user,
+    session: message.session,
+    text: message.text,
+    accepted: previous ? previous.accepted : false,
+    attempts: previous ? previous.attempts : 0,
+    next_at_ms: Date.now() + BACKOFF_MAX_MS,
+  });
+  if (!auto) hideNotice();
+  const bubble = visible() ? bubbleFor(message) : null;
   let assistant = null;
+  sending.set(message.id, (sending.get(message.id) || 0) + 1);
   state.activeStreams += 1;
   const result = await postStream(
     "/app/messages",
     {
-      user_id: state.user,
-      session_id: draft.session,
-      client_request_id: draft.id,
-      text,
+      user_id: message.user,
+      session_id: message.session,
+      client_request_id: message.id,
+      text: message.text,
       utc_offset_minutes: -new Date().getTimezoneOffset(),
     },
     {
       onOpen() {
-        setStatus(userLi, "");
-        state.unsent = [];
-        if (state.draft === draft) {
-          state.draft = null;
-          if (els.input.value.trim() === text) els.input.value = "";
-        }
+        outboxUpdate(message.id, { accepted: true });
+        if (state.draft && state.draft.id === message.id) state.draft = null;
+        if (visible() && els.input.value.trim() === message.text) els.input.value = "";
+        hideNotice("kept");
+        hideNotice("inflight");
         assistant = liveAssistant();
-        if (draft.session === state.session) els.messages.append(assistant.li);
+        if (bubble && visible()) {
+          setStatus(bubble.li, "");
+          bubble.li.after(assistant.li);
+        }
+        broadcast();
         scrollToEnd();
       },
       onEvent(name, data) {
-        assistant.handle(name, data, { id: draft.id, text });
+        assistant.handle(name, data);
+        if (assistant.done) {
+          outboxRemove(message.id);
+          broadcast();
+        }
       },
     },
   );
   state.activeStreams -= 1;
-  if (!result.ok) {
-    const code = (result.error && result.error.code) || "";
-    userLi.replaceWith(refusedBubble(text, code));
-    state.unsent.push({ text, code });
-    showNotice(refusalText(result.status, result.error), result.status === 409 || result.status === 429 ? "warn" : "error");
-    if (code === "session_busy" || code === "request_in_flight") pollUntilIdle();
-    if (code === "awaiting_confirmation") {
-      const data = await loadTranscript();
-      if (data && state.activeStreams === 0 && !document.querySelector(".confirm-card:not(.answered)")) renderTranscript(data);
-      document.querySelector(".confirm-card:not(.answered) button.approve")?.focus();
+  const left = (sending.get(message.id) || 1) - 1;
+  if (left > 0) sending.set(message.id, left);
+  else sending.delete(message.id);
+  if (result.ok) {
+    if (result.ended && assistant && assistant.done) {
+      afterTurn();
+      return;
+    }
+    // Accepted, then the connection broke: the turn goes on (or waits to be
+    // resumed); ask again with the same id until its outcome is known.
+    assistant?.broken();
+    scheduleResend(message, 0, true);
+    syncNow();
+    return;
+  }
+  const error = result.error || {};
+  const code = error.code || "";
+  if (code === "request_in_flight") {
+    attach(message, bubble, error);
+    return;
+  }
+  if (code === "network" || code === "bad_response" || result.status === 0 || result.status >= 500) {
+    scheduleResend(message, error.retry_after_ms || 0, false, bubble);
+    return;
+  }
+  refused(message, bubble, result.status, error, auto);
+}
+
+/**
+ * 409 request_in_flight for our own message: it is already being processed
+ * (the first click's request, another tab, or the recovery worker). Not an
+ * error: the reply shows when it ends, found by the sync loop.
+ */
+function attach(message, bubble, error) {
+  // Gone from the outbox: its outcome arrived (the first click's stream) meanwhile.
+  if (!outboxGet(message.id)) return;
+  outboxUpdate(message.id, {
+    accepted: true,
+    next_at_ms: Date.now() + Math.max(error.retry_after_ms || 0, BACKOFF_FIRST_MS),
+  });
+  if (state.draft && state.draft.id === message.id) state.draft = null;
+  if (message.user === state.user && message.session === state.session) {
+    if (els.input.value.trim() === message.text) els.input.value = "";
+    if (bubble) {
+      const streaming = bubble.li.nextElementSibling?.classList.contains("assistant");
+      if (!streaming) setStatus(bubble.li, t("status.attached"));
+    }
+    if (!sending.has(message.id)) showNotice(t("notice.in_flight"), "warn", "inflight");
+  }
+  syncNow();
+}
+
+/** No answer from the server: keep the message and send it again later, same id. */
+function scheduleResend(message, retryAfterMs, accepted, bubble) {
+  const entry = outboxGet(message.id) || {};
+  const attempts = (entry.attempts || 0) + 1;
+  const isAccepted = accepted || Boolean(entry.accepted);
+  const visible = message.user === state.user && message.session === state.session;
+  if (attempts > MAX_AUTO_SENDS) {
+    outboxRemove(message.id);
+    if (!visible) return;
+    if (isAccepted) {
+      showNotice(t("notice.gave_up_accepted", { n: MAX_AUTO_SENDS }), "error", "kept");
+    } else if (keepInBox(message)) {
+      dropBubble(bubble);
+      showNotice(t("notice.gave_up", { n: MAX_AUTO_SENDS }), "error", "kept");
+    } else {
+      dropBubble(bubble);
+      showNotice(t("notice.gave_up_other", { n: MAX_AUTO_SENDS, text: message.text }), "error", "kept");
     }
     return;
   }
-  if (!result.ended || (assistant && !assistant.done)) {
-    if (assistant) assistant.broken();
-    pollUntilIdle();
+  const waitMs = Math.max(retryAfterMs, backoffMs(attempts));
+  outboxUpdate(message.id, { attempts, accepted: isAccepted, next_at_ms: Date.now() + waitMs });
+  if (!visible) return;
+  if (isAccepted) {
+    showNotice(t("notice.kept_accepted", { seconds: seconds(waitMs) }), "warn", "kept");
     return;
   }
-  afterTurn();
+  dropBubble(bubble);
+  if (keepInBox(message)) showNotice(t("notice.kept", { seconds: seconds(waitMs) }), "error", "kept");
+  else showNotice(t("notice.kept_other", { text: message.text, seconds: seconds(waitMs) }), "error", "kept");
 }
+
+/** The server refused the message: it was not sent. Its text stays in the box. */
+function refused(message, bubble, status, error, auto) {
+  const code = error.code || "";
+  const entry = outboxGet(message.id);
+  const visible = message.user === state.user && message.session === state.session;
+  if (entry && entry.accepted) {
+    // Accepted earlier (its turn failed or was taken over since): the
+    // transcript shows how it ended, with a retry of the same id.
+    outboxRemove(message.id);
+    syncNow();
+    return;
+  }
+  if (auto && (code === "session_busy" || code === "user_at_capacity") && !(visible && keepInBoxPossible(message))) {
+    // The box holds something else: keep it queued instead, honouring Retry-After.
+    scheduleResend(message, error.retry_after_ms || 0, false, bubble);
+    return;
+  }
+  outboxRemove(message.id);
+  dropBubble(bubble);
+  if (!visible) return;
+  if (!keepInBox(message)) return;
+  const secs = seconds(error.retry_after_ms);
+  switch (code) {
+    case "session_busy":
+      state.busyText = message.text;
+      showNotice(t("notice.busy", { seconds: secs }), "warn", "busy");
+      syncNow();
+      break;
+    case "awaiting_confirmation":
+      showNotice(t("notice.awaiting"), "warn", "awaiting");
+      syncOnce({ force: true }).then(() =>
+        document.querySelector(".confirm-card:not(.answered) button.approve")?.focus(),
+      );
+      break;
+    case "user_at_capacity":
+      showNotice(t("notice.capacity", { seconds: secs }), "warn", "capacity");
+      break;
+    case "payload_mismatch":
+      showNotice(t("notice.mismatch"), "error", "mismatch");
+      break;
+    default:
+      showNotice(t("notice.refused", { message: error.message || code, status }), "error", "refused");
+  }
+}
+
+function keepInBoxPossible(message) {
+  const current = els.input.value.trim();
+  return current === "" || current === message.text;
+}
+
+/** Sends what waits in the outbox and is due, with its id. */
+function pumpOutbox() {
+  const now = Date.now();
+  for (const entry of readOutbox()) {
+    if (entry.user !== state.user) continue;
+    const mine = entry.owner === TAB_ID;
+    if (!mine && now - (entry.touched_at_ms || 0) < OWNER_STALE_MS) continue;
+    if (sending.has(entry.id)) {
+      outboxUpdate(entry.id, {});
+      continue;
+    }
+    if (now < (entry.next_at_ms || 0)) {
+      if (mine) outboxUpdate(entry.id, {});
+      continue;
+    }
+    deliver({ id: entry.id, user: entry.user, session: entry.session, text: entry.text }, { auto: true });
+  }
+}
+
+// ------------------------------------------------------------ navigation
 
 async function switchSession(sessionId) {
   state.session = sessionId;
   state.draft = null;
-  state.unsent = [];
+  state.busyText = null;
+  state.signature = "";
   writeHash();
   hideNotice();
   fill(els.messages);
-  const data = await refresh();
-  if (data && data.running) pollUntilIdle();
+  // A message of this conversation that never reached the server waits in
+  // the box again (and is resent with its id).
+  const unsent = readOutbox().find((e) => e.user === state.user && e.session === sessionId && !e.accepted);
+  if (unsent && els.input.value.trim() === "") keepInBox(unsent);
+  await syncOnce({ force: true });
 }
 
 async function switchUser(userId) {
   const user = userId.trim();
   if (!user || new TextEncoder().encode(user).length > 128) {
-    showNotice("A user id is 1 to 128 bytes.", "error");
+    showNotice("A user id is 1 to 128 bytes.", "error", "user");
     return;
   }
   state.user = user;
@@ -637,12 +1039,12 @@ async function switchUser(userId) {
 function wire() {
   els.composer.addEventListener("submit", (event) => {
     event.preventDefault();
-    sendMessage(els.input.value);
+    sendFromBox();
   });
   els.input.addEventListener("keydown", (event) => {
     if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
       event.preventDefault();
-      sendMessage(els.input.value);
+      sendFromBox();
     }
   });
   els.userForm.addEventListener("submit", (event) => {
@@ -653,30 +1055,39 @@ function wire() {
     switchSession(newSessionId());
     els.input.focus();
   });
-  window.addEventListener("focus", () => {
-    loadLedger();
-    loadSessions();
+  window.addEventListener("focus", () => syncNow());
+  document.addEventListener("visibilitychange", () => {
+    if (!document.hidden) syncNow();
   });
   window.addEventListener("hashchange", () => {
     const hash = readHash();
     if (hash.user && hash.user !== state.user) switchUser(hash.user);
     else if (hash.session && hash.session !== state.session) switchSession(hash.session);
   });
+  if (channel) {
+    channel.onmessage = (event) => {
+      const data = event.data || {};
+      if (data.type === "changed" && data.user === state.user && data.session === state.session) syncNow();
+    };
+  }
 }
 
 async function start() {
+  translatePage();
+  document.title = t("page.title");
   wire();
   const hash = readHash();
   state.user = hash.user || localStorage.getItem(USER_STORAGE) || "demo-user";
   els.userInput.value = state.user;
-  loadSettings();
+  await loadSettings();
   if (hash.session) {
-    state.session = hash.session;
     await switchSession(hash.session);
   } else {
     const sessions = await loadSessions();
     await switchSession(sessions.length ? sessions[0].session_id : newSessionId());
   }
+  syncLoop();
+  setInterval(pumpOutbox, OUTBOX_TICK_MS);
   document.body.dataset.ready = "true";
 }
 

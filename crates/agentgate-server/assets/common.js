@@ -142,11 +142,18 @@ export function newId(prefix) {
   return `${prefix}-${uuid}`;
 }
 
-/** Money from integer cents: "35.00". */
-export function money(cents) {
-  const sign = cents < 0 ? "-" : "";
+/**
+ * Money from integer cents, the one way the app writes an amount: two
+ * decimals, no grouping, "6999.00" — exactly as the server writes it in
+ * replies and entries (`format_cents`), so the same amount never reads two
+ * ways on one page. `type` "income" adds "+", "expense" adds "−".
+ */
+export function money(cents, type) {
   const abs = Math.abs(cents);
-  return `${sign}${Math.floor(abs / 100).toLocaleString("en-US")}.${String(abs % 100).padStart(2, "0")}`;
+  const text = `${Math.floor(abs / 100)}.${String(abs % 100).padStart(2, "0")}`;
+  if (type === "income") return `+${text}`;
+  if (type === "expense") return `−${text}`;
+  return cents < 0 ? `-${text}` : text;
 }
 
 /** A store-clock time in ms as local time. */

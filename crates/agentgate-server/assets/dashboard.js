@@ -1,11 +1,19 @@
 // The live dashboard: polls /app/dashboard about once a second (never two
 // requests at once) and redraws. Everything but the counters is the store's
-// truth on the store's clock; the counters are this server process's.
+// truth on the store's clock, across every node on the store; the counters
+// are this server process's ("this node"). The recent lists are paged.
 
 import { h, getJson, clock, fill } from "/assets/common.js";
 
 /** Pause between the end of one refresh and the start of the next. */
 const REFRESH_INTERVAL_MS = 1000;
+/** Rows per page of the recent lists. */
+const PAGE_ROWS = 10;
+
+/** The page shown of each recent list, 0 first. */
+const pages = { turns: 0, executions: 0 };
+/** The last data drawn, to redraw on a page change without waiting. */
+let last = null;
 
 const els = {
   status: document.getElementById("status"),
@@ -16,6 +24,8 @@ const els = {
   permits: document.querySelector("#permits tbody"),
   turns: document.querySelector("#turns tbody"),
   executions: document.querySelector("#executions tbody"),
+  turnsPager: document.getElementById("turns-pager"),
+  executionsPager: document.getElementById("executions-pager"),
 };
 
 function short(id) {
@@ -50,19 +60,52 @@ function stateChip(state) {
   return h("span", { class: `state ${state}` }, state.replace("_", " "));
 }
 
+/** A turn's state as a person should read it: a running turn nobody holds is an orphan. */
+function turnChip(turn) {
+  if (turn.state === "running" && turn.orphaned) {
+    return h("span", { class: "state orphaned", title: "running, but its lease expired: the holder died; waiting for a takeover, the recovery worker or abandonment" }, "orphaned");
+  }
+  return stateChip(turn.state);
+}
+
+/** The rows of page `key` of `rows`, and the pager's buttons. */
+function paged(key, rows, pager) {
+  const pageCount = Math.max(1, Math.ceil(rows.length / PAGE_ROWS));
+  pages[key] = Math.min(pages[key], pageCount - 1);
+  const first = pages[key] * PAGE_ROWS;
+  const shown = rows.slice(first, first + PAGE_ROWS);
+  const go = (delta) => () => {
+    pages[key] = Math.max(0, Math.min(pageCount - 1, pages[key] + delta));
+    if (last) render(last);
+  };
+  fill(
+    pager,
+    h("span", { class: "muted" }, rows.length === 0 ? "" : `${first + 1}–${first + shown.length} of ${rows.length} newest`),
+    h("button", { type: "button", class: "prev", disabled: pages[key] === 0, onclick: go(-1), "aria-label": "Newer" }, "‹ Newer"),
+    h("button", { type: "button", class: "next", disabled: pages[key] >= pageCount - 1, onclick: go(1), "aria-label": "Older" }, "Older ›"),
+  );
+  return shown;
+}
+
 function render(data) {
+  last = data;
   const c = data.counters;
+  // One count of live turns, from the store: every node's. The list is cut
+  // at rows_limit, so a full list means "at least".
+  const liveCount = data.live.length >= data.rows_limit ? `${data.live.length}+` : String(data.live.length);
+  const orphans = data.recent_turns.filter((t) => t.state === "running" && t.orphaned).length;
   fill(
     els.counters,
-    counter("Live turns", data.live.length, `this server: ${c.live_turns}`, "live"),
-    counter("Conflicts", sum(c.conflicts), detail(c.conflicts), "conflicts"),
-    counter("Replays", c.replays, "stored answers sent again", "replays"),
-    counter("Takeovers", c.takeovers, "expired holders replaced", "takeovers"),
-    counter("Unknown tool outcomes", c.unknown_tool_outcomes, "re-run after a holder died", "unknown"),
-    counter("Lease lost", c.lease_lost, "calls refused to a stale holder", "lease_lost"),
-    counter("Turns ended", sum(c.turn_endings), detail(c.turn_endings), "endings"),
+    counter("Live turns · all nodes", liveCount, `this node: ${c.live_turns} begun and not yet ended`, "live"),
+    counter("Orphaned · all nodes", orphans, "running, no live holder (recent turns)", "orphaned"),
+    counter("Conflicts · this node", sum(c.conflicts), detail(c.conflicts), "conflicts"),
+    counter("Replays · this node", c.replays, "stored answers sent again", "replays"),
+    counter("Takeovers · this node", c.takeovers, "expired holders replaced", "takeovers"),
+    counter("Unknown tool outcomes · this node", c.unknown_tool_outcomes, "re-run after a holder died", "unknown"),
+    counter("Lease lost · this node", c.lease_lost, "calls refused to a stale holder", "lease_lost"),
+    counter("Turns ended · this node", sum(c.turn_endings), detail(c.turn_endings), "endings"),
   );
-  els.liveCount.textContent = `${data.live.length} held`;
+  els.liveCount.textContent = `${liveCount} held`;
   fill(
     els.live,
     data.live.length === 0
@@ -111,14 +154,14 @@ function render(data) {
     els.turns,
     data.recent_turns.length === 0
       ? emptyRow(7, "No turns yet.")
-      : data.recent_turns.map((t) =>
+      : paged("turns", data.recent_turns, els.turnsPager).map((t) =>
           h(
             "tr",
-            {},
+            { dataset: { turnId: t.turn_id, state: t.state === "running" && t.orphaned ? "orphaned" : t.state } },
             h("td", { class: "mono", title: t.turn_id }, short(t.turn_id)),
             h("td", {}, t.user_id, h("br"), h("span", { class: "mono muted" }, t.session_id)),
             h("td", { class: "mono", title: t.client_request_id }, short(t.client_request_id)),
-            h("td", {}, stateChip(t.state), t.decision ? ` ${t.decision}` : ""),
+            h("td", {}, turnChip(t), t.decision ? ` ${t.decision}` : ""),
             h("td", { class: "num" }, t.attempt),
             h("td", { class: "num" }, t.fence),
             h("td", {}, clock(t.updated_at_ms)),
@@ -129,7 +172,7 @@ function render(data) {
     els.executions,
     data.recent_executions.length === 0
       ? emptyRow(6, "No tool executions yet.")
-      : data.recent_executions.map((e) =>
+      : paged("executions", data.recent_executions, els.executionsPager).map((e) =>
           h(
             "tr",
             {},

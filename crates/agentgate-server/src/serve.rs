@@ -22,6 +22,13 @@ use crate::auth::ApiKey;
 use crate::limits::{DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS, MAX_MAX_CONNECTIONS};
 use crate::{router, AppState, ServerOptions};
 
+/// How long a pending confirmation waits for a person under `agentgate
+/// serve`, in ms: ten minutes. The engine's own default is a day, for
+/// library users whose approvals go through a queue; a person at the chat
+/// page answers within minutes or not at all, and until the confirmation
+/// expires every new message in that conversation is refused.
+pub const DEFAULT_CONFIRMATION_TTL_MS: u64 = 10 * 60 * 1000;
+
 /// Everything `agentgate serve` is configured with.
 #[derive(Clone)]
 pub struct ServeConfig {
@@ -36,6 +43,9 @@ pub struct ServeConfig {
     pub lease_ttl: Duration,
     /// Concurrent live turns per user unless overridden per user.
     pub max_turns_per_user: u32,
+    /// How long a pending confirmation waits for an answer before it
+    /// expires (judged on the store's clock).
+    pub confirmation_ttl: Duration,
     /// When non-empty, every `/v1` call needs one of these as a bearer key.
     pub api_keys: Vec<ApiKey>,
     /// Largest request body.
@@ -68,6 +78,7 @@ impl Default for ServeConfig {
             redis_url: None,
             lease_ttl: engine.lease_ttl,
             max_turns_per_user: engine.max_turns_per_user,
+            confirmation_ttl: Duration::from_millis(DEFAULT_CONFIRMATION_TTL_MS),
             api_keys: Vec::new(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             app_enabled: true,
@@ -101,6 +112,7 @@ impl fmt::Debug for ServeConfig {
             .field("redis_url", &self.redis_url.as_deref().map(redact_url))
             .field("lease_ttl", &self.lease_ttl)
             .field("max_turns_per_user", &self.max_turns_per_user)
+            .field("confirmation_ttl", &self.confirmation_ttl)
             .field("api_keys", &self.api_keys.len())
             .field("max_body_bytes", &self.max_body_bytes)
             .field("app_enabled", &self.app_enabled)
@@ -169,6 +181,7 @@ impl Server {
         let engine = Config {
             lease_ttl: config.lease_ttl,
             max_turns_per_user: config.max_turns_per_user,
+            confirmation_ttl: config.confirmation_ttl,
             ..Config::default()
         };
         let opening = |error: agentgate::Error| match error.kind() {
@@ -234,6 +247,7 @@ impl Server {
             redis = ?config.redis_url.as_deref().map(redact_url),
             lease_ttl_ms = config.lease_ttl.as_millis() as u64,
             max_turns_per_user = config.max_turns_per_user,
+            confirmation_ttl_ms = config.confirmation_ttl.as_millis() as u64,
             api_key_required = state.api_keys().enabled(),
             app = ?state.app().map(|a| a.app.model_name()),
             on_disconnect = %config.on_disconnect,

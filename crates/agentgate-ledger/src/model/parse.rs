@@ -1,8 +1,9 @@
 //! The offline model's reading of a chat message: which entries it holds
 //! (amount, words, date, income or expense). Pure and deterministic.
 //!
-//! It understands "35", "35.5元", "¥18", "18块", "18块5", "三十五块",
-//! relative and explicit dates (今天/昨天/前天/today/yesterday/2024-05-01/
+//! It understands "35", "35.5元", "¥18", "18块", "18块5", "3千", "1.5万",
+//! Chinese numerals with or without a currency word ("三十五块", "十块五",
+//! "打车花了二十五", "一百二", "两千"), relative and explicit dates (今天/昨天/前天/today/yesterday/2024-05-01/
 //! 5月1日), income words (工资/salary/收入…), and several entries in one
 //! message ("午饭 35，打车 18"). It is a stand-in for a language model, not a
 //! grammar: anything it misreads, the tools' validation still guards.
@@ -86,6 +87,14 @@ const UNIT_CHARS: &[char] = &[
 const SEPARATORS: &[char] = &['，', ',', '；', ';', '。', '\n', '、', '！', '!', '？', '?'];
 
 const CHINESE_DIGITS: &str = "零〇一二两三四五六七八九十百千万";
+
+/// What a Chinese numeral may start with: a digit or 十 ("十五"), never a
+/// bare unit ("万一" is "in case", not 10001).
+const CHINESE_NUMBER_STARTS: &str = "一二两三四五六七八九十";
+
+/// Words right before a bare Chinese numeral that make it money even
+/// without a unit ("花了五"), longest first.
+const SPENDING_WORDS: &[&str] = &["花了", "用了", "付了", "花", "付"];
 
 /// Reads the entries of a message, in order.
 pub fn parse_message(text: &str) -> Vec<ParsedEntry> {
@@ -364,6 +373,17 @@ fn arabic_amount(chars: &[char], i: usize) -> Option<(Amount, usize)> {
     if chars.get(j).is_some_and(|c| UNIT_CHARS.contains(c)) {
         return None;
     }
+    // "3千" is 3000, "1.5万" is 15000.
+    let zeros = match chars.get(j) {
+        Some('百') => 2,
+        Some('千') => 3,
+        Some('万') => 4,
+        _ => 0,
+    };
+    if zeros > 0 {
+        value = shift_decimal(&value, zeros)?;
+        j += 1;
+    }
     let mut k = j;
     while chars.get(k) == Some(&' ') {
         k += 1;
@@ -395,29 +415,84 @@ fn arabic_amount(chars: &[char], i: usize) -> Option<(Amount, usize)> {
     ))
 }
 
-/// An amount in Chinese numerals followed by a currency word: 三十五块.
+/// `value` times 10^`zeros`, as decimal text: ("1.5", 4) → "15000".
+fn shift_decimal(value: &str, zeros: usize) -> Option<String> {
+    let (whole, fraction) = value.split_once('.').unwrap_or((value, ""));
+    if fraction.len() > zeros {
+        return None;
+    }
+    let mut digits = format!("{whole}{fraction}");
+    digits.extend(std::iter::repeat_n('0', zeros - fraction.len()));
+    let trimmed = digits.trim_start_matches('0');
+    Some(if trimmed.is_empty() { "0" } else { trimmed }.to_owned())
+}
+
+/// An amount in Chinese numerals: with a currency word (三十五块, 十块五)
+/// anywhere, or without one when it ends its phrase and either has a unit
+/// in it (二十五, 一百二, 两千) or follows a spending word (花了五). A
+/// numeral glued to more words (十一假期, 两个人, 一共) is not money.
 fn chinese_amount(chars: &[char], i: usize) -> Option<(Amount, usize)> {
+    if !CHINESE_NUMBER_STARTS.contains(chars[i]) || chars.get(i.wrapping_sub(1)) == Some(&'第') {
+        return None;
+    }
     let len = chars[i..]
         .iter()
         .take_while(|c| CHINESE_DIGITS.contains(**c))
         .count();
-    if len == 0 {
-        return None;
-    }
+    let numeral = &chars[i..i + len];
+    let value = chinese_number(numeral)?;
     let suffix = currency_suffix_len(chars, i + len);
     if suffix == 0 {
-        return None;
+        let ends_phrase = chars.get(i + len).is_none_or(|c| c.is_whitespace());
+        let has_unit = numeral.iter().any(|c| "十百千万".contains(*c));
+        if !ends_phrase || !(has_unit || follows_spending_word(chars, i)) {
+            return None;
+        }
+        let end = i + len;
+        return Some((
+            Amount {
+                value: value.to_string(),
+                start: i,
+                end,
+            },
+            end,
+        ));
     }
-    let value = chinese_number(&chars[i..i + len])?;
-    let end = i + len + suffix;
+    let mut end = i + len + suffix;
+    let mut text = value.to_string();
+    // "十块五" (and "十块五毛"): five jiao.
+    if chars[i + len] == '块' && suffix == 1 {
+        let jiao = chars
+            .get(end)
+            .and_then(|c| "一二两三四五六七八九".find(*c).map(|_| *c));
+        let glued = chars
+            .get(end + 1)
+            .is_some_and(|c| CHINESE_DIGITS.contains(*c));
+        if let (Some(jiao), false) = (jiao, glued) {
+            let digit = chinese_number(&[jiao])?;
+            text = format!("{value}.{digit}");
+            end += 1;
+            if matches!(chars.get(end), Some('毛' | '角')) {
+                end += 1;
+            }
+        }
+    }
     Some((
         Amount {
-            value: value.to_string(),
+            value: text,
             start: i,
             end,
         },
         end,
     ))
+}
+
+/// Whether a spending word ends right before `chars[i]` (spaces between
+/// allowed).
+fn follows_spending_word(chars: &[char], i: usize) -> bool {
+    let before: String = chars[..i].iter().collect();
+    let before = before.trim_end();
+    SPENDING_WORDS.iter().any(|word| before.ends_with(word))
 }
 
 /// 三十五 → 35, 十八 → 18, 一百二 → 120, 两千 → 2000, 一万五 → 15000.
@@ -428,8 +503,15 @@ fn chinese_number(chars: &[char]) -> Option<u64> {
     let mut last_unit: u64 = 1;
     // After a 零 the digit is in the ones place: 两千零五 is 2005, not 2500.
     let mut zero = false;
+    // Two digits in a row ("二五") are no number, except after 零.
+    let mut previous_digit: Option<char> = None;
     for c in chars {
         let digit = "零一二三四五六七八九".chars().position(|d| d == *c);
+        let is_digit = digit.is_some() || matches!(c, '〇' | '两');
+        if is_digit && previous_digit.is_some_and(|p| !matches!(p, '零' | '〇')) {
+            return None;
+        }
+        previous_digit = is_digit.then_some(*c);
         if matches!(c, '零' | '〇') {
             zero = true;
         }
@@ -558,6 +640,55 @@ mod tests {
             chinese_number(&"一万五".chars().collect::<Vec<_>>()),
             Some(15_000)
         );
+    }
+
+    #[test]
+    fn chinese_numerals_without_a_currency_word() {
+        assert_eq!(
+            read("打车花了二十五"),
+            vec![one(Expense, "25", "打车", None)]
+        );
+        assert_eq!(read("午饭三十五"), vec![one(Expense, "35", "午饭", None)]);
+        assert_eq!(read("聚餐 一百二"), vec![one(Expense, "120", "聚餐", None)]);
+        assert_eq!(read("手机 两千"), vec![one(Expense, "2000", "手机", None)]);
+        assert_eq!(read("咖啡花了五"), vec![one(Expense, "5", "咖啡", None)]);
+        assert_eq!(
+            read("昨天打车花了三十五，午饭二十"),
+            vec![
+                one(Expense, "35", "打车", Some("昨天")),
+                one(Expense, "20", "午饭", Some("昨天"))
+            ]
+        );
+    }
+
+    #[test]
+    fn multipliers_and_jiao() {
+        assert_eq!(read("电脑 3千"), vec![one(Expense, "3000", "电脑", None)]);
+        assert_eq!(read("奖金 1.5万"), vec![one(Income, "15000", "奖金", None)]);
+        assert_eq!(read("房租 2千元"), vec![one(Expense, "2000", "房租", None)]);
+        assert_eq!(read("奶茶十块五"), vec![one(Expense, "10.5", "奶茶", None)]);
+        assert_eq!(
+            read("早饭八块五毛"),
+            vec![one(Expense, "8.5", "早饭", None)]
+        );
+        assert_eq!(shift_decimal("1.25", 1), None);
+        assert_eq!(shift_decimal("0.5", 3).as_deref(), Some("500"));
+    }
+
+    #[test]
+    fn chinese_numerals_in_words_are_not_money() {
+        // A numeral glued to more words, a bare unit, an ordinal or a digit
+        // run: none is an amount, so only the real one is read.
+        assert_eq!(
+            read("十一假期吃饭 50"),
+            vec![one(Expense, "50", "十一假期吃饭", None)]
+        );
+        assert_eq!(read("两个人 80"), vec![one(Expense, "80", "两个人", None)]);
+        assert_eq!(read("万一 30"), vec![one(Expense, "30", "万一", None)]);
+        assert_eq!(read("第二杯 12"), vec![one(Expense, "12", "第二杯", None)]);
+        assert!(read("一起吃饭").is_empty());
+        assert!(read("吃了一").is_empty());
+        assert_eq!(chinese_number(&"二五".chars().collect::<Vec<_>>()), None);
     }
 
     #[test]

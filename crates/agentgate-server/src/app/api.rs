@@ -43,6 +43,9 @@ pub(crate) struct SessionsResponse {
 pub(crate) struct PendingDto {
     turn_id: String,
     reply: Reply,
+    /// Time left before it expires, on the store's clock (the page shows
+    /// the deadline on the card).
+    expires_in_ms: i64,
 }
 
 /// A session's transcript.
@@ -74,6 +77,8 @@ pub(crate) struct SettingsResponse {
     on_disconnect: &'static str,
     confirmation_threshold_cents: i64,
     lease_ttl_ms: u64,
+    /// How long a pending confirmation waits for an answer.
+    confirmation_ttl_ms: u64,
     max_turns_per_user: u32,
 }
 
@@ -104,19 +109,35 @@ pub(crate) async fn transcript(
         .app
         .transcript(user_id.as_str(), session_id.as_str())
         .await?;
-    let pending = mount
-        .app
-        .pending_confirmation(user_id.as_str(), session_id.as_str())
-        .await?
-        .map(|(turn_id, reply)| PendingDto { turn_id, reply });
-    // The session's live lease says a turn runs even before that turn's
-    // first transcript row is written (or when a /v1 caller holds it).
-    let held = state
+    // Read after the transcript: a turn that ended in between shows as
+    // ended with its lease gone, never as running with no row.
+    let session = state
         .gate()
         .store()
         .session(&session_id)
         .await?
-        .is_some_and(|view| view.user_id == user_id && view.holder.is_some());
+        .filter(|view| view.user_id == user_id);
+    let pending = mount
+        .app
+        .pending_confirmation(user_id.as_str(), session_id.as_str())
+        .await?
+        .and_then(|(turn_id, reply)| {
+            // The pending turn's deadline; absent when it expired between
+            // the two reads, and then it is no longer pending.
+            let expires_in_ms = session
+                .as_ref()
+                .and_then(|view| view.pending_confirmation.as_ref())
+                .filter(|pending| pending.turn_id.as_str() == turn_id)?
+                .expires_in_ms;
+            Some(PendingDto {
+                turn_id,
+                reply,
+                expires_in_ms,
+            })
+        });
+    // The session's live lease says a turn runs even before that turn's
+    // first transcript row is written (or when a /v1 caller holds it).
+    let held = session.is_some_and(|view| view.holder.is_some());
     let running = held
         || turns
             .iter()
@@ -154,6 +175,7 @@ pub(crate) async fn settings(
         on_disconnect: mount.on_disconnect.as_str(),
         confirmation_threshold_cents: mount.app.config().confirmation_threshold_cents,
         lease_ttl_ms: u64::try_from(engine.lease_ttl.as_millis()).unwrap_or(u64::MAX),
+        confirmation_ttl_ms: u64::try_from(engine.confirmation_ttl.as_millis()).unwrap_or(u64::MAX),
         max_turns_per_user: engine.max_turns_per_user,
     }))
 }

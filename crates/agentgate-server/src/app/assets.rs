@@ -50,6 +50,11 @@ const FILES: &[Asset] = &[
         body: include_str!("../../assets/common.js"),
     },
     Asset {
+        name: "i18n.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_str!("../../assets/i18n.js"),
+    },
+    Asset {
         name: "app.js",
         content_type: "text/javascript; charset=utf-8",
         body: include_str!("../../assets/app.js"),

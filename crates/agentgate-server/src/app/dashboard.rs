@@ -12,7 +12,7 @@
 use std::collections::BTreeSet;
 
 use agentgate::model::{ExecutionView, LiveTurn, TurnView};
-use agentgate::UserId;
+use agentgate::{TurnState, UserId};
 use axum::extract::State;
 use axum::Json;
 use serde::Serialize;
@@ -60,6 +60,10 @@ pub(crate) struct TurnRow {
     session_id: String,
     client_request_id: String,
     state: &'static str,
+    /// A `running` turn with no live lease: its holder died or vanished,
+    /// and the turn waits for a takeover, the recovery worker, or its end
+    /// as `abandoned` (SPEC §3's orphan).
+    orphaned: bool,
     attempt: u32,
     fence: i64,
     /// Set on a confirmation turn: the decision it took.
@@ -68,14 +72,16 @@ pub(crate) struct TurnRow {
     updated_at_ms: i64,
 }
 
-impl From<TurnView> for TurnRow {
-    fn from(view: TurnView) -> Self {
+impl TurnRow {
+    /// The row of `view`; `orphaned` is for the caller to judge.
+    fn new(view: TurnView, orphaned: bool) -> Self {
         Self {
             turn_id: view.turn_id.as_str().to_owned(),
             user_id: view.user_id.as_str().to_owned(),
             session_id: view.session_id.as_str().to_owned(),
             client_request_id: view.client_request_id.as_str().to_owned(),
             state: view.state.as_str(),
+            orphaned,
             attempt: view.attempt,
             fence: view.fence.0,
             decision: view.confirmation.as_ref().map(|c| c.decision.as_str()),
@@ -111,8 +117,11 @@ impl From<ExecutionView> for ExecutionRow {
 /// Everything the dashboard shows.
 #[derive(Debug, Serialize)]
 pub(crate) struct DashboardResponse {
-    /// Live leases, soonest-expiring last.
+    /// Live leases across every node on this store, soonest-expiring last.
     live: Vec<HolderRow>,
+    /// Most rows per list: `live` holding this many means there may be
+    /// more live turns than listed.
+    rows_limit: u32,
     /// Users with a live lease or a recent turn (at most
     /// [`DASHBOARD_MAX_USERS`]), live ones first.
     permits: Vec<PermitRow>,
@@ -138,6 +147,15 @@ fn permit_users<'a>(live: &'a [LiveTurn], turns: &'a [TurnView]) -> Vec<&'a User
         .collect()
 }
 
+/// Whether `turn` is an orphan: `running` with no live lease. Only judged
+/// when `live` is the whole list of live leases (shorter than the row
+/// limit); a cut list could miss the turn's holder.
+fn is_orphaned(turn: &TurnView, live: &[LiveTurn], live_complete: bool) -> bool {
+    live_complete
+        && turn.state == TurnState::Running
+        && !live.iter().any(|l| l.holder.turn_id == turn.turn_id)
+}
+
 /// The store's overview, permits per user and the server's counters.
 pub(crate) async fn dashboard(
     State(state): State<AppState>,
@@ -154,14 +172,20 @@ pub(crate) async fn dashboard(
         });
     }
     let engine = state.gate().config();
+    let live_complete = overview.live.len() < DASHBOARD_ROWS as usize;
+    let recent_turns = overview
+        .recent_turns
+        .into_iter()
+        .map(|turn| {
+            let orphaned = is_orphaned(&turn, &overview.live, live_complete);
+            TurnRow::new(turn, orphaned)
+        })
+        .collect();
     Ok(Json(DashboardResponse {
         live: overview.live.into_iter().map(HolderRow::from).collect(),
+        rows_limit: DASHBOARD_ROWS,
         permits,
-        recent_turns: overview
-            .recent_turns
-            .into_iter()
-            .map(TurnRow::from)
-            .collect(),
+        recent_turns,
         recent_executions: overview
             .recent_executions
             .into_iter()
@@ -190,6 +214,51 @@ mod tests {
                 lease_expires_in_ms: 1000,
             },
         }
+    }
+
+    fn turn(session: &str, state: TurnState) -> TurnView {
+        TurnView {
+            turn_id: TurnId::new(format!("turn_{session}")).unwrap(),
+            session_id: SessionId::new(session).unwrap(),
+            user_id: UserId::new("alice").unwrap(),
+            client_request_id: agentgate::ClientRequestId::new("m1").unwrap(),
+            state,
+            attempt: 1,
+            fence: Fence(1),
+            response: None,
+            error: None,
+            retryable: None,
+            pending: None,
+            confirmation: None,
+            confirmed_by: None,
+            created_at_ms: 0,
+            updated_at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_running_turn_without_a_live_lease_is_orphaned() {
+        let holders = vec![live("alice", "a1")];
+        // Held: running and live.
+        assert!(!is_orphaned(
+            &turn("a1", TurnState::Running),
+            &holders,
+            true
+        ));
+        // Its session has no live holder: the holder died.
+        assert!(is_orphaned(&turn("a2", TurnState::Running), &holders, true));
+        // An ended turn is never an orphan.
+        assert!(!is_orphaned(
+            &turn("a2", TurnState::Succeeded),
+            &holders,
+            true
+        ));
+        // A cut list of holders cannot tell.
+        assert!(!is_orphaned(
+            &turn("a2", TurnState::Running),
+            &holders,
+            false
+        ));
     }
 
     #[test]
