@@ -470,7 +470,7 @@ async fn create_transaction(ctx: &Ctx<'_>, args: &Value) -> Result<Answer, Failu
             pending: Some(valid.entry),
         });
     }
-    let mut answer = book(ctx.turn, args, valid.entry).await?;
+    let mut answer = book(ctx.inner, ctx.turn, args, valid.entry).await?;
     if let Some(result) = answer.result.as_object_mut() {
         result.insert("matched_by".into(), json!(valid.matched_by.as_str()));
     }
@@ -480,7 +480,12 @@ async fn create_transaction(ctx: &Ctx<'_>, args: &Value) -> Result<Answer, Failu
 /// Claims `create_transaction` with `args` and books `entry` in the same SQL
 /// transaction as the execution's success mark; a claim that finds it done
 /// returns the stored result and books nothing.
-async fn book(turn: &Turn, args: &Value, entry: NewEntry) -> Result<Answer, Failure> {
+async fn book(
+    inner: &Inner,
+    turn: &Turn,
+    args: &Value,
+    entry: NewEntry,
+) -> Result<Answer, Failure> {
     let execution = match turn.tool(CREATE_TRANSACTION, args).await? {
         agentgate::ToolStep::Cached(result) => {
             let booked = serde_json::from_value(result["entry"].clone()).ok();
@@ -495,6 +500,28 @@ async fn book(turn: &Turn, args: &Value, entry: NewEntry) -> Result<Answer, Fail
     };
     // An unknown previous outcome cannot hide a booking here: the entry and
     // the success mark commit together, so a dead attempt booked nothing.
+    // Reconcile anyway, by the execution's idempotency key, before booking:
+    // the check is one indexed read, and it keeps the rule "look before you
+    // re-run an unknown" true even for an entry written by other means.
+    if execution.previous_outcome() == Some(agentgate::PreviousOutcome::Unknown) {
+        let found = inner
+            .db
+            .entry_by_key(execution.idempotency_key())
+            .await
+            .map_err(Failure::Ledger)?;
+        if let Some(entry) = found {
+            tracing::info!(turn_id = %turn.id(), entry_id = entry.id, "an unknown booking was found by its key");
+            let result = json!({"ok": true, "entry": entry});
+            let result = execution.complete(&result).await?;
+            let booked = serde_json::from_value(result["entry"].clone()).ok();
+            return Ok(Answer {
+                result,
+                cached: true,
+                booked,
+                pending: None,
+            });
+        }
+    }
     let insert = EntryInsert {
         user_id: turn.user_id().to_string(),
         session_id: turn.session_id().to_string(),
@@ -624,7 +651,7 @@ pub(crate) async fn run_confirmation(
                     args: args.clone(),
                 },
             );
-            let answer = match book(&turn, &args, entry.clone()).await {
+            let answer = match book(inner, &turn, &args, entry.clone()).await {
                 Ok(answer) => answer,
                 Err(failure) => return finish_failed(turn, events, failure).await,
             };

@@ -28,7 +28,9 @@ use crate::config::{check_utc_offset, LedgerConfig};
 use crate::db::LedgerDb;
 use crate::error::{LedgerError, Result};
 use crate::events::{emit, AgentEvent, EventSender};
-use crate::limits::MAX_MESSAGE_CHARS;
+use crate::limits::{
+    MAX_MESSAGE_CHARS, RECOVERIES_PER_TICK, RECOVERY_CANDIDATES, RECOVERY_INTERVAL,
+};
 use crate::model::Model;
 use crate::records::{Category, ChatOutcome, Entry, Reply, SessionSummary, Totals, TranscriptTurn};
 
@@ -326,6 +328,89 @@ impl LedgerApp {
     ) -> Result<ChatOutcome> {
         let started = self.start_confirmation(request).await;
         finish(started, events, cancel).await
+    }
+
+    /// One look of the recovery worker: takes over up to
+    /// [`RECOVERIES_PER_TICK`] of this app's orphaned turns (a message or
+    /// confirmation whose worker died before its reply) and runs each to its
+    /// ending. Resuming runs the agent again from the stored request: tools
+    /// that succeeded return their stored result, a booking whose outcome is
+    /// unknown is looked up by its idempotency key before anything is
+    /// booked, and the reply is stored, so the page that was waiting shows
+    /// it. Only turns this app recorded are claimed: other callers of the
+    /// same store resume their own. Returns the outcomes.
+    ///
+    /// # Errors
+    /// `Database` or `Engine` when the look-up or a claim fails; a resumed
+    /// turn's own failure is its outcome, not an error here.
+    pub async fn recover_once(&self) -> Result<Vec<ChatOutcome>> {
+        let turn_ids = self
+            .inner
+            .db
+            .unanswered_turns(RECOVERY_CANDIDATES)
+            .await?
+            .into_iter()
+            .filter_map(|id| agentgate::TurnId::new(id).ok())
+            .collect::<Vec<_>>();
+        if turn_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let filter = agentgate::OrphanFilter {
+            turn_ids,
+            ..agentgate::OrphanFilter::default()
+        };
+        let mut outcomes = Vec::new();
+        for _ in 0..RECOVERIES_PER_TICK {
+            let Some(recovered) = self.inner.gate.claim_orphan(&filter).await? else {
+                break;
+            };
+            tracing::info!(
+                turn_id = %recovered.turn.id(),
+                attempt = recovered.turn.attempt(),
+                orphaned_for_ms = recovered.orphaned_for_ms,
+                unknown_tools = recovered
+                    .journal
+                    .iter()
+                    .filter(|e| e.outcome == agentgate::JournalOutcome::Unknown)
+                    .count(),
+                "resuming an orphaned turn"
+            );
+            let work = match recovered.turn.confirmation() {
+                Some(_) => Work::Confirmation,
+                None => Work::Message {
+                    text: recovered.payload["text"].as_str().unwrap_or_default().to_owned(),
+                    utc_offset_minutes: recovered.payload["utc_offset_minutes"]
+                        .as_i64()
+                        .and_then(|m| i32::try_from(m).ok())
+                        .unwrap_or(self.inner.config.utc_offset_minutes),
+                },
+            };
+            let running = RunningTurn {
+                app: self.clone(),
+                turn: recovered.turn,
+                work,
+            };
+            match running.run(None, CancellationToken::new()).await {
+                Ok(outcome) => outcomes.push(outcome),
+                Err(error) => tracing::warn!(%error, "a resumed turn did not finish"),
+            }
+        }
+        Ok(outcomes)
+    }
+
+    /// Runs [`LedgerApp::recover_once`] every [`RECOVERY_INTERVAL`] until
+    /// `stop` fires: the app's recovery worker. Every node may run one;
+    /// the engine hands each orphan to one of them.
+    pub async fn recover_forever(self, stop: CancellationToken) {
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(RECOVERY_INTERVAL) => {}
+            }
+            if let Err(error) = self.recover_once().await {
+                tracing::warn!(%error, "orphan recovery failed; trying again later");
+            }
+        }
     }
 
     /// The categories, in display order.

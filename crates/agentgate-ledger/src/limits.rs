@@ -69,3 +69,17 @@ pub const DB_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connections of the app's own pool: UI reads and message writes only; the
 /// ledger inserts ride on the engine's connection.
 pub const DB_CONNECTIONS: u32 = 4;
+
+/// How often the recovery worker looks for the app's orphaned turns. A
+/// person waiting on "Working on it…" after a crash should see the reply
+/// within a TTL plus about this long; the look-up is one indexed query.
+pub const RECOVERY_INTERVAL: Duration = Duration::from_secs(2);
+
+/// The app's unanswered messages one recovery look-up considers, newest
+/// first: the engine's orphan filter takes at most this many turn ids.
+pub const RECOVERY_CANDIDATES: u32 = 100;
+
+/// Orphans the recovery worker resumes per look-up. Each runs the agent
+/// loop (model rounds with think time); a backlog after a crash is worked
+/// off a few at a time rather than all at once.
+pub const RECOVERIES_PER_TICK: usize = 4;

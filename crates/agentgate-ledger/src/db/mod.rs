@@ -277,6 +277,45 @@ impl LedgerDb {
         })
     }
 
+    /// Turns whose user message is recorded but whose reply is not, newest
+    /// first, at most `limit`: the app's turns a recovery worker may have to
+    /// resume.
+    pub(crate) async fn unanswered_turns(&self, limit: u32) -> Result<Vec<String>> {
+        let sql = self.dialect.sql(
+            "SELECT m.turn_id FROM ledger_messages m WHERE m.role = 'user' \
+             AND NOT EXISTS (SELECT 1 FROM ledger_messages a \
+             WHERE a.turn_id = m.turn_id AND a.role = 'assistant') \
+             ORDER BY m.id DESC LIMIT ?",
+        );
+        on_pool!(self, pool => {
+            let rows = sqlx::query(&sql)
+                .bind(i64::from(limit))
+                .fetch_all(pool)
+                .await?;
+            rows.iter()
+                .map(|row| Ok(row.try_get::<String, _>("turn_id")?))
+                .collect()
+        })
+    }
+
+    /// The entry booked under a tool execution's idempotency key, if any:
+    /// how a resumed turn reconciles a booking whose outcome is unknown.
+    pub(crate) async fn entry_by_key(&self, idempotency_key: &str) -> Result<Option<Entry>> {
+        let sql = self.dialect.sql(&format!(
+            "SELECT {ENTRY_COLUMNS} FROM ledger_entries WHERE idempotency_key = ?"
+        ));
+        on_pool!(self, pool => {
+            let row = sqlx::query(&sql)
+                .bind(idempotency_key)
+                .fetch_optional(pool)
+                .await?;
+            Ok(match row {
+                Some(row) => Some(entry_from_row!(&row)),
+                None => None,
+            })
+        })
+    }
+
     /// A user's entries, newest first (at most [`MAX_LIST_ROWS`]).
     pub(crate) async fn entries(&self, user_id: &str) -> Result<Vec<Entry>> {
         let sql = self.dialect.sql(&format!(

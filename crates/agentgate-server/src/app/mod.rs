@@ -159,6 +159,8 @@ pub struct LedgerMount {
     pub app: LedgerApp,
     /// What a client disconnect does to its running turn.
     pub on_disconnect: OnDisconnect,
+    /// Stops the app's recovery worker when the last clone is dropped.
+    _recovery: Arc<tokio_util::sync::DropGuard>,
 }
 
 impl LedgerMount {
@@ -183,7 +185,16 @@ impl LedgerMount {
                 agentgate_ledger::LedgerError::Invalid { message } => ServeError::Config(message),
                 other => ServeError::App(other),
             })?;
-        Ok(Self { app, on_disconnect })
+        // The recovery worker resumes this app's turns whose worker died (a
+        // crash of this or another node): the person waiting on one sees the
+        // reply without doing anything.
+        let stop = tokio_util::sync::CancellationToken::new();
+        tokio::spawn(app.clone().recover_forever(stop.clone()));
+        Ok(Self {
+            app,
+            on_disconnect,
+            _recovery: Arc::new(stop.drop_guard()),
+        })
     }
 }
 
