@@ -122,8 +122,8 @@ const MAX_POINTER_CHARS: usize = 120;
 /// `invalid_request` for malformed JSON, a duplicate member name or a number
 /// that is not I-JSON, naming the member by its JSON Pointer.
 pub fn parse_i_json(bytes: &[u8]) -> Result<Value> {
-    let value: Value =
-        serde_json::from_slice(bytes).map_err(|e| Error::invalid(format!("malformed JSON: {e}")))?;
+    let value: Value = serde_json::from_slice(bytes)
+        .map_err(|e| Error::invalid(format!("malformed JSON: {e}")))?;
     // The text is now known to be well-formed, so the scan below can be a
     // plain tokenizer.
     scan_raw(bytes)?;
@@ -223,7 +223,9 @@ fn value_number_problem(number: &serde_json::Number) -> Option<&'static str> {
     } else {
         // A double: exact by construction, but an integral one beyond the
         // safe range stands for many integers at once.
-        number.as_f64().is_some_and(|float| float.abs() > MAX_SAFE_INTEGER as f64)
+        number
+            .as_f64()
+            .is_some_and(|float| float.abs() > MAX_SAFE_INTEGER as f64)
     };
     beyond.then_some(OUTSIDE_SAFE_RANGE)
 }
@@ -391,8 +393,7 @@ fn scan_raw(bytes: &[u8]) -> Result<()> {
                     .iter()
                     .position(|b| !matches!(b, b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9'))
                     .map_or(bytes.len(), |length| at + length);
-                let text = std::str::from_utf8(&bytes[at..end])
-                    .expect("a number literal is ASCII");
+                let text = std::str::from_utf8(&bytes[at..end]).expect("a number literal is ASCII");
                 if let Some(problem) = literal_problem(text) {
                     return Err(Error::invalid(format!(
                         "number at {} {problem}",
@@ -512,8 +513,20 @@ mod i_json_tests {
     #[test]
     fn exact_numbers_in_any_spelling_are_accepted() {
         for text in [
-            "0", "-0", "0.0", "1e2", "100", "4.50", "0.1", "-2.5e-3", "1E+2", "5e-324",
-            "1.5e-300", "0.30000000000000004", "123456789.125", "9007199254740991.0",
+            "0",
+            "-0",
+            "0.0",
+            "1e2",
+            "100",
+            "4.50",
+            "0.1",
+            "-2.5e-3",
+            "1E+2",
+            "5e-324",
+            "1.5e-300",
+            "0.30000000000000004",
+            "123456789.125",
+            "9007199254740991.0",
         ] {
             assert!(parse_i_json(text.as_bytes()).is_ok(), "{text}");
         }

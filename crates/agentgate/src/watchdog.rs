@@ -84,7 +84,9 @@ impl Watchdog {
 /// When a lease granted or renewed by a request sent at `sent_at` for
 /// `expires_in` is given up: `margin` before its local deadline.
 fn deadline(sent_at: Instant, expires_in: Duration, margin: Duration) -> Instant {
-    (sent_at + expires_in).checked_sub(margin).unwrap_or(sent_at)
+    (sent_at + expires_in)
+        .checked_sub(margin)
+        .unwrap_or(sent_at)
 }
 
 /// The lease the watchdog starts from.
@@ -264,7 +266,13 @@ mod tests {
         // The store says only 12 s are left (its clock, not ours): give up
         // at 10 + 12 - 6 s, before the next renewal would be due.
         let run = run(
-            |n| if n == 0 { renewed(12_000) } else { renewed(30_000) },
+            |n| {
+                if n == 0 {
+                    renewed(12_000)
+                } else {
+                    renewed(30_000)
+                }
+            },
             Duration::from_secs(60),
         )
         .await;
@@ -279,7 +287,9 @@ mod tests {
                 if n < 2 {
                     renewed(30_000)
                 } else {
-                    Some(Err(Error::LeaseLost { reason: "taken over" }))
+                    Some(Err(Error::LeaseLost {
+                        reason: "taken over",
+                    }))
                 }
             },
             Duration::from_secs(60),

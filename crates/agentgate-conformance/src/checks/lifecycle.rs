@@ -67,10 +67,7 @@ pub async fn endings_and_restarts(target: &Target) {
         turn_id: grant.turn_id.clone(),
         token: grant.lease_token.clone(),
     };
-    store
-        .heartbeat(&lease)
-        .await
-        .expect("a live lease renews");
+    store.heartbeat(&lease).await.expect("a live lease renews");
     let response = CanonicalJson::new("response", &json!("done")).expect("json");
     let view = store
         .end_turn(&lease, &Ending::Succeed { response })
