@@ -243,7 +243,9 @@ impl LeaseLayer for Sticky {
         self.inner.holds(turn_id, token_digest).await
     }
     async fn release(&self, _turn_id: &str, _token_digest: &str) -> Result<()> {
-        Err(agentgate::Error::store("injected: redis unreachable at release"))
+        Err(agentgate::Error::store(
+            "injected: redis unreachable at release",
+        ))
     }
     async fn holder(&self, session_id: &str) -> Result<Option<HolderView>> {
         self.inner.holder(session_id).await
