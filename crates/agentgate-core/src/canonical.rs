@@ -106,6 +106,9 @@ pub fn digest(what: &str, value: &Value) -> Result<Digest> {
 /// different integers can round to the same double and share a digest.
 pub const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
 
+/// [`MAX_SAFE_INTEGER`] as a double (exact: it is below 2^53).
+const MAX_SAFE_FLOAT: f64 = 9_007_199_254_740_991.0;
+
 /// Longest JSON Pointer an I-JSON error names; longer ones are cut, so a
 /// hostile key cannot fill the (capped) error message.
 const MAX_POINTER_CHARS: usize = 120;
@@ -225,7 +228,7 @@ fn value_number_problem(number: &serde_json::Number) -> Option<&'static str> {
         // safe range stands for many integers at once.
         number
             .as_f64()
-            .is_some_and(|float| float.abs() > MAX_SAFE_INTEGER as f64)
+            .is_some_and(|float| float.abs() > MAX_SAFE_FLOAT)
     };
     beyond.then_some(OUTSIDE_SAFE_RANGE)
 }
@@ -243,7 +246,7 @@ fn literal_problem(text: &str) -> Option<&'static str> {
     if !float.is_finite() {
         return Some("overflows a double");
     }
-    if float.abs() > MAX_SAFE_INTEGER as f64 {
+    if float.abs() > MAX_SAFE_FLOAT {
         return Some(OUTSIDE_SAFE_RANGE);
     }
     if Decimal::parse(text) != Decimal::parse(&format!("{float:e}")) {
@@ -300,11 +303,13 @@ impl Decimal {
                 exponent: 0,
             };
         }
-        let trailing = (significant.len() - digits.len()) as i64;
+        // Lengths are bounded by the body limit, far below i64::MAX.
+        let length = |text: &str| i64::try_from(text.len()).unwrap_or(MAX_EXPONENT_MAGNITUDE);
+        let trailing = length(significant) - length(digits);
         Self {
             negative,
             digits: digits.to_owned(),
-            exponent: exponent - fraction.len() as i64 + trailing,
+            exponent: exponent - length(fraction) + trailing,
         }
     }
 }
@@ -549,6 +554,12 @@ mod i_json_tests {
         assert!(message.contains("/a~1b~0/k"), "{message}");
         // The same name in sibling objects, or as a string value, is fine.
         assert!(parse_i_json(br#"{"a":{"a":"a"},"b":{"a":["a","a"]},"c":"a"}"#).is_ok());
+    }
+
+    #[test]
+    fn the_safe_float_is_the_safe_integer() {
+        assert_eq!(MAX_SAFE_FLOAT, (MAX_SAFE_INTEGER as f64));
+        assert_eq!(MAX_SAFE_FLOAT as u64, MAX_SAFE_INTEGER);
     }
 
     #[test]
