@@ -358,8 +358,14 @@ pub async fn ending_survives_a_store_blip(target: &Target) {
         other => panic!("the answer replays, got {:?}", other.map(|_| ())),
     }
     let counts = [
-        ("blip_endings_refused".to_owned(), retried as usize),
-        ("outage_endings_refused".to_owned(), outage as usize),
+        (
+            "blip_endings_refused".to_owned(),
+            usize::try_from(retried).expect("small"),
+        ),
+        (
+            "outage_endings_refused".to_owned(),
+            usize::try_from(outage).expect("small"),
+        ),
     ];
     report(
         target,
