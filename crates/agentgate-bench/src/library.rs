@@ -76,7 +76,9 @@ impl TurnLoop for LibraryTurns {
             return Err(BenchError::unexpected("a new tool call was cached"));
         };
         timed(complete_ms, execution.complete(&self.bodies.result)).await?;
-        timed(end_ms, turn.succeed(&self.bodies.response)).await?;
+        timed(end_ms, turn.succeed(&self.bodies.response))
+            .await
+            .map_err(agentgate::Error::from)?;
         Ok(())
     }
 }

@@ -16,7 +16,7 @@
 //! With Redis, the lease is `SET key holder NX PX ttl` and a compare-and-
 //! delete script (`EVALSHA`); the two tool writes stay in SQL.
 //!
-//! The SQLite pool copies the store's: WAL, `synchronous=NORMAL`, a 5 s busy
+//! The SQLite pool copies the store's: WAL, `synchronous=FULL`, a 5 s busy
 //! timeout, one connection. PostgreSQL and MySQL pools have the stores'
 //! ten connections.
 
@@ -86,7 +86,7 @@ impl SqlPool {
                 let options = SqliteConnectOptions::from_str(url)?
                     .create_if_missing(true)
                     .journal_mode(SqliteJournalMode::Wal)
-                    .synchronous(SqliteSynchronous::Normal)
+                    .synchronous(SqliteSynchronous::Full)
                     .busy_timeout(SQLITE_BUSY_TIMEOUT)
                     .foreign_keys(true);
                 let options = quiet(options, log_statements);

@@ -119,7 +119,9 @@ pub(crate) async fn library(gate: &Gate, count: usize) -> Result<StormReport> {
     });
     for (_, _, answer) in answers {
         if let Ok(Begun::Started(turn)) = answer {
-            turn.succeed(&Bodies::default().response).await?;
+            turn.succeed(&Bodies::default().response)
+                .await
+                .map_err(agentgate::Error::from)?;
         }
     }
     Ok(summary)

@@ -293,8 +293,10 @@ async fn chaos() -> Result<(), String> {
         }));
     }
     let mut expected = 0;
+    let mut users_finished = 0;
     for user in users {
         expected += user.await.map_err(|e| format!("a user task failed: {e}"))?;
+        users_finished += 1;
     }
     let server = monkey
         .await
@@ -308,7 +310,7 @@ async fn chaos() -> Result<(), String> {
 
     let tally = &run.tally;
     println!("chaos: conversations     {}", done.load(Ordering::Relaxed));
-    println!("chaos: users             {USERS}");
+    println!("chaos: users finished    {users_finished} of {USERS}");
     println!(
         "chaos: requests sent     {}",
         tally.requests.load(Ordering::Relaxed)
@@ -355,6 +357,12 @@ async fn chaos() -> Result<(), String> {
     }
     if counts.entries != i64::try_from(expected).unwrap() {
         failures.push(format!("{} entries, expected {expected}", counts.entries));
+    }
+    // Every conversation ended, so no turn may still hold a lease: a leak
+    // here is a session locked until its TTL for a person who is done.
+    let live_left = dashboard["live"].as_array().map(Vec::len);
+    if live_left != Some(0) {
+        failures.push(format!("live leases left: {}", dashboard["live"]));
     }
     if tally.transport_errors.load(Ordering::Relaxed) == 0 {
         failures.push("the kill hit no request: the run proved nothing".to_owned());

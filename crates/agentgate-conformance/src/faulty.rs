@@ -1,8 +1,9 @@
 //! A store wrapper whose writes can be switched to fail, to prove the
-//! watchdog cancels a turn whose lease cannot be renewed. It wraps a real
-//! store; only the failure is injected.
+//! watchdog cancels a turn whose lease cannot be renewed, and whose turn
+//! endings can be made to fail a number of times, to prove an ending survives
+//! a store blip. It wraps a real store; only the failure is injected.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use agentgate::store::{Completion, LeaseStatus, Store};
@@ -23,6 +24,10 @@ use serde_json::Value;
 pub struct Faulty {
     inner: Arc<dyn Store>,
     failing: AtomicBool,
+    /// Turn endings still to refuse; `u32::MAX` refuses them all.
+    endings_to_fail: AtomicU32,
+    /// Turn endings refused so far: what a check measured, not what it asked.
+    endings_refused: AtomicU32,
 }
 
 impl Faulty {
@@ -31,7 +36,36 @@ impl Faulty {
         Self {
             inner,
             failing: AtomicBool::new(false),
+            endings_to_fail: AtomicU32::new(0),
+            endings_refused: AtomicU32::new(0),
         }
+    }
+
+    /// Makes the next `count` turn endings fail with `store_unavailable`
+    /// before reaching the store (`u32::MAX`: every one until called again).
+    pub fn fail_endings(&self, count: u32) {
+        self.endings_to_fail.store(count, Ordering::SeqCst);
+    }
+
+    /// How many turn endings were refused by [`Faulty::fail_endings`].
+    pub fn endings_refused(&self) -> u32 {
+        self.endings_refused.load(Ordering::SeqCst)
+    }
+
+    fn check_ending(&self) -> Result<()> {
+        let refuse = self
+            .endings_to_fail
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| match left {
+                0 => None,
+                u32::MAX => Some(u32::MAX),
+                n => Some(n - 1),
+            })
+            .is_ok();
+        if refuse {
+            self.endings_refused.fetch_add(1, Ordering::SeqCst);
+            return Err(Error::store("injected ending fault"));
+        }
+        Ok(())
     }
 
     /// Makes every later write fail with `store_unavailable`.
@@ -86,6 +120,7 @@ impl Store for Faulty {
     }
     async fn end_turn(&self, lease: &LeaseRef, ending: &Ending) -> Result<TurnView> {
         self.check()?;
+        self.check_ending()?;
         self.inner.end_turn(lease, ending).await
     }
     async fn turn(&self, turn_id: &TurnId) -> Result<Option<TurnView>> {

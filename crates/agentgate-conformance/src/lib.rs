@@ -48,6 +48,7 @@ macro_rules! suite {
             watchdog_keeps_a_long_turn,
             watchdog_cancels_when_renewal_fails,
             endings_and_restarts,
+            ending_survives_a_store_blip,
             dropped_turn_is_released,
             retention_sweeper,
             fences_only_grow,
@@ -88,6 +89,7 @@ macro_rules! redis_suite {
         $crate::suite!(@checks $factory;
             redis_loss_is_fenced,
             lying_lease_layer_is_refused_by_the_sql_fence,
+            heartbeat_after_an_ending_is_refused_when_the_release_failed,
         );
     };
 }

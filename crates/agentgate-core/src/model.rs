@@ -125,7 +125,8 @@ impl BeginCommand {
     /// confirmation, so the same request id with another decision is a mismatch.
     ///
     /// # Errors
-    /// `invalid_request` when the payload is over the JSON limits.
+    /// `invalid_request` when the payload is over the JSON limits or not
+    /// I-JSON (an integer beyond ±(2^53−1)).
     pub fn new(
         user_id: UserId,
         session_id: SessionId,
@@ -133,6 +134,7 @@ impl BeginCommand {
         payload: &Value,
         confirmation: Option<Confirmation>,
     ) -> Result<Self> {
+        crate::canonical::check_i_json("payload", payload)?;
         let fingerprint = crate::canonical::digest(
             "payload",
             &serde_json::json!({ "payload": payload, "confirmation": confirmation }),
@@ -216,8 +218,10 @@ impl ToolCall {
     /// Validates a tool call and hashes its args.
     ///
     /// # Errors
-    /// `invalid_request` when the args are over the JSON limits.
+    /// `invalid_request` when the args are over the JSON limits or not
+    /// I-JSON (an integer beyond ±(2^53−1)).
     pub fn new(tool: ToolName, args: &Value) -> Result<Self> {
+        crate::canonical::check_i_json("args", args)?;
         Ok(Self {
             tool,
             args_hash: crate::canonical::digest("args", args)?,

@@ -748,7 +748,7 @@ async fn finish_reply(
     let value = serde_json::to_value(reply).map_err(|e| LedgerError::database(e.to_string()))?;
     let view = match turn.succeed(&value).await {
         Ok(view) => view,
-        Err(error) => return Err(report(events, LedgerError::Engine(error))),
+        Err(end) => return Err(report(events, LedgerError::Engine(end.into()))),
     };
     record_reply(inner, &view, reply).await;
     let outcome = ChatOutcome::from_view(&view, false);
@@ -770,7 +770,7 @@ async fn finish_pending(
     let value = serde_json::to_value(reply).map_err(|e| LedgerError::database(e.to_string()))?;
     let view = match turn.await_confirmation(&value).await {
         Ok(view) => view,
-        Err(error) => return Err(report(events, LedgerError::Engine(error))),
+        Err(end) => return Err(report(events, LedgerError::Engine(end.into()))),
     };
     record_reply(inner, &view, reply).await;
     let outcome = ChatOutcome::from_view(&view, false);

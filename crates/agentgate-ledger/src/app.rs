@@ -378,7 +378,10 @@ impl LedgerApp {
             let work = match recovered.turn.confirmation() {
                 Some(_) => Work::Confirmation,
                 None => Work::Message {
-                    text: recovered.payload["text"].as_str().unwrap_or_default().to_owned(),
+                    text: recovered.payload["text"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
                     utc_offset_minutes: recovered.payload["utc_offset_minutes"]
                         .as_i64()
                         .and_then(|m| i32::try_from(m).ok())

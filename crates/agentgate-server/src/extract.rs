@@ -7,6 +7,8 @@
 
 use agentgate::model::LeaseRef;
 use agentgate::TurnId;
+use agentgate_core::canonical::parse_i_json;
+use agentgate_core::error::Error;
 use agentgate_core::ids::LeaseToken;
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::header;
@@ -23,7 +25,8 @@ pub const LEASE_TOKEN_HEADER: &str = "lease-token";
 
 /// A JSON body of at most the server's body limit, sent as
 /// `Content-Type: application/json` (parameters such as `charset` allowed),
-/// read within [`BODY_READ_TIMEOUT`].
+/// read within [`BODY_READ_TIMEOUT`]; the bytes must be I-JSON (RFC 7493: no
+/// duplicate member names, numbers exact in a double) of the expected shape.
 ///
 /// The content type is required, not guessed: a web page on another site
 /// may make the user's browser POST `text/plain` (or a form) to a loopback
@@ -120,7 +123,15 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
     async fn from_request(request: Request, state: &AppState) -> Result<Self, ApiError> {
         require_json(&request)?;
         let bytes = read_body(request, state.max_body_bytes()).await?;
-        serde_json::from_slice(&bytes)
+        // I-JSON first: once serde_json has built a value, a repeated member
+        // name and a rounded number can no longer be seen.
+        let value = parse_i_json(&bytes).map_err(|error| match error {
+            Error::InvalidRequest { message } => {
+                ApiError::invalid(format!("request body: {message}"))
+            }
+            other => ApiError::from(other),
+        })?;
+        serde_json::from_value(value)
             .map(ApiJson)
             .map_err(|error| ApiError::invalid(format!("request body: {error}")))
     }
@@ -200,5 +211,117 @@ impl LeaseHeader {
             turn_id: TurnId::new(turn_id)?,
             token: self.0,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! SPEC §3 invariant 10 over HTTP: a body that is not I-JSON is a 400
+    //! naming the member, never a replay of another request's result.
+    #![allow(clippy::unwrap_used)]
+    use agentgate::{Config, Gate};
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode};
+    use serde_json::{json, Value};
+    use tower::ServiceExt as _;
+
+    use crate::{router, AppState, ServerOptions};
+
+    async fn call(
+        app: &axum::Router,
+        path: &str,
+        token: Option<&str>,
+        body: &str,
+    ) -> (StatusCode, Value) {
+        let mut request = Request::post(path).header("content-type", "application/json");
+        if let Some(token) = token {
+            request = request.header("lease-token", token);
+        }
+        let response = app
+            .clone()
+            .oneshot(request.body(Body::from(body.to_owned())).unwrap())
+            .await
+            .unwrap();
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    fn assert_invalid(status: StatusCode, body: &Value, path: &str) {
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert_eq!(body["error"]["code"], "invalid_request", "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(path), "{message} does not name {path}");
+    }
+
+    #[tokio::test]
+    async fn bodies_that_are_not_i_json_are_refused_naming_the_member() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("gate.db").display());
+        let gate = Gate::open(&url, Config::default()).await.unwrap();
+        let app = router(AppState::new(gate, ServerOptions::default()).unwrap());
+        let begin = |order: &str| {
+            format!(
+                r#"{{"user_id":"u","session_id":"s","client_request_id":"r","payload":{{"order":{order}}}}}"#
+            )
+        };
+
+        let (status, body) = call(&app, "/v1/turns", None, &begin("9007199254740991")).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        let turn_id = body["turn"]["turn_id"].as_str().unwrap().to_owned();
+        let token = body["turn"]["lease_token"].as_str().unwrap().to_owned();
+
+        // Tool args: a duplicate member name, and an inexact number.
+        let tools = format!("/v1/turns/{turn_id}/tools");
+        let (status, body) = call(
+            &app,
+            &tools,
+            Some(&token),
+            r#"{"tool":"book","args":{"amount":{"a":1,"a":2}}}"#,
+        )
+        .await;
+        assert_invalid(status, &body, "/args/amount/a");
+        let (status, body) = call(
+            &app,
+            &tools,
+            Some(&token),
+            r#"{"tool":"book","args":{"amount":1e-400}}"#,
+        )
+        .await;
+        assert_invalid(status, &body, "/args/amount");
+        let (status, body) = call(
+            &app,
+            &tools,
+            Some(&token),
+            r#"{"tool":"book","args":{"amount":0}}"#,
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+
+        let complete = format!("/v1/turns/{turn_id}/complete");
+        let (status, body) = call(&app, &complete, Some(&token), r#"{"response":"first"}"#).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+
+        // The reported collision: 2^53 + 1 used to replay the first call's
+        // result. Now it is refused, and so are its neighbours.
+        for order in [
+            "9007199254740993",
+            "9007199254740992",
+            "18446744073709551616",
+            "18446744073709551615",
+        ] {
+            let (status, body) = call(&app, "/v1/turns", None, &begin(order)).await;
+            assert_invalid(status, &body, "/payload/order");
+        }
+        let duplicate = r#"{"user_id":"u","session_id":"s","client_request_id":"r","payload":{"order":9007199254740991,"order":2}}"#;
+        let (status, body) = call(&app, "/v1/turns", None, duplicate).await;
+        assert_invalid(status, &body, "/payload/order");
+
+        // The same request, spelled exactly, still replays.
+        let (status, body) = call(&app, "/v1/turns", None, &begin("9007199254740991")).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["turn"]["response"], json!("first"));
     }
 }

@@ -100,10 +100,14 @@ impl std::fmt::Debug for SqliteStore {
 
 impl SqliteStore {
     /// Opens (creating if missing) the SQLite file at `url`
-    /// (`sqlite://path` or `sqlite:path`), in WAL mode with `synchronous=NORMAL`
-    /// (a committed step survives a process crash; a power loss may drop the
-    /// last few commits — the durability choice of most WAL deployments),
+    /// (`sqlite://path` or `sqlite:path`), in WAL mode with `synchronous=FULL`,
     /// and applies the schema.
+    ///
+    /// `FULL` syncs the WAL on every commit, so a committed step survives a
+    /// power loss, not only a process crash. `NORMAL` (the common WAL choice)
+    /// may drop the last commits on power loss, among them a fence increment:
+    /// the next grant would then hand out a fence already seen, breaking
+    /// SPEC §3 invariants 5 and 8. The cost is measured in BENCHMARKS.md.
     ///
     /// # Errors
     /// `invalid_request` for a bad URL or config; `store_unavailable` when the
@@ -133,7 +137,7 @@ impl SqliteStore {
             .map_err(|e| Error::invalid(format!("bad sqlite url: {e}")))?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Normal)
+            .synchronous(SqliteSynchronous::Full)
             .busy_timeout(BUSY_TIMEOUT)
             .foreign_keys(true);
         // Several processes opening a fresh file at once can meet SQLITE_BUSY
@@ -311,5 +315,42 @@ impl Store for SqliteStore {
 
     async fn abandon(&self, orphan: &Orphan) -> Result<bool> {
         orphans::abandon(self, orphan).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// `PRAGMA synchronous` as SQLite reports it: 2 is `FULL`, 1 `NORMAL`.
+    const SYNCHRONOUS_FULL: i64 = 2;
+
+    /// Every connection of both pools syncs each commit: a power loss cannot
+    /// drop a committed fence increment. Each pool is drained so that every
+    /// one of its connections answers, not just the first.
+    #[tokio::test]
+    async fn every_connection_syncs_each_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("sync.db").display());
+        let store = SqliteStore::open(&url, Config::default()).await.unwrap();
+        let mut checked = 0;
+        for (pool, size) in [(&store.writer, 1), (&store.reader, READER_CONNECTIONS)] {
+            let mut held = Vec::new();
+            for _ in 0..size {
+                let mut conn = pool.acquire().await.unwrap();
+                let level: i64 = sqlx::query_scalar("PRAGMA synchronous")
+                    .fetch_one(&mut *conn)
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    level, SYNCHRONOUS_FULL,
+                    "synchronous on a pooled connection"
+                );
+                checked += 1;
+                held.push(conn);
+            }
+        }
+        assert_eq!(checked, 1 + READER_CONNECTIONS);
     }
 }

@@ -206,12 +206,35 @@ async fn check_in_row(conn: &mut SqliteConnection, lease: &LeaseRef) -> Result<L
 pub(crate) async fn heartbeat(store: &SqliteStore, lease: &LeaseRef) -> Result<LeaseStatus> {
     let ttl_ms = store.config.lease_ttl_ms();
     if let Some(layer) = &store.leases {
-        // The lease lives in the layer; a heartbeat never touches SQL.
+        // The lease lives in the layer, but its key can outlive the turn:
+        // an ending's release in the layer is best effort. So a renewal
+        // counts only while the turn is still running in SQL (one read);
+        // an ended turn's heartbeat is lease_lost (SPEC §5), and its
+        // leftover key is released again so the session frees now.
         let digest = lease.token.digest_hex();
         if let Some(remaining) = layer.renew(lease.turn_id.as_str(), &digest, ttl_ms).await? {
-            return Ok(LeaseStatus {
-                lease_expires_in_ms: remaining,
-            });
+            let state: Option<String> =
+                sqlx::query_scalar("SELECT state FROM ag_turns WHERE turn_id = ?")
+                    .bind(lease.turn_id.as_str())
+                    .fetch_optional(&store.reader)
+                    .await
+                    .map_err(map_sqlx)?;
+            match state.as_deref() {
+                Some("running") => {
+                    return Ok(LeaseStatus {
+                        lease_expires_in_ms: remaining,
+                    })
+                }
+                None => return Err(Error::not_found(format!("turn {}", lease.turn_id))),
+                Some(_) => {
+                    if let Err(error) = layer.release(lease.turn_id.as_str(), &digest).await {
+                        tracing::debug!(%error, "releasing an ended turn's leftover lease failed");
+                    }
+                    return Err(Error::LeaseLost {
+                        reason: "turn already ended",
+                    });
+                }
+            }
         }
         let mut conn = store.reader.acquire().await.map_err(map_sqlx)?;
         check_lease(store, &mut conn, lease).await?;

@@ -55,4 +55,4 @@ pub use agentgate_core::model::{
 pub use agentgate_core::{canonical, limits, model, store};
 pub use effect::SqlTx;
 pub use gate::{Begun, Gate, Recovered};
-pub use turn::{Execution, ToolPolicy, ToolStep, Turn, Verifier};
+pub use turn::{EndError, Execution, ToolPolicy, ToolStep, Turn, Verifier};

@@ -2,7 +2,9 @@
 //! endings.
 //!
 //! A `Turn` ends exactly once, by [`Turn::succeed`], [`Turn::fail`] or
-//! [`Turn::await_confirmation`], each consuming it. A `Turn` dropped without an
+//! [`Turn::await_confirmation`], each consuming it; an ending the store could
+//! not take even after retries hands the turn back in an [`EndError`], so a
+//! computed answer is never thrown away by a store blip. A `Turn` dropped without an
 //! ending (an error path, a panic, a cancelled task) is failed as retryable in
 //! the background, so its lease and permit never leak; a crashed process is
 //! covered by lease expiry.
@@ -13,9 +15,12 @@ use std::sync::Arc;
 use agentgate_core::canonical::CanonicalJson;
 use agentgate_core::error::{BoxError, Error, ErrorKind, Result};
 use agentgate_core::ids::{ExecutionId, Fence, SessionId, ToolName, TurnId, UserId};
+use agentgate_core::limits::MAX_STORE_RETRIES;
 use agentgate_core::model::{
-    ConfirmationContext, Ending, Grant, LeaseRef, PreviousOutcome, ToolCall, ToolClaim, TurnView,
+    ConfirmationContext, Ending, Grant, LeaseRef, PreviousOutcome, ToolCall, ToolClaim, TurnState,
+    TurnView,
 };
+use agentgate_core::retry;
 use agentgate_core::store::{BoxFuture, Completion, LeaseStatus, Store};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
@@ -351,13 +356,20 @@ impl Turn {
     /// Ends the turn with `response`, which repeats of the request replay.
     /// Releases the session lease and the permit in the same step.
     ///
+    /// A transient store failure is retried on the engine's retry schedule
+    /// while the lease is live; if the ending still cannot be stored, the
+    /// turn comes back inside the error, still holding its lease, so the
+    /// answer is not lost: end it again or drop it.
+    ///
     /// # Errors
     /// `lease_lost` when the lease is gone (the turn may have been taken
     /// over: this holder's answer is discarded); `invalid_request` for a
-    /// response over the limits; `store_unavailable`.
-    pub async fn succeed(self, response: &Value) -> Result<TurnView> {
-        let response = CanonicalJson::new("response", response)?;
-        self.end(Ending::Succeed { response }).await
+    /// response over the limits; `store_unavailable`. See [`EndError`].
+    pub async fn succeed(self, response: &Value) -> Result<TurnView, EndError> {
+        match CanonicalJson::new("response", response) {
+            Ok(response) => self.end(Ending::Succeed { response }).await,
+            Err(error) => Err(EndError::keeping(self, error)),
+        }
     }
 
     /// Ends the turn with `error`. A repeat of a `retryable` failure restarts
@@ -365,9 +377,11 @@ impl Turn {
     ///
     /// # Errors
     /// As [`Turn::succeed`].
-    pub async fn fail(self, error: &Value, retryable: bool) -> Result<TurnView> {
-        let error = CanonicalJson::new("error", error)?;
-        self.end(Ending::Fail { error, retryable }).await
+    pub async fn fail(self, error: &Value, retryable: bool) -> Result<TurnView, EndError> {
+        match CanonicalJson::new("error", error) {
+            Ok(error) => self.end(Ending::Fail { error, retryable }).await,
+            Err(error) => Err(EndError::keeping(self, error)),
+        }
     }
 
     /// Ends the turn waiting for a person to approve or reject `pending`. New
@@ -376,23 +390,118 @@ impl Turn {
     ///
     /// # Errors
     /// As [`Turn::succeed`].
-    pub async fn await_confirmation(self, pending: &Value) -> Result<TurnView> {
-        let pending = CanonicalJson::new("pending", pending)?;
-        self.end(Ending::AwaitConfirmation { pending }).await
+    pub async fn await_confirmation(self, pending: &Value) -> Result<TurnView, EndError> {
+        match CanonicalJson::new("pending", pending) {
+            Ok(pending) => self.end(Ending::AwaitConfirmation { pending }).await,
+            Err(error) => Err(EndError::keeping(self, error)),
+        }
     }
 
-    async fn end(mut self, ending: Ending) -> Result<TurnView> {
-        // Stop renewing first: a renewal racing the ending would be refused
-        // once the lease is released anyway.
-        self.watchdog.take();
-        let result = self.store.end_turn(&self.lease, &ending).await;
-        // Ended, or refused because the lease is gone: either way there is
-        // nothing left for the drop handler to release.
-        self.ended = match &result {
-            Ok(_) => true,
-            Err(error) => matches!(error.kind(), ErrorKind::LeaseLost | ErrorKind::NotFound),
+    async fn end(mut self, ending: Ending) -> Result<TurnView, EndError> {
+        // The watchdog keeps renewing until the ending is stored: a retry
+        // below needs a live lease, and a turn handed back must keep it.
+        let mut retries: u32 = 0;
+        loop {
+            let error = match self.store.end_turn(&self.lease, &ending).await {
+                Ok(view) => {
+                    self.finish();
+                    return Ok(view);
+                }
+                Err(error) => error,
+            };
+            if matches!(error.kind(), ErrorKind::LeaseLost | ErrorKind::NotFound) {
+                self.finish();
+                if retries > 0 {
+                    if let Some(view) = self.landed_earlier(&ending).await {
+                        return Ok(view);
+                    }
+                }
+                return Err(EndError { error, turn: None });
+            }
+            retries += 1;
+            let backoff = retry::backoff(retries);
+            let live = self.watchdog.as_ref().is_some_and(|watchdog| {
+                tokio::time::Instant::now() + backoff < watchdog.give_up_at()
+            });
+            if error.kind() != ErrorKind::StoreUnavailable
+                || retries > MAX_STORE_RETRIES
+                || !live
+                || self.lost.is_cancelled()
+            {
+                return Err(EndError::keeping(self, error));
+            }
+            tracing::warn!(turn_id = %self.lease.turn_id, retries, %error, "storing a turn's ending failed; retrying");
+            tokio::time::sleep(backoff).await;
+        }
+    }
+
+    /// After a retried ending is refused as `lease_lost`: whether an earlier
+    /// attempt committed although its reply was lost. Only this grant holds
+    /// its fence, so a turn ended in the requested state under it was ended
+    /// by this holder.
+    async fn landed_earlier(&self, ending: &Ending) -> Option<TurnView> {
+        let expected = match ending {
+            Ending::Succeed { .. } => TurnState::Succeeded,
+            Ending::Fail { .. } => TurnState::Failed,
+            Ending::AwaitConfirmation { .. } => TurnState::AwaitingConfirmation,
         };
-        result
+        let view = self.store.turn(&self.grant.turn_id).await.ok()??;
+        (view.fence == self.grant.fence && view.state == expected).then_some(view)
+    }
+
+    /// The ending reached the store, or the lease was found gone: nothing is
+    /// left for the drop handler to release.
+    fn finish(&mut self) {
+        self.ended = true;
+        self.watchdog.take();
+    }
+}
+
+/// An ending that was not stored.
+///
+/// When the turn still holds its lease, `turn` gives the guard back: its
+/// answer can be stored by ending it again. Dropping it (or converting this
+/// into an [`Error`] with `?`) releases the turn as a retryable failure, as
+/// for any turn dropped without an ending.
+#[derive(Debug)]
+pub struct EndError {
+    /// Why the ending was not stored.
+    pub error: Error,
+    /// The turn, still under its lease and renewing it: after a
+    /// `store_unavailable` that outlasted the retries, or an ending refused
+    /// as `invalid_request`. `None` when the lease is gone (`lease_lost`).
+    pub turn: Option<Box<Turn>>,
+}
+
+impl EndError {
+    fn keeping(turn: Turn, error: Error) -> Self {
+        Self {
+            error,
+            turn: Some(Box::new(turn)),
+        }
+    }
+
+    /// The kind of the underlying error.
+    pub fn kind(&self) -> ErrorKind {
+        self.error.kind()
+    }
+}
+
+impl std::fmt::Display for EndError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for EndError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.error.source()
+    }
+}
+
+impl From<EndError> for Error {
+    fn from(end: EndError) -> Self {
+        end.error
     }
 }
 

@@ -6,12 +6,15 @@
 //! clock), so it is never later than the store's expiry; the signal fires a
 //! safety margin before it, so a holder stops before anyone can take over.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentgate_core::error::ErrorKind;
+use agentgate_core::error::{ErrorKind, Result};
+use agentgate_core::ids::TurnId;
 use agentgate_core::model::LeaseRef;
-use agentgate_core::store::Store;
+use agentgate_core::store::{LeaseStatus, Store};
+use tokio::sync::watch;
 use tokio::time::{sleep_until, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -19,6 +22,10 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug)]
 pub(crate) struct Watchdog {
     stop: CancellationToken,
+    /// The instant the watchdog will give up at, moved on by each renewal:
+    /// how long the holder may still act on the lease (an ending's retries
+    /// stop there).
+    give_up_at: watch::Receiver<Instant>,
 }
 
 impl Drop for Watchdog {
@@ -48,43 +55,80 @@ impl Watchdog {
     ) -> Self {
         let stop = CancellationToken::new();
         let task_stop = stop.clone();
+        let (publish, give_up_at) = watch::channel(deadline(
+            granted_at,
+            lease_expires_in,
+            lease_ttl / SAFETY_MARGIN_DIVISOR,
+        ));
         tokio::spawn(async move {
+            let heartbeat = || store.heartbeat(&lease);
+            let schedule = Schedule {
+                lease_ttl,
+                granted_at,
+                lease_expires_in,
+            };
             tokio::select! {
                 () = task_stop.cancelled() => {}
-                () = renew(store.as_ref(), &lease, lease_ttl, granted_at, lease_expires_in, &lost) => {}
+                () = renew(heartbeat, &lease.turn_id, schedule, &lost, &publish) => {}
             }
         });
-        Self { stop }
+        Self { stop, give_up_at }
+    }
+
+    /// The local instant after which this holder must not count on its lease.
+    pub(crate) fn give_up_at(&self) -> Instant {
+        *self.give_up_at.borrow()
     }
 }
 
-async fn renew(
-    store: &dyn Store,
-    lease: &LeaseRef,
+/// When a lease granted or renewed by a request sent at `sent_at` for
+/// `expires_in` is given up: `margin` before its local deadline.
+fn deadline(sent_at: Instant, expires_in: Duration, margin: Duration) -> Instant {
+    (sent_at + expires_in)
+        .checked_sub(margin)
+        .unwrap_or(sent_at)
+}
+
+/// The lease the watchdog starts from.
+#[derive(Clone, Copy, Debug)]
+struct Schedule {
     lease_ttl: Duration,
-    mut sent_at: Instant,
-    mut expires_in: Duration,
+    granted_at: Instant,
+    lease_expires_in: Duration,
+}
+
+/// Renews by calling `heartbeat` every TTL/3 until the lease is lost or its
+/// deadline passes, then fires `lost`. Publishes each new give-up instant.
+async fn renew<F, Fut>(
+    mut heartbeat: F,
+    turn_id: &TurnId,
+    schedule: Schedule,
     lost: &CancellationToken,
-) {
-    let period = lease_ttl / 3;
-    let margin = lease_ttl / SAFETY_MARGIN_DIVISOR;
-    let retry = lease_ttl / RETRY_DIVISOR;
+    publish: &watch::Sender<Instant>,
+) where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<LeaseStatus>>,
+{
+    let period = schedule.lease_ttl / 3;
+    let margin = schedule.lease_ttl / SAFETY_MARGIN_DIVISOR;
+    let retry = schedule.lease_ttl / RETRY_DIVISOR;
+    let mut sent_at = schedule.granted_at;
+    let mut expires_in = schedule.lease_expires_in;
     let mut next = sent_at + period;
     loop {
-        let give_up_at = (sent_at + expires_in)
-            .checked_sub(margin)
-            .unwrap_or(sent_at);
+        let give_up_at = deadline(sent_at, expires_in, margin);
+        publish.send_replace(give_up_at);
         if next >= give_up_at {
             next = give_up_at;
         }
         sleep_until(next).await;
         let attempt_at = Instant::now();
         if attempt_at >= give_up_at {
-            tracing::warn!(turn_id = %lease.turn_id, "lease could not be renewed before its deadline; cancelling turn");
+            tracing::warn!(%turn_id, "lease could not be renewed before its deadline; cancelling turn");
             lost.cancel();
             return;
         }
-        match timeout_at(give_up_at, store.heartbeat(lease)).await {
+        match timeout_at(give_up_at, heartbeat()).await {
             Ok(Ok(status)) => {
                 sent_at = attempt_at;
                 expires_in =
@@ -94,15 +138,171 @@ async fn renew(
             Ok(Err(error))
                 if matches!(error.kind(), ErrorKind::LeaseLost | ErrorKind::NotFound) =>
             {
-                tracing::warn!(turn_id = %lease.turn_id, %error, "lease lost; cancelling turn");
+                tracing::warn!(%turn_id, %error, "lease lost; cancelling turn");
                 lost.cancel();
                 return;
             }
             Ok(Err(error)) => {
-                tracing::warn!(turn_id = %lease.turn_id, %error, "heartbeat failed; retrying");
+                tracing::warn!(%turn_id, %error, "heartbeat failed; retrying");
                 next = Instant::now() + retry;
             }
             Err(_elapsed) => next = Instant::now(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The deadline arithmetic, on tokio's paused clock: every instant below
+    //! is exact, because the scripted heartbeats answer without I/O and the
+    //! clock only jumps from timer to timer.
+    #![allow(clippy::unwrap_used)]
+    use std::future::pending;
+    use std::sync::Mutex;
+
+    use agentgate_core::error::Error;
+
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(30);
+
+    /// What one run of the watchdog did.
+    #[derive(Debug)]
+    struct Run {
+        /// When each heartbeat was sent, from the grant.
+        sent: Vec<Duration>,
+        /// When the cancellation signal fired, from the grant.
+        cancelled: Option<Duration>,
+        /// The last give-up instant published, from the grant.
+        give_up: Duration,
+    }
+
+    /// Runs the watchdog for at most `limit` on a lease granted now for the
+    /// TTL, answering heartbeat number `n` (from 0) with `answer(n)`; `None`
+    /// never answers.
+    async fn run(answer: impl Fn(usize) -> Option<Result<LeaseStatus>>, limit: Duration) -> Run {
+        let granted_at = Instant::now();
+        let sent = Mutex::new(Vec::new());
+        let lost = CancellationToken::new();
+        let (publish, give_up) = watch::channel(granted_at);
+        let heartbeat = || {
+            let mut sent = sent.lock().unwrap();
+            sent.push(granted_at.elapsed());
+            let reply = answer(sent.len() - 1);
+            async move {
+                match reply {
+                    Some(reply) => reply,
+                    None => pending().await,
+                }
+            }
+        };
+        let schedule = Schedule {
+            lease_ttl: TTL,
+            granted_at,
+            lease_expires_in: TTL,
+        };
+        let turn_id = TurnId::new("t-watchdog").unwrap();
+        let watched = renew(heartbeat, &turn_id, schedule, &lost, &publish);
+        let returned = tokio::time::timeout(limit, watched).await.is_ok();
+        let cancelled = lost.is_cancelled().then(|| granted_at.elapsed());
+        // The watchdog returns exactly when it cancels.
+        assert_eq!(returned, cancelled.is_some());
+        let give_up = *give_up.borrow() - granted_at;
+        Run {
+            sent: sent.into_inner().unwrap(),
+            cancelled,
+            give_up,
+        }
+    }
+
+    fn renewed(ms: i64) -> Option<Result<LeaseStatus>> {
+        Some(Ok(LeaseStatus {
+            lease_expires_in_ms: ms,
+        }))
+    }
+
+    fn secs(list: &[u64]) -> Vec<Duration> {
+        list.iter().copied().map(Duration::from_secs).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renews_every_third_of_the_ttl() {
+        let run = run(|_| renewed(30_000), Duration::from_secs(95)).await;
+        assert_eq!(run.sent, secs(&[10, 20, 30, 40, 50, 60, 70, 80, 90]));
+        assert_eq!(run.cancelled, None);
+        // Last renewal sent at 90 s for 30 s, minus the 6 s margin.
+        assert_eq!(run.give_up, Duration::from_secs(114));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_renewals_cancel_a_safety_margin_before_the_local_deadline() {
+        let run = run(|_| Some(Err(Error::store("down"))), Duration::from_secs(60)).await;
+        // First renewal at TTL/3, then a retry every TTL/10, none past the
+        // give-up instant: the TTL minus a fifth of it.
+        assert_eq!(run.sent, secs(&[10, 13, 16, 19, 22]));
+        assert_eq!(run.cancelled, Some(Duration::from_secs(24)));
+        assert_eq!(run.give_up, Duration::from_secs(24));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_deadline_runs_from_when_the_last_renewal_was_sent() {
+        let run = run(
+            |n| {
+                if n == 0 {
+                    renewed(30_000)
+                } else {
+                    Some(Err(Error::store("down")))
+                }
+            },
+            Duration::from_secs(60),
+        )
+        .await;
+        assert_eq!(run.sent, secs(&[10, 20, 23, 26, 29, 32]));
+        assert_eq!(run.cancelled, Some(Duration::from_secs(10 + 30 - 6)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_stores_remaining_lease_sets_the_deadline_not_the_ttl() {
+        // The store says only 12 s are left (its clock, not ours): give up
+        // at 10 + 12 - 6 s, before the next renewal would be due.
+        let run = run(
+            |n| {
+                if n == 0 {
+                    renewed(12_000)
+                } else {
+                    renewed(30_000)
+                }
+            },
+            Duration::from_secs(60),
+        )
+        .await;
+        assert_eq!(run.sent, secs(&[10]));
+        assert_eq!(run.cancelled, Some(Duration::from_secs(16)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_lease_cancels_at_once() {
+        let run = run(
+            |n| {
+                if n < 2 {
+                    renewed(30_000)
+                } else {
+                    Some(Err(Error::LeaseLost {
+                        reason: "taken over",
+                    }))
+                }
+            },
+            Duration::from_secs(60),
+        )
+        .await;
+        assert_eq!(run.sent, secs(&[10, 20, 30]));
+        assert_eq!(run.cancelled, Some(Duration::from_secs(30)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hanging_renewal_is_cut_at_the_give_up_instant() {
+        let run = run(|_| None, Duration::from_secs(60)).await;
+        assert_eq!(run.sent, secs(&[10]));
+        assert_eq!(run.cancelled, Some(Duration::from_secs(24)));
     }
 }

@@ -1,11 +1,16 @@
 //! Endings, restarts, dropped turns and the retention sweeper.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use agentgate::{Begun, Config, ErrorKind, TurnState};
+use agentgate::{Begun, Config, ErrorKind, Gate, TurnState};
+use agentgate_core::canonical::CanonicalJson;
+use agentgate_core::ids::{ClientRequestId, SessionId, UserId};
+use agentgate_core::model::{BeginCommand, BeginOutcome, Ending, LeaseRef};
 use serde_json::json;
 
 use super::{config, must_start, report, start_within};
+use crate::faulty::Faulty;
 use crate::Target;
 
 /// fail(retryable) → a repeat restarts (attempt 2, not a takeover);
@@ -44,21 +49,45 @@ pub async fn endings_and_restarts(target: &Target) {
         }
         other => panic!("a final failure replays, got {:?}", other.map(|_| ())),
     }
-    // An ended turn's lease is gone: a heartbeat is refused.
-    let turn = must_start(&gate, "end-user", "end-session", "once").await;
+    // An ended turn's lease is gone: a heartbeat is refused. Driven through
+    // the store, so the token outlives the ending that consumes a `Turn`.
     let store = std::sync::Arc::clone(gate.store());
-    let heartbeat_after = turn.heartbeat().await;
-    assert!(heartbeat_after.is_ok());
-    let view = turn.succeed(&json!("done")).await.expect("succeed");
+    let command = BeginCommand::new(
+        UserId::new("end-user").expect("id"),
+        SessionId::new("end-session").expect("id"),
+        ClientRequestId::new("once").expect("id"),
+        &json!({"text": "once"}),
+        None,
+    )
+    .expect("command");
+    let BeginOutcome::Started(grant) = store.begin(&command).await.expect("begin") else {
+        panic!("a new request starts");
+    };
+    let lease = LeaseRef {
+        turn_id: grant.turn_id.clone(),
+        token: grant.lease_token.clone(),
+    };
+    store.heartbeat(&lease).await.expect("a live lease renews");
+    let response = CanonicalJson::new("response", &json!("done")).expect("json");
+    let view = store
+        .end_turn(&lease, &Ending::Succeed { response })
+        .await
+        .expect("succeed");
     assert_eq!(view.state, TurnState::Succeeded);
+    let refused = store
+        .heartbeat(&lease)
+        .await
+        .expect_err("an ended turn's lease renews no more");
+    assert_eq!(refused.kind(), ErrorKind::LeaseLost, "{refused}");
     let user = store
-        .user(&agentgate::UserId::new("end-user").expect("id"))
+        .user(&UserId::new("end-user").expect("id"))
         .await
         .expect("user");
     assert_eq!(user.live_turns, 0);
     let counts = [
         ("restarted".to_owned(), 1),
         ("final_failure_replayed".to_owned(), 1),
+        ("heartbeat_after_end_refused".to_owned(), 1),
     ];
     report(
         target,
@@ -147,17 +176,21 @@ pub async fn retention_sweeper(target: &Target) {
         assert!(store.turn(id).await.expect("view").is_none(), "{id} swept");
         assert!(store.executions(id).await.expect("executions").is_empty());
     }
-    assert!(
-        store.turn(live.id()).await.expect("view").is_some(),
-        "a live turn is kept"
-    );
+    let kept_live = usize::from(store.turn(live.id()).await.expect("view").is_some());
+    assert_eq!(kept_live, 1, "a live turn is kept");
     let busy = gate
         .begin("sweep-user", "sweep-live", "r2", &json!(1))
         .await
         .expect_err("held");
     assert_eq!(busy.kind(), ErrorKind::SessionBusy);
     live.succeed(&json!("ok")).await.expect("succeed");
-    let counts = [("swept_turns".to_owned(), 5), ("kept_live".to_owned(), 1)];
+    let counts = [
+        (
+            "swept_turns".to_owned(),
+            usize::try_from(swept).expect("a small count"),
+        ),
+        ("kept_live".to_owned(), kept_live),
+    ];
     report(target, "retention_sweeper", &counts.into_iter().collect());
 }
 
@@ -239,9 +272,11 @@ pub async fn concurrent_opens_migrate_once(target: &Target) {
             })
         })
         .collect();
+    let mut opened_nodes = 0;
     for thread in threads {
         let opened = tokio::task::block_in_place(|| thread.join()).expect("a node thread");
         opened.unwrap_or_else(|e| panic!("a concurrent open failed: {e}"));
+        opened_nodes += 1;
     }
     // Every node sees one store: a turn begun on one is in flight on another.
     let first = target.gate(config()).await;
@@ -253,10 +288,88 @@ pub async fn concurrent_opens_migrate_once(target: &Target) {
         .expect_err("in flight on every node");
     assert_eq!(busy.kind(), ErrorKind::RequestInFlight);
     turn.succeed(&json!("ok")).await.expect("succeed");
-    let counts = [("nodes_opened".to_owned(), NODES)];
+    let counts = [("nodes_opened".to_owned(), opened_nodes)];
     report(
         target,
         "concurrent_opens_migrate_once",
+        &counts.into_iter().collect(),
+    );
+}
+
+/// A computed answer survives a store blip at the ending: a few refused
+/// endings are retried while the lease is live, and an ending that still
+/// cannot be stored hands the turn back, lease held, to be ended again.
+pub async fn ending_survives_a_store_blip(target: &Target) {
+    let real = target.gate(config()).await;
+    let faulty = Arc::new(Faulty::new(Arc::clone(real.store())));
+    let gate = Gate::with_store(Arc::clone(&faulty) as Arc<dyn agentgate::store::Store>);
+
+    // A short blip: the ending is retried and lands.
+    let turn = must_start(&gate, "blip-user", "blip-session", "r1").await;
+    faulty.fail_endings(3);
+    let view = turn
+        .succeed(&json!("answer one"))
+        .await
+        .expect("a blip shorter than the retries costs nothing");
+    assert_eq!(view.state, TurnState::Succeeded);
+    let retried = faulty.endings_refused();
+    assert_eq!(retried, 3, "each injected fault was met by one retry");
+    match real
+        .begin("blip-user", "blip-session", "r1", &json!({"text": "r1"}))
+        .await
+    {
+        Ok(Begun::Replay(done)) => assert_eq!(done.response, Some(json!("answer one"))),
+        other => panic!("the answer replays, got {:?}", other.map(|_| ())),
+    }
+
+    // A long outage: the turn comes back inside the error, still holding
+    // the session, and its answer is stored once the store is back.
+    let turn = must_start(&gate, "blip-user", "blip-session", "r2").await;
+    let turn_id = turn.id().clone();
+    faulty.fail_endings(u32::MAX);
+    let refused = turn
+        .succeed(&json!("answer two"))
+        .await
+        .expect_err("an outage outlasts the retries");
+    assert_eq!(refused.kind(), ErrorKind::StoreUnavailable, "{refused}");
+    let turn = refused.turn.expect("the turn is handed back");
+    let held = real
+        .store()
+        .session(turn.session_id())
+        .await
+        .expect("view")
+        .expect("session")
+        .holder
+        .expect("the handed-back turn still holds the session");
+    assert_eq!(held.turn_id, turn_id);
+    let outage = faulty.endings_refused() - retried;
+    assert!(outage > 1, "the outage was retried, {outage} attempts");
+    faulty.fail_endings(0);
+    let view = turn
+        .succeed(&json!("answer two"))
+        .await
+        .expect("stored once the store is back");
+    assert_eq!(view.turn_id, turn_id);
+    match real
+        .begin("blip-user", "blip-session", "r2", &json!({"text": "r2"}))
+        .await
+    {
+        Ok(Begun::Replay(done)) => assert_eq!(done.response, Some(json!("answer two"))),
+        other => panic!("the answer replays, got {:?}", other.map(|_| ())),
+    }
+    let counts = [
+        (
+            "blip_endings_refused".to_owned(),
+            usize::try_from(retried).expect("small"),
+        ),
+        (
+            "outage_endings_refused".to_owned(),
+            usize::try_from(outage).expect("small"),
+        ),
+    ];
+    report(
+        target,
+        "ending_survives_a_store_blip",
         &counts.into_iter().collect(),
     );
 }

@@ -23,13 +23,16 @@ use tokio::sync::Barrier;
 pub use confirmation::{confirmation_flow, confirmation_race, pending_confirmation_expires};
 pub use input::bad_input_changes_nothing;
 pub use lifecycle::{
-    concurrent_opens_migrate_once, dropped_turn_is_released, endings_and_restarts,
-    overview_shows_holders_and_activity, retention_sweeper,
+    concurrent_opens_migrate_once, dropped_turn_is_released, ending_survives_a_store_blip,
+    endings_and_restarts, overview_shows_holders_and_activity, retention_sweeper,
 };
 pub use orphans::{
     exhausted_orphan_ends_failed, orphan_claim_storm, orphan_filters, unclaimed_orphan_is_abandoned,
 };
-pub use redis_loss::{lying_lease_layer_is_refused_by_the_sql_fence, redis_loss_is_fenced};
+pub use redis_loss::{
+    heartbeat_after_an_ending_is_refused_when_the_release_failed,
+    lying_lease_layer_is_refused_by_the_sql_fence, redis_loss_is_fenced,
+};
 pub use storms::{duplicate_storm, fences_only_grow, session_storm, user_capacity_storm};
 pub use takeover::takeover_fences_the_old_holder;
 pub use tools::{execution_limit_storm, same_transaction_effect, tool_storm};

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use agentgate::{ErrorKind, PreviousOutcome, ToolStep};
 use serde_json::json;
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 
 use super::{report, short_ttl, start_within, SHORT_TTL};
 use crate::Target;
@@ -193,18 +193,31 @@ pub async fn skewed_clock_changes_nothing(target: &Target, holder_exe: &str) {
     let taker = start_within(&gate, "skew-user", "skew-session", "r1", SHORT_TTL * 4).await;
     assert!(taker.is_takeover());
 
-    // 2. While this node holds, the skewed node cannot take over early.
+    // 2. While this node holds, the skewed node cannot take over early: its
+    // begin is refused as in flight under this node's turn, and it says so.
     let mut intruder = spawn("skew-session");
     let group = intruder.id().expect("the skewed node is running");
+    let mut stderr = intruder.stderr.take().expect("piped stderr");
     let status = tokio::time::timeout(Duration::from_secs(30), intruder.wait())
         .await
         .expect("the skewed node gives up in time")
         .expect("reap");
     // The wrapper exited with its child; make sure no stray process is left.
     kill_group(group).await;
+    let mut said = String::new();
+    stderr
+        .read_to_string(&mut said)
+        .await
+        .expect("read the skewed node's stderr");
     assert!(
         !status.success(),
         "the skewed node must not take a live lease"
+    );
+    // `main` returning the engine's error prints its Debug form.
+    assert!(
+        said.contains("RequestInFlight") && said.contains(taker.id().as_str()),
+        "the skewed node was refused as in flight under {}, it said: {said}",
+        taker.id()
     );
     assert!(!taker.is_cancelled());
     taker

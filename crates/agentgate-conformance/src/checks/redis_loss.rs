@@ -7,10 +7,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use agentgate::{ErrorKind, Gate, ToolStep, TurnState};
+use agentgate_core::canonical::CanonicalJson;
 use agentgate_core::error::Result;
-use agentgate_core::ids::Fence;
+use agentgate_core::ids::{ClientRequestId, Fence, SessionId, UserId};
 use agentgate_core::lease::{Acquired, LeaseClaim, LeaseLayer, LiveLease};
-use agentgate_core::model::HolderView;
+use agentgate_core::model::{BeginCommand, BeginOutcome, Ending, HolderView, LeaseRef};
 use async_trait::async_trait;
 use serde_json::json;
 
@@ -95,12 +96,12 @@ pub async fn redis_loss_is_fenced(target: &Target) {
     assert_eq!(lost.kind(), ErrorKind::LeaseLost);
     counts.insert("old_holder_ending_refused".to_owned(), 1);
     new.succeed(&json!("ok")).await.expect("succeed");
-    assert_eq!(
-        ledger::count(&target.store_url, "loss-7").await,
-        1,
-        "booked once"
+    let rows = ledger::count(&target.store_url, "loss-7").await;
+    assert_eq!(rows, 1, "booked once");
+    counts.insert(
+        "ledger_rows".to_owned(),
+        usize::try_from(rows).expect("a count is not negative"),
     );
-    counts.insert("ledger_rows".to_owned(), 1);
     report(target, "redis_loss_is_fenced", &counts);
 }
 
@@ -186,16 +187,9 @@ pub async fn lying_lease_layer_is_refused_by_the_sql_fence(target: &Target) {
             stale.complete(&json!("stale")).await.map(drop),
         ),
         ("tool_claim", old.tool("email", &json!({})).await.map(drop)),
-        (
-            "heartbeat_ok_but_ending",
-            old.heartbeat().await.map(drop).and(Ok(())),
-        ),
+        ("heartbeat", old.heartbeat().await.map(drop)),
     ];
     for (what, result) in refusals {
-        if what == "heartbeat_ok_but_ending" {
-            // Renewal goes to the layer only; it is the writes that matter.
-            continue;
-        }
         let error = result.expect_err(what);
         assert_eq!(error.kind(), ErrorKind::LeaseLost, "{what}: {error}");
         assert!(error.to_string().contains("newer fence"), "{what}: {error}");
@@ -226,5 +220,91 @@ pub async fn lying_lease_layer_is_refused_by_the_sql_fence(target: &Target) {
         target,
         "lying_lease_layer_is_refused_by_the_sql_fence",
         &counts,
+    );
+}
+
+/// A lease layer whose release always fails, as when Redis is unreachable
+/// at the moment a turn ends: the ending is stored in SQL, the layer's key
+/// lives on until its TTL.
+#[derive(Debug)]
+struct Sticky {
+    inner: Arc<dyn LeaseLayer>,
+}
+
+#[async_trait]
+impl LeaseLayer for Sticky {
+    async fn acquire(&self, claim: &LeaseClaim<'_>) -> Result<Acquired> {
+        self.inner.acquire(claim).await
+    }
+    async fn renew(&self, turn_id: &str, token_digest: &str, ttl_ms: i64) -> Result<Option<i64>> {
+        self.inner.renew(turn_id, token_digest, ttl_ms).await
+    }
+    async fn holds(&self, turn_id: &str, token_digest: &str) -> Result<Option<LiveLease>> {
+        self.inner.holds(turn_id, token_digest).await
+    }
+    async fn release(&self, _turn_id: &str, _token_digest: &str) -> Result<()> {
+        Err(agentgate::Error::store(
+            "injected: redis unreachable at release",
+        ))
+    }
+    async fn holder(&self, session_id: &str) -> Result<Option<HolderView>> {
+        self.inner.holder(session_id).await
+    }
+    async fn user_holders(&self, user_id: &str) -> Result<Vec<HolderView>> {
+        self.inner.user_holders(user_id).await
+    }
+}
+
+/// SPEC §5: `lease_lost` also means "turn already ended". An ended turn's
+/// heartbeat is refused even when the best-effort release in the layer
+/// failed and the layer would still renew the key.
+pub async fn heartbeat_after_an_ending_is_refused_when_the_release_failed(target: &Target) {
+    let redis_url = target.redis_url.as_deref().expect("a redis target");
+    let real = agentgate_store_redis::RedisLeases::open(redis_url)
+        .await
+        .expect("redis");
+    let sticky = Arc::new(Sticky {
+        inner: Arc::new(real),
+    });
+    let gate = Gate::connect_with_layer(&target.store_url, sticky, config())
+        .await
+        .expect("open");
+    let store = gate.store();
+    let command = BeginCommand::new(
+        UserId::new("sticky-user").expect("id"),
+        SessionId::new("sticky-session").expect("id"),
+        ClientRequestId::new("r").expect("id"),
+        &json!({"text": "r"}),
+        None,
+    )
+    .expect("command");
+    let BeginOutcome::Started(grant) = store.begin(&command).await.expect("begin") else {
+        panic!("a new request starts");
+    };
+    let lease = LeaseRef {
+        turn_id: grant.turn_id.clone(),
+        token: grant.lease_token.clone(),
+    };
+    store.heartbeat(&lease).await.expect("a live lease renews");
+    let response = CanonicalJson::new("response", &json!("done")).expect("json");
+    let view = store
+        .end_turn(&lease, &Ending::Succeed { response })
+        .await
+        .expect("the ending is stored although the release failed");
+    assert_eq!(view.state, TurnState::Succeeded);
+    let mut refused = 0;
+    for what in ["first", "second"] {
+        let error = store
+            .heartbeat(&lease)
+            .await
+            .expect_err("an ended turn's lease renews no more");
+        assert_eq!(error.kind(), ErrorKind::LeaseLost, "{what}: {error}");
+        refused += 1;
+    }
+    let counts = [("heartbeats_after_end_refused".to_owned(), refused)];
+    report(
+        target,
+        "heartbeat_after_an_ending_is_refused_when_the_release_failed",
+        &counts.into_iter().collect(),
     );
 }

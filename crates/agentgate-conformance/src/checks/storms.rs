@@ -3,10 +3,14 @@
 
 use std::collections::BTreeMap;
 
-use agentgate::{Begun, Config, ErrorKind, SessionId, UserId};
+use agentgate::{Begun, ClientRequestId, Config, ErrorKind, SessionId, UserId};
+use agentgate_core::model::{BeginCommand, BeginOutcome};
 use serde_json::json;
 
-use super::{config, must_start, outcome, report, started, storm, tally, STORM_TASKS};
+use super::{
+    config, must_start, outcome, report, short_ttl, start_within, started, storm, tally, SHORT_TTL,
+    STORM_TASKS,
+};
 use crate::Target;
 
 /// 100 identical begins → 1 started, 99 request_in_flight; after success
@@ -199,8 +203,18 @@ pub async fn user_capacity_storm(target: &Target) {
 /// Fences from one store-wide counter: every grant's fence is higher than
 /// every earlier one, across sessions, users, takeovers and a reopened store.
 pub async fn fences_only_grow(target: &Target) {
+    /// Takeovers per store opening: each waits out one short TTL.
+    const TAKEOVERS: usize = 2;
     let mut last = 0;
     let mut grants = 0;
+    let mut increases = 0;
+    let mut takeovers = 0;
+    let mut next = |fence: agentgate::Fence, grants: &mut usize| {
+        assert!(fence.0 > last, "fence {fence} after {last}");
+        last = fence.0;
+        *grants += 1;
+        increases += 1;
+    };
     for reopen in 0..2 {
         let gate = target.gate(config()).await;
         for i in 0..20 {
@@ -211,10 +225,43 @@ pub async fn fences_only_grow(target: &Target) {
                 &format!("r{reopen}-{i}"),
             )
             .await;
-            assert!(turn.fence().0 > last, "fence {} after {last}", turn.fence());
-            last = turn.fence().0;
-            grants += 1;
+            next(turn.fence(), &mut grants);
             turn.succeed(&json!(i)).await.expect("succeed");
+        }
+        // Takeovers: a holder that never renews (driven through the store,
+        // with no watchdog) is taken over after the TTL, under a new fence.
+        let short = target.gate(short_ttl()).await;
+        for t in 0..TAKEOVERS {
+            let request = format!("t{reopen}-{t}");
+            let command = BeginCommand::new(
+                UserId::new("fence-taken-user").expect("id"),
+                SessionId::new("fence-taken-session").expect("id"),
+                ClientRequestId::new(request.as_str()).expect("id"),
+                &json!({"text": request}),
+                None,
+            )
+            .expect("command");
+            let BeginOutcome::Started(silent) = short.store().begin(&command).await.expect("begin")
+            else {
+                panic!("a new request starts");
+            };
+            next(silent.fence, &mut grants);
+            let taker = start_within(
+                &short,
+                "fence-taken-user",
+                "fence-taken-session",
+                &request,
+                SHORT_TTL * 4,
+            )
+            .await;
+            assert!(
+                taker.is_takeover(),
+                "the silent holder's turn is taken over"
+            );
+            assert_eq!(taker.id(), &silent.turn_id);
+            next(taker.fence(), &mut grants);
+            takeovers += 1;
+            taker.succeed(&json!(t)).await.expect("succeed");
         }
     }
     report(
@@ -222,7 +269,8 @@ pub async fn fences_only_grow(target: &Target) {
         "fences_only_grow",
         &[
             ("grants".to_owned(), grants),
-            ("strictly_increasing".to_owned(), grants),
+            ("strictly_increasing".to_owned(), increases),
+            ("takeovers".to_owned(), takeovers),
         ]
         .into_iter()
         .collect(),

@@ -144,11 +144,8 @@ pub async fn same_transaction_effect(target: &Target) {
         .await
         .expect_err("the effect fails");
     assert_eq!(failed.kind(), ErrorKind::Effect);
-    assert_eq!(
-        ledger::count(&target.store_url, "dinner-99").await,
-        0,
-        "the row rolled back"
-    );
+    let rolled_back_rows = ledger::count(&target.store_url, "dinner-99").await;
+    assert_eq!(rolled_back_rows, 0, "the row rolled back");
     let ToolStep::Execute(retry) = turn.tool("book", &dinner).await.expect("claim") else {
         panic!("a failed effect is not cached");
     };
@@ -157,14 +154,21 @@ pub async fn same_transaction_effect(target: &Target) {
         .complete_in_tx(ledger::book("dinner-99".into(), 99, false))
         .await
         .expect("the retry books");
-    assert_eq!(ledger::count(&target.store_url, "dinner-99").await, 1);
+    let ledger_rows = ledger::count(&target.store_url, "dinner-99").await;
+    assert_eq!(ledger_rows, 1);
     let turn = Arc::try_unwrap(turn).expect("all claims finished");
     turn.succeed(&json!("ok")).await.expect("succeed");
     let counts = [
         ("booked".to_owned(), booked),
         ("cached".to_owned(), STORM_TASKS - booked),
-        ("ledger_rows".to_owned(), 1),
-        ("rolled_back_rows".to_owned(), 0),
+        (
+            "ledger_rows".to_owned(),
+            usize::try_from(ledger_rows).expect("a count is not negative"),
+        ),
+        (
+            "rolled_back_rows".to_owned(),
+            usize::try_from(rolled_back_rows).expect("a count is not negative"),
+        ),
     ];
     report(
         target,
