@@ -213,6 +213,11 @@ struct Counts {
     duplicate_requests: i64,
     duplicate_amounts: i64,
     takeover_turns: i64,
+    /// Turns still `running` (live or orphaned) or ended `abandoned` after
+    /// every conversation was answered: SPEC invariant 9 says none.
+    unfinished_turns: i64,
+    /// Recorded user messages of the app with no reply recorded.
+    unanswered_messages: i64,
 }
 
 async fn count(store: &std::path::Path) -> Counts {
@@ -253,6 +258,15 @@ async fn count(store: &std::path::Path) -> Counts {
         )
         .await,
         takeover_turns: scalar("SELECT COUNT(*) FROM ag_turns WHERE attempt > 1").await,
+        unfinished_turns: scalar(
+            "SELECT COUNT(*) FROM ag_turns WHERE state IN ('running', 'abandoned')",
+        )
+        .await,
+        unanswered_messages: scalar(
+            "SELECT COUNT(*) FROM ledger_messages m WHERE m.role = 'user' AND NOT EXISTS \
+             (SELECT 1 FROM ledger_messages a WHERE a.turn_id = m.turn_id AND a.role = 'assistant')",
+        )
+        .await,
     }
 }
 
@@ -333,6 +347,8 @@ async fn chaos() -> Result<(), String> {
         counts.takeover_turns
     );
     println!("chaos: live leases left  {}", dashboard["live"]);
+    println!("chaos: turns unfinished  {}", counts.unfinished_turns);
+    println!("chaos: unanswered msgs   {}", counts.unanswered_messages);
     println!("chaos: entries expected  {expected}");
     println!("chaos: entries           {}", counts.entries);
     println!(
@@ -363,6 +379,18 @@ async fn chaos() -> Result<(), String> {
     let live_left = dashboard["live"].as_array().map(Vec::len);
     if live_left != Some(0) {
         failures.push(format!("live leases left: {}", dashboard["live"]));
+    }
+    if counts.unfinished_turns != 0 {
+        failures.push(format!(
+            "{} turns left running, orphaned or abandoned",
+            counts.unfinished_turns
+        ));
+    }
+    if counts.unanswered_messages != 0 {
+        failures.push(format!(
+            "{} accepted messages have no reply",
+            counts.unanswered_messages
+        ));
     }
     if tally.transport_errors.load(Ordering::Relaxed) == 0 {
         failures.push("the kill hit no request: the run proved nothing".to_owned());
