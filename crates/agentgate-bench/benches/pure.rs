@@ -75,6 +75,7 @@ fn facts<'a>(
             live: 1,
             soonest_expiry_ms: Some(NOW_MS + 10_000),
         },
+        resume_only: false,
     }
 }
 

@@ -109,6 +109,8 @@ pub struct BeginFacts<'a> {
     pub continuation: Option<&'a TurnSnapshot>,
     /// The user's permits.
     pub load: UserLoad,
+    /// A recovery worker's claim: only a `running` turn may start.
+    pub resume_only: bool,
 }
 
 /// How a start came about.
@@ -158,6 +160,10 @@ fn decide_existing(facts: &BeginFacts<'_>, turn: &TurnSnapshot) -> BeginDecision
         return BeginDecision::Reject(Error::PayloadMismatch);
     }
     let session = facts.session;
+    if facts.resume_only && turn.state != TurnState::Running {
+        // A recovery claim from a stale list: the turn ended meanwhile.
+        return replay(turn);
+    }
     let kind = match turn.state {
         TurnState::Succeeded | TurnState::Confirmed => return replay(turn),
         TurnState::Failed if !turn.retryable => return replay(turn),

@@ -118,6 +118,11 @@ pub struct BeginCommand {
     pub confirmation: Option<Confirmation>,
     /// SHA-256 over payload and confirmation: a repeat must match it.
     pub fingerprint: Digest,
+    /// Set by a recovery worker's claim ([`Orphan::resume_command`]): the
+    /// begin may only take over a turn that is still `running`; a turn that
+    /// ended meanwhile (even retryably, or `abandoned`) replays instead of
+    /// restarting, so a stale orphan list never re-runs an ended turn.
+    pub resume_only: bool,
 }
 
 impl BeginCommand {
@@ -147,6 +152,7 @@ impl BeginCommand {
             payload,
             confirmation,
             fingerprint,
+            resume_only: false,
         })
     }
 }
@@ -513,6 +519,11 @@ pub struct Orphan {
     pub orphaned_since_ms: i64,
     /// How long that was before the store's now when listed.
     pub orphaned_for_ms: i64,
+    /// A newer grant holds (or held) its session: the person moved on to
+    /// another message. Recovery workers leave it (resuming it would answer
+    /// an older message after a newer one); its own client's repeat may
+    /// still restart it, and the sweeper abandons it after the grace.
+    pub superseded: bool,
 }
 
 impl Orphan {
@@ -529,6 +540,7 @@ impl Orphan {
                 .unwrap_or_else(|| CanonicalJson::from_stored("null")),
             confirmation: None,
             fingerprint: self.fingerprint.clone(),
+            resume_only: true,
         }
     }
 }

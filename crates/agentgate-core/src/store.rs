@@ -250,7 +250,7 @@ where
     let orphans = store
         .orphans(filter, crate::limits::MAX_ORPHAN_SCAN)
         .await?;
-    for orphan in orphans {
+    for orphan in orphans.into_iter().filter(|o| !o.superseded) {
         let marked = mark();
         let outcome = store.begin(&orphan.resume_command()).await;
         let Some(grant) = crate::decide::orphan_claim_step(outcome)? else {

@@ -361,8 +361,15 @@ impl LedgerApp {
         };
         let mut outcomes = Vec::new();
         for _ in 0..RECOVERIES_PER_TICK {
-            let Some(recovered) = self.inner.gate.claim_orphan(&filter).await? else {
-                break;
+            let recovered = match self.inner.gate.claim_orphan(&filter).await {
+                Ok(Some(recovered)) => recovered,
+                Ok(None) => break,
+                // One failing claim must not stop the tick's others for good:
+                // the next tick tries again.
+                Err(error) => {
+                    tracing::warn!(%error, "an orphan claim failed");
+                    break;
+                }
             };
             tracing::info!(
                 turn_id = %recovered.turn.id(),
@@ -375,13 +382,24 @@ impl LedgerApp {
                     .count(),
                 "resuming an orphaned turn"
             );
-            let work = match recovered.turn.confirmation() {
-                Some(_) => Work::Confirmation,
-                None => Work::Message {
-                    text: recovered.payload["text"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_owned(),
+            let text = recovered.payload["text"].as_str().map(str::to_owned);
+            let work = match (recovered.turn.confirmation(), text) {
+                (Some(_), _) => Work::Confirmation,
+                // A turn recorded before payloads were kept: there is
+                // nothing to resume from. End it retryable, so the person's
+                // own resend (same id) restarts it.
+                (None, None) => {
+                    let error = json!({
+                        "code": "no_stored_payload",
+                        "message": "the turn's message was not kept; send it again",
+                    });
+                    if let Err(error) = recovered.turn.fail(&error, true).await {
+                        tracing::warn!(error = %error.error, "could not end a turn without a payload");
+                    }
+                    continue;
+                }
+                (None, Some(text)) => Work::Message {
+                    text,
                     utc_offset_minutes: recovered.payload["utc_offset_minutes"]
                         .as_i64()
                         .and_then(|m| i32::try_from(m).ok())

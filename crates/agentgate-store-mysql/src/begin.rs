@@ -213,6 +213,7 @@ async fn begin_in(
         confirm_target: confirm_target.as_ref().map(|t| &t.snapshot),
         continuation: continuation.as_ref().map(|t| &t.snapshot),
         load: facts.load,
+        resume_only: command.resume_only,
     });
     match decision {
         BeginDecision::Reject(error) => Err(error),

@@ -49,6 +49,7 @@ fn orphan(row: &MySqlRow, now: i64) -> Result<Orphan> {
         attempt: u32::try_from(attempt).map_err(|_| corrupt(format!("attempt {attempt}")))?,
         orphaned_since_ms: since,
         orphaned_for_ms: now - since,
+        superseded: row.try_get::<i64, _>("superseded").map_err(map_sqlx)? != 0,
     })
 }
 
@@ -64,18 +65,19 @@ async fn candidates(
 ) -> Result<Vec<Orphan>> {
     let mut sql = QueryBuilder::<MySql>::new(format!(
         "SELECT t.turn_id, t.session_id, t.user_id, t.client_request_id, t.fingerprint, \
-         t.payload, t.fence, t.attempt, {ORPHANED_SINCE} AS orphaned_since_ms \
+         t.payload, t.fence, t.attempt, {ORPHANED_SINCE} AS orphaned_since_ms, \
+         CAST(CASE WHEN COALESCE(s.fence, 0) > t.fence THEN 1 ELSE 0 END AS SIGNED) AS superseded \
          FROM ag_turns t LEFT JOIN ag_sessions s ON s.session_id = t.session_id \
          WHERE t.state = 'running'"
     ));
     if store.leases.is_none() {
-        sql.push(" AND NOT (s.holder_turn_id <=> t.turn_id AND s.lease_expires_at_ms > ")
-            .push_bind(now)
-            .push(")")
-            .push(format!(" AND {ORPHANED_SINCE} <= "))
-            .push_bind(
-                now.saturating_sub(i64::try_from(filter.min_orphaned_ms).unwrap_or(i64::MAX)),
-            );
+        sql.push(
+            " AND NOT (s.holder_turn_id <=> t.turn_id AND COALESCE(s.lease_expires_at_ms, 0) > ",
+        )
+        .push_bind(now)
+        .push(")")
+        .push(format!(" AND {ORPHANED_SINCE} <= "))
+        .push_bind(now.saturating_sub(i64::try_from(filter.min_orphaned_ms).unwrap_or(i64::MAX)));
     }
     if !filter.user_ids.is_empty() {
         sql.push(" AND t.user_id IN (");

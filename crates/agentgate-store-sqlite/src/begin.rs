@@ -104,9 +104,14 @@ pub(crate) async fn begin(store: &SqliteStore, command: &BeginCommand) -> Result
     if let Err(error) = tx.commit().await {
         if let (Some(layer), BeginOutcome::Started(grant)) = (&store.leases, &outcome) {
             // The grant is not durable: give back the layer's lease at once.
-            layer
+            // A failed give-back only leaves a lease that expires by itself;
+            // the caller must still learn why the begin failed: the commit.
+            if let Err(release) = layer
                 .release(grant.turn_id.as_str(), &grant.lease_token.digest_hex())
-                .await?;
+                .await
+            {
+                tracing::warn!(%release, turn_id = %grant.turn_id, "could not give back an undurable lease");
+            }
         }
         return Err(map_sqlx(error));
     }
@@ -147,6 +152,7 @@ async fn begin_in(
         confirm_target: confirm_target.as_ref(),
         continuation: continuation.as_ref(),
         load,
+        resume_only: command.resume_only,
     };
     match decide_begin(&facts) {
         BeginDecision::Reject(error) => Err(error),

@@ -57,6 +57,7 @@ fn pending(turn_id: &str, expires_at_ms: i64) -> PendingSnapshot {
 /// Everything a begin reads, owned, with defaults for an idle session of
 /// [`USER`], no recorded turn and a free permit.
 struct Begin {
+    resume_only: bool,
     user_id: &'static str,
     fingerprint: &'static str,
     confirms: Option<&'static str>,
@@ -70,6 +71,7 @@ struct Begin {
 impl Begin {
     fn new() -> Self {
         Self {
+            resume_only: false,
             user_id: USER,
             fingerprint: FINGERPRINT,
             confirms: None,
@@ -157,6 +159,7 @@ impl Begin {
             confirm_target: self.confirm_target.as_ref(),
             continuation: self.continuation.as_ref(),
             load: self.load,
+            resume_only: self.resume_only,
         })
     }
 }
@@ -992,5 +995,21 @@ mod orphans {
         assert!(!abandon_due(NOW, NOW + 299_999, 300_000));
         assert!(abandon_due(NOW, NOW + 300_000, 300_000));
         assert!(abandon_due(i64::MIN, NOW, 300_000));
+    }
+}
+
+#[test]
+fn a_resume_claim_takes_over_only_a_running_turn_and_replays_an_ended_one() {
+    let mut claim = Begin::new().turn(turn(OWN, TurnState::Running, 1));
+    claim.resume_only = true;
+    assert_start(claim.decide(), StartKind::Takeover, 2);
+    for ended in [
+        retryable(turn(OWN, TurnState::Failed, 1)),
+        turn(OWN, TurnState::Abandoned, 1),
+        turn(OWN, TurnState::Succeeded, 1),
+    ] {
+        let mut stale = Begin::new().turn(ended);
+        stale.resume_only = true;
+        assert_replay(stale.decide(), OWN);
     }
 }
