@@ -359,15 +359,22 @@ impl LedgerApp {
             turn_ids,
             ..agentgate::OrphanFilter::default()
         };
-        let mut outcomes = Vec::new();
+        // Claim first, then run the claimed turns together: run one after
+        // another, a tick of real model turns (3 rounds of 2-10 s each) took
+        // minutes, and a backlog after a crash outlived the orphan grace and
+        // was abandoned instead of resumed.
+        // Dropping a JoinSet aborts its tasks: a failed claim ends the
+        // claiming, and is reported once the turns already claimed ended.
+        let mut resumed = tokio::task::JoinSet::new();
+        let mut claim_error = None;
         for _ in 0..RECOVERIES_PER_TICK {
             let recovered = match self.inner.gate.claim_orphan(&filter).await {
                 Ok(Some(recovered)) => recovered,
                 Ok(None) => break,
-                // One failing claim must not stop the tick's others for good:
-                // the next tick tries again.
+                // A failing claim ends this look's claims; the turns already
+                // claimed still run, and the next look tries again.
                 Err(error) => {
-                    tracing::warn!(%error, "an orphan claim failed");
+                    claim_error = Some(error);
                     break;
                 }
             };
@@ -411,12 +418,20 @@ impl LedgerApp {
                 turn: recovered.turn,
                 work,
             };
-            match running.run(None, CancellationToken::new()).await {
-                Ok(outcome) => outcomes.push(outcome),
-                Err(error) => tracing::warn!(%error, "a resumed turn did not finish"),
+            resumed.spawn(running.run(None, CancellationToken::new()));
+        }
+        let mut outcomes = Vec::new();
+        while let Some(joined) = resumed.join_next().await {
+            match joined {
+                Ok(Ok(outcome)) => outcomes.push(outcome),
+                Ok(Err(error)) => tracing::warn!(%error, "a resumed turn did not finish"),
+                Err(error) => tracing::warn!(%error, "a resumed turn's task died"),
             }
         }
-        Ok(outcomes)
+        match claim_error {
+            Some(error) => Err(error.into()),
+            None => Ok(outcomes),
+        }
     }
 
     /// Runs [`LedgerApp::recover_once`] every [`RECOVERY_INTERVAL`] until

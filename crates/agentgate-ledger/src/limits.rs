@@ -80,6 +80,7 @@ pub const RECOVERY_INTERVAL: Duration = Duration::from_secs(2);
 pub const RECOVERY_CANDIDATES: u32 = 100;
 
 /// Orphans the recovery worker resumes per look-up. Each runs the agent
-/// loop (model rounds with think time); a backlog after a crash is worked
-/// off a few at a time rather than all at once.
+/// loop (model rounds with think time); a look claims up to this many and
+/// runs them together, so a backlog after a crash is worked off a few at a
+/// time rather than all at once or one by one.
 pub const RECOVERIES_PER_TICK: usize = 4;

@@ -695,6 +695,15 @@ function settleOutbox(data) {
       hideNotice("kept");
     }
   }
+  // "Asks again" and "already being processed" speak of a message still
+  // waiting; once none of this conversation's is, its reply is on the page
+  // (a crash's recovery ends a turn without any stream of this tab) and
+  // they are no longer true.
+  const waiting = readOutbox().some((e) => e.user === state.user && e.session === state.session);
+  if (!waiting) {
+    hideNotice("kept");
+    hideNotice("inflight");
+  }
 }
 
 /** Reads the conversation from the server and shows it if it changed. */
