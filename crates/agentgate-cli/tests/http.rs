@@ -923,6 +923,8 @@ async fn orphan_claim_over_http() {
         .expect(200, "");
     assert_eq!(view.body["turn"]["state"], "running");
     assert_eq!(view.body["orphaned"], true);
+    let metrics = client.get("/metrics").await.text;
+    assert!(metrics.contains("agentgate_orphaned_turns 1"), "{metrics}");
     // Filters: bad ones are 400; another user's filter finds nothing.
     client
         .post(
@@ -1007,6 +1009,8 @@ async fn orphan_claim_over_http() {
         metrics.contains(r#"agentgate_begins_total{outcome="orphan_claim"} 1"#),
         "{metrics}"
     );
+    assert!(metrics.contains("agentgate_orphaned_turns 0"), "{metrics}");
+    assert!(metrics.contains("agentgate_turns_abandoned 0"), "{metrics}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -75,6 +75,8 @@ pub struct Metrics {
     unknown_tool_outcomes: IntCounter,
     turn_endings: IntCounterVec,
     live_turns: IntGauge,
+    orphaned_turns: IntGauge,
+    abandoned_turns: IntGauge,
     request_seconds: HistogramVec,
 }
 
@@ -204,6 +206,16 @@ fn build() -> prometheus::Result<Metrics> {
     registry.register(Box::new(unknown_tool_outcomes.clone()))?;
     registry.register(Box::new(turn_endings.clone()))?;
     registry.register(Box::new(live_turns.clone()))?;
+    let orphaned_turns = IntGauge::new(
+        "orphaned_turns",
+        "Running turns whose lease expired without an ending, as the store lists them at scrape (at most 128)",
+    )?;
+    registry.register(Box::new(orphaned_turns.clone()))?;
+    let abandoned_turns = IntGauge::new(
+        "turns_abandoned",
+        "Orphans this node's sweeper ended abandoned (unclaimed past the orphan grace) since it started",
+    )?;
+    registry.register(Box::new(abandoned_turns.clone()))?;
     registry.register(Box::new(request_seconds.clone()))?;
     Ok(Metrics {
         registry,
@@ -217,6 +229,8 @@ fn build() -> prometheus::Result<Metrics> {
         unknown_tool_outcomes,
         turn_endings,
         live_turns,
+        orphaned_turns,
+        abandoned_turns,
         request_seconds,
     })
 }
@@ -225,6 +239,15 @@ impl Metrics {
     /// A fresh registry with every metric registered.
     pub fn new() -> Self {
         build().expect("metric names and labels are static and valid, registered once each")
+    }
+
+    /// Sets the orphan gauges before a scrape: `orphaned` as the store
+    /// lists them now, `abandoned` as this node's sweeper counted them.
+    pub fn set_orphans(&self, orphaned: usize, abandoned: u64) {
+        self.orphaned_turns
+            .set(i64::try_from(orphaned).unwrap_or(i64::MAX));
+        self.abandoned_turns
+            .set(i64::try_from(abandoned).unwrap_or(i64::MAX));
     }
 
     /// Records a begin's outcome.

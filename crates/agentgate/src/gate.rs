@@ -53,6 +53,8 @@ pub struct Recovered {
 pub struct Gate {
     store: Arc<dyn Store>,
     _sweeper: Arc<DropGuard>,
+    /// Orphans this gate's sweeper ended `abandoned`, for metrics.
+    abandoned: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Gate {
@@ -106,11 +108,23 @@ impl Gate {
     /// Wraps an opened store and starts the sweeper.
     pub fn with_store(store: Arc<dyn Store>) -> Self {
         let stop = CancellationToken::new();
-        tokio::spawn(sweep_forever(Arc::clone(&store), stop.clone()));
+        let abandoned = Arc::default();
+        tokio::spawn(sweep_forever(
+            Arc::clone(&store),
+            stop.clone(),
+            Arc::clone(&abandoned),
+        ));
         Self {
             store,
             _sweeper: Arc::new(stop.drop_guard()),
+            abandoned,
         }
+    }
+
+    /// How many orphans this gate's background sweeper has ended
+    /// `abandoned` since it started.
+    pub fn abandoned_total(&self) -> u64 {
+        self.abandoned.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The store, for callers that drive the protocol by lease token (the
@@ -269,7 +283,11 @@ async fn lease_layer(_url: &str) -> Result<Arc<dyn LeaseLayer>> {
     ))
 }
 
-async fn sweep_forever(store: Arc<dyn Store>, stop: CancellationToken) {
+async fn sweep_forever(
+    store: Arc<dyn Store>,
+    stop: CancellationToken,
+    abandoned: Arc<std::sync::atomic::AtomicU64>,
+) {
     let config = store.config().clone();
     loop {
         tokio::select! {
@@ -279,6 +297,7 @@ async fn sweep_forever(store: Arc<dyn Store>, stop: CancellationToken) {
         for _ in 0..SWEEP_BATCHES_PER_TICK {
             match store.sweep().await {
                 Ok(report) if report.abandoned > 0 => {
+                    abandoned.fetch_add(report.abandoned, std::sync::atomic::Ordering::Relaxed);
                     tracing::info!(
                         abandoned = report.abandoned,
                         "orphans past their grace ended abandoned"

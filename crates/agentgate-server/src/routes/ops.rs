@@ -70,6 +70,21 @@ pub(crate) async fn readyz(State(state): State<AppState>) -> Response {
     )
 )]
 pub(crate) async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    // One bounded store read; metrics still render when the store is down
+    // (the gauge then keeps its last value).
+    let gate = state.gate();
+    let listed = gate
+        .store()
+        .orphans(
+            &agentgate::OrphanFilter::default(),
+            agentgate::limits::MAX_ORPHAN_SCAN,
+        )
+        .await;
+    if let Ok(orphans) = listed {
+        state
+            .metrics()
+            .set_orphans(orphans.len(), gate.abandoned_total());
+    }
     (
         [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
         state.metrics().render(),
