@@ -320,7 +320,9 @@ async fn claim_once(store: &MySqlStore, lease: &LeaseRef, call: &ToolCall) -> Re
             insert_execution(&mut tx, lease, call, &key, &live, executions).await?
         }
         ToolDecision::Reclaim { attempt, previous } => {
-            let execution_id = snapshot.map(|s| s.execution_id).unwrap_or_default();
+            let execution_id = snapshot
+                .map(|s| s.execution_id)
+                .ok_or_else(|| corrupt("reclaiming an execution the step did not read"))?;
             sqlx::query(
                 "UPDATE ag_tool_executions SET state = 'running', attempt = ?, fence = ?, \
                  error = NULL, updated_at_ms = ? WHERE execution_id = ?",
