@@ -198,7 +198,7 @@ async fn check_in_row(conn: &mut SqliteConnection, lease: &LeaseRef) -> Result<L
         lease_token_hash: token_hash.as_deref(),
         fence: number("fence")?,
         lease_expires_at_ms: number("lease_expires_at_ms")?,
-        now_ms: number("now_ms")?.unwrap_or_default(),
+        now_ms: number("now_ms")?.ok_or_else(|| corrupt("the store's clock read NULL"))?,
     };
     check_row_lease(&facts, lease.turn_id.as_str(), &lease.token.digest_hex())
 }
@@ -311,7 +311,9 @@ pub(crate) async fn claim_tool(
         }
         ToolDecision::Insert => insert_execution(&mut tx, lease, call, &key, &live).await?,
         ToolDecision::Reclaim { attempt, previous } => {
-            let execution_id = snapshot.map(|s| s.execution_id).unwrap_or_default();
+            let execution_id = snapshot
+                .map(|s| s.execution_id)
+                .ok_or_else(|| corrupt("reclaiming an execution the step did not read"))?;
             sqlx::query(
                 "UPDATE ag_tool_executions SET state = 'running', attempt = ?1, fence = ?2, \
                  error = NULL, updated_at_ms = ?3 WHERE execution_id = ?4",
