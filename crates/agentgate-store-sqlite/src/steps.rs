@@ -21,7 +21,8 @@ use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{ExecutionId, Fence};
 use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
 use agentgate_core::model::{
-    idempotency_key, Ending, LeaseRef, PreviousOutcome, ToolCall, ToolClaim, TurnView,
+    idempotency_key, Ending, EndingColumns, LeaseRef, PreviousOutcome, ToolCall, ToolClaim,
+    TurnView,
 };
 use agentgate_core::store::{Completion, LeaseStatus, SqlEffect};
 use serde_json::Value;
@@ -590,19 +591,13 @@ async fn try_end(
     lease: &LeaseRef,
     ending: &Ending,
 ) -> Result<Option<TurnView>> {
-    let (state, response, error, retryable, pending) = match ending {
-        Ending::Succeed { response } => ("succeeded", Some(response.as_str()), None, None, None),
-        Ending::Fail { error, retryable } => {
-            ("failed", None, Some(error.as_str()), Some(*retryable), None)
-        }
-        Ending::AwaitConfirmation { pending } => (
-            "awaiting_confirmation",
-            None,
-            None,
-            None,
-            Some(pending.as_str()),
-        ),
-    };
+    let EndingColumns {
+        state,
+        response,
+        error,
+        retryable,
+        pending,
+    } = ending.columns();
     let Some(proof) = Proof::of(store, lease).await? else {
         return Ok(None);
     };
