@@ -102,7 +102,11 @@ pub fn run(seed: u64, mutation: Mutation) -> Run {
         .start_paused(true)
         .build()
         .unwrap_or_else(|e| panic!("a current-thread runtime: {e}"));
-    runtime.block_on(simulate(seed, mutation))
+    // The library's retry backoff draws jitter; on this thread, from the seed.
+    agentgate_core::retry::seed_jitter(Some(seed ^ 0x6a09_e667_f3bc_c908));
+    let run = runtime.block_on(simulate(seed, mutation));
+    agentgate_core::retry::seed_jitter(None);
+    run
 }
 
 async fn simulate(seed: u64, mutation: Mutation) -> Run {
