@@ -67,6 +67,8 @@ struct Model {
     done: BTreeMap<String, String>,
     /// The ledger's booking per key.
     booked: BTreeMap<String, u64>,
+    /// The turn each (session, client request) created.
+    requests: BTreeMap<(String, String), String>,
     /// First stored success per turn.
     succeeded: BTreeMap<String, Value>,
     counts: Counts,
@@ -118,13 +120,21 @@ impl Model {
             Event::Grant {
                 session,
                 user,
-                turn: _,
+                turn,
+                request,
                 fence,
                 expires_at_ms,
                 cap,
                 takeover,
             } => {
                 self.counts.grants += 1;
+                let key = (session.clone(), request.clone());
+                if let Some(first) = self.requests.get(&key).filter(|t| *t != turn) {
+                    return Err(format!(
+                        "request {request} of {session} created a second turn {turn} (first {first})"
+                    ));
+                }
+                self.requests.insert(key, turn.clone());
                 self.counts.takeovers += u64::from(*takeover);
                 if *fence <= self.top {
                     return Err(format!(
@@ -295,6 +305,13 @@ impl Model {
                             "the store shows {user} with {count} live permits, the cap is {cap}"
                         ));
                     }
+                }
+            }
+            Event::Quiesced { running } => {
+                if !running.is_empty() {
+                    return Err(format!(
+                        "turns still running after every client stopped and the orphan grace passed: {running:?}"
+                    ));
                 }
             }
             Event::Call { .. }

@@ -40,6 +40,8 @@ pub enum Event {
         user: String,
         /// The turn.
         turn: String,
+        /// The client request the turn answers.
+        request: String,
         /// The grant's fence.
         fence: i64,
         /// Store-clock expiry.
@@ -131,6 +133,11 @@ pub enum Event {
         holders: Vec<(String, i64, i64)>,
         /// Live permits per user.
         live: Vec<(String, u32)>,
+    },
+    /// The run is over and every client stopped: the turns still running.
+    Quiesced {
+        /// Turns left `running`.
+        running: Vec<String>,
     },
     /// A client-side fault: a holder crashed or paused.
     Client {

@@ -134,7 +134,7 @@ async fn simulate(seed: u64, mutation: Mutation) -> Run {
     let history = History::default();
     let store = Arc::new(SimStore::new(config, clock, history.clone(), mutation));
     let faulty = Arc::new(Faulty::new(
-        store,
+        Arc::clone(&store) as Arc<dyn agentgate::store::Store>,
         clock,
         history.clone(),
         rates,
@@ -177,8 +177,10 @@ async fn simulate(seed: u64, mutation: Mutation) -> Run {
             std::panic::resume_unwind(error.into_panic());
         }
     }
-    // Let leases run out and the sweeper abandon what no one resumed.
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    // Let leases run out and the sweeper abandon what no one resumed
+    // (TTL 1 s + orphan grace 3 s + sweeps every 0.5 s, some of them failing).
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    store.quiesce();
     let simulated =
         Duration::from_millis(u64::try_from(clock.now_ms() - store::EPOCH_MS).unwrap_or(0));
     drop(ctx);

@@ -170,6 +170,18 @@ impl SimStore {
         }
     }
 
+    /// Records the turns still `running` once the run is over.
+    pub fn quiesce(&self) {
+        let state = self.lock();
+        let running = state
+            .turns
+            .iter()
+            .filter(|(_, row)| row.state == TurnState::Running)
+            .map(|(t, _)| t.clone())
+            .collect();
+        self.record(self.clock.now_ms(), Event::Quiesced { running });
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state
             .lock()
@@ -501,6 +513,7 @@ impl SimStore {
                 session: session_id,
                 user: command.user_id.as_str().to_owned(),
                 turn: turn_id.clone(),
+                request: command.client_request_id.as_str().to_owned(),
                 fence,
                 expires_at_ms,
                 cap,

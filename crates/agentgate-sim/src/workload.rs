@@ -67,6 +67,9 @@ pub struct Scenario {
     pub pause: u32,
     /// Per mille of messages that end awaiting confirmation.
     pub confirm: u32,
+    /// Per mille of tool runs the downstream refuses (the execution is
+    /// marked failed; the turn retries the tool or fails retryably).
+    pub tool_failure: u32,
 }
 
 impl Scenario {
@@ -85,6 +88,7 @@ impl Scenario {
             crash: pick(rng, &[0, 30, 100]),
             pause: pick(rng, &[0, 30, 100]),
             confirm: pick(rng, &[0, 250]),
+            tool_failure: pick(rng, &[0, 50, 150]),
         }
     }
 }
@@ -306,6 +310,23 @@ async fn run_turn(ctx: &Ctx, rng: &mut Rng, turn: Turn, payload: &Value) -> Opti
                                 tokio::time::sleep(frozen).await;
                             }
                             tokio::time::sleep(Duration::from_millis(rng.range(0, 50))).await;
+                            if rng.chance(ctx.scenario.tool_failure) {
+                                // The downstream refused before booking.
+                                if execution
+                                    .fail(&json!({"message": "refused"}))
+                                    .await
+                                    .is_err()
+                                {
+                                    return None;
+                                }
+                                if rng.chance(500) {
+                                    continue;
+                                }
+                                // Give the turn up as a retryable failure:
+                                // the client's repeat restarts it.
+                                let _ = turn.fail(&json!({"message": "tool refused"}), true).await;
+                                return None;
+                            }
                             json!({"booking": ctx.ledger.book(ctx, &key, fence)})
                         }
                     };
