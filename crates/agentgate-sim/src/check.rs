@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
-use crate::history::{Entry, Event};
+use crate::history::{Entry, Event, Observed};
 
 /// An invariant broken at a history entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -314,7 +314,8 @@ impl Model {
                     ));
                 }
             }
-            Event::Call { .. }
+            Event::Observed { .. }
+            | Event::Call { .. }
             | Event::Fault { .. }
             | Event::Return { .. }
             | Event::Client { .. } => {}
@@ -335,4 +336,148 @@ pub fn check(history: &[Entry]) -> Result<Counts, Violation> {
             .map_err(|message| Violation { index, message })?;
     }
     Ok(model.counts)
+}
+
+/// What [`check_observed`] counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ObservedCounts {
+    /// Grants clients received.
+    pub grants: u64,
+    /// Successful lease-conditioned writes clients received.
+    pub writes: u64,
+    /// Tool completions clients received.
+    pub completions: u64,
+    /// Succeeded turns clients received more than once, all equal.
+    pub repeats: u64,
+}
+
+/// Checks what the clients observed, with no help from the store: the part
+/// of SPEC §3 that a real store on a real clock can be held to from outside.
+///
+/// - Fences are never reused, and a grant's fence exceeds every fence of
+///   its session that a client had received before the begin was sent.
+/// - No stale write lands: a write sent after a client received a newer
+///   grant of the session does not succeed.
+/// - A tool key is completed at most once, with the ledger's booking.
+/// - Every answer of a succeeded turn clients received is the same.
+///
+/// # Errors
+/// The first entry that breaks one.
+pub fn check_observed(history: &[Entry]) -> Result<ObservedCounts, Violation> {
+    let mut sent: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut granted: BTreeMap<String, Vec<(usize, i64)>> = BTreeMap::new();
+    let mut fences: BTreeSet<i64> = BTreeSet::new();
+    let mut completed: BTreeMap<String, String> = BTreeMap::new();
+    let mut booked: BTreeMap<String, u64> = BTreeMap::new();
+    let mut answers: BTreeMap<String, Value> = BTreeMap::new();
+    let mut counts = ObservedCounts::default();
+    let newest_before =
+        |granted: &BTreeMap<String, Vec<(usize, i64)>>, session: &str, index: usize| {
+            granted
+                .get(session)
+                .into_iter()
+                .flatten()
+                .filter(|(at, _)| *at < index)
+                .map(|(_, fence)| *fence)
+                .max()
+                .unwrap_or(0)
+        };
+    for (index, entry) in history.iter().enumerate() {
+        let fail = |message: String| Err(Violation { index, message });
+        match &entry.event {
+            Event::Call { call, .. } => {
+                sent.insert(*call, index);
+            }
+            Event::Effect {
+                key,
+                booking,
+                first: true,
+                ..
+            } => {
+                booked.insert(key.clone(), *booking);
+            }
+            Event::Observed { call, what } => {
+                let began = sent.get(call).copied().unwrap_or(0);
+                match what {
+                    Observed::Granted { session, fence } => {
+                        counts.grants += 1;
+                        if !fences.insert(*fence) {
+                            return fail(format!("fence {fence} granted twice"));
+                        }
+                        let newest = newest_before(&granted, session, began);
+                        if *fence <= newest {
+                            return fail(format!(
+                                "fence {fence} granted on {session} after a client had fence {newest} of it"
+                            ));
+                        }
+                        granted
+                            .entry(session.clone())
+                            .or_default()
+                            .push((index, *fence));
+                    }
+                    Observed::Wrote {
+                        what,
+                        session,
+                        fence,
+                    } => {
+                        counts.writes += 1;
+                        let newest = newest_before(&granted, session, began);
+                        if *fence < newest {
+                            return fail(format!(
+                                "stale write landed: {what} on {session} under fence {fence}, \
+                                 sent after a client received fence {newest}"
+                            ));
+                        }
+                    }
+                    Observed::Completed {
+                        session,
+                        key,
+                        fence,
+                        result,
+                    } => {
+                        counts.completions += 1;
+                        let newest = newest_before(&granted, session, began);
+                        if *fence < newest {
+                            return fail(format!(
+                                "stale write landed: complete_tool on {session} under fence {fence}, \
+                                 sent after a client received fence {newest}"
+                            ));
+                        }
+                        if let Some(first) = completed.get(key) {
+                            return fail(format!(
+                                "tool {key} completed twice (fence {fence}: {result}; before: {first})"
+                            ));
+                        }
+                        let booking = parse(result)["booking"].as_u64();
+                        if booking.is_none() || booking != booked.get(key).copied() {
+                            return fail(format!(
+                                "tool {key} stored {result}, the ledger booked {:?}",
+                                booked.get(key)
+                            ));
+                        }
+                        completed.insert(key.clone(), result.clone());
+                    }
+                }
+            }
+            Event::Replay {
+                turn,
+                state: "succeeded",
+                response,
+                observed: true,
+            } => {
+                let got = response.as_deref().map_or(Value::Null, parse);
+                match answers.get(turn) {
+                    Some(first) if *first != got => {
+                        return fail(format!("{turn} answered {got}, earlier {first}"))
+                    }
+                    Some(_) => counts.repeats += 1,
+                    None => {
+                        answers.insert(turn.clone(), got);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(counts)
 }

@@ -23,7 +23,7 @@ use agentgate_core::store::{Completion, LeaseStatus, Store};
 use async_trait::async_trait;
 use serde_json::Value;
 
-use crate::history::{Event, Fault, History};
+use crate::history::{Event, Fault, History, Observed};
 use crate::rng::Rng;
 use crate::store::Clock;
 
@@ -46,6 +46,10 @@ struct Inner {
     next_call: u64,
     /// Lease token digest -> fence, learned from grants passing through.
     fences: BTreeMap<String, i64>,
+    /// Fence -> session.
+    sessions: BTreeMap<i64, String>,
+    /// Execution id -> idempotency key, learned from claims.
+    keys: BTreeMap<String, String>,
     /// Fence -> store-clock instant until which its holder is partitioned
     /// (`i64::MAX`: crashed for good).
     partitioned: BTreeMap<i64, i64>,
@@ -80,6 +84,8 @@ impl Faulty {
                 rng,
                 next_call: 0,
                 fences: BTreeMap::new(),
+                sessions: BTreeMap::new(),
+                keys: BTreeMap::new(),
                 partitioned: BTreeMap::new(),
                 counts: BTreeMap::new(),
             }),
@@ -167,7 +173,12 @@ impl Faulty {
     }
 
     /// Injects a lost reply and latency after the step; records the return.
-    async fn after<T: std::fmt::Debug>(&self, call: u64, result: Result<T>) -> Result<T> {
+    async fn after<T: std::fmt::Debug>(
+        &self,
+        call: u64,
+        result: Result<T>,
+        observed: impl FnOnce(&T) -> Option<Observed> + Send,
+    ) -> Result<T> {
         let lost = {
             let mut inner = self.lock();
             let lost = result.is_ok() && inner.rng.chance(self.rates.lost_reply);
@@ -180,7 +191,22 @@ impl Faulty {
         if lost {
             return self.returned(call, Err(Error::store("injected: reply lost")));
         }
+        if let Some(what) = result.as_ref().ok().and_then(observed) {
+            self.history
+                .push(self.clock.now_ms(), Event::Observed { call, what });
+        }
         self.returned(call, result)
+    }
+
+    /// A write the holder of `lease` saw succeed.
+    fn wrote(&self, what: &'static str, lease: &LeaseRef) -> Option<Observed> {
+        let inner = self.lock();
+        let fence = *inner.fences.get(&lease.token.digest_hex())?;
+        Some(Observed::Wrote {
+            what,
+            session: inner.sessions.get(&fence)?.clone(),
+            fence,
+        })
     }
 
     fn returned<T: std::fmt::Debug>(&self, call: u64, result: Result<T>) -> Result<T> {
@@ -206,9 +232,13 @@ impl Faulty {
 
     fn learn(&self, outcome: &Result<BeginOutcome>) {
         if let Ok(BeginOutcome::Started(grant)) = outcome {
-            self.lock()
+            let mut inner = self.lock();
+            inner
                 .fences
                 .insert(grant.lease_token.digest_hex(), grant.fence.0);
+            inner
+                .sessions
+                .insert(grant.fence.0, grant.session_id.to_string());
         }
     }
 }
@@ -224,7 +254,14 @@ impl Store for Faulty {
         let call = self.before("begin", &subject, None).await?;
         let outcome = self.inner.begin(command).await;
         self.learn(&outcome);
-        self.after(call, outcome).await
+        self.after(call, outcome, |outcome| match outcome {
+            BeginOutcome::Started(grant) => Some(Observed::Granted {
+                session: grant.session_id.to_string(),
+                fence: grant.fence.0,
+            }),
+            BeginOutcome::Replay(_) => None,
+        })
+        .await
     }
 
     async fn heartbeat(&self, lease: &LeaseRef) -> Result<LeaseStatus> {
@@ -232,7 +269,8 @@ impl Store for Faulty {
             .before("heartbeat", lease.turn_id.as_str(), Some(lease))
             .await?;
         let result = self.inner.heartbeat(lease).await;
-        self.after(call, result).await
+        self.after(call, result, |_| self.wrote("heartbeat", lease))
+            .await
     }
 
     async fn claim_tool(&self, lease: &LeaseRef, tool: &ToolCall) -> Result<ToolClaim> {
@@ -240,7 +278,21 @@ impl Store for Faulty {
             .before("claim_tool", lease.turn_id.as_str(), Some(lease))
             .await?;
         let result = self.inner.claim_tool(lease, tool).await;
-        self.after(call, result).await
+        if let Ok(ToolClaim::Execute {
+            execution_id,
+            idempotency_key,
+            ..
+        }) = &result
+        {
+            self.lock()
+                .keys
+                .insert(execution_id.to_string(), idempotency_key.clone());
+        }
+        self.after(call, result, |claim| match claim {
+            ToolClaim::Execute { .. } => self.wrote("claim_tool", lease),
+            ToolClaim::Cached { .. } => None,
+        })
+        .await
     }
 
     async fn complete_tool(
@@ -256,7 +308,17 @@ impl Store for Faulty {
             .inner
             .complete_tool(lease, execution_id, completion)
             .await;
-        self.after(call, result).await
+        self.after(call, result, |value| {
+            let inner = self.lock();
+            let fence = *inner.fences.get(&lease.token.digest_hex())?;
+            Some(Observed::Completed {
+                session: inner.sessions.get(&fence)?.clone(),
+                key: inner.keys.get(execution_id.as_str())?.clone(),
+                fence,
+                result: value.to_string(),
+            })
+        })
+        .await
     }
 
     async fn fail_tool(
@@ -269,7 +331,8 @@ impl Store for Faulty {
             .before("fail_tool", lease.turn_id.as_str(), Some(lease))
             .await?;
         let result = self.inner.fail_tool(lease, execution_id, error).await;
-        self.after(call, result).await
+        self.after(call, result, |_| self.wrote("fail_tool", lease))
+            .await
     }
 
     async fn end_turn(&self, lease: &LeaseRef, ending: &Ending) -> Result<TurnView> {
@@ -277,19 +340,20 @@ impl Store for Faulty {
             .before("end_turn", lease.turn_id.as_str(), Some(lease))
             .await?;
         let result = self.inner.end_turn(lease, ending).await;
-        self.after(call, result).await
+        self.after(call, result, |_| self.wrote("end_turn", lease))
+            .await
     }
 
     async fn turn(&self, turn_id: &TurnId) -> Result<Option<TurnView>> {
         let call = self.before("turn", turn_id.as_str(), None).await?;
         let result = self.inner.turn(turn_id).await;
-        self.after(call, result).await
+        self.after(call, result, |_| None).await
     }
 
     async fn executions(&self, turn_id: &TurnId) -> Result<Vec<ExecutionView>> {
         let call = self.before("executions", turn_id.as_str(), None).await?;
         let result = self.inner.executions(turn_id).await;
-        self.after(call, result).await
+        self.after(call, result, |_| None).await
     }
 
     async fn session(&self, session_id: &SessionId) -> Result<Option<SessionView>> {
@@ -312,13 +376,13 @@ impl Store for Faulty {
         let call = self.before("sweep", "", None).await?;
         // The inner store's sweep runs its own orphans/abandon steps.
         let result = self.inner.sweep().await;
-        self.after(call, result).await
+        self.after(call, result, |_| None).await
     }
 
     async fn orphans(&self, filter: &OrphanFilter, limit: u32) -> Result<Vec<Orphan>> {
         let call = self.before("orphans", "", None).await?;
         let result = self.inner.orphans(filter, limit).await;
-        self.after(call, result).await
+        self.after(call, result, |_| None).await
     }
 
     async fn abandon(&self, orphan: &Orphan) -> Result<bool> {
@@ -326,6 +390,6 @@ impl Store for Faulty {
             .before("abandon", orphan.turn_id.as_str(), None)
             .await?;
         let result = self.inner.abandon(orphan).await;
-        self.after(call, result).await
+        self.after(call, result, |_| None).await
     }
 }

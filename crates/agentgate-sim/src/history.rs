@@ -134,6 +134,15 @@ pub enum Event {
         /// Live permits per user.
         live: Vec<(String, u32)>,
     },
+    /// What a client received from a step, as the store wrapper saw it
+    /// delivered (a lost reply is not observed): enough to check a store
+    /// that records no history of its own.
+    Observed {
+        /// The call.
+        call: u64,
+        /// What it told the client.
+        what: Observed,
+    },
     /// The run is over and every client stopped: the turns still running.
     Quiesced {
         /// Turns left `running`.
@@ -145,6 +154,38 @@ pub enum Event {
         what: &'static str,
         /// The holder's fence.
         fence: i64,
+    },
+}
+
+/// A step's answer as a client received it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Observed {
+    /// A begin granted a lease.
+    Granted {
+        /// The session.
+        session: String,
+        /// The grant's fence.
+        fence: i64,
+    },
+    /// A lease-conditioned write succeeded.
+    Wrote {
+        /// The step.
+        what: &'static str,
+        /// The session.
+        session: String,
+        /// The caller's fence.
+        fence: i64,
+    },
+    /// A tool completion succeeded.
+    Completed {
+        /// The session.
+        session: String,
+        /// The idempotency key.
+        key: String,
+        /// The caller's fence.
+        fence: i64,
+        /// The stored result.
+        result: String,
     },
 }
 

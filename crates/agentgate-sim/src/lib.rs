@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use agentgate::{Config, Gate};
 
-use crate::check::{Counts, Violation};
+use crate::check::{Counts, ObservedCounts, Violation};
 use crate::faults::{FaultRates, Faulty};
 use crate::history::{Entry, Fault, History};
 use crate::rng::Rng;
@@ -58,6 +58,9 @@ pub struct Run {
     pub faults: BTreeMap<Fault, u64>,
     /// The checker's verdict.
     pub verdict: Result<Counts, Violation>,
+    /// The verdict of the checks of what clients observed alone (those a
+    /// real store is held to as well).
+    pub observed: Result<ObservedCounts, Violation>,
     /// Simulated time the run took.
     pub simulated: Duration,
 }
@@ -65,7 +68,11 @@ pub struct Run {
 impl Run {
     /// The violation with the history entries leading to it, for a report.
     pub fn explain(&self) -> Option<String> {
-        let violation = self.verdict.as_ref().err()?;
+        let violation = self
+            .verdict
+            .as_ref()
+            .err()
+            .or(self.observed.as_ref().err())?;
         let from = violation.index.saturating_sub(25);
         let mut text = format!(
             "seed {} broke an invariant at history entry {}: {}\nscenario: {:?}\nfaults: {:?}\nhistory before it:\n",
@@ -109,32 +116,71 @@ pub fn run(seed: u64, mutation: Mutation) -> Run {
     run
 }
 
-async fn simulate(seed: u64, mutation: Mutation) -> Run {
-    let mut rng = Rng::new(seed);
-    let scenario = Scenario::draw(&mut rng);
-    let pick = |rng: &mut Rng, options: &[u32]| {
-        options[usize::try_from(rng.range(0, options.len() as u64 - 1)).unwrap_or(0)]
-    };
-    let rates = FaultRates {
-        unavailable: pick(&mut rng, &[0, 20, 80]),
-        lost_reply: pick(&mut rng, &[0, 20, 80]),
-        latency: pick(&mut rng, &[0, 200, 500]),
-        max_latency_ms: u64::from(pick(&mut rng, &[5, 50, 300])),
-    };
-    let config = Config {
-        lease_ttl: LEASE_TTL,
-        max_turns_per_user: scenario.cap,
-        confirmation_ttl: Duration::from_secs(10),
-        result_retention: Duration::from_secs(3600),
-        sweep_interval: Duration::from_millis(500),
-        orphan_grace: Duration::from_secs(3),
-        ..Config::default()
-    };
-    let clock = Clock::start();
-    let history = History::default();
-    let store = Arc::new(SimStore::new(config, clock, history.clone(), mutation));
+/// A seed's plan: its scenario, fault rates and store settings, and the
+/// generator the run continues with.
+#[derive(Debug)]
+pub struct Plan {
+    /// The seed's generator, past the draws below.
+    pub rng: Rng,
+    /// The scenario.
+    pub scenario: Scenario,
+    /// The fault rates.
+    pub rates: FaultRates,
+    /// The store settings.
+    pub config: Config,
+}
+
+impl Plan {
+    /// Draws the plan of `seed`.
+    pub fn of(seed: u64) -> Self {
+        let mut rng = Rng::new(seed);
+        let scenario = Scenario::draw(&mut rng);
+        let pick = |rng: &mut Rng, options: &[u32]| {
+            options[usize::try_from(rng.range(0, options.len() as u64 - 1)).unwrap_or(0)]
+        };
+        let rates = FaultRates {
+            unavailable: pick(&mut rng, &[0, 20, 80]),
+            lost_reply: pick(&mut rng, &[0, 20, 80]),
+            latency: pick(&mut rng, &[0, 200, 500]),
+            max_latency_ms: u64::from(pick(&mut rng, &[5, 50, 300])),
+        };
+        let config = Config {
+            lease_ttl: LEASE_TTL,
+            max_turns_per_user: scenario.cap,
+            confirmation_ttl: Duration::from_secs(10),
+            result_retention: Duration::from_secs(3600),
+            sweep_interval: Duration::from_millis(500),
+            orphan_grace: Duration::from_secs(3),
+            ..Config::default()
+        };
+        Self {
+            rng,
+            scenario,
+            rates,
+            config,
+        }
+    }
+}
+
+/// Drives `plan`'s clients through the library against `store` wrapped in
+/// the fault injector, until every device is done, then waits `settle`
+/// (for leases to run out and the sweeper to abandon orphans). Returns the
+/// faults injected.
+pub async fn drive(
+    plan: Plan,
+    store: Arc<dyn agentgate::store::Store>,
+    clock: Clock,
+    history: &History,
+    settle: Duration,
+) -> BTreeMap<Fault, u64> {
+    let Plan {
+        mut rng,
+        scenario,
+        rates,
+        ..
+    } = plan;
     let faulty = Arc::new(Faulty::new(
-        Arc::clone(&store) as Arc<dyn agentgate::store::Store>,
+        store,
         clock,
         history.clone(),
         rates,
@@ -177,23 +223,47 @@ async fn simulate(seed: u64, mutation: Mutation) -> Run {
             std::panic::resume_unwind(error.into_panic());
         }
     }
-    // Let leases run out and the sweeper abandon what no one resumed
-    // (TTL 1 s + orphan grace 3 s + sweeps every 0.5 s, some of them failing).
-    tokio::time::sleep(Duration::from_secs(8)).await;
+    tokio::time::sleep(settle).await;
+    drop(ctx);
+    faulty.counts()
+}
+
+async fn simulate(seed: u64, mutation: Mutation) -> Run {
+    let plan = Plan::of(seed);
+    let (scenario, rates) = (plan.scenario.clone(), plan.rates);
+    let clock = Clock::start();
+    let history = History::default();
+    let store = Arc::new(SimStore::new(
+        plan.config.clone(),
+        clock,
+        history.clone(),
+        mutation,
+    ));
+    let faults = drive(
+        plan,
+        Arc::clone(&store) as Arc<dyn agentgate::store::Store>,
+        clock,
+        &history,
+        // Leases run out and the sweeper abandons what no one resumed (TTL
+        // 1 s + orphan grace 3 s + sweeps every 0.5 s, some failing).
+        Duration::from_secs(8),
+    )
+    .await;
     store.quiesce();
     let simulated =
         Duration::from_millis(u64::try_from(clock.now_ms() - store::EPOCH_MS).unwrap_or(0));
-    drop(ctx);
     let entries = history.entries();
     let digest = history::digest(&entries);
     let verdict = check::check(&entries);
+    let observed = check::check_observed(&entries);
     Run {
         seed,
         scenario,
         rates,
         digest,
-        faults: faulty.counts(),
+        faults,
         verdict,
+        observed,
         history: entries,
         simulated,
     }

@@ -43,12 +43,15 @@ fn seeds_keep_the_invariants() {
     let (mut crashes, mut pauses, mut entries, mut simulated_ms) = (0u64, 0u64, 0usize, 0u128);
     // Folds every seed's history digest: equal across runs of the same seeds.
     let mut combined = 0u64;
+    let (mut observed_writes, mut observed_repeats) = (0u64, 0u64);
     for &seed in &seeds {
         let run = run(seed, Mutation::None);
-        let counts = match &run.verdict {
-            Ok(counts) => *counts,
-            Err(_) => fail(&run),
+        let (counts, seen) = match (&run.verdict, &run.observed) {
+            (Ok(counts), Ok(seen)) => (*counts, *seen),
+            _ => fail(&run),
         };
+        observed_writes += seen.writes;
+        observed_repeats += seen.repeats;
         total.grants += counts.grants;
         total.takeovers += counts.takeovers;
         total.writes += counts.writes;
@@ -79,6 +82,7 @@ fn seeds_keep_the_invariants() {
          {} grants, {} takeovers, {} fenced writes checked, {} turns succeeded, {} replays checked, \
          {} tool effects booked, {} duplicate effect arrivals deduplicated by key, \
          {crashes} holder crashes, {pauses} holder pauses past the TTL, store faults {faults:?}; \
+         client-observed checks: {observed_writes} writes received, {observed_repeats} repeated answers; \
          combined history digest {combined:016x}",
         seeds.len(),
         elapsed.as_secs_f64(),
@@ -172,4 +176,20 @@ fn the_checker_catches_an_unfenced_tool_completion() {
     let message = &caught.verdict.as_ref().unwrap_err().message;
     println!("caught at seed {}: {message}", caught.seed);
     assert!(message.contains("complete_tool"), "{message}");
+}
+
+/// The checks of what clients observed alone (the ones the real stores are
+/// held to, `tests/real_store.rs`) catch the unfenced completion too.
+#[test]
+fn the_observed_checks_catch_an_unfenced_tool_completion() {
+    let caught = (1..=300)
+        .map(|seed| run(seed, Mutation::CompleteWithoutFence))
+        .find(|run| run.observed.is_err())
+        .expect("no seed in 300 exposed the unfenced completion to the observed checks");
+    let message = &caught.observed.as_ref().unwrap_err().message;
+    println!("caught at seed {}: {message}", caught.seed);
+    assert!(
+        message.contains("complete_tool") || message.contains("completed twice"),
+        "{message}"
+    );
 }
