@@ -122,6 +122,8 @@ pub enum Event {
         key: String,
         /// The sender's fence.
         fence: i64,
+        /// The execution attempt that sent it.
+        attempt: u32,
         /// The booking id the ledger answered with.
         booking: u64,
         /// Whether this arrival booked it (false: deduplicated by the key).

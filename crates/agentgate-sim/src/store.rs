@@ -54,6 +54,10 @@ pub enum Mutation {
     GrantOverLiveHolder,
     /// Tool completion checks neither the lease nor the execution's fence.
     CompleteWithoutFence,
+    /// A takeover keeps the turn's old fence instead of drawing a new one.
+    ReuseFenceOnTakeover,
+    /// Begin counts none of the user's live permits.
+    IgnorePermits,
 }
 
 /// The store's clock: tokio's (paused) clock since the run started.
@@ -371,7 +375,10 @@ impl SimStore {
             .as_ref()
             .and_then(|t| t.confirmed_by.as_deref())
             .and_then(|next| state.turns.get(next).map(|row| Self::snapshot(next, row)));
-        let load = self.load(state, command.user_id.as_str(), now);
+        let mut load = self.load(state, command.user_id.as_str(), now);
+        if self.mutation == Mutation::IgnorePermits {
+            load.live = 0;
+        }
         let facts = BeginFacts {
             now_ms: now,
             user_id: command.user_id.as_str(),
@@ -423,8 +430,16 @@ impl SimStore {
         cap: u32,
         now: i64,
     ) -> BeginOutcome {
-        state.fence += 1;
-        let fence = state.fence;
+        let reused = match (&existing, self.mutation) {
+            (Some(t), Mutation::ReuseFenceOnTakeover) if kind == StartKind::Takeover => {
+                state.turns.get(t).map(|row| row.fence)
+            }
+            _ => None,
+        };
+        let fence = reused.unwrap_or_else(|| {
+            state.fence += 1;
+            state.fence
+        });
         let token = id(LeaseToken::parse(Self::mint(state, "lt")));
         let turn_id = match &existing {
             Some(t) => t.clone(),

@@ -102,7 +102,7 @@ pub struct Ledger {
 }
 
 impl Ledger {
-    fn book(&self, ctx: &Ctx, key: &str, fence: i64) -> u64 {
+    fn book(&self, ctx: &Ctx, key: &str, fence: i64, attempt: u32) -> u64 {
         let mut bookings = self
             .bookings
             .lock()
@@ -120,6 +120,7 @@ impl Ledger {
             Event::Effect {
                 key: key.to_owned(),
                 fence,
+                attempt,
                 booking,
                 first,
             },
@@ -276,6 +277,7 @@ async fn run_turn(ctx: &Ctx, rng: &mut Rng, turn: Turn, payload: &Value) -> Opti
                 Ok(ToolStep::Cached(result)) => break result,
                 Ok(ToolStep::Execute(execution)) => {
                     let key = execution.idempotency_key().to_owned();
+                    let attempt = execution.attempt();
                     let fence = turn.fence().0;
                     let result = if execution.previous_outcome() == Some(PreviousOutcome::Unknown) {
                         // The tool's verify policy: ask the ledger whether
@@ -293,7 +295,7 @@ async fn run_turn(ctx: &Ctx, rng: &mut Rng, turn: Turn, payload: &Value) -> Opti
                                 // without its effect having landed.
                                 ctx.faulty.partition(fence, None);
                                 if rng.chance(500) {
-                                    ctx.ledger.book(ctx, &key, fence);
+                                    ctx.ledger.book(ctx, &key, fence, attempt);
                                 }
                                 return None;
                             }
@@ -327,7 +329,7 @@ async fn run_turn(ctx: &Ctx, rng: &mut Rng, turn: Turn, payload: &Value) -> Opti
                                 let _ = turn.fail(&json!({"message": "tool refused"}), true).await;
                                 return None;
                             }
-                            json!({"booking": ctx.ledger.book(ctx, &key, fence)})
+                            json!({"booking": ctx.ledger.book(ctx, &key, fence, attempt)})
                         }
                     };
                     match execution.complete(&result).await {

@@ -193,3 +193,26 @@ fn the_observed_checks_catch_an_unfenced_tool_completion() {
         "{message}"
     );
 }
+
+/// A store whose takeover keeps the old fence is caught.
+#[test]
+fn the_checker_catches_a_reused_fence() {
+    let caught = first_caught(Mutation::ReuseFenceOnTakeover, 300)
+        .expect("no seed in 300 exposed a takeover reusing its fence");
+    let message = &caught.verdict.as_ref().unwrap_err().message;
+    println!("caught at seed {}: {message}", caught.seed);
+    assert!(
+        message.contains("counter went back") || message.contains("does not exceed"),
+        "{message}"
+    );
+}
+
+/// A store that does not count the user's permits is caught.
+#[test]
+fn the_checker_catches_a_permit_overrun() {
+    let caught = first_caught(Mutation::IgnorePermits, 300)
+        .expect("no seed in 300 exposed a store ignoring permits");
+    let message = &caught.verdict.as_ref().unwrap_err().message;
+    println!("caught at seed {}: {message}", caught.seed);
+    assert!(message.contains("the cap is"), "{message}");
+}
