@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::ids::Fence;
-use crate::limits::{MAX_TOOL_ATTEMPTS, MAX_TURN_ATTEMPTS};
+use crate::limits::{DEAD_CONTINUATION_RETRY, MAX_TOOL_ATTEMPTS, MAX_TURN_ATTEMPTS};
 use crate::model::{PreviousOutcome, ToolState, TurnState};
 
 /// A session's lease as read from the store.
@@ -144,11 +144,6 @@ pub enum BeginDecision {
     /// Refuse; write nothing.
     Reject(Error),
 }
-
-/// Retry-after for a second confirmation while the first one's continuation
-/// runs under a dead lease: only a repeat of the continuation's own request
-/// can take it over, so the caller should not spin waiting for it.
-const DEAD_CONTINUATION_RETRY: Duration = Duration::from_secs(1);
 
 fn remaining(until_ms: i64, now_ms: i64) -> Duration {
     retry_after_ms(until_ms.saturating_sub(now_ms))
@@ -380,6 +375,10 @@ pub fn layer_acquired(
         }),
     }
 }
+
+/// The error an orphan ended `abandoned` by the sweeper records, the same
+/// on every store.
+pub const ABANDONED_ERROR: &str = r#"{"code":"abandoned","message":"the turn's holder stopped without an ending and no one resumed it within the orphan grace"}"#;
 
 /// Whether an orphan without a live lease since `orphaned_since_ms` has
 /// waited out its grace and is to be ended `abandoned`.

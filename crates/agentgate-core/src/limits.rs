@@ -94,3 +94,29 @@ pub const MAX_ORPHAN_GRACE: Duration = Duration::from_secs(24 * 3600);
 /// may name. Mozilla's whole root bundle is about 220 KB; a file larger than
 /// a mebibyte is not a certificate, and is refused before it is read.
 pub const MAX_TLS_FILE_BYTES: u64 = 1024 * 1024;
+
+/// Batches one sweeper tick deletes at most before waiting for the next
+/// tick, so a backlog is worked off without monopolising the store.
+pub const SWEEP_BATCHES_PER_TICK: u32 = 16;
+
+/// Attempts the background release of a dropped turn makes before leaving
+/// the lease to expire on its own.
+pub const RELEASE_ATTEMPTS: u32 = 5;
+
+/// Fraction of the TTL kept in reserve: the signal fires this long before the
+/// local deadline, leaving the holder time to stop before a takeover.
+pub const SAFETY_MARGIN_DIVISOR: u32 = 5;
+
+/// Retries of a failed renewal run this often (as a fraction of the TTL), so
+/// a store blip shorter than the margin costs nothing.
+pub const RETRY_DIVISOR: u32 = 10;
+
+/// How many times a one-statement step runs before giving up when it
+/// changed no row yet the explanation found nothing wrong (the state moved
+/// between the two; in practice never twice).
+pub const FAST_ATTEMPTS: u32 = 2;
+
+/// Retry-after for a second confirmation while the first one's continuation
+/// runs under a dead lease: only a repeat of the continuation's own request
+/// can take it over, so the caller should not spin waiting for it.
+pub const DEAD_CONTINUATION_RETRY: Duration = Duration::from_secs(1);

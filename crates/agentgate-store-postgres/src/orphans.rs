@@ -12,6 +12,7 @@
 //! turn unheld records the time on the turn (`orphaned_at_ms`).
 
 use agentgate_core::canonical::{CanonicalJson, Digest};
+use agentgate_core::decide::ABANDONED_ERROR;
 use agentgate_core::error::Result;
 use agentgate_core::ids::{ClientRequestId, Fence, SessionId, TurnId, UserId};
 use agentgate_core::lease::held_by;
@@ -22,9 +23,6 @@ use sqlx::{Postgres, QueryBuilder, Row};
 
 use crate::error::{corrupt, map_sqlx, Retry};
 use crate::{PostgresStore, NOW_MS};
-
-/// The error a sweeper records on a turn it abandons.
-const ABANDONED_ERROR: &str = r#"{"code":"abandoned","message":"the turn's holder stopped without an ending and no one resumed it within the orphan grace"}"#;
 
 /// When the turn last had a live lease, as far as the rows tell: the
 /// session's expiry while the row names it, else the recorded orphan time,

@@ -19,6 +19,7 @@ use agentgate_core::decide::{
 };
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{ExecutionId, Fence};
+use agentgate_core::limits::FAST_ATTEMPTS;
 use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
 use agentgate_core::model::{
     idempotency_key, Ending, EndingColumns, LeaseRef, PreviousOutcome, ToolCall, ToolClaim,
@@ -109,11 +110,6 @@ impl Proof {
         }
     }
 }
-
-/// How many times a one-statement step runs before giving up when it
-/// changed no row yet the explanation found nothing wrong (the state moved
-/// between the two; in practice never twice).
-const FAST_ATTEMPTS: u32 = 2;
 
 /// The error for a step whose statement kept changing no row while every
 /// explanation found the lease live: the state is moving under it.

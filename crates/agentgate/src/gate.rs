@@ -1,6 +1,7 @@
 //! [`Gate`]: the entry point. Opens a store by URL, begins turns, and runs
 //! the retention sweeper in the background.
 
+use agentgate_core::limits::SWEEP_BATCHES_PER_TICK;
 use std::sync::Arc;
 
 use agentgate_core::config::Config;
@@ -15,10 +16,6 @@ use serde_json::Value;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::turn::Turn;
-
-/// Batches one sweeper tick deletes at most before waiting for the next
-/// tick, so a backlog is worked off without monopolising the store.
-const SWEEP_BATCHES_PER_TICK: u32 = 16;
 
 /// What [`Gate::begin`] did.
 #[derive(Debug)]

@@ -9,6 +9,7 @@
 //! the background, so its lease and permit never leak; a crashed process is
 //! covered by lease expiry.
 
+use agentgate_core::limits::RELEASE_ATTEMPTS;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -504,10 +505,6 @@ impl From<EndError> for Error {
         end.error
     }
 }
-
-/// Attempts the background release of a dropped turn makes before leaving
-/// the lease to expire on its own.
-const RELEASE_ATTEMPTS: u32 = 5;
 
 async fn release_dropped(store: Arc<dyn Store>, lease: LeaseRef) {
     let error = CanonicalJson::new(

@@ -6,6 +6,8 @@
 //! clock), so it is never later than the store's expiry; the signal fires a
 //! safety margin before it, so a holder stops before anyone can take over.
 
+use agentgate_core::limits::RETRY_DIVISOR;
+use agentgate_core::limits::SAFETY_MARGIN_DIVISOR;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,14 +35,6 @@ impl Drop for Watchdog {
         self.stop.cancel();
     }
 }
-
-/// Fraction of the TTL kept in reserve: the signal fires this long before the
-/// local deadline, leaving the holder time to stop before a takeover.
-const SAFETY_MARGIN_DIVISOR: u32 = 5;
-
-/// Retries of a failed renewal run this often (as a fraction of the TTL), so
-/// a store blip shorter than the margin costs nothing.
-const RETRY_DIVISOR: u32 = 10;
 
 impl Watchdog {
     /// Starts renewing `lease`, granted at `granted_at` (local instant taken

@@ -1057,3 +1057,12 @@ mod layer_acquired {
         );
     }
 }
+
+#[test]
+fn the_abandoned_error_is_stored_in_canonical_form() {
+    let value: serde_json::Value =
+        serde_json::from_str(crate::decide::ABANDONED_ERROR).expect("valid JSON");
+    let canonical = crate::canonical::CanonicalJson::new("error", &value).expect("canonical");
+    assert_eq!(canonical.as_str(), crate::decide::ABANDONED_ERROR);
+    assert_eq!(value["code"], "abandoned");
+}
