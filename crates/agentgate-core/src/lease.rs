@@ -37,6 +37,28 @@ pub struct LeaseClaim<'a> {
     pub cap: u32,
 }
 
+impl<'a> LeaseClaim<'a> {
+    /// The claim a begin makes for `turn_id` under `fence`.
+    pub fn for_begin(
+        command: &'a crate::model::BeginCommand,
+        turn_id: &'a str,
+        token_digest: &'a str,
+        fence: Fence,
+        ttl_ms: i64,
+        cap: u32,
+    ) -> Self {
+        Self {
+            session_id: command.session_id.as_str(),
+            user_id: command.user_id.as_str(),
+            turn_id,
+            token_digest,
+            fence,
+            ttl_ms,
+            cap,
+        }
+    }
+}
+
 /// What [`LeaseLayer::acquire`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Acquired {

@@ -37,8 +37,7 @@ use agentgate_core::ids::{ExecutionId, Fence};
 use agentgate_core::lease::LeaseLayer;
 use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
 use agentgate_core::model::{
-    idempotency_key, Ending, EndingColumns, LeaseRef, PreviousOutcome, ToolCall, ToolClaim,
-    TurnView,
+    idempotency_key, Ending, LeaseRef, PreviousOutcome, ToolCall, ToolClaim, TurnView,
 };
 use agentgate_core::store::{Completion, LeaseStatus, SqlEffect};
 use serde_json::Value;
@@ -621,24 +620,20 @@ async fn end_turn_once(store: &MySqlStore, lease: &LeaseRef, ending: &Ending) ->
     let mut tx = store.transaction().await?;
     let live = check_lease(store, &mut tx, lease, true).await?;
     let now = live.now_ms;
-    let EndingColumns {
-        state,
-        response,
-        error,
-        retryable,
-        pending,
-    } = ending.columns();
-    let pending_expires = pending.map(|_| now + duration_ms(store.config.confirmation_ttl));
+    let columns = ending.columns();
+    let pending_expires = columns
+        .pending
+        .map(|_| now + duration_ms(store.config.confirmation_ttl));
     let ended = sqlx::query(
         "UPDATE ag_turns SET state = ?, response = ?, error = ?, retryable = ?, \
          pending = COALESCE(?, pending), updated_at_ms = ?, ended_at_ms = ? \
          WHERE turn_id = ? AND state = 'running' AND fence = ?",
     )
-    .bind(state)
-    .bind(response)
-    .bind(error)
-    .bind(retryable)
-    .bind(pending)
+    .bind(columns.state)
+    .bind(columns.response)
+    .bind(columns.error)
+    .bind(columns.retryable)
+    .bind(columns.pending)
     .bind(now)
     .bind(now)
     .bind(lease.turn_id.as_str())

@@ -307,15 +307,15 @@ async fn start(
     // and the turn roll back and nothing is written.
     let lease_expires_in_ms = match &store.leases {
         Some(layer) => {
-            let claim = LeaseClaim {
-                session_id: command.session_id.as_str(),
-                user_id: command.user_id.as_str(),
-                turn_id: turn_id.as_str(),
-                token_digest: &token.digest_hex(),
+            let digest = token.digest_hex();
+            let claim = LeaseClaim::for_begin(
+                command,
+                turn_id.as_str(),
+                &digest,
                 fence,
                 ttl_ms,
-                cap: facts.load.cap,
-            };
+                facts.load.cap,
+            );
             acquire_external(layer.as_ref(), &claim).await?
         }
         None => ttl_ms,

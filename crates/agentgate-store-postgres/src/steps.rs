@@ -39,8 +39,7 @@ use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::ExecutionId;
 use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
 use agentgate_core::model::{
-    idempotency_key, Ending, EndingColumns, LeaseRef, PreviousOutcome, ToolCall, ToolClaim,
-    TurnView,
+    idempotency_key, Ending, LeaseRef, PreviousOutcome, ToolCall, ToolClaim, TurnView,
 };
 use agentgate_core::store::{Completion, LeaseStatus, SqlEffect};
 use serde_json::Value;
@@ -609,14 +608,10 @@ async fn end_turn_once(
     let Some(holder) = Holder::of(store, lease).await? else {
         return Err(explain_turn(store, lease).await);
     };
-    let EndingColumns {
-        state,
-        response,
-        error,
-        retryable,
-        pending,
-    } = ending.columns();
-    let pending_ttl_ms = pending.map(|_| duration_ms(store.config.confirmation_ttl));
+    let columns = ending.columns();
+    let pending_ttl_ms = columns
+        .pending
+        .map(|_| duration_ms(store.config.confirmation_ttl));
     let query = format!(
         "WITH live AS ( \
            SELECT s.session_id, s.fence FROM ag_sessions s \
@@ -637,11 +632,11 @@ async fn end_turn_once(
         holder.condition(7, 8)
     );
     let query = sqlx::query(&query)
-        .bind(state)
-        .bind(response)
-        .bind(error)
-        .bind(retryable)
-        .bind(pending)
+        .bind(columns.state)
+        .bind(columns.response)
+        .bind(columns.error)
+        .bind(columns.retryable)
+        .bind(columns.pending)
         .bind(pending_ttl_ms)
         .bind(lease.turn_id.as_str());
     let row = holder

@@ -208,15 +208,15 @@ async fn begin_layered(
                     None => TurnId::generate(),
                 };
                 let token = LeaseToken::generate();
-                let claim = LeaseClaim {
-                    session_id: command.session_id.as_str(),
-                    user_id: command.user_id.as_str(),
-                    turn_id: turn_id.as_str(),
-                    token_digest: &token.digest_hex(),
+                let digest = token.digest_hex();
+                let claim = LeaseClaim::for_begin(
+                    command,
+                    turn_id.as_str(),
+                    &digest,
                     fence,
-                    ttl_ms: store.config.lease_ttl_ms(),
-                    cap: seen.load.cap,
-                };
+                    store.config.lease_ttl_ms(),
+                    seen.load.cap,
+                );
                 let asked = Instant::now();
                 let acquired = layer.acquire(&claim).await?;
                 // A duplicate of a new request generated its own turn id; the

@@ -22,8 +22,7 @@ use agentgate_core::ids::{ExecutionId, Fence};
 use agentgate_core::limits::FAST_ATTEMPTS;
 use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
 use agentgate_core::model::{
-    idempotency_key, Ending, EndingColumns, LeaseRef, PreviousOutcome, ToolCall, ToolClaim,
-    TurnView,
+    idempotency_key, Ending, LeaseRef, PreviousOutcome, ToolCall, ToolClaim, TurnView,
 };
 use agentgate_core::store::{Completion, LeaseStatus, SqlEffect};
 use serde_json::Value;
@@ -587,13 +586,7 @@ async fn try_end(
     lease: &LeaseRef,
     ending: &Ending,
 ) -> Result<Option<TurnView>> {
-    let EndingColumns {
-        state,
-        response,
-        error,
-        retryable,
-        pending,
-    } = ending.columns();
+    let columns = ending.columns();
     let Some(proof) = Proof::of(store, lease).await? else {
         return Ok(None);
     };
@@ -606,11 +599,11 @@ async fn try_end(
     let mut tx = store.write().await?;
     let row = proof
         .query(&sql, lease)
-        .bind(state)
-        .bind(response)
-        .bind(error)
-        .bind(retryable)
-        .bind(pending)
+        .bind(columns.state)
+        .bind(columns.response)
+        .bind(columns.error)
+        .bind(columns.retryable)
+        .bind(columns.pending)
         .fetch_optional(&mut *tx)
         .await
         .map_err(map_sqlx)?;
@@ -618,8 +611,9 @@ async fn try_end(
     // written).
     let Some(row) = row else { return Ok(None) };
     let view = turn_view(&row)?;
-    let pending_ttl_ms =
-        pending.map(|_| agentgate_core::config::duration_ms(store.config.confirmation_ttl));
+    let pending_ttl_ms = columns
+        .pending
+        .map(|_| agentgate_core::config::duration_ms(store.config.confirmation_ttl));
     // Release session lease and permit (one row) in the same transaction; an
     // ending that awaits confirmation records the pending turn on the session.
     sqlx::query(
