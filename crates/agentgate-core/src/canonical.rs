@@ -28,18 +28,25 @@ impl Digest {
     }
 }
 
+/// How deeply `value` nests arrays and objects ([`MAX_JSON_DEPTH`] counts
+/// the same way): a scalar is 0, `[]` and `{}` are 1, `[[1]]` is 2. Stops
+/// counting once past the limit.
 fn depth(value: &Value) -> usize {
     // Iterative so a hostile value cannot overflow the stack measuring itself.
     let mut deepest = 0;
-    let mut stack = vec![(value, 1usize)];
-    while let Some((node, level)) = stack.pop() {
+    let mut stack = vec![(value, 0usize)];
+    while let Some((node, above)) = stack.pop() {
+        if !(node.is_array() || node.is_object()) {
+            continue;
+        }
+        let level = above + 1;
         deepest = deepest.max(level);
         if level > MAX_JSON_DEPTH {
             break;
         }
         match node {
-            Value::Array(items) => stack.extend(items.iter().map(|v| (v, level + 1))),
-            Value::Object(map) => stack.extend(map.values().map(|v| (v, level + 1))),
+            Value::Array(items) => stack.extend(items.iter().map(|v| (v, level))),
+            Value::Object(map) => stack.extend(map.values().map(|v| (v, level))),
             _ => {}
         }
     }
@@ -84,7 +91,7 @@ impl CanonicalJson {
 pub fn canonicalize(what: &str, value: &Value) -> Result<String> {
     if depth(value) > MAX_JSON_DEPTH {
         return Err(Error::invalid(format!(
-            "{what} nests deeper than {MAX_JSON_DEPTH} levels"
+            "{what} nests deeper than {MAX_JSON_DEPTH} levels of arrays and objects"
         )));
     }
     let text = serde_json_canonicalizer::to_string(value)
@@ -104,6 +111,19 @@ pub fn canonicalize(what: &str, value: &Value) -> Result<String> {
 /// As [`canonicalize`].
 pub fn digest(what: &str, value: &Value) -> Result<Digest> {
     CanonicalJson::new(what, value).map(|json| json.digest())
+}
+
+/// SHA-256 of the canonical form of `value`, with no limit checked: for a
+/// value built in memory around a part whose limits were checked already
+/// (a begin's fingerprint wraps its payload in an object), so the wrapping
+/// does not count against the part's own depth and size.
+///
+/// # Errors
+/// `invalid_request` when `value` cannot be canonicalised.
+pub(crate) fn digest_unchecked(value: &Value) -> Result<Digest> {
+    let text = serde_json_canonicalizer::to_string(value)
+        .map_err(|e| Error::invalid(format!("cannot be canonicalised: {e}")))?;
+    Ok(Digest(hex::encode(Sha256::digest(text.as_bytes()))))
 }
 
 /// The largest integer magnitude a double holds exactly together with its
@@ -456,13 +476,27 @@ mod tests {
 
     #[test]
     fn depth_limit_is_enforced_at_the_limit_plus_one() {
-        let mut at_limit = json!(1);
-        for _ in 1..MAX_JSON_DEPTH {
-            at_limit = json!([at_limit]);
+        /// `levels` arrays, one inside the other, around a scalar.
+        fn nested(levels: usize) -> Value {
+            (0..levels).fold(json!(1), |inner, _| json!([inner]))
         }
-        assert!(canonicalize("x", &at_limit).is_ok());
-        let over = json!([at_limit]);
-        assert!(canonicalize("x", &over).is_err());
+        assert_eq!(depth(&json!(1)), 0);
+        assert_eq!(depth(&json!([])), 1);
+        assert_eq!(depth(&json!({"a": {"b": [1, []]}})), 4);
+        assert_eq!(depth(&nested(MAX_JSON_DEPTH)), MAX_JSON_DEPTH);
+        // Exactly the limit, with a scalar innermost, is accepted; one more
+        // array or object is refused.
+        assert!(canonicalize("x", &nested(MAX_JSON_DEPTH)).is_ok());
+        let message = canonicalize("x", &nested(MAX_JSON_DEPTH + 1))
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains("nests deeper than 64"), "{message}");
+        let mut objects = json!({});
+        for _ in 1..MAX_JSON_DEPTH {
+            objects = json!({ "k": objects });
+        }
+        assert!(canonicalize("x", &objects).is_ok());
+        assert!(canonicalize("x", &json!({ "k": objects })).is_err());
     }
 
     #[test]

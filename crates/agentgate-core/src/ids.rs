@@ -1,10 +1,12 @@
 //! Validated identifiers and the secret lease token.
 //!
 //! Caller-chosen ids ([`UserId`], [`SessionId`], [`ClientRequestId`],
-//! [`ToolName`]) are 1–[`MAX_ID_BYTES`] bytes with no control characters.
-//! Engine-minted ids ([`TurnId`], [`ExecutionId`]) are random. A
-//! [`LeaseToken`] never shows in `Debug` or `Display`: stores keep only its
-//! SHA-256 ([`LeaseToken::digest_hex`]).
+//! [`ToolName`]) are 1–[`MAX_ID_CHARS`] characters (Unicode scalar values,
+//! as JSON Schema's `maxLength` counts them), none of them a control
+//! character (Unicode category Cc: U+0000–U+001F, U+007F–U+009F). Engine-minted
+//! ids ([`TurnId`], [`ExecutionId`]) are random. A [`LeaseToken`] is 1–128
+//! printable ASCII characters without spaces, never shows in `Debug` or
+//! `Display`, and stores keep only its SHA-256 ([`LeaseToken::digest_hex`]).
 
 use std::fmt;
 
@@ -12,17 +14,20 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::limits::MAX_ID_BYTES;
+use crate::limits::MAX_ID_CHARS;
 
 fn check_id(what: &'static str, value: &str) -> Result<()> {
     if value.is_empty() {
         return Err(Error::invalid(format!("{what} must not be empty")));
     }
-    if value.len() > MAX_ID_BYTES {
-        return Err(Error::invalid(format!(
-            "{what} is {} bytes, the limit is {MAX_ID_BYTES}",
-            value.len()
-        )));
+    // Bytes bound characters from above: count only when it can matter.
+    if value.len() > MAX_ID_CHARS {
+        let chars = value.chars().count();
+        if chars > MAX_ID_CHARS {
+            return Err(Error::invalid(format!(
+                "{what} is {chars} characters, the limit is {MAX_ID_CHARS}"
+            )));
+        }
     }
     if value.chars().any(char::is_control) {
         return Err(Error::invalid(format!(
@@ -43,8 +48,8 @@ macro_rules! caller_id {
             /// Validates and wraps an id.
             ///
             /// # Errors
-            /// `invalid_request` when empty, over the byte limit, or holding
-            /// control characters.
+            /// `invalid_request` when empty, over the character limit, or
+            /// holding control characters.
             pub fn new(value: impl Into<String>) -> Result<Self> {
                 let value = value.into();
                 check_id($what, &value)?;
@@ -138,11 +143,26 @@ impl LeaseToken {
 
     /// Wraps a token received from a caller.
     ///
+    /// Minted tokens are `lt_` and 64 hex digits; any token a store could
+    /// know fits in an HTTP header as sent, so the check is exactly that:
+    /// 1–[`MAX_ID_CHARS`] printable ASCII characters, no space (`!` to `~`).
+    ///
     /// # Errors
-    /// `invalid_request` when empty or over the id byte limit.
+    /// `invalid_request` when empty, over the limit, or holding any other
+    /// character.
     pub fn parse(value: impl Into<String>) -> Result<Self> {
         let value = value.into();
-        check_id("lease token", &value)?;
+        if value.is_empty() || value.len() > MAX_ID_CHARS {
+            return Err(Error::invalid(format!(
+                "a lease token is 1 to {MAX_ID_CHARS} characters, this one {}",
+                value.chars().count()
+            )));
+        }
+        if !value.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(Error::invalid(
+                "a lease token is printable ASCII without spaces (`!` to `~`)",
+            ));
+        }
         Ok(Self(value))
     }
 
@@ -180,16 +200,50 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ids_enforce_byte_limits_and_reject_control_characters() {
+    fn ids_are_limited_in_characters_and_reject_control_characters() {
         assert!(UserId::new("u").is_ok());
-        assert!(UserId::new("x".repeat(MAX_ID_BYTES)).is_ok());
-        let over = UserId::new("x".repeat(MAX_ID_BYTES + 1)).unwrap_err();
+        assert!(UserId::new("x".repeat(MAX_ID_CHARS)).is_ok());
+        let over = UserId::new("x".repeat(MAX_ID_CHARS + 1)).unwrap_err();
         assert_eq!(over.kind(), crate::ErrorKind::InvalidRequest);
+        assert!(over.to_string().contains("129 characters"), "{over}");
         assert!(SessionId::new("").is_err());
-        assert!(SessionId::new("a\nb").is_err());
-        // 43 three-byte characters = 129 bytes: the limit is bytes, not chars.
-        assert!(ClientRequestId::new("中".repeat(43)).is_err());
-        assert!(ClientRequestId::new("中".repeat(42)).is_ok());
+        // Characters, not bytes, as JSON Schema's maxLength counts: 128
+        // three-byte and four-byte characters (384 and 512 bytes) fit.
+        assert!(ClientRequestId::new("中".repeat(43)).is_ok());
+        assert!(ClientRequestId::new("中".repeat(MAX_ID_CHARS)).is_ok());
+        assert!(ClientRequestId::new("中".repeat(MAX_ID_CHARS + 1)).is_err());
+        assert!(ToolName::new("😀".repeat(MAX_ID_CHARS)).is_ok());
+        assert!(ToolName::new("😀".repeat(MAX_ID_CHARS + 1)).is_err());
+        // Control characters (Unicode Cc) anywhere are refused, each edge
+        // of both ranges; their neighbours are not control characters.
+        for control in ['\u{0}', '\t', '\n', '\u{1f}', '\u{7f}', '\u{80}', '\u{9f}'] {
+            assert!(
+                SessionId::new(format!("a{control}b")).is_err(),
+                "{control:?}"
+            );
+        }
+        for fine in [' ', '~', '\u{a0}', '\u{2028}', '\u{feff}', '\u{10ffff}'] {
+            assert!(SessionId::new(format!("a{fine}b")).is_ok(), "{fine:?}");
+        }
+    }
+
+    #[test]
+    fn lease_tokens_parse_as_printable_ascii_without_spaces() {
+        assert!(LeaseToken::parse("!").is_ok());
+        assert!(LeaseToken::parse("~".repeat(MAX_ID_CHARS)).is_ok());
+        let minted = LeaseToken::generate();
+        assert!(LeaseToken::parse(minted.expose_secret()).is_ok());
+        for bad in [
+            String::new(),
+            "x".repeat(MAX_ID_CHARS + 1),
+            "a b".into(),
+            "a\tb".into(),
+            "a\u{7f}".into(),
+            "é".into(),
+        ] {
+            let error = LeaseToken::parse(bad.clone()).unwrap_err();
+            assert_eq!(error.kind(), crate::ErrorKind::InvalidRequest, "{bad:?}");
+        }
     }
 
     #[test]

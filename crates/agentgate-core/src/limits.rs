@@ -5,17 +5,23 @@
 
 use std::time::Duration;
 
-/// Longest user, session, client request or tool name, in bytes. Long enough
-/// for a UUID with a prefix or a URL-safe hash; short enough to index cheaply.
-pub const MAX_ID_BYTES: usize = 128;
+/// Longest user, session, client request or tool name (and turn, execution
+/// and lease token as received), in characters (Unicode scalar values):
+/// what JSON Schema's `maxLength` counts, so the OpenAPI document states it
+/// exactly. Long enough for a UUID with a prefix or a URL-safe hash, or a
+/// name in any script; short enough to index cheaply: at most
+/// 4 × 128 = 512 bytes of UTF-8, what the stores' id columns hold.
+pub const MAX_ID_CHARS: usize = 128;
 
 /// Largest canonical JSON of a payload, tool args, tool result, turn response,
 /// turn error or pending confirmation. A turn's data is a chat message and its
 /// answer, not a file; 1 MiB leaves room for long answers and keeps a row small.
 pub const MAX_JSON_BYTES: usize = 1024 * 1024;
 
-/// Deepest nesting of any JSON value accepted. Canonicalisation recurses, so
-/// an unbounded depth would let one request exhaust a stack.
+/// Deepest nesting of any JSON value accepted, counted in arrays and objects:
+/// a scalar is depth 0, `[]` and `{}` depth 1, `[[1]]` depth 2.
+/// Canonicalisation recurses, so an unbounded depth would let one request
+/// exhaust a stack.
 pub const MAX_JSON_DEPTH: usize = 64;
 
 /// Shortest lease TTL. A heartbeat runs every TTL/3; below 100 ms the

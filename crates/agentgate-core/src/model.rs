@@ -140,11 +140,14 @@ impl BeginCommand {
         confirmation: Option<Confirmation>,
     ) -> Result<Self> {
         crate::canonical::check_i_json("payload", payload)?;
-        let fingerprint = crate::canonical::digest(
-            "payload",
+        // The limits are the payload's own: checked on it, not on the
+        // wrapper the fingerprint hashes (one level deeper, a few bytes
+        // longer), which made a payload exactly at the depth limit fail.
+        let canonical = CanonicalJson::new("payload", payload)?;
+        let fingerprint = crate::canonical::digest_unchecked(
             &serde_json::json!({ "payload": payload, "confirmation": confirmation }),
         )?;
-        let payload = CanonicalJson::new("payload", payload)?;
+        let payload = canonical;
         Ok(Self {
             user_id,
             session_id,
@@ -670,8 +673,54 @@ pub struct ClaimedOrphan {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use serde_json::json;
+
+    use super::*;
+    use crate::limits::{MAX_JSON_BYTES, MAX_JSON_DEPTH};
+
+    fn begin(payload: &Value) -> Result<BeginCommand> {
+        BeginCommand::new(
+            UserId::new("u").unwrap(),
+            SessionId::new("s").unwrap(),
+            ClientRequestId::new("r").unwrap(),
+            payload,
+            None,
+        )
+    }
+
+    #[test]
+    fn a_payload_at_the_json_limits_begins_and_one_past_them_does_not() {
+        // The fingerprint wraps the payload in an object; the limits must
+        // apply to the payload alone (schema fuzzing found 63 levels
+        // accepted where 64 were documented).
+        let nested = |levels: usize| (0..levels).fold(json!(1), |inner, _| json!([inner]));
+        assert!(begin(&nested(MAX_JSON_DEPTH)).is_ok());
+        let deep = begin(&nested(MAX_JSON_DEPTH + 1)).unwrap_err();
+        assert_eq!(deep.kind(), crate::ErrorKind::InvalidRequest);
+        // A string of n bytes is n + 2 canonical bytes.
+        assert!(begin(&json!("a".repeat(MAX_JSON_BYTES - 2))).is_ok());
+        let large = begin(&json!("a".repeat(MAX_JSON_BYTES - 1))).unwrap_err();
+        assert_eq!(large.kind(), crate::ErrorKind::InvalidRequest);
+    }
+
+    #[test]
+    fn the_fingerprint_is_the_digest_of_payload_and_confirmation_as_before() {
+        // Stored turns keep their fingerprints: a repeat after an upgrade
+        // must still match.
+        let payload = json!({"text": "记账", "n": [1, 2.5]});
+        let command = begin(&payload).unwrap();
+        let wrapped = json!({"payload": payload, "confirmation": null});
+        assert_eq!(
+            command.fingerprint,
+            crate::canonical::digest("payload", &wrapped).unwrap()
+        );
+        assert_eq!(
+            command.fingerprint.as_hex(),
+            hex::encode(<sha2::Sha256 as sha2::Digest>::digest(
+                r#"{"confirmation":null,"payload":{"n":[1,2.5],"text":"记账"}}"#.as_bytes()
+            ))
+        );
+    }
 
     fn canonical(value: serde_json::Value) -> CanonicalJson {
         CanonicalJson::new("test", &value).expect("canonical")

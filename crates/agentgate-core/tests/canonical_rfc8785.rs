@@ -361,6 +361,9 @@ fn values_over_the_limits_are_invalid_requests() {
     for _ in 0..agentgate_core::limits::MAX_JSON_DEPTH {
         deep = Value::Array(vec![deep]);
     }
+    // MAX_JSON_DEPTH arrays around a scalar: exactly the limit.
+    assert!(canonicalize("payload", &deep).is_ok());
+    let deep = Value::Array(vec![deep]);
     let error = canonicalize("payload", &deep).expect_err("one level too deep");
     assert_eq!(error.kind(), ErrorKind::InvalidRequest);
     assert!(error.to_string().contains("payload"), "{error}");

@@ -1034,8 +1034,9 @@ async function switchSession(sessionId) {
 
 async function switchUser(userId) {
   const user = userId.trim();
-  if (!user || new TextEncoder().encode(user).length > 128) {
-    showNotice("A user id is 1 to 128 bytes.", "error", "user");
+  // The server's limit: 1 to 128 characters (code points), no control ones.
+  if (!user || [...user].length > 128 || /[\u0000-\u001F\u007F-\u009F]/.test(user)) {
+    showNotice("A user id is 1 to 128 characters, none of them a control character.", "error", "user");
     return;
   }
   state.user = user;

@@ -19,6 +19,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
+use crate::schema::{Id, JsonValue};
+
 // ---------------------------------------------------------------- enums
 
 /// Where a turn is in its life.
@@ -130,18 +132,19 @@ impl From<DecisionDto> for Decision {
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BeginRequest {
-    /// The account the turn runs for (1–128 bytes).
-    #[schema(min_length = 1, max_length = 128)]
+    /// The account the turn runs for.
+    #[schema(value_type = Id)]
     pub user_id: String,
-    /// The conversation (1–128 bytes); bound to its first user.
-    #[schema(min_length = 1, max_length = 128)]
+    /// The conversation; bound to its first user.
+    #[schema(value_type = Id)]
     pub session_id: String,
-    /// The client's id for this message (1–128 bytes). A repeat with the same
-    /// payload replays or conflicts; with another payload it is refused.
-    #[schema(min_length = 1, max_length = 128)]
+    /// The client's id for this message. A repeat with the same payload
+    /// replays or conflicts; with another payload it is refused.
+    #[schema(value_type = Id)]
     pub client_request_id: String,
     /// The message; any JSON. Absent is the same as `null`.
     #[serde(default)]
+    #[schema(value_type = JsonValue)]
     pub payload: Value,
     /// Set to answer a pending confirmation of an earlier turn.
     #[serde(default)]
@@ -164,7 +167,7 @@ impl fmt::Debug for BeginRequest {
 #[serde(deny_unknown_fields)]
 pub struct ConfirmationRequest {
     /// The turn that is awaiting confirmation.
-    #[schema(min_length = 1, max_length = 128)]
+    #[schema(value_type = Id)]
     pub turn_id: String,
     /// Approve or reject its pending action.
     pub decision: DecisionDto,
@@ -187,11 +190,12 @@ impl ConfirmationRequest {
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ClaimToolRequest {
-    /// The tool's name (1–128 bytes).
-    #[schema(min_length = 1, max_length = 128)]
+    /// The tool's name.
+    #[schema(value_type = Id)]
     pub tool: String,
     /// The tool's arguments; any JSON. Key order, whitespace and number
     /// spelling do not matter (RFC 8785 canonical form is hashed).
+    #[schema(value_type = JsonValue)]
     pub args: Value,
 }
 
@@ -200,6 +204,7 @@ pub struct ClaimToolRequest {
 #[serde(deny_unknown_fields)]
 pub struct CompleteToolRequest {
     /// The tool's result; returned to every later claim of the same call.
+    #[schema(value_type = JsonValue)]
     pub result: Value,
 }
 
@@ -208,6 +213,7 @@ pub struct CompleteToolRequest {
 #[serde(deny_unknown_fields)]
 pub struct FailToolRequest {
     /// What went wrong; the next claim executes the tool again.
+    #[schema(value_type = JsonValue)]
     pub error: Value,
 }
 
@@ -216,6 +222,7 @@ pub struct FailToolRequest {
 #[serde(deny_unknown_fields)]
 pub struct CompleteTurnRequest {
     /// The turn's answer; repeats of the request replay it.
+    #[schema(value_type = JsonValue)]
     pub response: Value,
 }
 
@@ -224,6 +231,7 @@ pub struct CompleteTurnRequest {
 #[serde(deny_unknown_fields)]
 pub struct FailTurnRequest {
     /// What went wrong.
+    #[schema(value_type = JsonValue)]
     pub error: Value,
     /// Whether a repeat of the request restarts the turn (default false: a
     /// repeat replays this failure).
@@ -236,6 +244,7 @@ pub struct FailTurnRequest {
 #[serde(deny_unknown_fields)]
 pub struct AwaitConfirmationRequest {
     /// What the person is asked to approve; handed to the confirmation turn.
+    #[schema(value_type = JsonValue)]
     pub pending: Value,
 }
 
@@ -245,7 +254,17 @@ pub struct AwaitConfirmationRequest {
 pub struct OwnerQuery {
     /// When given, a record of any other user is reported as `not_found`,
     /// so one user cannot learn about another's sessions and turns.
+    #[param(value_type = Option<Id>)]
+    #[serde(default, deserialize_with = "valid_user_id")]
     pub user_id: Option<String>,
+}
+
+/// Checks the `user_id` query parameter like any user id, so a malformed
+/// one is `invalid_request` as the document says, not a silent `not_found`.
+fn valid_user_id<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let raw = String::deserialize(d)?;
+    agentgate::UserId::new(raw.clone()).map_err(serde::de::Error::custom)?;
+    Ok(Some(raw))
 }
 
 // ---------------------------------------------------------------- responses
@@ -668,18 +687,36 @@ pub struct DependencyHealth {
 pub struct ClaimOrphanRequest {
     /// Only orphans whose lease has been dead at least this long, so a
     /// client's own retry comes first (0: any orphan).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole_number")]
     #[schema(minimum = 0, maximum = 2_592_000_000_u64)]
     pub min_orphaned_ms: u64,
     /// Only orphans of these users (absent or empty: any user); at most 100.
     #[serde(default)]
-    #[schema(max_items = 100)]
+    #[schema(value_type = Vec<Id>, max_items = 100)]
     pub user_ids: Vec<String>,
     /// Only these turns (absent or empty: any turn); at most 100. A service
     /// sharing the store resumes only the turns it started.
     #[serde(default)]
-    #[schema(max_items = 100)]
+    #[schema(value_type = Vec<Id>, max_items = 100)]
     pub turn_ids: Vec<String>,
+}
+
+/// A non-negative integer as JSON Schema's `integer` means it: any number
+/// with no fractional part, so `17088.0` is `17088` (serde's `u64` refuses
+/// it). The range is checked by the engine.
+fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    let number = serde_json::Number::deserialize(d)?;
+    if let Some(whole) = number.as_u64() {
+        return Ok(whole);
+    }
+    match number.as_f64() {
+        // Below 2^53 (I-JSON has refused anything larger), so exact.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        Some(float) if float.fract() == 0.0 && float >= 0.0 => Ok(float as u64),
+        _ => Err(serde::de::Error::custom(format!(
+            "min_orphaned_ms is {number}, not a non-negative whole number"
+        ))),
+    }
 }
 
 /// What became of one tool execution of a claimed orphan.

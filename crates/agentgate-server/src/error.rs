@@ -367,8 +367,9 @@ impl IntoResponse for ApiError {
 #[derive(IntoResponses)]
 #[allow(dead_code)] // documentation only, see above
 pub(crate) enum BeginErrors {
-    /// `invalid_request`: malformed JSON, a missing, unknown or oversized
-    /// field (ids are 1–128 bytes; payload at most 1 MiB canonical, 64 deep).
+    /// `invalid_request`: malformed JSON or not I-JSON, a missing, unknown or
+    /// oversized field (ids are 1–128 characters, no control characters;
+    /// payload at most 1 MiB canonical, 64 arrays and objects deep).
     #[response(status = 400)]
     InvalidRequest(ErrorBody),
     /// `unauthorized`: API keys are configured and the bearer key is missing
@@ -426,8 +427,8 @@ pub(crate) enum BeginErrors {
 #[derive(IntoResponses)]
 #[allow(dead_code)] // documentation only, see above
 pub(crate) enum LeaseErrors {
-    /// `invalid_request`: missing `Lease-Token` header, malformed JSON, a
-    /// missing, unknown or oversized field.
+    /// `invalid_request`: missing or malformed `Lease-Token` header,
+    /// malformed JSON, a missing, unknown or oversized field.
     #[response(status = 400)]
     InvalidRequest(ErrorBody),
     /// `unauthorized`: API keys are configured and the bearer key is missing
@@ -551,20 +552,35 @@ pub(crate) enum ClaimErrors {
 #[derive(IntoResponses)]
 #[allow(dead_code)] // documentation only, see above
 pub(crate) enum OrphanErrors {
-    /// `invalid_request`: malformed JSON, an unknown field, a user id over
-    /// 128 bytes, more than 100 users or an age over 30 days.
+    /// `invalid_request`: malformed JSON, an unknown field, a malformed id,
+    /// more than 100 users or turns, or an age over 30 days.
     #[response(status = 400)]
     InvalidRequest(ErrorBody),
     /// `unauthorized`: API keys are configured and the bearer key is missing
     /// or wrong.
     #[response(status = 401)]
     Unauthorized(ErrorBody),
+    /// `origin_not_allowed` or `host_not_allowed`: a browser sent this for
+    /// a page that is neither this server nor an allowed origin, or under a
+    /// `Host` this server does not answer to.
+    #[response(status = 403)]
+    Forbidden(ErrorBody),
+    /// `request_timeout`: the body did not arrive within 10 s.
+    #[response(status = 408)]
+    RequestTimeout(ErrorBody),
     /// `payload_too_large`: the body is over the server's limit.
     #[response(status = 413)]
     PayloadTooLarge(ErrorBody),
+    /// `unsupported_media_type`: the body was not sent as
+    /// `Content-Type: application/json`.
+    #[response(status = 415)]
+    UnsupportedMediaType(ErrorBody),
     /// `store_unavailable`: the store could not be reached or the request
     /// took longer than the server's timeout.
-    #[response(status = 503)]
+    #[response(
+        status = 503,
+        headers(("Retry-After" = u64, description = "Seconds before trying again, at least 1"))
+    )]
     StoreUnavailable(ErrorBody),
 }
 
@@ -572,7 +588,8 @@ pub(crate) enum OrphanErrors {
 #[derive(IntoResponses)]
 #[allow(dead_code)] // documentation only, see above
 pub(crate) enum ReadErrors {
-    /// `invalid_request`: an id over 128 bytes or otherwise malformed.
+    /// `invalid_request`: an id (path or `user_id` query) that is empty,
+    /// over 128 characters or holds a control character.
     #[response(status = 400)]
     InvalidRequest(ErrorBody),
     /// `unauthorized`: API keys are configured and the bearer key is missing

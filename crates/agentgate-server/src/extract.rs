@@ -192,12 +192,15 @@ impl<S: Send + Sync> FromRequestParts<S> for LeaseHeader {
             .headers
             .get(LEASE_TOKEN_HEADER)
             .ok_or_else(|| ApiError::invalid("missing Lease-Token header"))?;
-        let text = value
-            .to_str()
-            .map_err(|_| ApiError::invalid("Lease-Token header is not visible ASCII"))?;
+        // Exactly the document's `LeaseToken` schema: 1-128 characters from
+        // `!` to `~` (LeaseToken::parse); bytes outside ASCII are refused
+        // the same way.
+        let text = value.to_str().map_err(|_| {
+            ApiError::invalid("Lease-Token header: a lease token is printable ASCII without spaces")
+        })?;
         LeaseToken::parse(text)
             .map(LeaseHeader)
-            .map_err(|_| ApiError::invalid("Lease-Token header is empty or over 128 bytes"))
+            .map_err(|error| ApiError::invalid(format!("Lease-Token header: {error}")))
     }
 }
 

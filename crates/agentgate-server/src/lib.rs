@@ -44,6 +44,7 @@ pub mod limits;
 pub mod metrics;
 pub mod openapi;
 mod routes;
+pub mod schema;
 pub mod serve;
 
 use std::sync::Arc;

@@ -18,6 +18,7 @@ use utoipa_axum::routes;
 
 use crate::error::{ErrorBody, ErrorCode, ErrorDetail};
 use crate::routes::{ops, orphans, tools, turns, views};
+use crate::schema::{Id, JsonValue, LeaseTokenText};
 use crate::AppState;
 
 /// The document's fixed parts; paths come from the routes.
@@ -32,7 +33,9 @@ use crate::AppState;
             JSON bodies must be sent as `Content-Type: application/json` (else 415). A request whose \
             `Origin` or `Host` names neither this server nor an allowed origin or host is refused 403.",
     ),
-    components(schemas(ErrorBody, ErrorDetail, ErrorCode)),
+    // The parameter schemas are named here: utoipa collects only the ones
+    // request and response bodies reach.
+    components(schemas(ErrorBody, ErrorDetail, ErrorCode, Id, LeaseTokenText, JsonValue)),
     modifiers(&BearerAuth),
     tags(
         (name = "turns", description = "Begin, heartbeat and end a turn"),

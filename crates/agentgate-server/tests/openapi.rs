@@ -151,10 +151,11 @@ fn operations_document_their_statuses_and_error_codes() {
         set(&["200", "400", "401", "403", "404", "409", "503"]),
         "a heartbeat reads no body"
     );
-    // A claim names no record, so it has no 404; 204 is "no orphan".
+    // A claim names no record, so it has no 404; 204 is "no orphan". Its
+    // body is read like any other (408, 413, 415).
     assert_eq!(
         statuses("post", "/v1/orphans/claim"),
-        set(&["201", "204", "400", "401", "413", "503"])
+        set(&["201", "204", "400", "401", "403", "408", "413", "415", "503"])
     );
     for (method, path) in SPEC_ROUTES
         .iter()

@@ -126,6 +126,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../migrations/0001_init.sql")),
     (2, include_str!("../migrations/0002_overview.sql")),
     (3, include_str!("../migrations/0003_orphans.sql")),
+    (4, include_str!("../migrations/0004_id_chars.sql")),
 ];
 
 /// agentgate on a MySQL or MariaDB database.

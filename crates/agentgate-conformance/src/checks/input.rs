@@ -2,8 +2,8 @@
 
 use std::collections::BTreeMap;
 
-use agentgate::limits::{MAX_ID_BYTES, MAX_JSON_BYTES, MAX_JSON_DEPTH};
-use agentgate::{Config, Decision, ErrorKind, Gate, SessionId, ToolStep, UserId};
+use agentgate::limits::{MAX_ID_CHARS, MAX_JSON_BYTES, MAX_JSON_DEPTH};
+use agentgate::{Begun, Config, Decision, ErrorKind, Gate, SessionId, ToolStep, UserId};
 use agentgate_core::ids::LeaseToken;
 use agentgate_core::model::LeaseRef;
 use serde_json::{json, Value};
@@ -11,12 +11,10 @@ use serde_json::{json, Value};
 use super::{config, must_start, report};
 use crate::Target;
 
+/// `depth` arrays, one inside the other, around a scalar: nesting `depth`
+/// as [`MAX_JSON_DEPTH`] counts it.
 fn nested(depth: usize) -> Value {
-    let mut value = json!(1);
-    for _ in 1..depth {
-        value = json!([value]);
-    }
-    value
+    (0..depth).fold(json!(1), |inner, _| json!([inner]))
 }
 
 async fn nothing_written(gate: &Gate, user: &str, session: &str) {
@@ -38,7 +36,7 @@ async fn nothing_written(gate: &Gate, user: &str, session: &str) {
 pub async fn bad_input_changes_nothing(target: &Target) {
     let gate = target.gate(config()).await;
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-    let long = "x".repeat(MAX_ID_BYTES + 1);
+    let long = "x".repeat(MAX_ID_CHARS + 1);
     let bad_begins: Vec<(&str, String, String, String, Value)> = vec![
         (
             "empty_user",
@@ -114,9 +112,21 @@ pub async fn bad_input_changes_nothing(target: &Target) {
         *counts.entry("invalid_request".into()).or_default() += 1;
     }
     nothing_written(&gate, "in-u", "in-s").await;
-    // At the limits exactly, the same inputs are accepted.
-    let at_limit = "y".repeat(MAX_ID_BYTES);
+    // At the limits exactly, the same inputs are accepted: ids of
+    // MAX_ID_CHARS four-byte characters (512 bytes of UTF-8) and a payload
+    // nested exactly MAX_JSON_DEPTH deep.
+    let at_limit = "😀".repeat(MAX_ID_CHARS);
     let turn = must_start(&gate, &at_limit, &at_limit, &at_limit).await;
+    let deepest = gate
+        .begin("in-u-deep", "in-s-deep", "r", &nested(MAX_JSON_DEPTH))
+        .await;
+    let Ok(Begun::Started(deepest)) = deepest else {
+        panic!("a payload exactly MAX_JSON_DEPTH deep is accepted");
+    };
+    deepest
+        .succeed(&nested(MAX_JSON_DEPTH))
+        .await
+        .expect("a response exactly MAX_JSON_DEPTH deep is accepted");
 
     // Tool and ending input over the limits.
     let big = json!("x".repeat(MAX_JSON_BYTES));

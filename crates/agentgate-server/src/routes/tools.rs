@@ -31,8 +31,8 @@ use crate::AppState;
     tag = "tools",
     request_body = ClaimToolRequest,
     params(
-        ("turn_id" = String, Path, description = "The turn"),
-        ("Lease-Token" = String, Header, description = "The lease token returned by begin"),
+        ("turn_id" = crate::schema::Id, Path, description = "The turn"),
+        ("Lease-Token" = crate::schema::LeaseTokenText, Header, description = "The lease token returned by begin"),
     ),
     security((), ("bearer" = [])),
     responses(
@@ -102,9 +102,9 @@ pub(crate) async fn claim(
     tag = "tools",
     request_body = CompleteToolRequest,
     params(
-        ("turn_id" = String, Path, description = "The turn"),
-        ("execution_id" = String, Path, description = "The execution, as returned by the claim"),
-        ("Lease-Token" = String, Header, description = "The lease token returned by begin"),
+        ("turn_id" = crate::schema::Id, Path, description = "The turn"),
+        ("execution_id" = crate::schema::Id, Path, description = "The execution, as returned by the claim"),
+        ("Lease-Token" = crate::schema::LeaseTokenText, Header, description = "The lease token returned by begin"),
     ),
     security((), ("bearer" = [])),
     responses(
@@ -145,9 +145,9 @@ pub(crate) async fn complete(
     tag = "tools",
     request_body = FailToolRequest,
     params(
-        ("turn_id" = String, Path, description = "The turn"),
-        ("execution_id" = String, Path, description = "The execution, as returned by the claim"),
-        ("Lease-Token" = String, Header, description = "The lease token returned by begin"),
+        ("turn_id" = crate::schema::Id, Path, description = "The turn"),
+        ("execution_id" = crate::schema::Id, Path, description = "The execution, as returned by the claim"),
+        ("Lease-Token" = crate::schema::LeaseTokenText, Header, description = "The lease token returned by begin"),
     ),
     security((), ("bearer" = [])),
     responses(

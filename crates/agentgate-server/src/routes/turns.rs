@@ -119,8 +119,8 @@ pub(crate) async fn begin(
     path = "/v1/turns/{turn_id}/heartbeat",
     tag = "turns",
     params(
-        ("turn_id" = String, Path, description = "The turn, as returned by begin"),
-        ("Lease-Token" = String, Header, description = "The lease token returned by begin"),
+        ("turn_id" = crate::schema::Id, Path, description = "The turn, as returned by begin"),
+        ("Lease-Token" = crate::schema::LeaseTokenText, Header, description = "The lease token returned by begin"),
     ),
     security((), ("bearer" = [])),
     responses(
@@ -163,8 +163,8 @@ async fn end(
     tag = "turns",
     request_body = CompleteTurnRequest,
     params(
-        ("turn_id" = String, Path, description = "The turn"),
-        ("Lease-Token" = String, Header, description = "The lease token returned by begin"),
+        ("turn_id" = crate::schema::Id, Path, description = "The turn"),
+        ("Lease-Token" = crate::schema::LeaseTokenText, Header, description = "The lease token returned by begin"),
     ),
     security((), ("bearer" = [])),
     responses(
@@ -193,8 +193,8 @@ pub(crate) async fn complete(
     tag = "turns",
     request_body = FailTurnRequest,
     params(
-        ("turn_id" = String, Path, description = "The turn"),
-        ("Lease-Token" = String, Header, description = "The lease token returned by begin"),
+        ("turn_id" = crate::schema::Id, Path, description = "The turn"),
+        ("Lease-Token" = crate::schema::LeaseTokenText, Header, description = "The lease token returned by begin"),
     ),
     security((), ("bearer" = [])),
     responses(
@@ -228,8 +228,8 @@ pub(crate) async fn fail(
     tag = "turns",
     request_body = AwaitConfirmationRequest,
     params(
-        ("turn_id" = String, Path, description = "The turn"),
-        ("Lease-Token" = String, Header, description = "The lease token returned by begin"),
+        ("turn_id" = crate::schema::Id, Path, description = "The turn"),
+        ("Lease-Token" = crate::schema::LeaseTokenText, Header, description = "The lease token returned by begin"),
     ),
     security((), ("bearer" = [])),
     responses(

@@ -49,7 +49,7 @@ fn check_owner(query: &OwnerQuery, owner: &UserId, what: &str) -> Result<(), Api
     get,
     path = "/v1/turns/{turn_id}",
     tag = "views",
-    params(("turn_id" = String, Path, description = "The turn"), OwnerQuery),
+    params(("turn_id" = crate::schema::Id, Path, description = "The turn"), OwnerQuery),
     security((), ("bearer" = [])),
     responses(
         (status = 200, description = "The turn", body = TurnStateResponse),
@@ -91,7 +91,7 @@ pub(crate) async fn turn(
     get,
     path = "/v1/sessions/{session_id}",
     tag = "views",
-    params(("session_id" = String, Path, description = "The session"), OwnerQuery),
+    params(("session_id" = crate::schema::Id, Path, description = "The session"), OwnerQuery),
     security((), ("bearer" = [])),
     responses(
         (status = 200, description = "The session", body = SessionResponse),
@@ -125,7 +125,7 @@ pub(crate) async fn session(
     get,
     path = "/v1/users/{user_id}",
     tag = "views",
-    params(("user_id" = String, Path, description = "The user"), OwnerQuery),
+    params(("user_id" = crate::schema::Id, Path, description = "The user"), OwnerQuery),
     security((), ("bearer" = [])),
     responses(
         (status = 200, description = "The user", body = UserResponse),
