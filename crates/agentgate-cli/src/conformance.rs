@@ -130,8 +130,9 @@ pub async fn run(args: ConformanceArgs) -> ExitCode {
         Err(error) => return cannot_start(&error),
     };
     eprintln!(
-        "agentgate conformance: {} checks on {}: {}",
+        "agentgate conformance: {} check{} on {}: {}",
         selected.len(),
+        if selected.len() == 1 { "" } else { "s" },
         scratch.backend(),
         scratch.describe()
     );

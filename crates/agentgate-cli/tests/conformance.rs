@@ -106,8 +106,10 @@ fn sqlite_dir(stderr: &str) -> PathBuf {
 }
 
 async fn postgres_databases(url: &str) -> Option<Vec<String>> {
-    let options = sqlx::postgres::PgConnectOptions::from_str(url).expect("postgres url");
-    let connect = sqlx::PgConnection::connect_with(&options.disable_statement_logging());
+    let options = sqlx::postgres::PgConnectOptions::from_str(url)
+        .expect("postgres url")
+        .disable_statement_logging();
+    let connect = sqlx::PgConnection::connect_with(&options);
     let mut connection = match tokio::time::timeout(Duration::from_secs(5), connect).await {
         Ok(Ok(connection)) => connection,
         Ok(Err(error)) => return absent("postgres", error),
@@ -121,8 +123,10 @@ async fn postgres_databases(url: &str) -> Option<Vec<String>> {
 }
 
 async fn mysql_databases(url: &str) -> Option<Vec<String>> {
-    let options = sqlx::mysql::MySqlConnectOptions::from_str(url).expect("mysql url");
-    let connect = sqlx::MySqlConnection::connect_with(&options.disable_statement_logging());
+    let options = sqlx::mysql::MySqlConnectOptions::from_str(url)
+        .expect("mysql url")
+        .disable_statement_logging();
+    let connect = sqlx::MySqlConnection::connect_with(&options);
     let mut connection = match tokio::time::timeout(Duration::from_secs(5), connect).await {
         Ok(Ok(connection)) => connection,
         Ok(Err(error)) => return absent("mysql", error),
