@@ -31,18 +31,7 @@ const EXIT_CANNOT_START: u8 = 2;
 /// Exit code: interrupted (128 + SIGINT).
 const EXIT_INTERRUPTED: u8 = 130;
 
-/// Run the conformance suite against your own store.
-///
-/// Every check gets a fresh scratch store: a database
-/// `agentgate_conformance_<run>_<n>` on your PostgreSQL or MySQL server
-/// (created and dropped by the URL's user, which needs the privilege to
-/// create databases), or a file in a temp dir next to your SQLite path; with
-/// --redis, keys under `agentgate-conformance:<run>:`. All are removed at the
-/// end, on failure and Ctrl-C too. The SIGKILL and clock-skew checks start
-/// `agentgate hold` as the holder process they kill.
-///
-/// Exit codes: 0 all passed, 1 a check failed, 2 could not start,
-/// 130 interrupted.
+/// The flags of `agentgate conformance` (its help is on `Command::Conformance`).
 #[derive(clap::Args)]
 pub struct ConformanceArgs {
     /// The store to certify: a SQLite file or directory path

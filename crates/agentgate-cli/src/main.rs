@@ -44,21 +44,36 @@ enum Command {
     Demo,
     /// Certify a store: run the conformance suite against your own
     /// database (and Redis) in scratch databases it removes afterwards.
+    ///
+    /// Every check gets a fresh scratch store: a database
+    /// `agentgate_conformance_<run>_<n>` on your PostgreSQL or MySQL server
+    /// (the URL's user needs the privilege to create databases), or a file
+    /// in a temp dir next to your SQLite path; with --redis, keys under
+    /// `agentgate-conformance:<run>:`. All are removed at the end, on
+    /// failure and Ctrl-C too. Progress goes to stderr, a pass/fail table to
+    /// stdout. The SIGKILL and clock-skew checks start `agentgate hold` as
+    /// the holder process they kill.
+    ///
+    /// Exit codes: 0 all passed, 1 a check failed, 2 could not start (bad
+    /// URL, unreachable server, missing privilege), 130 interrupted.
     Conformance(conformance::ConformanceArgs),
     /// Hold a lease until killed: the holder process the conformance suite
     /// (and `demo`) starts and kills with SIGKILL.
+    ///
+    /// Begins a turn as USER on SESSION for REQUEST, claims a tool call,
+    /// prints `HOLDING <turn_id> <fence>` on stdout, then keeps the lease
+    /// (its watchdog renewing it) until the process is killed. `agentgate
+    /// conformance` kills it with SIGKILL (and runs it a day ahead under
+    /// faketime) to prove a dead holder's session is taken over after the
+    /// lease's TTL, not before. Exits with an error if the lease is refused
+    /// or lost.
     Hold(HoldArgs),
     /// Measure turns/s against the store's own raw limit, round trips per
     /// turn, a duplicate-begin storm, scaling and (--via http) memory.
     Bench(agentgate_bench::cli::BenchArgs),
 }
 
-/// `agentgate hold`: begins a turn as `user` on `session` for `request`,
-/// claims a tool call, prints `HOLDING <turn_id> <fence>` on stdout, then
-/// keeps the lease (its watchdog renewing it) until the process is killed.
-/// `agentgate conformance` kills it with SIGKILL (and runs it a day ahead
-/// under faketime) to prove a dead holder is taken over after the lease's
-/// TTL, not before. Exits with an error if the lease is lost or refused.
+/// The arguments of `agentgate hold` (its help is on `Command::Hold`).
 #[derive(clap::Args)]
 struct HoldArgs {
     /// The store: a SQLite path, postgres://... or mysql://...
