@@ -434,3 +434,39 @@ async fn missing_create_privilege_is_named() {
     assert!(run.stderr.contains("CREATEDB"), "{}", run.stderr);
     assert!(run.took < CANNOT_START_WITHIN);
 }
+
+/// A check that fails (here: runs past `--check-timeout`) is a FAILED row
+/// with its message, the run goes on to the next check, and exits 1.
+#[test]
+fn a_failed_check_is_a_row_and_exit_1() {
+    let parent = tempfile::tempdir().unwrap();
+    let run = conformance(&[
+        "--store",
+        parent.path().to_str().unwrap(),
+        "--check-timeout",
+        "1",
+        // Runs four lease TTLs (3.2 s); the other finishes in well under 1 s.
+        "--only",
+        "watchdog_keeps_a_long_turn",
+        "--only",
+        "session_storm",
+    ]);
+    assert_eq!(run.code, Some(1));
+    assert_eq!(
+        result_of(&run.stdout, "watchdog_keeps_a_long_turn"),
+        Some("FAILED")
+    );
+    assert!(
+        run.stdout.contains("    did not finish within 1 s"),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(result_of(&run.stdout, "session_storm"), Some("ok"));
+    assert!(run
+        .stdout
+        .contains("sqlite: 1 passed, 1 failed, 0 skipped of 2 checks"));
+    assert!(
+        !sqlite_dir(&run.stderr).exists(),
+        "removed after a failure too"
+    );
+}
