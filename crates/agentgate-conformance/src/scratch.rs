@@ -519,7 +519,7 @@ async fn drop_mysql(url: &str, name: &str) -> Result<(), String> {
 
 /// The user's Redis URL for redis-rs itself: without the lease layer's own
 /// parameters (`key_prefix`, TLS files), which redis-rs does not know.
-fn redis_client_url(url: &str) -> String {
+pub(crate) fn redis_client_url(url: &str) -> String {
     let Some((base, query)) = url.split_once('?') else {
         return url.to_owned();
     };
