@@ -31,8 +31,8 @@ async fn forget_leases(redis_url: &str) {
         .expect("redis targets carry a key_prefix");
     let prefix = query
         .split('&')
-        .filter_map(|p| p.strip_prefix("key_prefix="))
-        .last()
+        .rev()
+        .find_map(|p| p.strip_prefix("key_prefix="))
         .expect("key_prefix");
     let client =
         redis::Client::open(crate::scratch::redis_client_url(redis_url)).expect("redis url");
