@@ -151,8 +151,13 @@ pub enum BeginDecision {
 const DEAD_CONTINUATION_RETRY: Duration = Duration::from_secs(1);
 
 fn remaining(until_ms: i64, now_ms: i64) -> Duration {
-    // At least 1 ms: a retry-after of zero invites a hot loop.
-    Duration::from_millis(u64::try_from(until_ms - now_ms).unwrap_or(0).max(1))
+    retry_after_ms(until_ms.saturating_sub(now_ms))
+}
+
+/// A retry-after of `ms` milliseconds, at least 1 ms: a retry-after of zero
+/// (or a negative remainder read from a clock) invites a hot loop.
+pub fn retry_after_ms(ms: i64) -> Duration {
+    Duration::from_millis(u64::try_from(ms).unwrap_or(0).max(1))
 }
 
 fn decide_existing(facts: &BeginFacts<'_>, turn: &TurnSnapshot) -> BeginDecision {
@@ -335,27 +340,44 @@ pub fn orphan_claim_step(
     }
 }
 
-/// The refusal a begin that `decide_begin` told to start gets when the
-/// external lease layer already shows a live holder of its session: what the
-/// layer's acquire would answer, learned before the store takes the fence
-/// (and, on MySQL, the fence counter's lock) for a grant that cannot happen.
-pub fn layer_holder_refusal(holder: &crate::model::HolderView, turn_id: &str) -> Error {
-    let retry_after = Duration::from_millis(
-        u64::try_from(holder.lease_expires_in_ms)
-            .unwrap_or(0)
-            .max(1),
-    );
-    let active_turn_id = holder.turn_id.to_string();
-    if active_turn_id == turn_id {
-        Error::RequestInFlight {
-            active_turn_id,
-            retry_after,
-        }
-    } else {
-        Error::SessionBusy {
-            active_turn_id,
-            retry_after,
-        }
+/// What a begin answers after the external lease layer's acquire: the
+/// remaining lease when it granted, or the refusal its state implies (the
+/// request's own turn still holding it is `request_in_flight`).
+///
+/// # Errors
+/// `request_in_flight`, `session_busy` or `user_at_capacity`, each with the
+/// retry-after the layer reported (at least 1 ms).
+pub fn layer_acquired(
+    acquired: crate::lease::Acquired,
+    turn_id: &str,
+    cap: u32,
+) -> Result<i64, Error> {
+    use crate::lease::Acquired;
+    let retry = retry_after_ms;
+    match acquired {
+        Acquired::Granted {
+            lease_expires_in_ms,
+        } => Ok(lease_expires_in_ms),
+        Acquired::Busy {
+            holder_turn_id,
+            expires_in_ms,
+        } if holder_turn_id == turn_id => Err(Error::RequestInFlight {
+            active_turn_id: holder_turn_id,
+            retry_after: retry(expires_in_ms),
+        }),
+        Acquired::Busy {
+            holder_turn_id,
+            expires_in_ms,
+        } => Err(Error::SessionBusy {
+            active_turn_id: holder_turn_id,
+            retry_after: retry(expires_in_ms),
+        }),
+        Acquired::AtCapacity {
+            soonest_expires_in_ms,
+        } => Err(Error::UserAtCapacity {
+            cap,
+            retry_after: retry(soonest_expires_in_ms),
+        }),
     }
 }
 

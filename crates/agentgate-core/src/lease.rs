@@ -124,11 +124,7 @@ pub async fn refuse_if_held(layer: &dyn LeaseLayer, session_id: &str, turn_id: &
         Some(holder) if holder.turn_id.as_str() == turn_id => {
             Err(crate::error::Error::RequestInFlight {
                 active_turn_id: turn_id.to_owned(),
-                retry_after: std::time::Duration::from_millis(
-                    u64::try_from(holder.lease_expires_in_ms)
-                        .unwrap_or(0)
-                        .max(1),
-                ),
+                retry_after: crate::decide::retry_after_ms(holder.lease_expires_in_ms),
             })
         }
         _ => Ok(()),

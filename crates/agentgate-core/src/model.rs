@@ -280,6 +280,53 @@ pub enum Ending {
     },
 }
 
+/// The columns an ending writes on its turn row, as every SQL store stores
+/// them (one mapping, not one per store).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EndingColumns<'a> {
+    /// The turn's new state, as stored.
+    pub state: &'static str,
+    /// The response, for a success.
+    pub response: Option<&'a str>,
+    /// The error, for a failure.
+    pub error: Option<&'a str>,
+    /// Whether a repeat restarts it, for a failure.
+    pub retryable: Option<bool>,
+    /// The action awaiting a person, for a pending confirmation.
+    pub pending: Option<&'a str>,
+}
+
+impl Ending {
+    /// The columns this ending writes.
+    pub fn columns(&self) -> EndingColumns<'_> {
+        let none = EndingColumns {
+            state: "",
+            response: None,
+            error: None,
+            retryable: None,
+            pending: None,
+        };
+        match self {
+            Ending::Succeed { response } => EndingColumns {
+                state: TurnState::Succeeded.as_str(),
+                response: Some(response.as_str()),
+                ..none
+            },
+            Ending::Fail { error, retryable } => EndingColumns {
+                state: TurnState::Failed.as_str(),
+                error: Some(error.as_str()),
+                retryable: Some(*retryable),
+                ..none
+            },
+            Ending::AwaitConfirmation { pending } => EndingColumns {
+                state: TurnState::AwaitingConfirmation.as_str(),
+                pending: Some(pending.as_str()),
+                ..none
+            },
+        }
+    }
+}
+
 /// A turn as callers see it. Never holds a lease token.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TurnView {
@@ -619,4 +666,58 @@ pub struct ClaimedOrphan {
     pub journal: Vec<JournalEntry>,
     /// How long the turn had been without a live lease when claimed.
     pub orphaned_for_ms: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn canonical(value: serde_json::Value) -> CanonicalJson {
+        CanonicalJson::new("test", &value).expect("canonical")
+    }
+
+    #[test]
+    fn each_ending_writes_its_state_and_only_its_own_columns() {
+        let ok = Ending::Succeed {
+            response: canonical(json!({"ok": 1})),
+        };
+        let failed = Ending::Fail {
+            error: canonical(json!({"code": "x"})),
+            retryable: true,
+        };
+        let waiting = Ending::AwaitConfirmation {
+            pending: canonical(json!({"refund": 5})),
+        };
+        assert_eq!(
+            ok.columns(),
+            EndingColumns {
+                state: "succeeded",
+                response: Some(r#"{"ok":1}"#),
+                error: None,
+                retryable: None,
+                pending: None,
+            }
+        );
+        assert_eq!(
+            failed.columns(),
+            EndingColumns {
+                state: "failed",
+                response: None,
+                error: Some(r#"{"code":"x"}"#),
+                retryable: Some(true),
+                pending: None,
+            }
+        );
+        assert_eq!(
+            waiting.columns(),
+            EndingColumns {
+                state: "awaiting_confirmation",
+                response: None,
+                error: None,
+                retryable: None,
+                pending: Some(r#"{"refund":5}"#),
+            }
+        );
+    }
 }

@@ -50,12 +50,38 @@ pub fn backoff(retry: u32) -> Duration {
         .saturating_mul(1 << retry.saturating_sub(1).min(16))
         .min(RETRY_BACKOFF_MAX);
     let mut byte = [0u8; 1];
-    let jitter = if getrandom::fill(&mut byte).is_ok() {
+    let jitter = if let Some(seeded) = seeded_jitter_byte() {
+        f64::from(seeded) / 255.0
+    } else if getrandom::fill(&mut byte).is_ok() {
         f64::from(byte[0]) / 255.0
     } else {
         1.0
     };
     ceiling.mul_f64(0.5 + jitter / 2.0)
+}
+
+thread_local! {
+    /// This thread's seeded jitter state, when a simulation set one.
+    static SEEDED_JITTER: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+/// Makes [`backoff`]'s jitter on this thread a fixed sequence drawn from
+/// `seed` (`None`: the operating system's randomness again), so a
+/// single-threaded simulation on paused time replays exactly.
+pub fn seed_jitter(seed: Option<u64>) {
+    SEEDED_JITTER.with(|state| state.set(seed));
+}
+
+/// The next byte of this thread's seeded jitter (SplitMix64), if seeded.
+fn seeded_jitter_byte() -> Option<u8> {
+    SEEDED_JITTER.with(|state| {
+        let next = state.get()?.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        state.set(Some(next));
+        let mut z = next;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        Some(((z ^ (z >> 31)) >> 56) as u8)
+    })
 }
 
 #[cfg(test)]
@@ -68,6 +94,17 @@ mod tests {
         assert!(backoff(1) >= RETRY_BACKOFF_FIRST / 2);
         assert!(backoff(MAX_STORE_RETRIES) <= RETRY_BACKOFF_MAX);
         assert!(backoff(u32::MAX) <= RETRY_BACKOFF_MAX);
+    }
+
+    #[test]
+    fn seeded_jitter_repeats_and_unseeds() {
+        seed_jitter(Some(7));
+        let first: Vec<_> = (1..6).map(backoff).collect();
+        seed_jitter(Some(7));
+        let second: Vec<_> = (1..6).map(backoff).collect();
+        seed_jitter(None);
+        assert_eq!(first, second);
+        assert!(SEEDED_JITTER.with(std::cell::Cell::get).is_none());
     }
 
     #[test]

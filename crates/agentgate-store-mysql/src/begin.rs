@@ -18,9 +18,14 @@
 //! commit only.
 //!
 //! With an external lease layer the decision sees no live lease in the rows
-//! (they keep no expiry); the layer's atomic acquire, made inside the
-//! transaction after the fence is taken, decides busy and capacity, and a
-//! grant that then fails to commit gives the layer's lease straight back.
+//! (they keep no expiry); the layer's atomic acquire decides busy and
+//! capacity, and a grant that then fails to commit gives the layer's lease
+//! straight back. The fence is then taken before the transaction, in its own
+//! autocommit statement on the same connection, so the counter row is never
+//! locked across the Redis round trip; the session's row lock keeps every
+//! other grant of the session out until this one commits, and a grant that
+//! committed between the fence and the lock (its fence is newer) sends this
+//! begin round again.
 //!
 //! Round trips: `BEGIN`, user upsert, session upsert, session lock, facts
 //! (clock, cap, permit count, the request's turn), then for a start the
@@ -28,18 +33,16 @@
 //! confirmation adds one read of its target (and one more when the target was
 //! already confirmed) and one `UPDATE` of it.
 
-use std::time::Duration;
-
 use agentgate_core::decide::{
     decide_begin, BeginDecision, BeginFacts, SessionSnapshot, StartKind, UserLoad,
 };
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{Fence, LeaseToken, TurnId};
 use agentgate_core::lease::refuse_if_held;
-use agentgate_core::lease::{Acquired, LeaseClaim, LeaseLayer};
+use agentgate_core::lease::{LeaseClaim, LeaseLayer};
 use agentgate_core::model::{BeginCommand, BeginOutcome, ConfirmationContext, Grant, TurnView};
 use serde_json::Value;
-use sqlx::MySqlConnection;
+use sqlx::{Connection, MySqlConnection};
 
 use crate::error::{corrupt, map_sqlx, Retry};
 use crate::rows::{
@@ -65,8 +68,13 @@ pub(crate) async fn begin(store: &MySqlStore, command: &BeginCommand) -> Result<
 }
 
 async fn begin_once(store: &MySqlStore, command: &BeginCommand) -> Result<BeginOutcome> {
-    let mut tx = store.transaction().await?;
-    let (outcome, wrote) = begin_in(store, &mut tx, command).await?;
+    let mut conn = store.connection().await?;
+    let reserved = match &store.leases {
+        Some(_) => Some(next_fence(&mut conn).await?),
+        None => None,
+    };
+    let mut tx = conn.begin().await.map_err(map_sqlx)?;
+    let (outcome, wrote) = begin_in(store, &mut tx, command, reserved).await?;
     if wrote {
         if let Err(error) = tx.commit().await {
             if let BeginOutcome::Started(grant) = &outcome {
@@ -110,7 +118,7 @@ async fn lock_user(conn: &mut MySqlConnection, user_id: &str) -> Result<()> {
 async fn lock_session(
     conn: &mut MySqlConnection,
     command: &BeginCommand,
-) -> Result<SessionSnapshot> {
+) -> Result<(SessionSnapshot, i64)> {
     sqlx::query(&format!(
         "INSERT INTO ag_sessions (session_id, user_id, fence, updated_at_ms) \
          VALUES (?, ?, 0, {NOW_MS}) ON DUPLICATE KEY UPDATE user_id = user_id"
@@ -121,13 +129,13 @@ async fn lock_session(
     .await
     .map_err(map_sqlx)?;
     let row = sqlx::query(&format!(
-        "SELECT {SESSION_COLUMNS} FROM ag_sessions WHERE session_id = ? FOR UPDATE"
+        "SELECT {SESSION_COLUMNS}, fence FROM ag_sessions WHERE session_id = ? FOR UPDATE"
     ))
     .bind(command.session_id.as_str())
     .fetch_one(conn)
     .await
     .map_err(map_sqlx)?;
-    session_snapshot(&row)
+    Ok((session_snapshot(&row)?, get(&row, "fence")?))
 }
 
 /// Reads the clock, the cap override, the user's live permits and the
@@ -182,13 +190,16 @@ async fn turn_by_id(conn: &mut MySqlConnection, turn_id: &str) -> Result<Option<
 }
 
 /// Runs one begin inside `tx`; the flag says whether it wrote anything.
+/// `reserved` is the fence taken before the transaction (with a lease
+/// layer); without one a start takes it last, under the counter's lock.
 async fn begin_in(
     store: &MySqlStore,
     tx: &mut MySqlConnection,
     command: &BeginCommand,
+    reserved: Option<Fence>,
 ) -> Result<(BeginOutcome, bool)> {
     lock_user(tx, command.user_id.as_str()).await?;
-    let session = lock_session(tx, command).await?;
+    let (session, session_fence) = lock_session(tx, command).await?;
     let facts = read_facts(tx, command, store.config.max_turns_per_user).await?;
     let confirms = command.confirmation.as_ref().map(|c| c.turn_id.as_str());
     let confirm_target = match (confirms, &facts.turn) {
@@ -235,23 +246,33 @@ async fn begin_in(
             Ok((BeginOutcome::Replay(view), false))
         }
         BeginDecision::Exhaust => {
-            let turn_id = facts.turn.as_ref().map(|t| t.snapshot.turn_id.as_str());
+            let turn_id = facts
+                .turn
+                .as_ref()
+                .map(|t| t.snapshot.turn_id.as_str())
+                .ok_or_else(|| corrupt("exhausting a begin that has no turn"))?;
             if let Some(layer) = &store.leases {
-                let own = turn_id.unwrap_or_default();
-                refuse_if_held(layer.as_ref(), command.session_id.as_str(), own).await?;
+                refuse_if_held(layer.as_ref(), command.session_id.as_str(), turn_id).await?;
             }
-            let view = exhaust(tx, turn_id.unwrap_or_default(), facts.now_ms).await?;
+            let view = exhaust(tx, turn_id, facts.now_ms).await?;
             Ok((BeginOutcome::Replay(view), true))
         }
         BeginDecision::Start { kind, attempt } => {
+            let fence =
+                match reserved {
+                    Some(fence) if fence.0 > session_fence => Some(fence),
+                    Some(_) => return Err(Error::conflict(
+                        "begin: a newer grant of the session committed after the fence was taken",
+                    )),
+                    None => None,
+                };
             let grant = start(
                 store,
                 tx,
                 command,
                 &facts,
                 confirm_target.as_ref(),
-                kind,
-                attempt,
+                (kind, attempt, fence),
             )
             .await?;
             Ok((BeginOutcome::Started(grant), true))
@@ -282,8 +303,9 @@ async fn exhaust(conn: &mut MySqlConnection, turn_id: &str, now: i64) -> Result<
     turn_view(&row)
 }
 
-/// Takes the next fence: the counter row's exclusive lock is held until the
-/// grant commits, and `LAST_INSERT_ID(expr)` hands the new value back in the
+/// Takes the next fence: inside a transaction the counter row's exclusive
+/// lock is held until the grant commits (in autocommit, for that statement
+/// only), and `LAST_INSERT_ID(expr)` hands the new value back in the
 /// same round trip.
 async fn next_fence(conn: &mut MySqlConnection) -> Result<Fence> {
     let done = sqlx::query("UPDATE ag_fence SET value = LAST_INSERT_ID(value + 1) WHERE id = 1")
@@ -303,8 +325,7 @@ async fn start(
     command: &BeginCommand,
     facts: &Facts,
     target: Option<&TurnRecord>,
-    kind: StartKind,
-    attempt: u32,
+    (kind, attempt, reserved): (StartKind, u32, Option<Fence>),
 ) -> Result<Grant> {
     let now = facts.now_ms;
     let token = LeaseToken::generate();
@@ -330,19 +351,10 @@ async fn start(
             }
         }
     };
-    if let Some(layer) = &store.leases {
-        // Refuse a grant the layer would refuse before locking the fence
-        // counter, which every grant in the database waits on: a storm of
-        // retries or recovery workers on a held session must not hold it
-        // across a Redis round trip each.
-        if let Some(holder) = layer.holder(command.session_id.as_str()).await? {
-            return Err(agentgate_core::decide::layer_holder_refusal(
-                &holder,
-                turn_id.as_str(),
-            ));
-        }
-    }
-    let fence = next_fence(tx).await?;
+    let fence = match reserved {
+        Some(fence) => fence,
+        None => next_fence(tx).await?,
+    };
     grant_session(store, tx, command, &turn_id, &token, fence, now, confirming).await?;
     let lease_expires_in_ms = match &store.leases {
         Some(layer) => {
@@ -420,32 +432,7 @@ async fn grant_session(
 /// Takes the lease and permit in the external layer, both or neither;
 /// returns the remaining lease, or the refusal the layer's state implies.
 async fn acquire_external(layer: &dyn LeaseLayer, claim: &LeaseClaim<'_>) -> Result<i64> {
-    let retry = |ms: i64| Duration::from_millis(u64::try_from(ms).unwrap_or(0).max(1));
-    match layer.acquire(claim).await? {
-        Acquired::Granted {
-            lease_expires_in_ms,
-        } => Ok(lease_expires_in_ms),
-        Acquired::Busy {
-            holder_turn_id,
-            expires_in_ms,
-        } if holder_turn_id == claim.turn_id => Err(Error::RequestInFlight {
-            active_turn_id: holder_turn_id,
-            retry_after: retry(expires_in_ms),
-        }),
-        Acquired::Busy {
-            holder_turn_id,
-            expires_in_ms,
-        } => Err(Error::SessionBusy {
-            active_turn_id: holder_turn_id,
-            retry_after: retry(expires_in_ms),
-        }),
-        Acquired::AtCapacity {
-            soonest_expires_in_ms,
-        } => Err(Error::UserAtCapacity {
-            cap: claim.cap,
-            retry_after: retry(soonest_expires_in_ms),
-        }),
-    }
+    agentgate_core::decide::layer_acquired(layer.acquire(claim).await?, claim.turn_id, claim.cap)
 }
 
 /// Restarts the existing turn or inserts the new one under `fence`.

@@ -225,46 +225,6 @@ pub(crate) async fn end_execution(
     }
 }
 
-/// The columns an ending writes on its turn, and the session's pending
-/// confirmation when it awaits one.
-pub(crate) struct EndingColumns<'a> {
-    pub state: &'static str,
-    pub response: Option<&'a str>,
-    pub error: Option<&'a str>,
-    pub retryable: Option<bool>,
-    pub pending: Option<&'a str>,
-}
-
-impl<'a> EndingColumns<'a> {
-    pub(crate) fn of(ending: &'a Ending) -> Self {
-        let none = Self {
-            state: "",
-            response: None,
-            error: None,
-            retryable: None,
-            pending: None,
-        };
-        match ending {
-            Ending::Succeed { response } => Self {
-                state: "succeeded",
-                response: Some(response.as_str()),
-                ..none
-            },
-            Ending::Fail { error, retryable } => Self {
-                state: "failed",
-                error: Some(error.as_str()),
-                retryable: Some(*retryable),
-                ..none
-            },
-            Ending::AwaitConfirmation { pending } => Self {
-                state: "awaiting_confirmation",
-                pending: Some(pending.as_str()),
-                ..none
-            },
-        }
-    }
-}
-
 /// Ends the caller's running turn and releases its session (lease and
 /// permit, one row) in one statement. `None` when it changed no row.
 ///
@@ -301,7 +261,7 @@ pub(crate) async fn end_turn(
     if turn.state != "running" {
         return Ok(None);
     }
-    let columns = EndingColumns::of(ending);
+    let columns = ending.columns();
     let confirmation_ttl_ms = agentgate_core::config::duration_ms(store.config.confirmation_ttl);
     let pending_expires = columns.pending.map(|_| now + confirmation_ttl_ms);
     // Assignments only use bound values and their own table's columns: a

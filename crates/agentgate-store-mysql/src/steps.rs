@@ -37,7 +37,8 @@ use agentgate_core::ids::{ExecutionId, Fence};
 use agentgate_core::lease::LeaseLayer;
 use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
 use agentgate_core::model::{
-    idempotency_key, Ending, LeaseRef, PreviousOutcome, ToolCall, ToolClaim, TurnView,
+    idempotency_key, Ending, EndingColumns, LeaseRef, PreviousOutcome, ToolCall, ToolClaim,
+    TurnView,
 };
 use agentgate_core::store::{Completion, LeaseStatus, SqlEffect};
 use serde_json::Value;
@@ -320,7 +321,9 @@ async fn claim_once(store: &MySqlStore, lease: &LeaseRef, call: &ToolCall) -> Re
             insert_execution(&mut tx, lease, call, &key, &live, executions).await?
         }
         ToolDecision::Reclaim { attempt, previous } => {
-            let execution_id = snapshot.map(|s| s.execution_id).unwrap_or_default();
+            let execution_id = snapshot
+                .map(|s| s.execution_id)
+                .ok_or_else(|| corrupt("reclaiming an execution the step did not read"))?;
             sqlx::query(
                 "UPDATE ag_tool_executions SET state = 'running', attempt = ?, fence = ?, \
                  error = NULL, updated_at_ms = ? WHERE execution_id = ?",
@@ -618,19 +621,13 @@ async fn end_turn_once(store: &MySqlStore, lease: &LeaseRef, ending: &Ending) ->
     let mut tx = store.transaction().await?;
     let live = check_lease(store, &mut tx, lease, true).await?;
     let now = live.now_ms;
-    let (state, response, error, retryable, pending) = match ending {
-        Ending::Succeed { response } => ("succeeded", Some(response.as_str()), None, None, None),
-        Ending::Fail { error, retryable } => {
-            ("failed", None, Some(error.as_str()), Some(*retryable), None)
-        }
-        Ending::AwaitConfirmation { pending } => (
-            "awaiting_confirmation",
-            None,
-            None,
-            None,
-            Some(pending.as_str()),
-        ),
-    };
+    let EndingColumns {
+        state,
+        response,
+        error,
+        retryable,
+        pending,
+    } = ending.columns();
     let pending_expires = pending.map(|_| now + duration_ms(store.config.confirmation_ttl));
     let ended = sqlx::query(
         "UPDATE ag_turns SET state = ?, response = ?, error = ?, retryable = ?, \

@@ -105,7 +105,10 @@ pub(crate) async fn session(
     };
     Ok(Some(SessionView {
         session_id: session_id.clone(),
-        user_id: UserId::new(text(&row, "user_id")?.unwrap_or_default()).map_err(corrupt)?,
+        user_id: UserId::new(
+            text(&row, "user_id")?.ok_or_else(|| corrupt("a session without a user"))?,
+        )
+        .map_err(corrupt)?,
         holder,
         pending_confirmation,
         fence: Fence(fence),

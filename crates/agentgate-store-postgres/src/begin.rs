@@ -30,15 +30,13 @@
 //! its target (and one more when the target was already confirmed) and one
 //! `UPDATE` of it.
 
-use std::time::Duration;
-
 use agentgate_core::decide::{
     decide_begin, BeginDecision, BeginFacts, SessionSnapshot, StartKind, UserLoad,
 };
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{Fence, LeaseToken, TurnId};
 use agentgate_core::lease::refuse_if_held;
-use agentgate_core::lease::{Acquired, LeaseClaim, LeaseLayer};
+use agentgate_core::lease::{LeaseClaim, LeaseLayer};
 use agentgate_core::model::{BeginCommand, BeginOutcome, ConfirmationContext, Grant, TurnView};
 use serde_json::Value;
 use sqlx::PgConnection;
@@ -232,12 +230,15 @@ async fn begin_in(
             Ok((BeginOutcome::Replay(view), false))
         }
         BeginDecision::Exhaust => {
-            let turn_id = facts.turn.as_ref().map(|t| t.snapshot.turn_id.as_str());
+            let turn_id = facts
+                .turn
+                .as_ref()
+                .map(|t| t.snapshot.turn_id.as_str())
+                .ok_or_else(|| corrupt("exhausting a begin that has no turn"))?;
             if let Some(layer) = &store.leases {
-                let own = turn_id.unwrap_or_default();
-                refuse_if_held(layer.as_ref(), command.session_id.as_str(), own).await?;
+                refuse_if_held(layer.as_ref(), command.session_id.as_str(), turn_id).await?;
             }
-            let view = exhaust(tx, turn_id.unwrap_or_default(), facts.now_ms).await?;
+            let view = exhaust(tx, turn_id, facts.now_ms).await?;
             Ok((BeginOutcome::Replay(view), true))
         }
         BeginDecision::Start { kind, attempt } => {
@@ -419,32 +420,7 @@ async fn grant(
 /// Takes the lease and permit in the external layer, both or neither;
 /// returns the remaining lease, or the refusal the layer's state implies.
 async fn acquire_external(layer: &dyn LeaseLayer, claim: &LeaseClaim<'_>) -> Result<i64> {
-    let retry = |ms: i64| Duration::from_millis(u64::try_from(ms).unwrap_or(0).max(1));
-    match layer.acquire(claim).await? {
-        Acquired::Granted {
-            lease_expires_in_ms,
-        } => Ok(lease_expires_in_ms),
-        Acquired::Busy {
-            holder_turn_id,
-            expires_in_ms,
-        } if holder_turn_id == claim.turn_id => Err(Error::RequestInFlight {
-            active_turn_id: holder_turn_id,
-            retry_after: retry(expires_in_ms),
-        }),
-        Acquired::Busy {
-            holder_turn_id,
-            expires_in_ms,
-        } => Err(Error::SessionBusy {
-            active_turn_id: holder_turn_id,
-            retry_after: retry(expires_in_ms),
-        }),
-        Acquired::AtCapacity {
-            soonest_expires_in_ms,
-        } => Err(Error::UserAtCapacity {
-            cap: claim.cap,
-            retry_after: retry(soonest_expires_in_ms),
-        }),
-    }
+    agentgate_core::decide::layer_acquired(layer.acquire(claim).await?, claim.turn_id, claim.cap)
 }
 
 /// Marks the confirmation's target `confirmed` by `turn_id`; returns the

@@ -39,7 +39,8 @@ use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::ExecutionId;
 use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
 use agentgate_core::model::{
-    idempotency_key, Ending, LeaseRef, PreviousOutcome, ToolCall, ToolClaim, TurnView,
+    idempotency_key, Ending, EndingColumns, LeaseRef, PreviousOutcome, ToolCall, ToolClaim,
+    TurnView,
 };
 use agentgate_core::store::{Completion, LeaseStatus, SqlEffect};
 use serde_json::Value;
@@ -608,19 +609,13 @@ async fn end_turn_once(
     let Some(holder) = Holder::of(store, lease).await? else {
         return Err(explain_turn(store, lease).await);
     };
-    let (state, response, error, retryable, pending) = match ending {
-        Ending::Succeed { response } => ("succeeded", Some(response.as_str()), None, None, None),
-        Ending::Fail { error, retryable } => {
-            ("failed", None, Some(error.as_str()), Some(*retryable), None)
-        }
-        Ending::AwaitConfirmation { pending } => (
-            "awaiting_confirmation",
-            None,
-            None,
-            None,
-            Some(pending.as_str()),
-        ),
-    };
+    let EndingColumns {
+        state,
+        response,
+        error,
+        retryable,
+        pending,
+    } = ending.columns();
     let pending_ttl_ms = pending.map(|_| duration_ms(store.config.confirmation_ttl));
     let query = format!(
         "WITH live AS ( \

@@ -1,16 +1,29 @@
 //! The begin step: read the snapshot, ask `decide_begin`, apply, in one
 //! `BEGIN IMMEDIATE` transaction. The session lease and the user's permit are
 //! one row write, so they are taken together or not at all.
+//!
+//! With an external lease layer (Redis) the single writer never waits on the
+//! layer: the begin decides on a reader snapshot, takes a fence (one
+//! autocommit statement), acquires the layer's lease and permit with it, and
+//! only then takes the writer to decide again and write the grant. The grant
+//! is written only if the same start still holds, the session's fence is
+//! still below the new one (fences grow per session) and the layer's lease
+//! has not lapsed on this process's clock meanwhile; otherwise the layer's
+//! lease is given back and the begin decides afresh, at most
+//! `MAX_STORE_RETRIES` times.
 
 use agentgate_core::decide::{
-    decide_begin, BeginDecision, BeginFacts, SessionSnapshot, StartKind, TurnSnapshot, UserLoad,
+    decide_begin, layer_acquired, BeginDecision, BeginFacts, SessionSnapshot, StartKind,
+    TurnSnapshot, UserLoad,
 };
-use std::time::Duration;
+use std::time::Instant;
 
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{Fence, LeaseToken, TurnId};
 use agentgate_core::lease::{refuse_if_held, Acquired, LeaseClaim, LeaseLayer};
+use agentgate_core::limits::MAX_STORE_RETRIES;
 use agentgate_core::model::{BeginCommand, BeginOutcome, ConfirmationContext, Grant};
+use agentgate_core::retry::backoff;
 use sqlx::{Row, Sqlite, SqliteConnection, Transaction};
 
 use crate::error::{corrupt, map_sqlx};
@@ -43,6 +56,8 @@ struct Snapshot {
     now_ms: i64,
     load: UserLoad,
     session: Option<SessionSnapshot>,
+    /// The session's newest fence (0 before its first grant).
+    session_fence: i64,
     turn: Option<TurnSnapshot>,
 }
 
@@ -54,7 +69,7 @@ async fn snapshot(
     let row = sqlx::query(&format!(
         "SELECT l.now_ms, l.cap, l.live, l.soonest, \
          s.user_id, s.holder_turn_id, s.lease_expires_at_ms, s.pending_turn_id, \
-         s.pending_expires_at_ms, \
+         s.pending_expires_at_ms, s.fence AS session_fence, \
          t.turn_id, t.session_id, t.fingerprint, t.state, t.attempt, t.retryable, t.confirmed_by \
          FROM (SELECT {NOW_MS} AS now_ms, \
                (SELECT max_turns FROM ag_users WHERE user_id = ?1) AS cap, \
@@ -83,12 +98,18 @@ async fn snapshot(
         soonest_expiry_ms: get("soonest")?,
     };
     Ok(Snapshot {
-        now_ms: get("now_ms")?.unwrap_or_default(),
+        now_ms: get("now_ms")?.ok_or_else(|| corrupt("the store's clock read NULL"))?,
         load,
         session: if present("user_id")? {
             Some(session_snapshot(&row)?)
         } else {
             None
+        },
+        // 0 before the session's first grant: every fence is above it.
+        session_fence: match get("session_fence")? {
+            Some(fence) => fence,
+            None if present("user_id")? => return Err(corrupt("a session without a fence")),
+            None => 0,
         },
         turn: if present("turn_id")? {
             Some(turn_snapshot(&row)?)
@@ -99,46 +120,236 @@ async fn snapshot(
 }
 
 pub(crate) async fn begin(store: &SqliteStore, command: &BeginCommand) -> Result<BeginOutcome> {
-    let mut tx = store.write().await?;
-    let outcome = begin_in(store, &mut tx, command).await?;
-    if let Err(error) = tx.commit().await {
-        if let (Some(layer), BeginOutcome::Started(grant)) = (&store.leases, &outcome) {
-            // The grant is not durable: give back the layer's lease at once.
-            // A failed give-back only leaves a lease that expires by itself;
-            // the caller must still learn why the begin failed: the commit.
-            if let Err(release) = layer
-                .release(grant.turn_id.as_str(), &grant.lease_token.digest_hex())
-                .await
-            {
-                tracing::warn!(%release, turn_id = %grant.turn_id, "could not give back an undurable lease");
-            }
-        }
-        return Err(map_sqlx(error));
+    if let Some(layer) = &store.leases {
+        return begin_layered(store, layer.as_ref(), command).await;
     }
+    let mut tx = store.write().await?;
+    let decided = decide_in(&mut tx, command, store.config.max_turns_per_user).await?;
+    let outcome = match decided.decision {
+        BeginDecision::Reject(error) => return Err(error),
+        BeginDecision::Replay { turn_id } => replay(&mut tx, &turn_id).await?,
+        BeginDecision::Exhaust => exhaust(&mut tx, &decided).await?,
+        BeginDecision::Start { kind, attempt } => {
+            let fence = next_fence(&mut tx).await?;
+            let turn_id = match &decided.turn {
+                Some(turn) => TurnId::new(turn.turn_id.clone())?,
+                None => TurnId::generate(),
+            };
+            let ttl_ms = store.config.lease_ttl_ms();
+            let plan = StartPlan {
+                existing: decided.turn.as_ref(),
+                kind,
+                attempt,
+                now: decided.now,
+            };
+            let grant = Granted {
+                turn_id,
+                token: LeaseToken::generate(),
+                fence,
+                row_expiry: Some(decided.now + ttl_ms),
+                lease_expires_in_ms: ttl_ms,
+            };
+            start(&mut tx, command, plan, grant).await?
+        }
+    };
+    tx.commit().await.map_err(map_sqlx)?;
     Ok(outcome)
 }
 
-async fn begin_in(
+/// The begin with an external lease layer: see the module documentation.
+async fn begin_layered(
     store: &SqliteStore,
-    tx: &mut Transaction<'static, Sqlite>,
+    layer: &dyn LeaseLayer,
     command: &BeginCommand,
 ) -> Result<BeginOutcome> {
+    let cap = store.config.max_turns_per_user;
+    for round in 0..MAX_STORE_RETRIES {
+        if round > 0 {
+            tokio::time::sleep(backoff(round)).await;
+        }
+        let seen = {
+            let mut conn = store.reader().await?;
+            decide_in(&mut conn, command, cap).await?
+        };
+        let seen_turn = seen.turn.as_ref().map(|t| t.turn_id.clone());
+        match seen.decision {
+            // A refusal or a replay read from one committed snapshot is as
+            // true as one read under the writer.
+            BeginDecision::Reject(error) => return Err(error),
+            BeginDecision::Replay { turn_id } => {
+                let mut conn = store.reader().await?;
+                return replay(&mut conn, &turn_id).await;
+            }
+            BeginDecision::Exhaust => {
+                // A turn whose lease is live in the layer is in flight, not
+                // exhausted; ask before taking the writer. No new lease can
+                // appear for it meanwhile: its attempts are used up.
+                let turn_id = seen_turn
+                    .as_deref()
+                    .ok_or_else(|| corrupt("exhausting a begin that has no turn"))?;
+                refuse_if_held(layer, command.session_id.as_str(), turn_id).await?;
+                let mut tx = store.write().await?;
+                let decided = decide_in(&mut tx, command, cap).await?;
+                if !matches!(decided.decision, BeginDecision::Exhaust) {
+                    continue;
+                }
+                let outcome = exhaust(&mut tx, &decided).await?;
+                tx.commit().await.map_err(map_sqlx)?;
+                return Ok(outcome);
+            }
+            BeginDecision::Start { .. } => {
+                // The fence is durable before the layer or the caller sees it.
+                let fence = {
+                    let mut writer = store.writer_connection().await?;
+                    next_fence(&mut writer).await?
+                };
+                let turn_id = match &seen_turn {
+                    Some(turn_id) => TurnId::new(turn_id.clone())?,
+                    None => TurnId::generate(),
+                };
+                let token = LeaseToken::generate();
+                let claim = LeaseClaim {
+                    session_id: command.session_id.as_str(),
+                    user_id: command.user_id.as_str(),
+                    turn_id: turn_id.as_str(),
+                    token_digest: &token.digest_hex(),
+                    fence,
+                    ttl_ms: store.config.lease_ttl_ms(),
+                    cap: seen.load.cap,
+                };
+                let asked = Instant::now();
+                let acquired = layer.acquire(&claim).await?;
+                // A duplicate of a new request generated its own turn id; the
+                // holder may be its twin's turn, committed or about to be.
+                let own = match (&acquired, &seen_turn) {
+                    (Acquired::Busy { holder_turn_id, .. }, None) => {
+                        match request_of(store, holder_turn_id).await? {
+                            Some(request) if request == command.client_request_id.as_str() => {
+                                holder_turn_id.clone()
+                            }
+                            Some(_) => claim.turn_id.to_owned(),
+                            // Granted but not yet written: look again shortly.
+                            None => continue,
+                        }
+                    }
+                    _ => claim.turn_id.to_owned(),
+                };
+                let remaining = layer_acquired(acquired, &own, claim.cap)?;
+                let granted = Granted {
+                    turn_id,
+                    token,
+                    fence,
+                    row_expiry: None,
+                    lease_expires_in_ms: remaining,
+                };
+                match write_layered(store, command, &seen_turn, granted, asked).await {
+                    Ok(Some(outcome)) => return Ok(outcome),
+                    // The state moved between the snapshot and the writer:
+                    // the lease went back to the layer; decide afresh.
+                    Ok(None) => continue,
+                    Err(error) => return Err(error),
+                }
+            }
+        }
+    }
+    Err(Error::conflict(
+        "begin: the session's state kept changing while its lease was being taken",
+    ))
+}
+
+/// The client request of `turn_id`, if its row is written.
+async fn request_of(store: &SqliteStore, turn_id: &str) -> Result<Option<String>> {
+    let mut conn = store.reader().await?;
+    sqlx::query_scalar("SELECT client_request_id FROM ag_turns WHERE turn_id = ?")
+        .bind(turn_id)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(map_sqlx)
+}
+
+/// Under the writer: decides again and writes the grant the layer already
+/// holds, if the same start still holds. Gives the layer's lease back when
+/// it writes nothing (`Ok(None)`: decide afresh) or fails to commit.
+async fn write_layered(
+    store: &SqliteStore,
+    command: &BeginCommand,
+    seen_turn: &Option<String>,
+    granted: Granted,
+    asked: Instant,
+) -> Result<Option<BeginOutcome>> {
+    let layer = store
+        .leases
+        .as_deref()
+        .ok_or_else(|| corrupt("a layered begin without a lease layer"))?;
+    let (turn_id, digest) = (granted.turn_id.to_string(), granted.token.digest_hex());
+    let written = async {
+        let mut tx = store.write().await?;
+        let decided = decide_in(&mut tx, command, store.config.max_turns_per_user).await?;
+        let same_turn = decided.turn.as_ref().map(|t| &t.turn_id) == seen_turn.as_ref();
+        let lapsed =
+            u128::try_from(granted.lease_expires_in_ms).unwrap_or(0) <= asked.elapsed().as_millis();
+        let BeginDecision::Start { kind, attempt } = decided.decision else {
+            return Ok(None);
+        };
+        if !same_turn || decided.session_fence >= granted.fence.0 || lapsed {
+            return Ok(None);
+        }
+        let plan = StartPlan {
+            existing: decided.turn.as_ref(),
+            kind,
+            attempt,
+            now: decided.now,
+        };
+        let outcome = start(&mut tx, command, plan, granted).await?;
+        tx.commit().await.map_err(map_sqlx)?;
+        Ok(Some(outcome))
+    }
+    .await;
+    if !matches!(written, Ok(Some(_))) {
+        // Nothing durable holds this lease: give it back now rather than
+        // leave the session blocked until the TTL. A failed give-back only
+        // leaves a lease that expires by itself; the caller still learns
+        // what happened to the begin.
+        if let Err(release) = layer.release(&turn_id, &digest).await {
+            tracing::warn!(%release, %turn_id, "could not give back an unwritten grant");
+        }
+    }
+    written
+}
+
+/// What a begin decided, with the facts a start or an exhaustion needs.
+struct Decided {
+    decision: BeginDecision,
+    now: i64,
+    load: UserLoad,
+    session_fence: i64,
+    turn: Option<TurnSnapshot>,
+}
+
+/// Reads the snapshot (and the confirmation chain it names) and asks
+/// `decide_begin`.
+async fn decide_in(
+    conn: &mut SqliteConnection,
+    command: &BeginCommand,
+    default_cap: u32,
+) -> Result<Decided> {
     let Snapshot {
         now_ms: now,
         load,
         session,
+        session_fence,
         turn,
-    } = snapshot(tx, command, store.config.max_turns_per_user).await?;
+    } = snapshot(conn, command, default_cap).await?;
     let confirms = command.confirmation.as_ref().map(|c| c.turn_id.as_str());
     let confirm_target = match (confirms, &turn) {
-        (Some(target), None) => turn_by_id(tx, target).await?,
+        (Some(target), None) => turn_by_id(conn, target).await?,
         _ => None,
     };
     let continuation = match confirm_target
         .as_ref()
         .and_then(|t| t.confirmed_by.as_deref())
     {
-        Some(next) => turn_by_id(tx, next).await?,
+        Some(next) => turn_by_id(conn, next).await?,
         None => None,
     };
     let facts = BeginFacts {
@@ -154,37 +365,35 @@ async fn begin_in(
         load,
         resume_only: command.resume_only,
     };
-    match decide_begin(&facts) {
-        BeginDecision::Reject(error) => Err(error),
-        BeginDecision::Replay { turn_id } => replay(tx, &turn_id).await,
-        BeginDecision::Exhaust => {
-            let turn_id = turn.as_ref().map(|t| t.turn_id.clone()).unwrap_or_default();
-            if let Some(layer) = &store.leases {
-                refuse_if_held(layer.as_ref(), command.session_id.as_str(), &turn_id).await?;
-            }
-            sqlx::query(
-                "UPDATE ag_turns SET state = 'failed', retryable = 0, \
-                 error = '{\"code\":\"attempts_exhausted\"}', updated_at_ms = ?1, ended_at_ms = ?1 \
-                 WHERE turn_id = ?2",
-            )
-            .bind(now)
-            .bind(&turn_id)
-            .execute(&mut **tx)
-            .await
-            .map_err(map_sqlx)?;
-            replay(tx, &turn_id).await
-        }
-        BeginDecision::Start { kind, attempt } => {
-            let plan = StartPlan {
-                existing: turn.as_ref(),
-                kind,
-                attempt,
-                cap: load.cap,
-                now,
-            };
-            start(store, tx, command, plan).await
-        }
-    }
+    let decision = decide_begin(&facts);
+    Ok(Decided {
+        decision,
+        now,
+        load,
+        session_fence,
+        turn,
+    })
+}
+
+/// Records a turn that used all its attempts as failed for good, then
+/// replays it.
+async fn exhaust(tx: &mut Transaction<'static, Sqlite>, decided: &Decided) -> Result<BeginOutcome> {
+    let turn_id = decided
+        .turn
+        .as_ref()
+        .map(|t| t.turn_id.clone())
+        .ok_or_else(|| corrupt("exhausting a begin that has no turn"))?;
+    sqlx::query(
+        "UPDATE ag_turns SET state = 'failed', retryable = 0, \
+         error = '{\"code\":\"attempts_exhausted\"}', updated_at_ms = ?1, ended_at_ms = ?1 \
+         WHERE turn_id = ?2",
+    )
+    .bind(decided.now)
+    .bind(&turn_id)
+    .execute(&mut **tx)
+    .await
+    .map_err(map_sqlx)?;
+    replay(tx, &turn_id).await
 }
 
 async fn replay(conn: &mut SqliteConnection, turn_id: &str) -> Result<BeginOutcome> {
@@ -213,112 +422,42 @@ struct StartPlan<'a> {
     existing: Option<&'a TurnSnapshot>,
     kind: StartKind,
     attempt: u32,
-    cap: u32,
     now: i64,
 }
 
-/// Takes the lease and permit in the external layer, both or neither;
-/// returns the remaining lease, or the refusal the layer's state implies.
-async fn acquire_external(
-    layer: &dyn LeaseLayer,
-    command: &BeginCommand,
-    turn_id: &TurnId,
-    token: &LeaseToken,
+/// A grant's lease: taken in the session row (`row_expiry`), or already
+/// held in the external layer (`row_expiry` is `None`).
+struct Granted {
+    turn_id: TurnId,
+    token: LeaseToken,
     fence: Fence,
-    ttl_ms: i64,
-    plan: &StartPlan<'_>,
-) -> Result<i64> {
-    let claim = LeaseClaim {
-        session_id: command.session_id.as_str(),
-        user_id: command.user_id.as_str(),
-        turn_id: turn_id.as_str(),
-        token_digest: &token.digest_hex(),
-        fence,
-        ttl_ms,
-        cap: plan.cap,
-    };
-    let retry = |ms: i64| Duration::from_millis(u64::try_from(ms).unwrap_or(0).max(1));
-    match layer.acquire(&claim).await? {
-        Acquired::Granted {
-            lease_expires_in_ms,
-        } => Ok(lease_expires_in_ms),
-        Acquired::Busy {
-            holder_turn_id,
-            expires_in_ms,
-        } if holder_turn_id == turn_id.as_str() => Err(Error::RequestInFlight {
-            active_turn_id: holder_turn_id,
-            retry_after: retry(expires_in_ms),
-        }),
-        Acquired::Busy {
-            holder_turn_id,
-            expires_in_ms,
-        } => Err(Error::SessionBusy {
-            active_turn_id: holder_turn_id,
-            retry_after: retry(expires_in_ms),
-        }),
-        Acquired::AtCapacity {
-            soonest_expires_in_ms,
-        } => Err(Error::UserAtCapacity {
-            cap: plan.cap,
-            retry_after: retry(soonest_expires_in_ms),
-        }),
-    }
+    row_expiry: Option<i64>,
+    lease_expires_in_ms: i64,
 }
 
+/// Writes the grant and returns it.
 async fn start(
-    store: &SqliteStore,
     tx: &mut Transaction<'static, Sqlite>,
     command: &BeginCommand,
     plan: StartPlan<'_>,
+    granted: Granted,
 ) -> Result<BeginOutcome> {
-    let StartPlan {
-        existing,
-        kind,
-        attempt,
-        now,
-        ..
-    } = plan;
-    let fence = next_fence(tx).await?;
-    let token = LeaseToken::generate();
-    let ttl_ms = store.config.lease_ttl_ms();
-    let turn_id = match existing {
-        Some(turn) => TurnId::new(turn.turn_id.clone())?,
-        None => TurnId::generate(),
-    };
-    // With an external layer the row keeps no expiry: the layer is the
-    // authority on liveness; the row keeps the holder and the newest fence.
-    let (lease_expires_in_ms, row_expiry) = match &store.leases {
-        Some(layer) => {
-            let remaining = acquire_external(
-                layer.as_ref(),
-                command,
-                &turn_id,
-                &token,
-                fence,
-                ttl_ms,
-                &plan,
-            )
-            .await?;
-            (remaining, None)
-        }
-        None => (ttl_ms, Some(now + ttl_ms)),
-    };
-    let written = write_grant(tx, command, &turn_id, &token, fence, row_expiry, &plan).await;
-    if let (Err(_), Some(layer)) = (&written, &store.leases) {
-        // The grant will roll back: give the layer's lease back now rather
-        // than leave the session blocked until the TTL.
-        if let Err(error) = layer.release(turn_id.as_str(), &token.digest_hex()).await {
-            tracing::warn!(%error, turn_id = %turn_id, "could not release an unwritten grant");
-        }
-    }
-    let confirmation = match written? {
-        Written::Inserted(confirmation) => confirmation,
-        // A restarted turn keeps the confirmation it was begun with.
-        Written::Restarted => match replay(tx, turn_id.as_str()).await? {
-            BeginOutcome::Replay(view) => view.confirmation,
-            BeginOutcome::Started(_) => unreachable!("replay returns a view"),
-        },
-    };
+    let Granted {
+        turn_id,
+        token,
+        fence,
+        row_expiry,
+        lease_expires_in_ms,
+    } = granted;
+    let confirmation =
+        match write_grant(tx, command, &turn_id, &token, fence, row_expiry, &plan).await? {
+            Written::Inserted(confirmation) => confirmation,
+            // A restarted turn keeps the confirmation it was begun with.
+            Written::Restarted => match replay(tx, turn_id.as_str()).await? {
+                BeginOutcome::Replay(view) => view.confirmation,
+                BeginOutcome::Started(_) => unreachable!("replay returns a view"),
+            },
+        };
     Ok(BeginOutcome::Started(Grant {
         turn_id,
         session_id: command.session_id.clone(),
@@ -326,8 +465,8 @@ async fn start(
         client_request_id: command.client_request_id.clone(),
         lease_token: token,
         fence,
-        attempt,
-        takeover: kind == StartKind::Takeover,
+        attempt: plan.attempt,
+        takeover: plan.kind == StartKind::Takeover,
         lease_expires_in_ms,
         confirmation,
     }))

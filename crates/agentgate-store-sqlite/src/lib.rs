@@ -48,6 +48,7 @@ use agentgate_core::model::{
 use agentgate_core::store::{Completion, LeaseStatus, Store};
 use async_trait::async_trait;
 use serde_json::Value;
+use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Sqlite, SqlitePool, Transaction};
 
@@ -193,6 +194,17 @@ impl SqliteStore {
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(map_sqlx)
+    }
+
+    /// The writer connection outside a transaction, for one autocommit
+    /// statement.
+    pub(crate) async fn writer_connection(&self) -> Result<PoolConnection<Sqlite>> {
+        self.writer.acquire().await.map_err(map_sqlx)
+    }
+
+    /// A reader connection: a consistent snapshot of committed state.
+    pub(crate) async fn reader(&self) -> Result<PoolConnection<Sqlite>> {
+        self.reader.acquire().await.map_err(map_sqlx)
     }
 
     async fn migrate(&self) -> Result<()> {

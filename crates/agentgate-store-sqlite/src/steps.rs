@@ -21,7 +21,8 @@ use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{ExecutionId, Fence};
 use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
 use agentgate_core::model::{
-    idempotency_key, Ending, LeaseRef, PreviousOutcome, ToolCall, ToolClaim, TurnView,
+    idempotency_key, Ending, EndingColumns, LeaseRef, PreviousOutcome, ToolCall, ToolClaim,
+    TurnView,
 };
 use agentgate_core::store::{Completion, LeaseStatus, SqlEffect};
 use serde_json::Value;
@@ -198,7 +199,7 @@ async fn check_in_row(conn: &mut SqliteConnection, lease: &LeaseRef) -> Result<L
         lease_token_hash: token_hash.as_deref(),
         fence: number("fence")?,
         lease_expires_at_ms: number("lease_expires_at_ms")?,
-        now_ms: number("now_ms")?.unwrap_or_default(),
+        now_ms: number("now_ms")?.ok_or_else(|| corrupt("the store's clock read NULL"))?,
     };
     check_row_lease(&facts, lease.turn_id.as_str(), &lease.token.digest_hex())
 }
@@ -311,7 +312,9 @@ pub(crate) async fn claim_tool(
         }
         ToolDecision::Insert => insert_execution(&mut tx, lease, call, &key, &live).await?,
         ToolDecision::Reclaim { attempt, previous } => {
-            let execution_id = snapshot.map(|s| s.execution_id).unwrap_or_default();
+            let execution_id = snapshot
+                .map(|s| s.execution_id)
+                .ok_or_else(|| corrupt("reclaiming an execution the step did not read"))?;
             sqlx::query(
                 "UPDATE ag_tool_executions SET state = 'running', attempt = ?1, fence = ?2, \
                  error = NULL, updated_at_ms = ?3 WHERE execution_id = ?4",
@@ -588,19 +591,13 @@ async fn try_end(
     lease: &LeaseRef,
     ending: &Ending,
 ) -> Result<Option<TurnView>> {
-    let (state, response, error, retryable, pending) = match ending {
-        Ending::Succeed { response } => ("succeeded", Some(response.as_str()), None, None, None),
-        Ending::Fail { error, retryable } => {
-            ("failed", None, Some(error.as_str()), Some(*retryable), None)
-        }
-        Ending::AwaitConfirmation { pending } => (
-            "awaiting_confirmation",
-            None,
-            None,
-            None,
-            Some(pending.as_str()),
-        ),
-    };
+    let EndingColumns {
+        state,
+        response,
+        error,
+        retryable,
+        pending,
+    } = ending.columns();
     let Some(proof) = Proof::of(store, lease).await? else {
         return Ok(None);
     };

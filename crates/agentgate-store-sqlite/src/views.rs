@@ -68,8 +68,8 @@ pub(crate) async fn session(
     let Some(row) = row else { return Ok(None) };
     let get_i64 = |c: &str| row.try_get::<Option<i64>, _>(c).map_err(map_sqlx);
     let get_text = |c: &str| row.try_get::<Option<String>, _>(c).map_err(map_sqlx);
-    let now = get_i64("now_ms")?.unwrap_or_default();
-    let fence = get_i64("fence")?.unwrap_or_default();
+    let now = get_i64("now_ms")?.ok_or_else(|| corrupt("the store's clock read NULL"))?;
+    let fence = get_i64("fence")?.ok_or_else(|| corrupt("a session without a fence"))?;
     let holder = match (
         &store.leases,
         get_text("holder_turn_id")?,
@@ -93,7 +93,10 @@ pub(crate) async fn session(
     };
     Ok(Some(SessionView {
         session_id: session_id.clone(),
-        user_id: UserId::new(get_text("user_id")?.unwrap_or_default()).map_err(corrupt)?,
+        user_id: UserId::new(
+            get_text("user_id")?.ok_or_else(|| corrupt("a session without a user"))?,
+        )
+        .map_err(corrupt)?,
         holder,
         pending_confirmation,
         fence: Fence(fence),

@@ -291,6 +291,8 @@ async fn sweep_forever(
     let config = store.config().clone();
     loop {
         tokio::select! {
+            // Stop first, and in a fixed order (see the watchdog).
+            biased;
             () = stop.cancelled() => return,
             () = tokio::time::sleep(config.sweep_interval) => {}
         }

@@ -68,6 +68,11 @@ impl Watchdog {
                 lease_expires_in,
             };
             tokio::select! {
+                // Stop first: a watchdog stopped in the instant its renewal
+                // fell due sends no heartbeat for an ended turn, and the
+                // order does not depend on select!'s random draw (the
+                // simulation replays a seed exactly).
+                biased;
                 () = task_stop.cancelled() => {}
                 () = renew(heartbeat, &lease.turn_id, schedule, &lost, &publish) => {}
             }

@@ -1013,3 +1013,47 @@ fn a_resume_claim_takes_over_only_a_running_turn_and_replays_an_ended_one() {
         assert_replay(stale.decide(), OWN);
     }
 }
+
+mod layer_acquired {
+    use crate::decide::layer_acquired;
+    use crate::error::ErrorKind;
+    use crate::lease::Acquired;
+
+    #[test]
+    fn a_grant_returns_the_remaining_lease() {
+        let granted = Acquired::Granted {
+            lease_expires_in_ms: 900,
+        };
+        assert_eq!(layer_acquired(granted, "t-1", 3).expect("granted"), 900);
+    }
+
+    #[test]
+    fn the_requests_own_turn_holding_is_in_flight_and_another_is_busy() {
+        let busy = |holder: &str| Acquired::Busy {
+            holder_turn_id: holder.to_owned(),
+            expires_in_ms: 0,
+        };
+        let own = layer_acquired(busy("t-1"), "t-1", 3).expect_err("refused");
+        assert_eq!(own.kind(), ErrorKind::RequestInFlight);
+        let other = layer_acquired(busy("t-2"), "t-1", 3).expect_err("refused");
+        assert_eq!(other.kind(), ErrorKind::SessionBusy);
+        // A retry-after of zero would invite a hot loop: at least 1 ms.
+        assert_eq!(
+            other.retry_after(),
+            Some(std::time::Duration::from_millis(1))
+        );
+    }
+
+    #[test]
+    fn a_full_user_is_at_capacity_with_its_cap() {
+        let full = Acquired::AtCapacity {
+            soonest_expires_in_ms: 250,
+        };
+        let error = layer_acquired(full, "t-1", 3).expect_err("refused");
+        assert_eq!(error.kind(), ErrorKind::UserAtCapacity);
+        assert_eq!(
+            error.retry_after(),
+            Some(std::time::Duration::from_millis(250))
+        );
+    }
+}

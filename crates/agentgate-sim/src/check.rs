@@ -1,0 +1,483 @@
+//! The checker: replays a run's history against a model of SPEC §3's
+//! invariants and reports the first entry that breaks one.
+//!
+//! The model is built from the protocol's events alone (grants, renewals,
+//! releases), not from the store's rows, so a store that loses track of a
+//! lease is caught: a grant is live from its grant until its expiry (moved
+//! by renewals) or its release.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::Value;
+
+use crate::history::{Entry, Event, Observed};
+
+/// An invariant broken at a history entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// Index of the entry that broke it.
+    pub index: usize,
+    /// Which invariant and how.
+    pub message: String,
+}
+
+/// What the checker counted while checking.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Leases granted.
+    pub grants: u64,
+    /// Grants that took over a running turn whose lease expired.
+    pub takeovers: u64,
+    /// Lease-conditioned writes applied (all checked against the fence).
+    pub writes: u64,
+    /// Effects the ledger booked.
+    pub effects: u64,
+    /// Effects that arrived again and were deduplicated by their key.
+    pub deduplicated: u64,
+    /// Replays checked against the first stored success.
+    pub replays: u64,
+    /// Turns that succeeded.
+    pub successes: u64,
+}
+
+#[derive(Clone, Debug)]
+struct Lease {
+    session: String,
+    user: String,
+    expires_at_ms: i64,
+    released: bool,
+}
+
+impl Lease {
+    fn live(&self, now: i64) -> bool {
+        !self.released && self.expires_at_ms > now
+    }
+}
+
+#[derive(Debug, Default)]
+struct Model {
+    /// Every grant by fence.
+    leases: BTreeMap<i64, Lease>,
+    /// Newest fence per session.
+    newest: BTreeMap<String, i64>,
+    /// Newest fence in the store.
+    top: i64,
+    caps: BTreeMap<String, u32>,
+    /// Keys marked succeeded, with their stored result.
+    done: BTreeMap<String, String>,
+    /// The ledger's booking per key.
+    booked: BTreeMap<String, u64>,
+    /// The turn each (session, client request) created.
+    requests: BTreeMap<(String, String), String>,
+    /// First stored success per turn.
+    succeeded: BTreeMap<String, Value>,
+    counts: Counts,
+}
+
+fn parse(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or(Value::Null)
+}
+
+impl Model {
+    fn live_in_session(&self, session: &str, now: i64) -> Vec<i64> {
+        self.leases
+            .iter()
+            .filter(|(_, l)| l.session == session && l.live(now))
+            .map(|(f, _)| *f)
+            .collect()
+    }
+
+    fn live_of_user(&self, user: &str, now: i64) -> usize {
+        self.leases
+            .values()
+            .filter(|l| l.user == user && l.live(now))
+            .count()
+    }
+
+    /// The live, newest grant `fence` must be for a write on `session`.
+    fn fenced_write(&self, what: &str, session: &str, fence: i64, now: i64) -> Result<(), String> {
+        let newest = self.newest.get(session).copied().unwrap_or(0);
+        if fence != newest {
+            return Err(format!(
+                "stale write landed: {what} on {session} under fence {fence}, the session's newest grant is fence {newest}"
+            ));
+        }
+        match self.leases.get(&fence) {
+            Some(lease) if lease.live(now) => Ok(()),
+            Some(lease) => Err(format!(
+                "write without a live lease landed: {what} on {session} under fence {fence} \
+                 (expired at {}, released: {}, now {now})",
+                lease.expires_at_ms, lease.released
+            )),
+            None => Err(format!(
+                "write under fence {fence}, which was never granted"
+            )),
+        }
+    }
+
+    fn apply(&mut self, at: i64, event: &Event) -> Result<(), String> {
+        match event {
+            Event::Grant {
+                session,
+                user,
+                turn,
+                request,
+                fence,
+                expires_at_ms,
+                cap,
+                takeover,
+            } => {
+                self.counts.grants += 1;
+                let key = (session.clone(), request.clone());
+                if let Some(first) = self.requests.get(&key).filter(|t| *t != turn) {
+                    return Err(format!(
+                        "request {request} of {session} created a second turn {turn} (first {first})"
+                    ));
+                }
+                self.requests.insert(key, turn.clone());
+                self.counts.takeovers += u64::from(*takeover);
+                if *fence <= self.top {
+                    return Err(format!(
+                        "fence {fence} granted after fence {} (store-wide counter went back)",
+                        self.top
+                    ));
+                }
+                self.top = *fence;
+                let newest = self.newest.get(session).copied().unwrap_or(0);
+                if *fence <= newest {
+                    return Err(format!(
+                        "fence {fence} on {session} does not exceed its previous fence {newest}"
+                    ));
+                }
+                let live = self.live_in_session(session, at);
+                if !live.is_empty() {
+                    return Err(format!(
+                        "two live holders of {session}: fence {fence} granted while fence {live:?} is live"
+                    ));
+                }
+                self.caps.insert(user.clone(), *cap);
+                self.newest.insert(session.clone(), *fence);
+                self.leases.insert(
+                    *fence,
+                    Lease {
+                        session: session.clone(),
+                        user: user.clone(),
+                        expires_at_ms: *expires_at_ms,
+                        released: false,
+                    },
+                );
+                let held = self.live_of_user(user, at);
+                if held > *cap as usize {
+                    return Err(format!("{user} holds {held} live leases, the cap is {cap}"));
+                }
+            }
+            Event::Renew {
+                fence,
+                expires_at_ms,
+            } => {
+                let lease = self
+                    .leases
+                    .get_mut(fence)
+                    .ok_or_else(|| format!("renewal of fence {fence}, never granted"))?;
+                if !lease.live(at) {
+                    return Err(format!("renewal of fence {fence} whose lease is not live"));
+                }
+                lease.expires_at_ms = *expires_at_ms;
+            }
+            Event::Write {
+                what,
+                session,
+                fence,
+            } => {
+                self.counts.writes += 1;
+                self.fenced_write(what, session, *fence, at)?;
+            }
+            Event::Release { fence } => {
+                if let Some(lease) = self.leases.get_mut(fence) {
+                    lease.released = true;
+                }
+            }
+            Event::Abandon { fence } => {
+                if self.leases.get(fence).is_some_and(|l| l.live(at)) {
+                    return Err(format!(
+                        "abandoned the turn of fence {fence} while its lease is live"
+                    ));
+                }
+            }
+            Event::ToolExecute { key, fence, .. } => {
+                if self.done.contains_key(key) {
+                    return Err(format!(
+                        "tool {key} claimed for running (fence {fence}) after it succeeded"
+                    ));
+                }
+            }
+            Event::ToolDone { key, fence, result } => {
+                if self.done.contains_key(key) {
+                    return Err(format!(
+                        "tool {key} marked succeeded twice (again under fence {fence})"
+                    ));
+                }
+                let booking = parse(result)["booking"].as_u64();
+                let booked = self.booked.get(key).copied();
+                if booking.is_none() || booking != booked {
+                    return Err(format!(
+                        "tool {key} stored result {result}, but the ledger's effect for it is {booked:?}"
+                    ));
+                }
+                self.done.insert(key.clone(), result.clone());
+            }
+            Event::Effect {
+                key,
+                booking,
+                first,
+                ..
+            } => match self.booked.get(key) {
+                None if *first => {
+                    self.counts.effects += 1;
+                    self.booked.insert(key.clone(), *booking);
+                }
+                Some(b) if !*first && b == booking => self.counts.deduplicated += 1,
+                other => {
+                    return Err(format!(
+                        "ledger booked {key} again: booking {booking} after {other:?}"
+                    ))
+                }
+            },
+            Event::Ended {
+                turn,
+                state,
+                response,
+            } => {
+                if *state == "succeeded" {
+                    self.counts.successes += 1;
+                    if self.succeeded.contains_key(turn) {
+                        return Err(format!("turn {turn} succeeded twice"));
+                    }
+                    let response = response.as_deref().map_or(Value::Null, parse);
+                    self.succeeded.insert(turn.clone(), response);
+                }
+            }
+            Event::Replay {
+                turn,
+                state,
+                response,
+                ..
+            } => {
+                if *state == "succeeded" {
+                    self.counts.replays += 1;
+                    let got = response.as_deref().map_or(Value::Null, parse);
+                    match self.succeeded.get(turn) {
+                        Some(first) if *first == got => {}
+                        Some(first) => {
+                            return Err(format!(
+                                "replay of {turn} returned {got}, its first success stored {first}"
+                            ))
+                        }
+                        None => {
+                            return Err(format!(
+                                "replay of {turn} as succeeded, but no success was stored"
+                            ))
+                        }
+                    }
+                }
+            }
+            Event::Facts { holders, live } => {
+                for (session, fence, _) in holders {
+                    if !self.leases.get(fence).is_some_and(|l| l.live(at)) {
+                        return Err(format!("the store shows fence {fence} holding {session}, the protocol says it is not live"));
+                    }
+                }
+                let sessions: BTreeSet<&String> = holders.iter().map(|(s, _, _)| s).collect();
+                if sessions.len() != holders.len() {
+                    return Err("the store shows two holders of one session".to_owned());
+                }
+                let model_live = self.leases.values().filter(|l| l.live(at)).count();
+                if model_live != holders.len() {
+                    return Err(format!(
+                        "the store shows {} live holders, the protocol says {model_live}",
+                        holders.len()
+                    ));
+                }
+                for (user, count) in live {
+                    let cap = self.caps.get(user).copied().unwrap_or(u32::MAX);
+                    if *count > cap {
+                        return Err(format!(
+                            "the store shows {user} with {count} live permits, the cap is {cap}"
+                        ));
+                    }
+                }
+            }
+            Event::Quiesced { running } => {
+                if !running.is_empty() {
+                    return Err(format!(
+                        "turns still running after every client stopped and the orphan grace passed: {running:?}"
+                    ));
+                }
+            }
+            Event::Observed { .. }
+            | Event::Call { .. }
+            | Event::Fault { .. }
+            | Event::Return { .. }
+            | Event::Client { .. } => {}
+        }
+        Ok(())
+    }
+}
+
+/// Checks `history`; the counts on success, the first violation otherwise.
+///
+/// # Errors
+/// The first entry that breaks an invariant.
+pub fn check(history: &[Entry]) -> Result<Counts, Violation> {
+    let mut model = Model::default();
+    for (index, entry) in history.iter().enumerate() {
+        model
+            .apply(entry.at_ms, &entry.event)
+            .map_err(|message| Violation { index, message })?;
+    }
+    Ok(model.counts)
+}
+
+/// What [`check_observed`] counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ObservedCounts {
+    /// Grants clients received.
+    pub grants: u64,
+    /// Successful lease-conditioned writes clients received.
+    pub writes: u64,
+    /// Tool completions clients received.
+    pub completions: u64,
+    /// Succeeded turns clients received more than once, all equal.
+    pub repeats: u64,
+}
+
+/// Checks what the clients observed, with no help from the store: the part
+/// of SPEC §3 that a real store on a real clock can be held to from outside.
+///
+/// - Fences are never reused, and a grant's fence exceeds every fence of
+///   its session that a client had received before the begin was sent.
+/// - No stale write lands: a write sent after a client received a newer
+///   grant of the session does not succeed.
+/// - A tool key is completed at most once, with the ledger's booking.
+/// - Every answer of a succeeded turn clients received is the same.
+///
+/// # Errors
+/// The first entry that breaks one.
+pub fn check_observed(history: &[Entry]) -> Result<ObservedCounts, Violation> {
+    let mut sent: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut granted: BTreeMap<String, Vec<(usize, i64)>> = BTreeMap::new();
+    let mut fences: BTreeSet<i64> = BTreeSet::new();
+    let mut completed: BTreeMap<String, String> = BTreeMap::new();
+    let mut booked: BTreeMap<String, u64> = BTreeMap::new();
+    let mut answers: BTreeMap<String, Value> = BTreeMap::new();
+    let mut counts = ObservedCounts::default();
+    let newest_before =
+        |granted: &BTreeMap<String, Vec<(usize, i64)>>, session: &str, index: usize| {
+            granted
+                .get(session)
+                .into_iter()
+                .flatten()
+                .filter(|(at, _)| *at < index)
+                .map(|(_, fence)| *fence)
+                .max()
+                .unwrap_or(0)
+        };
+    for (index, entry) in history.iter().enumerate() {
+        let fail = |message: String| Err(Violation { index, message });
+        match &entry.event {
+            Event::Call { call, .. } => {
+                sent.insert(*call, index);
+            }
+            Event::Effect {
+                key,
+                booking,
+                first: true,
+                ..
+            } => {
+                booked.insert(key.clone(), *booking);
+            }
+            Event::Observed { call, what } => {
+                let began = sent.get(call).copied().unwrap_or(0);
+                match what {
+                    Observed::Granted { session, fence } => {
+                        counts.grants += 1;
+                        if !fences.insert(*fence) {
+                            return fail(format!("fence {fence} granted twice"));
+                        }
+                        let newest = newest_before(&granted, session, began);
+                        if *fence <= newest {
+                            return fail(format!(
+                                "fence {fence} granted on {session} after a client had fence {newest} of it"
+                            ));
+                        }
+                        granted
+                            .entry(session.clone())
+                            .or_default()
+                            .push((index, *fence));
+                    }
+                    Observed::Wrote {
+                        what,
+                        session,
+                        fence,
+                    } => {
+                        counts.writes += 1;
+                        let newest = newest_before(&granted, session, began);
+                        if *fence < newest {
+                            return fail(format!(
+                                "stale write landed: {what} on {session} under fence {fence}, \
+                                 sent after a client received fence {newest}"
+                            ));
+                        }
+                    }
+                    Observed::Completed {
+                        session,
+                        key,
+                        fence,
+                        result,
+                    } => {
+                        counts.completions += 1;
+                        let newest = newest_before(&granted, session, began);
+                        if *fence < newest {
+                            return fail(format!(
+                                "stale write landed: complete_tool on {session} under fence {fence}, \
+                                 sent after a client received fence {newest}"
+                            ));
+                        }
+                        if let Some(first) = completed.get(key) {
+                            return fail(format!(
+                                "tool {key} completed twice (fence {fence}: {result}; before: {first})"
+                            ));
+                        }
+                        let booking = parse(result)["booking"].as_u64();
+                        if booking.is_none() || booking != booked.get(key).copied() {
+                            return fail(format!(
+                                "tool {key} stored {result}, the ledger booked {:?}",
+                                booked.get(key)
+                            ));
+                        }
+                        completed.insert(key.clone(), result.clone());
+                    }
+                }
+            }
+            Event::Replay {
+                turn,
+                state: "succeeded",
+                response,
+                observed: true,
+            } => {
+                let got = response.as_deref().map_or(Value::Null, parse);
+                match answers.get(turn) {
+                    Some(first) if *first != got => {
+                        return fail(format!("{turn} answered {got}, earlier {first}"))
+                    }
+                    Some(_) => counts.repeats += 1,
+                    None => {
+                        answers.insert(turn.clone(), got);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(counts)
+}

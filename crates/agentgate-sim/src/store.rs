@@ -1,0 +1,1125 @@
+//! [`SimStore`]: an in-memory [`Store`] on tokio's paused clock.
+//!
+//! Every step is one critical section: it reads a snapshot, asks
+//! `agentgate_core::decide` exactly as the SQL stores do (see
+//! `agentgate-store-sqlite`'s `begin.rs`, `steps.rs`, `orphans.rs`), applies
+//! the answer and records what it did, with no `.await` in between, so a
+//! step is atomic. Fences come from one store-wide counter; leases expire on
+//! the store's clock (simulated milliseconds past a fixed epoch); the
+//! session row holds the lease and the permit, as in the SQL stores.
+//!
+//! Ids and lease tokens are minted from counters, never from the operating
+//! system, so a seed determines them.
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard};
+
+use agentgate_core::canonical::CanonicalJson;
+use agentgate_core::config::Config;
+use agentgate_core::decide::{
+    check_row_lease, decide_begin, decide_tool_claim, BeginDecision, BeginFacts, CheckedLease,
+    ExecutionSnapshot, HolderSnapshot, PendingSnapshot, RowLeaseFacts, SessionSnapshot, StartKind,
+    ToolDecision, TurnSnapshot, UserLoad,
+};
+use agentgate_core::error::{Error, Result};
+use agentgate_core::ids::{
+    ClientRequestId, ExecutionId, Fence, LeaseToken, SessionId, ToolName, TurnId, UserId,
+};
+use agentgate_core::limits::{MAX_EXECUTIONS_PER_TURN, MAX_ORPHAN_SCAN, MAX_OVERVIEW_ROWS};
+use agentgate_core::model::{
+    idempotency_key, BeginCommand, BeginOutcome, ConfirmationContext, Ending, ExecutionView, Grant,
+    HolderView, LeaseRef, LiveTurn, Orphan, OrphanFilter, Overview, SessionView, SweepReport,
+    ToolCall, ToolClaim, ToolState, TurnState, TurnView, UserView,
+};
+use agentgate_core::store::{Completion, LeaseStatus, Store};
+use async_trait::async_trait;
+use serde_json::Value;
+
+use crate::history::{Event, History};
+
+/// The store clock's value when a run starts: a fixed instant, so a seed
+/// determines every timestamp.
+pub const EPOCH_MS: i64 = 1_700_000_000_000;
+
+/// The error recorded on an abandoned turn (as the SQL stores record it).
+const ABANDONED_ERROR: &str = r#"{"code":"abandoned","message":"the turn's holder stopped without an ending and no one resumed it within the orphan grace"}"#;
+
+/// A deliberately broken store, to prove the checker can fail.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mutation {
+    /// The correct store.
+    #[default]
+    None,
+    /// Begin does not see the session's live holder: grants over it.
+    GrantOverLiveHolder,
+    /// Tool completion checks neither the lease nor the execution's fence.
+    CompleteWithoutFence,
+    /// A takeover keeps the turn's old fence instead of drawing a new one.
+    ReuseFenceOnTakeover,
+    /// Begin counts none of the user's live permits.
+    IgnorePermits,
+}
+
+/// The store's clock: tokio's (paused) clock since the run started.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    start: tokio::time::Instant,
+}
+
+impl Clock {
+    /// A clock reading [`EPOCH_MS`] now.
+    pub fn start() -> Self {
+        Self {
+            start: tokio::time::Instant::now(),
+        }
+    }
+
+    /// Store-clock milliseconds.
+    pub fn now_ms(&self) -> i64 {
+        let elapsed = tokio::time::Instant::now().duration_since(self.start);
+        EPOCH_MS + i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX - EPOCH_MS)
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Holder {
+    turn_id: String,
+    token_digest: String,
+    expires_at_ms: i64,
+}
+
+#[derive(Clone, Debug)]
+struct SessionRow {
+    user_id: String,
+    /// Newest fence granted on the session.
+    fence: i64,
+    holder: Option<Holder>,
+    pending: Option<PendingSnapshot>,
+}
+
+#[derive(Clone, Debug)]
+struct TurnRow {
+    session_id: String,
+    user_id: String,
+    client_request_id: String,
+    fingerprint: String,
+    payload: String,
+    state: TurnState,
+    attempt: u32,
+    fence: i64,
+    retryable: Option<bool>,
+    response: Option<String>,
+    error: Option<String>,
+    pending: Option<String>,
+    confirmation: Option<ConfirmationContext>,
+    confirmed_by: Option<String>,
+    created_at_ms: i64,
+    updated_at_ms: i64,
+}
+
+#[derive(Clone, Debug)]
+struct ExecutionRow {
+    turn_id: String,
+    tool: String,
+    key: String,
+    state: ToolState,
+    attempt: u32,
+    fence: i64,
+    result: Option<String>,
+    error: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    fence: i64,
+    minted: u64,
+    sessions: BTreeMap<String, SessionRow>,
+    turns: BTreeMap<String, TurnRow>,
+    by_request: BTreeMap<(String, String), String>,
+    executions: BTreeMap<String, ExecutionRow>,
+    by_call: BTreeMap<(String, String, String), String>,
+    caps: BTreeMap<String, u32>,
+    /// Which grant each lease token belongs to (turn, fence): how the
+    /// history names the caller of a write, whatever the row says.
+    tokens: BTreeMap<String, i64>,
+}
+
+/// The in-memory store.
+#[derive(Debug)]
+pub struct SimStore {
+    config: Config,
+    clock: Clock,
+    history: History,
+    mutation: Mutation,
+    state: Mutex<State>,
+}
+
+fn parse(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or(Value::Null)
+}
+
+fn id<T>(made: Result<T>) -> T {
+    made.unwrap_or_else(|e| panic!("the sim mints valid ids: {e}"))
+}
+
+impl SimStore {
+    /// An empty store on `clock`, recording into `history`.
+    pub fn new(config: Config, clock: Clock, history: History, mutation: Mutation) -> Self {
+        Self {
+            config,
+            clock,
+            history,
+            mutation,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// Records the turns still `running` once the run is over.
+    pub fn quiesce(&self) {
+        let state = self.lock();
+        let running = state
+            .turns
+            .iter()
+            .filter(|(_, row)| row.state == TurnState::Running)
+            .map(|(t, _)| t.clone())
+            .collect();
+        self.record(self.clock.now_ms(), Event::Quiesced { running });
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn record(&self, now: i64, event: Event) {
+        self.history.push(now, event);
+    }
+
+    /// Records the store's live holders and permits after an applied step.
+    fn facts(&self, state: &State, now: i64) {
+        let mut holders = Vec::new();
+        let mut live: BTreeMap<String, u32> = BTreeMap::new();
+        for (session_id, session) in &state.sessions {
+            if let Some(h) = session.holder.as_ref().filter(|h| h.expires_at_ms > now) {
+                holders.push((session_id.clone(), session.fence, h.expires_at_ms));
+                *live.entry(session.user_id.clone()).or_default() += 1;
+            }
+        }
+        self.record(
+            now,
+            Event::Facts {
+                holders,
+                live: live.into_iter().collect(),
+            },
+        );
+    }
+
+    fn cap(&self, state: &State, user_id: &str) -> u32 {
+        state
+            .caps
+            .get(user_id)
+            .copied()
+            .unwrap_or(self.config.max_turns_per_user)
+    }
+
+    fn load(&self, state: &State, user_id: &str, now: i64) -> UserLoad {
+        let mut live = 0;
+        let mut soonest: Option<i64> = None;
+        for session in state.sessions.values().filter(|s| s.user_id == user_id) {
+            if let Some(h) = session.holder.as_ref().filter(|h| h.expires_at_ms > now) {
+                live += 1;
+                soonest = Some(soonest.map_or(h.expires_at_ms, |s| s.min(h.expires_at_ms)));
+            }
+        }
+        UserLoad {
+            cap: self.cap(state, user_id),
+            live,
+            soonest_expiry_ms: soonest,
+        }
+    }
+
+    /// The caller's lease, checked like the SQL stores' `check_lease`.
+    fn check_lease(state: &State, lease: &LeaseRef, now: i64) -> Result<(CheckedLease, String)> {
+        let turn = state
+            .turns
+            .get(lease.turn_id.as_str())
+            .ok_or_else(|| Error::not_found(format!("turn {}", lease.turn_id)))?;
+        let session = state.sessions.get(&turn.session_id);
+        let holder = session.and_then(|s| s.holder.as_ref());
+        let facts = RowLeaseFacts {
+            turn_running: turn.state == TurnState::Running,
+            holder_turn_id: holder.map(|h| h.turn_id.as_str()),
+            lease_token_hash: holder.map(|h| h.token_digest.as_str()),
+            fence: session.map(|s| s.fence),
+            lease_expires_at_ms: holder.map(|h| h.expires_at_ms),
+            now_ms: now,
+        };
+        let checked = check_row_lease(&facts, lease.turn_id.as_str(), &lease.token.digest_hex())?;
+        Ok((checked, turn.session_id.clone()))
+    }
+
+    /// The fence of the grant `lease`'s token came from (0 if none).
+    fn caller_fence(state: &State, lease: &LeaseRef) -> i64 {
+        state
+            .tokens
+            .get(&lease.token.digest_hex())
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn mint(state: &mut State, prefix: &str) -> String {
+        state.minted += 1;
+        format!("{prefix}_{:08}", state.minted)
+    }
+
+    fn view(turn_id: &str, row: &TurnRow) -> TurnView {
+        TurnView {
+            turn_id: id(TurnId::new(turn_id)),
+            session_id: id(SessionId::new(row.session_id.clone())),
+            user_id: id(UserId::new(row.user_id.clone())),
+            client_request_id: id(ClientRequestId::new(row.client_request_id.clone())),
+            state: row.state,
+            attempt: row.attempt,
+            fence: Fence(row.fence),
+            response: row.response.as_deref().map(parse),
+            error: row.error.as_deref().map(parse),
+            retryable: row.retryable,
+            pending: row.pending.as_deref().map(parse),
+            confirmation: row.confirmation.clone(),
+            confirmed_by: row.confirmed_by.as_deref().map(|t| id(TurnId::new(t))),
+            created_at_ms: row.created_at_ms,
+            updated_at_ms: row.updated_at_ms,
+        }
+    }
+
+    fn execution_view(execution_id: &str, row: &ExecutionRow) -> ExecutionView {
+        ExecutionView {
+            execution_id: id(ExecutionId::new(execution_id)),
+            turn_id: id(TurnId::new(row.turn_id.clone())),
+            tool: id(ToolName::new(row.tool.clone())),
+            state: row.state,
+            attempt: row.attempt,
+            fence: Fence(row.fence),
+            result: row.result.as_deref().map(parse),
+            error: row.error.as_deref().map(parse),
+        }
+    }
+
+    fn snapshot(turn_id: &str, row: &TurnRow) -> TurnSnapshot {
+        TurnSnapshot {
+            turn_id: turn_id.to_owned(),
+            session_id: row.session_id.clone(),
+            fingerprint: row.fingerprint.clone(),
+            state: row.state,
+            attempt: row.attempt,
+            retryable: row.retryable.unwrap_or(false),
+            confirmed_by: row.confirmed_by.clone(),
+        }
+    }
+
+    fn replay(&self, state: &State, turn_id: &str, now: i64) -> Result<BeginOutcome> {
+        let row = state
+            .turns
+            .get(turn_id)
+            .ok_or_else(|| Error::corrupt(format!("replay of missing turn {turn_id}")))?;
+        self.record(
+            now,
+            Event::Replay {
+                turn: turn_id.to_owned(),
+                state: row.state.as_str(),
+                response: row.response.clone(),
+                observed: false,
+            },
+        );
+        Ok(BeginOutcome::Replay(Self::view(turn_id, row)))
+    }
+
+    fn begin_step(
+        &self,
+        state: &mut State,
+        command: &BeginCommand,
+        now: i64,
+    ) -> Result<BeginOutcome> {
+        let session_row = state.sessions.get(command.session_id.as_str());
+        let session = session_row.map(|s| SessionSnapshot {
+            user_id: s.user_id.clone(),
+            holder: match self.mutation {
+                Mutation::GrantOverLiveHolder => None,
+                _ => s.holder.as_ref().map(|h| HolderSnapshot {
+                    turn_id: h.turn_id.clone(),
+                    lease_expires_at_ms: h.expires_at_ms,
+                }),
+            },
+            pending: s.pending.clone(),
+        });
+        let own_turn_id = state
+            .by_request
+            .get(&(
+                command.session_id.as_str().to_owned(),
+                command.client_request_id.as_str().to_owned(),
+            ))
+            .cloned();
+        let turn = own_turn_id
+            .as_deref()
+            .and_then(|t| state.turns.get(t).map(|row| Self::snapshot(t, row)));
+        let confirms = command.confirmation.as_ref().map(|c| c.turn_id.as_str());
+        let confirm_target = match (confirms, &turn) {
+            (Some(target), None) => state
+                .turns
+                .get(target)
+                .map(|row| Self::snapshot(target, row)),
+            _ => None,
+        };
+        let continuation = confirm_target
+            .as_ref()
+            .and_then(|t| t.confirmed_by.as_deref())
+            .and_then(|next| state.turns.get(next).map(|row| Self::snapshot(next, row)));
+        let mut load = self.load(state, command.user_id.as_str(), now);
+        if self.mutation == Mutation::IgnorePermits {
+            load.live = 0;
+        }
+        let facts = BeginFacts {
+            now_ms: now,
+            user_id: command.user_id.as_str(),
+            session_id: command.session_id.as_str(),
+            fingerprint: command.fingerprint.as_hex(),
+            confirms,
+            session: session.as_ref(),
+            turn: turn.as_ref(),
+            confirm_target: confirm_target.as_ref(),
+            continuation: continuation.as_ref(),
+            load,
+            resume_only: command.resume_only,
+        };
+        match decide_begin(&facts) {
+            BeginDecision::Reject(error) => Err(error),
+            BeginDecision::Replay { turn_id } => self.replay(state, &turn_id, now),
+            BeginDecision::Exhaust => {
+                let turn_id = own_turn_id.unwrap_or_default();
+                if let Some(row) = state.turns.get_mut(&turn_id) {
+                    row.state = TurnState::Failed;
+                    row.retryable = Some(false);
+                    row.error = Some(r#"{"code":"attempts_exhausted"}"#.to_owned());
+                    row.updated_at_ms = now;
+                }
+                self.record(
+                    now,
+                    Event::Ended {
+                        turn: turn_id.clone(),
+                        state: TurnState::Failed.as_str(),
+                        response: None,
+                    },
+                );
+                self.replay(state, &turn_id, now)
+            }
+            BeginDecision::Start { kind, attempt } => {
+                Ok(self.start(state, command, own_turn_id, kind, attempt, load.cap, now))
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn start(
+        &self,
+        state: &mut State,
+        command: &BeginCommand,
+        existing: Option<String>,
+        kind: StartKind,
+        attempt: u32,
+        cap: u32,
+        now: i64,
+    ) -> BeginOutcome {
+        let reused = match (&existing, self.mutation) {
+            (Some(t), Mutation::ReuseFenceOnTakeover) if kind == StartKind::Takeover => {
+                state.turns.get(t).map(|row| row.fence)
+            }
+            _ => None,
+        };
+        let fence = reused.unwrap_or_else(|| {
+            state.fence += 1;
+            state.fence
+        });
+        let token = id(LeaseToken::parse(Self::mint(state, "lt")));
+        let turn_id = match &existing {
+            Some(t) => t.clone(),
+            None => Self::mint(state, "turn"),
+        };
+        let ttl = self.config.lease_ttl_ms();
+        let expires_at_ms = now + ttl;
+        let confirming = command.confirmation.is_some() && kind == StartKind::New;
+        let session_id = command.session_id.as_str().to_owned();
+        let session = state
+            .sessions
+            .entry(session_id.clone())
+            .or_insert_with(|| SessionRow {
+                user_id: command.user_id.as_str().to_owned(),
+                fence: 0,
+                holder: None,
+                pending: None,
+            });
+        session.fence = fence;
+        session.holder = Some(Holder {
+            turn_id: turn_id.clone(),
+            token_digest: token.digest_hex(),
+            expires_at_ms,
+        });
+        if confirming {
+            session.pending = None;
+        }
+        state.tokens.insert(token.digest_hex(), fence);
+        let confirmation = if let Some(row) = existing.as_ref().and_then(|t| state.turns.get_mut(t))
+        {
+            row.state = TurnState::Running;
+            row.attempt = attempt;
+            row.fence = fence;
+            row.error = None;
+            row.retryable = None;
+            row.updated_at_ms = now;
+            row.confirmation.clone()
+        } else {
+            let confirmation = command.confirmation.as_ref().map(|c| {
+                let target = state.turns.get_mut(c.turn_id.as_str());
+                let pending = target.map_or(Value::Null, |t| {
+                    t.state = TurnState::Confirmed;
+                    t.confirmed_by = Some(turn_id.clone());
+                    t.updated_at_ms = now;
+                    t.pending.as_deref().map_or(Value::Null, parse)
+                });
+                ConfirmationContext {
+                    turn_id: c.turn_id.clone(),
+                    decision: c.decision,
+                    pending,
+                }
+            });
+            state.by_request.insert(
+                (
+                    session_id.clone(),
+                    command.client_request_id.as_str().to_owned(),
+                ),
+                turn_id.clone(),
+            );
+            state.turns.insert(
+                turn_id.clone(),
+                TurnRow {
+                    session_id: session_id.clone(),
+                    user_id: command.user_id.as_str().to_owned(),
+                    client_request_id: command.client_request_id.as_str().to_owned(),
+                    fingerprint: command.fingerprint.as_hex().to_owned(),
+                    payload: command.payload.as_str().to_owned(),
+                    state: TurnState::Running,
+                    attempt,
+                    fence,
+                    retryable: None,
+                    response: None,
+                    error: None,
+                    pending: None,
+                    confirmation: confirmation.clone(),
+                    confirmed_by: None,
+                    created_at_ms: now,
+                    updated_at_ms: now,
+                },
+            );
+            confirmation
+        };
+        self.record(
+            now,
+            Event::Grant {
+                session: session_id,
+                user: command.user_id.as_str().to_owned(),
+                turn: turn_id.clone(),
+                request: command.client_request_id.as_str().to_owned(),
+                fence,
+                expires_at_ms,
+                cap,
+                takeover: kind == StartKind::Takeover,
+            },
+        );
+        BeginOutcome::Started(Grant {
+            turn_id: id(TurnId::new(turn_id)),
+            session_id: command.session_id.clone(),
+            user_id: command.user_id.clone(),
+            client_request_id: command.client_request_id.clone(),
+            lease_token: token,
+            fence: Fence(fence),
+            attempt,
+            takeover: kind == StartKind::Takeover,
+            lease_expires_in_ms: ttl,
+            confirmation,
+        })
+    }
+
+    fn claim_step(
+        &self,
+        state: &mut State,
+        lease: &LeaseRef,
+        call: &ToolCall,
+        now: i64,
+    ) -> Result<ToolClaim> {
+        let (live, session) = Self::check_lease(state, lease, now)?;
+        let call_key = (
+            lease.turn_id.as_str().to_owned(),
+            call.tool.as_str().to_owned(),
+            call.args_hash.as_hex().to_owned(),
+        );
+        let existing_id = state.by_call.get(&call_key).cloned();
+        let snapshot = existing_id.as_ref().and_then(|e| {
+            state.executions.get(e).map(|row| ExecutionSnapshot {
+                execution_id: e.clone(),
+                state: row.state,
+                attempt: row.attempt,
+                fence: Fence(row.fence),
+            })
+        });
+        let key = idempotency_key(&lease.turn_id, call);
+        let caller = Self::caller_fence(state, lease);
+        let (execution_id, attempt, previous) = match decide_tool_claim(
+            snapshot.as_ref(),
+            live.fence,
+            live.lease_expires_at_ms,
+            now,
+        ) {
+            ToolDecision::Reject(error) => return Err(error),
+            ToolDecision::Cached => {
+                let execution_id = existing_id.unwrap_or_default();
+                let result = state
+                    .executions
+                    .get(&execution_id)
+                    .and_then(|row| row.result.as_deref())
+                    .map_or(Value::Null, parse);
+                return Ok(ToolClaim::Cached {
+                    execution_id: id(ExecutionId::new(execution_id)),
+                    result,
+                });
+            }
+            ToolDecision::Insert => {
+                let count = state
+                    .executions
+                    .values()
+                    .filter(|e| e.turn_id == lease.turn_id.as_str())
+                    .count();
+                if count >= MAX_EXECUTIONS_PER_TURN as usize {
+                    return Err(Error::invalid(format!(
+                            "turn {} has {count} tool executions, the limit is {MAX_EXECUTIONS_PER_TURN}",
+                            lease.turn_id
+                        )));
+                }
+                let execution_id = Self::mint(state, "exec");
+                state.by_call.insert(call_key, execution_id.clone());
+                state.executions.insert(
+                    execution_id.clone(),
+                    ExecutionRow {
+                        turn_id: lease.turn_id.as_str().to_owned(),
+                        tool: call.tool.as_str().to_owned(),
+                        key: key.clone(),
+                        state: ToolState::Running,
+                        attempt: 1,
+                        fence: live.fence.0,
+                        result: None,
+                        error: None,
+                    },
+                );
+                (execution_id, 1, None)
+            }
+            ToolDecision::Reclaim { attempt, previous } => {
+                let execution_id = existing_id.unwrap_or_default();
+                if let Some(row) = state.executions.get_mut(&execution_id) {
+                    row.state = ToolState::Running;
+                    row.attempt = attempt;
+                    row.fence = live.fence.0;
+                    row.error = None;
+                }
+                (execution_id, attempt, Some(previous))
+            }
+        };
+        self.record(
+            now,
+            Event::Write {
+                what: "claim_tool",
+                session,
+                fence: caller,
+            },
+        );
+        self.record(
+            now,
+            Event::ToolExecute {
+                key: key.clone(),
+                fence: caller,
+                attempt,
+            },
+        );
+        Ok(ToolClaim::Execute {
+            execution_id: id(ExecutionId::new(execution_id)),
+            idempotency_key: key,
+            attempt,
+            previous_outcome: previous,
+        })
+    }
+
+    /// Ends a running execution under the caller's live lease and fence.
+    fn finish_step(
+        &self,
+        state: &mut State,
+        lease: &LeaseRef,
+        execution_id: &ExecutionId,
+        outcome: std::result::Result<&CanonicalJson, &CanonicalJson>,
+        now: i64,
+    ) -> Result<()> {
+        let unfenced = self.mutation == Mutation::CompleteWithoutFence && outcome.is_ok();
+        let (fence, session) = if unfenced {
+            let session = state
+                .turns
+                .get(lease.turn_id.as_str())
+                .map(|t| t.session_id.clone())
+                .ok_or_else(|| Error::not_found(format!("turn {}", lease.turn_id)))?;
+            (None, session)
+        } else {
+            let (live, session) = Self::check_lease(state, lease, now)?;
+            (Some(live.fence.0), session)
+        };
+        let caller = Self::caller_fence(state, lease);
+        let row = state
+            .executions
+            .get_mut(execution_id.as_str())
+            .filter(|row| row.turn_id == lease.turn_id.as_str())
+            .ok_or_else(|| Error::not_found(format!("tool execution {execution_id}")))?;
+        if row.state != ToolState::Running {
+            return Err(Error::LeaseLost {
+                reason: "tool execution already ended",
+            });
+        }
+        if fence.is_some_and(|f| f != row.fence) {
+            return Err(Error::LeaseLost {
+                reason: "tool execution claimed by a newer lease",
+            });
+        }
+        let key = row.key.clone();
+        match outcome {
+            Ok(result) => {
+                row.state = ToolState::Succeeded;
+                row.result = Some(result.as_str().to_owned());
+                self.record(
+                    now,
+                    Event::Write {
+                        what: "complete_tool",
+                        session,
+                        fence: caller,
+                    },
+                );
+                self.record(
+                    now,
+                    Event::ToolDone {
+                        key,
+                        fence: caller,
+                        result: result.as_str().to_owned(),
+                    },
+                );
+            }
+            Err(error) => {
+                row.state = ToolState::Failed;
+                row.error = Some(error.as_str().to_owned());
+                self.record(
+                    now,
+                    Event::Write {
+                        what: "fail_tool",
+                        session,
+                        fence: caller,
+                    },
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn end_step(
+        &self,
+        state: &mut State,
+        lease: &LeaseRef,
+        ending: &Ending,
+        now: i64,
+    ) -> Result<TurnView> {
+        let (_, session_id) = Self::check_lease(state, lease, now)?;
+        let caller = Self::caller_fence(state, lease);
+        let confirmation_ttl = agentgate_core::config::duration_ms(self.config.confirmation_ttl);
+        let row = state
+            .turns
+            .get_mut(lease.turn_id.as_str())
+            .ok_or_else(|| Error::not_found(format!("turn {}", lease.turn_id)))?;
+        let mut pending_until = None;
+        match ending {
+            Ending::Succeed { response } => {
+                row.state = TurnState::Succeeded;
+                row.response = Some(response.as_str().to_owned());
+            }
+            Ending::Fail { error, retryable } => {
+                row.state = TurnState::Failed;
+                row.error = Some(error.as_str().to_owned());
+                row.retryable = Some(*retryable);
+            }
+            Ending::AwaitConfirmation { pending } => {
+                row.state = TurnState::AwaitingConfirmation;
+                row.pending = Some(pending.as_str().to_owned());
+                pending_until = Some(now + confirmation_ttl);
+            }
+        }
+        row.updated_at_ms = now;
+        let response = row
+            .response
+            .clone()
+            .filter(|_| row.state == TurnState::Succeeded);
+        let view = Self::view(lease.turn_id.as_str(), row);
+        if let Some(session) = state.sessions.get_mut(&session_id) {
+            if session
+                .holder
+                .as_ref()
+                .is_some_and(|h| h.turn_id == lease.turn_id.as_str())
+            {
+                session.holder = None;
+            }
+            if let Some(expires_at_ms) = pending_until {
+                session.pending = Some(PendingSnapshot {
+                    turn_id: lease.turn_id.as_str().to_owned(),
+                    expires_at_ms,
+                });
+            }
+        }
+        self.record(
+            now,
+            Event::Write {
+                what: "end_turn",
+                session: session_id,
+                fence: caller,
+            },
+        );
+        self.record(
+            now,
+            Event::Ended {
+                turn: lease.turn_id.as_str().to_owned(),
+                state: view.state.as_str(),
+                response,
+            },
+        );
+        self.record(now, Event::Release { fence: caller });
+        Ok(view)
+    }
+
+    /// Runs one atomic step: lock, read the clock, decide and apply, record
+    /// the store's facts if it changed anything.
+    fn step<T>(&self, run: impl FnOnce(&Self, &mut State, i64) -> Result<T>) -> Result<T> {
+        let mut state = self.lock();
+        let now = self.clock.now_ms();
+        let result = run(self, &mut state, now);
+        self.facts(&state, now);
+        result
+    }
+}
+
+#[async_trait]
+impl Store for SimStore {
+    fn config(&self) -> &Config {
+        &self.config
+    }
+
+    async fn begin(&self, command: &BeginCommand) -> Result<BeginOutcome> {
+        self.step(|s, state, now| s.begin_step(state, command, now))
+    }
+
+    async fn heartbeat(&self, lease: &LeaseRef) -> Result<LeaseStatus> {
+        self.step(|s, state, now| {
+            let (_, session_id) = Self::check_lease(state, lease, now)?;
+            let caller = Self::caller_fence(state, lease);
+            let ttl = s.config.lease_ttl_ms();
+            if let Some(h) = state
+                .sessions
+                .get_mut(&session_id)
+                .and_then(|row| row.holder.as_mut())
+            {
+                h.expires_at_ms = now + ttl;
+            }
+            s.record(
+                now,
+                Event::Write {
+                    what: "heartbeat",
+                    session: session_id,
+                    fence: caller,
+                },
+            );
+            s.record(
+                now,
+                Event::Renew {
+                    fence: caller,
+                    expires_at_ms: now + ttl,
+                },
+            );
+            Ok(LeaseStatus {
+                lease_expires_in_ms: ttl,
+            })
+        })
+    }
+
+    async fn claim_tool(&self, lease: &LeaseRef, call: &ToolCall) -> Result<ToolClaim> {
+        self.step(|s, state, now| s.claim_step(state, lease, call, now))
+    }
+
+    async fn complete_tool(
+        &self,
+        lease: &LeaseRef,
+        execution_id: &ExecutionId,
+        completion: Completion<'_>,
+    ) -> Result<Value> {
+        let Completion::Result(result) = completion else {
+            return Err(Error::invalid(
+                "the simulated store has no SQL connection for an in-transaction effect",
+            ));
+        };
+        self.step(|s, state, now| s.finish_step(state, lease, execution_id, Ok(&result), now))?;
+        Ok(parse(result.as_str()))
+    }
+
+    async fn fail_tool(
+        &self,
+        lease: &LeaseRef,
+        execution_id: &ExecutionId,
+        error: &CanonicalJson,
+    ) -> Result<()> {
+        self.step(|s, state, now| s.finish_step(state, lease, execution_id, Err(error), now))
+    }
+
+    async fn end_turn(&self, lease: &LeaseRef, ending: &Ending) -> Result<TurnView> {
+        self.step(|s, state, now| s.end_step(state, lease, ending, now))
+    }
+
+    async fn turn(&self, turn_id: &TurnId) -> Result<Option<TurnView>> {
+        let state = self.lock();
+        Ok(state
+            .turns
+            .get(turn_id.as_str())
+            .map(|row| Self::view(turn_id.as_str(), row)))
+    }
+
+    async fn executions(&self, turn_id: &TurnId) -> Result<Vec<ExecutionView>> {
+        let state = self.lock();
+        // Minted ids sort in creation order: oldest first.
+        Ok(state
+            .executions
+            .iter()
+            .filter(|(_, row)| row.turn_id == turn_id.as_str())
+            .map(|(e, row)| Self::execution_view(e, row))
+            .collect())
+    }
+
+    async fn session(&self, session_id: &SessionId) -> Result<Option<SessionView>> {
+        let state = self.lock();
+        let now = self.clock.now_ms();
+        Ok(state
+            .sessions
+            .get(session_id.as_str())
+            .map(|row| SessionView {
+                session_id: session_id.clone(),
+                user_id: id(UserId::new(row.user_id.clone())),
+                holder: row
+                    .holder
+                    .as_ref()
+                    .filter(|h| h.expires_at_ms > now)
+                    .map(|h| HolderView {
+                        session_id: session_id.clone(),
+                        turn_id: id(TurnId::new(h.turn_id.clone())),
+                        fence: Fence(row.fence),
+                        lease_expires_in_ms: h.expires_at_ms - now,
+                    }),
+                pending_confirmation: row.pending.as_ref().filter(|p| p.expires_at_ms > now).map(
+                    |p| agentgate_core::model::PendingView {
+                        turn_id: id(TurnId::new(p.turn_id.clone())),
+                        expires_in_ms: p.expires_at_ms - now,
+                    },
+                ),
+                fence: Fence(row.fence),
+            }))
+    }
+
+    async fn user(&self, user_id: &UserId) -> Result<UserView> {
+        let overview = self.overview(MAX_OVERVIEW_ROWS).await?;
+        let state = self.lock();
+        let holders: Vec<HolderView> = overview
+            .live
+            .into_iter()
+            .filter(|l| l.user_id == *user_id)
+            .map(|l| l.holder)
+            .collect();
+        Ok(UserView {
+            user_id: user_id.clone(),
+            max_turns_per_user: self.cap(&state, user_id.as_str()),
+            live_turns: u32::try_from(holders.len()).unwrap_or(u32::MAX),
+            holders,
+        })
+    }
+
+    async fn set_user_cap(&self, user_id: &UserId, cap: Option<u32>) -> Result<()> {
+        if let Some(cap) = cap {
+            agentgate_core::config::check_cap(cap)?;
+        }
+        let mut state = self.lock();
+        match cap {
+            Some(cap) => state.caps.insert(user_id.as_str().to_owned(), cap),
+            None => state.caps.remove(user_id.as_str()),
+        };
+        Ok(())
+    }
+
+    async fn overview(&self, limit: u32) -> Result<Overview> {
+        let limit = limit.min(MAX_OVERVIEW_ROWS) as usize;
+        let state = self.lock();
+        let now = self.clock.now_ms();
+        let mut live: Vec<LiveTurn> = state
+            .sessions
+            .iter()
+            .filter_map(|(session_id, row)| {
+                let h = row.holder.as_ref().filter(|h| h.expires_at_ms > now)?;
+                Some(LiveTurn {
+                    user_id: id(UserId::new(row.user_id.clone())),
+                    holder: HolderView {
+                        session_id: id(SessionId::new(session_id.clone())),
+                        turn_id: id(TurnId::new(h.turn_id.clone())),
+                        fence: Fence(row.fence),
+                        lease_expires_in_ms: h.expires_at_ms - now,
+                    },
+                })
+            })
+            .collect();
+        live.sort_by_key(|l| std::cmp::Reverse(l.holder.lease_expires_in_ms));
+        live.truncate(limit);
+        let mut recent: Vec<(&String, &TurnRow)> = state.turns.iter().collect();
+        recent.sort_by_key(|(t, row)| (std::cmp::Reverse(row.updated_at_ms), (*t).clone()));
+        Ok(Overview {
+            live,
+            recent_turns: recent
+                .into_iter()
+                .take(limit)
+                .map(|(t, row)| Self::view(t, row))
+                .collect(),
+            recent_executions: state
+                .executions
+                .iter()
+                .rev()
+                .take(limit)
+                .map(|(e, row)| Self::execution_view(e, row))
+                .collect(),
+        })
+    }
+
+    async fn sweep(&self) -> Result<SweepReport> {
+        // A run is far shorter than the shortest result retention, so the
+        // sweep's only work here is abandoning orphans past their grace.
+        let abandoned = self.abandon_orphans().await?;
+        Ok(SweepReport {
+            abandoned,
+            ..SweepReport::default()
+        })
+    }
+
+    async fn orphans(&self, filter: &OrphanFilter, limit: u32) -> Result<Vec<Orphan>> {
+        filter.validate()?;
+        let limit = limit.min(MAX_ORPHAN_SCAN) as usize;
+        let state = self.lock();
+        let now = self.clock.now_ms();
+        let min_age = i64::try_from(filter.min_orphaned_ms).unwrap_or(i64::MAX);
+        let mut found: Vec<Orphan> = state
+            .turns
+            .iter()
+            .filter(|(_, row)| row.state == TurnState::Running)
+            .filter(|(_, row)| {
+                filter.user_ids.is_empty()
+                    || filter.user_ids.iter().any(|u| u.as_str() == row.user_id)
+            })
+            .filter(|(t, _)| {
+                filter.turn_ids.is_empty()
+                    || filter.turn_ids.iter().any(|f| f.as_str() == t.as_str())
+            })
+            .filter_map(|(turn_id, row)| {
+                let session = state.sessions.get(&row.session_id);
+                let own = session
+                    .and_then(|s| s.holder.as_ref())
+                    .filter(|h| h.turn_id == *turn_id);
+                if own.is_some_and(|h| h.expires_at_ms > now) {
+                    return None;
+                }
+                let since = own.map_or(row.updated_at_ms, |h| h.expires_at_ms);
+                if since > now.saturating_sub(min_age) {
+                    return None;
+                }
+                Some(Orphan {
+                    turn_id: id(TurnId::new(turn_id.clone())),
+                    session_id: id(SessionId::new(row.session_id.clone())),
+                    user_id: id(UserId::new(row.user_id.clone())),
+                    client_request_id: id(ClientRequestId::new(row.client_request_id.clone())),
+                    fingerprint: agentgate_core::canonical::Digest::from_hex(
+                        row.fingerprint.clone(),
+                    ),
+                    payload: Some(CanonicalJson::from_stored(row.payload.clone())),
+                    fence: Fence(row.fence),
+                    attempt: row.attempt,
+                    orphaned_since_ms: since,
+                    orphaned_for_ms: now - since,
+                    superseded: session.is_some_and(|s| s.fence > row.fence),
+                })
+            })
+            .collect();
+        found.sort_by(|a, b| {
+            (a.orphaned_since_ms, a.turn_id.as_str())
+                .cmp(&(b.orphaned_since_ms, b.turn_id.as_str()))
+        });
+        found.truncate(limit);
+        Ok(found)
+    }
+
+    async fn abandon(&self, orphan: &Orphan) -> Result<bool> {
+        self.step(|s, state, now| {
+            let Some(row) = state.turns.get_mut(orphan.turn_id.as_str()) else {
+                return Ok(false);
+            };
+            let held = state
+                .sessions
+                .get(&row.session_id)
+                .and_then(|s| s.holder.as_ref())
+                .is_some_and(|h| h.turn_id == orphan.turn_id.as_str() && h.expires_at_ms > now);
+            if row.state != TurnState::Running || row.fence != orphan.fence.0 || held {
+                return Ok(false);
+            }
+            row.state = TurnState::Abandoned;
+            row.error = Some(ABANDONED_ERROR.to_owned());
+            row.retryable = None;
+            row.updated_at_ms = now;
+            let session_id = row.session_id.clone();
+            if let Some(session) = state.sessions.get_mut(&session_id) {
+                if session
+                    .holder
+                    .as_ref()
+                    .is_some_and(|h| h.turn_id == orphan.turn_id.as_str())
+                {
+                    session.holder = None;
+                }
+            }
+            s.record(
+                now,
+                Event::Abandon {
+                    fence: orphan.fence.0,
+                },
+            );
+            s.record(
+                now,
+                Event::Ended {
+                    turn: orphan.turn_id.as_str().to_owned(),
+                    state: TurnState::Abandoned.as_str(),
+                    response: None,
+                },
+            );
+            s.record(
+                now,
+                Event::Release {
+                    fence: orphan.fence.0,
+                },
+            );
+            Ok(true)
+        })
+    }
+}
