@@ -3,10 +3,73 @@
 //! `HOLDING <turn_id> <fence>`, then holds the lease, its watchdog renewing
 //! it, until the process is killed.
 
+use std::ffi::{OsStr, OsString};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use agentgate::{Begun, BoxError, Config, Gate, ToolStep};
 use serde_json::json;
+
+/// How to start the holder process: a program, the arguments before the
+/// holder's own (`hold` for `agentgate hold`), and extra environment.
+#[derive(Clone, Debug)]
+pub struct Holder {
+    program: PathBuf,
+    leading: Vec<OsString>,
+    env: Vec<(OsString, OsString)>,
+}
+
+impl Holder {
+    /// The holder is `program` itself (the tests' `agentgate-holder`).
+    pub fn new(program: impl Into<PathBuf>) -> Self {
+        Self {
+            program: program.into(),
+            leading: Vec::new(),
+            env: Vec::new(),
+        }
+    }
+
+    /// The same holder with `args` before the holder's own arguments.
+    #[must_use]
+    pub fn with_args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
+        self.leading.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// The same holder with `key=value` in its environment.
+    #[must_use]
+    pub fn with_env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    /// A command starting the holder; its own arguments are still to add.
+    pub fn command(&self) -> tokio::process::Command {
+        let mut command = tokio::process::Command::new(&self.program);
+        command.args(&self.leading).envs(self.env.iter().cloned());
+        command
+    }
+
+    /// A command starting the holder under `wrapper` (e.g. `faketime -f
+    /// +1d`); the holder's own arguments are still to add.
+    pub fn command_under(
+        &self,
+        wrapper: impl AsRef<OsStr>,
+        wrapper_args: &[&str],
+    ) -> tokio::process::Command {
+        let mut command = tokio::process::Command::new(wrapper);
+        command
+            .args(wrapper_args)
+            .arg(&self.program)
+            .args(&self.leading)
+            .envs(self.env.iter().cloned());
+        command
+    }
+}
 
 /// Holds a lease on `session` for `request` until killed.
 ///

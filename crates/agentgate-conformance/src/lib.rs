@@ -5,8 +5,17 @@
 //! with SIGKILL) against a [`Target`]: a fresh, empty store of one backend.
 //! A store's test file is one line, `agentgate_conformance::suite!(factory)`,
 //! which generates one `#[tokio::test]` per check; every store runs the same
-//! checks, unchanged.
+//! checks, unchanged. The shipping binary links the suite on purpose:
+//! `agentgate conformance --store URL` runs the same checks against a user's
+//! own database server.
 //!
+//! - [`registry`]: THE list of checks ([`for_each_check!`]), which both the
+//!   test macros and the runtime registry [`registry::CHECKS`] expand from.
+//! - [`run`]: runs one check of the registry, turning a panic, a skip or a
+//!   time-out into an outcome, with the check's counts captured.
+//! - [`scratch`]: scratch databases (`agentgate_conformance_<hex>_<n>`),
+//!   SQLite temp dirs and Redis key prefixes on a user's servers, one fresh
+//!   store per check, all removed at the end.
 //! - [`targets`]: fresh stores per backend, and the skip-or-require rule for
 //!   servers that are absent (`AGENTGATE_REQUIRE_SERVICES=1` makes absence a
 //!   failure).
@@ -15,7 +24,8 @@
 //! - [`faulty`]: a store wrapper whose writes can be made to fail, to drive
 //!   the watchdog.
 //! - [`holder`]: the child process that holds a lease until it is killed
-//!   (`src/bin/agentgate-holder.rs`, and `agentgate hold`).
+//!   (`src/bin/agentgate-holder.rs` for the tests, `agentgate hold` for the
+//!   shipping binary), and [`holder::Holder`], how to start it.
 //!
 //! Every check prints one `conformance <check>: ...` line of counts, so a run
 //! shows what was proven, not only that nothing failed.
@@ -25,60 +35,22 @@ pub mod checks;
 pub mod faulty;
 pub mod holder;
 pub mod ledger;
+pub mod registry;
+pub mod run;
+pub mod scratch;
 pub mod targets;
 
 pub use targets::Target;
 
-/// Generates one test per conformance check for the store made by `$factory`
-/// (an `async fn() -> Option<Target>`; `None` skips with a printed reason).
+/// Generates one test per conformance check that runs on every store, for
+/// the store made by `$factory` (an `async fn() -> Option<Target>`; `None`
+/// skips with a printed reason). The checks come from
+/// [`for_each_check!`](crate::for_each_check), the list `agentgate
+/// conformance` runs too.
 #[macro_export]
 macro_rules! suite {
     ($factory:path) => {
-        $crate::suite!(@checks $factory;
-            duplicate_storm,
-            session_storm,
-            user_capacity_storm,
-            tool_storm,
-            execution_limit_storm,
-            same_transaction_effect,
-            takeover_fences_the_old_holder,
-            confirmation_race,
-            confirmation_flow,
-            pending_confirmation_expires,
-            watchdog_keeps_a_long_turn,
-            watchdog_cancels_when_renewal_fails,
-            endings_and_restarts,
-            ending_survives_a_store_blip,
-            dropped_turn_is_released,
-            retention_sweeper,
-            fences_only_grow,
-            bad_input_changes_nothing,
-            overview_shows_holders_and_activity,
-            concurrent_opens_migrate_once,
-            orphan_claim_storm,
-            orphan_filters,
-            exhausted_orphan_ends_failed,
-            unclaimed_orphan_is_abandoned,
-        );
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-        async fn sigkilled_holder_is_taken_over_after_ttl() {
-            let Some(target) = $factory().await else { return };
-            $crate::checks::process::sigkilled_holder_is_taken_over_after_ttl(
-                &target,
-                env!("CARGO_BIN_EXE_agentgate-holder"),
-            )
-            .await;
-        }
-    };
-    (@checks $factory:path; $($check:ident),+ $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $check() {
-                let Some(target) = $factory().await else { return };
-                $crate::checks::$check(&target).await;
-            }
-        )+
+        $crate::for_each_check!(__suite_tests any $factory);
     };
 }
 
@@ -86,11 +58,7 @@ macro_rules! suite {
 #[macro_export]
 macro_rules! redis_suite {
     ($factory:path) => {
-        $crate::suite!(@checks $factory;
-            redis_loss_is_fenced,
-            lying_lease_layer_is_refused_by_the_sql_fence,
-            heartbeat_after_an_ending_is_refused_when_the_release_failed,
-        );
+        $crate::for_each_check!(__suite_tests redis $factory);
     };
 }
 
@@ -99,16 +67,6 @@ macro_rules! redis_suite {
 #[macro_export]
 macro_rules! server_clock_suite {
     ($factory:path) => {
-        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-        async fn skewed_clock_changes_nothing() {
-            let Some(target) = $factory().await else {
-                return;
-            };
-            $crate::checks::process::skewed_clock_changes_nothing(
-                &target,
-                env!("CARGO_BIN_EXE_agentgate-holder"),
-            )
-            .await;
-        }
+        $crate::for_each_check!(__suite_tests server_clock $factory);
     };
 }

@@ -78,6 +78,9 @@ pub fn absent<T>(backend: &str, reason: impl std::fmt::Display) -> Option<T> {
         !services_required(),
         "{backend} is required (AGENTGATE_REQUIRE_SERVICES=1) but unavailable: {reason}"
     );
+    if crate::run::captured_skip(&format!("{backend} unavailable ({reason})")) {
+        return None;
+    }
     eprintln!("skipped: {backend} unavailable ({reason}); set AGENTGATE_REQUIRE_SERVICES=1 to fail instead");
     None
 }

@@ -29,6 +29,7 @@ pub use lifecycle::{
 pub use orphans::{
     exhausted_orphan_ends_failed, orphan_claim_storm, orphan_filters, unclaimed_orphan_is_abandoned,
 };
+pub use process::{sigkilled_holder_is_taken_over_after_ttl, skewed_clock_changes_nothing};
 pub use redis_loss::{
     heartbeat_after_an_ending_is_refused_when_the_release_failed,
     lying_lease_layer_is_refused_by_the_sql_fence, redis_loss_is_fenced,
@@ -171,8 +172,12 @@ pub async fn start_within(
     }
 }
 
-/// Prints one line of counts for a check.
+/// Prints one line of counts for a check (or, under `agentgate
+/// conformance`, hands the counts to its table).
 pub fn report(target: &Target, check: &str, counts: &BTreeMap<String, usize>) {
     let shown: Vec<String> = counts.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    println!("conformance {} {check}: {}", target.name, shown.join(" "));
+    let shown = shown.join(" ");
+    if !crate::run::captured_report(&shown) {
+        println!("conformance {} {check}: {shown}", target.name);
+    }
 }

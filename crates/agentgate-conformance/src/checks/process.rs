@@ -10,16 +10,18 @@ use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 
 use super::{report, short_ttl, start_within, SHORT_TTL};
+use crate::holder::Holder;
 use crate::Target;
 
-/// Spawns `holder_exe` on the target, waits until it holds the lease and has
+/// Spawns the holder on the target, waits until it holds the lease and has
 /// claimed a tool, kills it with SIGKILL, and takes over.
 ///
 /// # Panics
 /// When any step of the scenario does not hold.
-pub async fn sigkilled_holder_is_taken_over_after_ttl(target: &Target, holder_exe: &str) {
+pub async fn sigkilled_holder_is_taken_over_after_ttl(target: &Target, holder: &Holder) {
     let gate = target.gate(short_ttl()).await;
-    let mut child = tokio::process::Command::new(holder_exe)
+    let mut child = holder
+        .command()
         .arg(&target.store_url)
         .arg(target.redis_url.as_deref().unwrap_or("-"))
         .args(["kill-user", "kill-session", "r1"])
@@ -129,17 +131,15 @@ fn faketime() -> Option<std::path::PathBuf> {
 ///
 /// # Panics
 /// When any step of the scenario does not hold.
-pub async fn skewed_clock_changes_nothing(target: &Target, holder_exe: &str) {
+pub async fn skewed_clock_changes_nothing(target: &Target, holder: &Holder) {
     let Some(faketime) = faketime() else { return };
     let gate = target.gate(short_ttl()).await;
     let redis = target.redis_url.as_deref().unwrap_or("-");
     let ttl_ms = SHORT_TTL.as_millis().to_string();
     let spawn = |session: &str| {
-        tokio::process::Command::new(&faketime)
+        holder
+            .command_under(&faketime, &["-f", CLOCK_SKEW])
             .args([
-                "-f",
-                CLOCK_SKEW,
-                holder_exe,
                 &target.store_url,
                 redis,
                 "skew-user",
@@ -213,9 +213,12 @@ pub async fn skewed_clock_changes_nothing(target: &Target, holder_exe: &str) {
         !status.success(),
         "the skewed node must not take a live lease"
     );
-    // `main` returning the engine's error prints its Debug form.
+    // `agentgate-holder`'s `main` returning the engine's error prints its
+    // Debug form; `agentgate hold` prints its Display form.
+    let in_flight =
+        said.contains("RequestInFlight") || said.contains("request is already in flight");
     assert!(
-        said.contains("RequestInFlight") && said.contains(taker.id().as_str()),
+        in_flight && said.contains(taker.id().as_str()),
         "the skewed node was refused as in flight under {}, it said: {said}",
         taker.id()
     );

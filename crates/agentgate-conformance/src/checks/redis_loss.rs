@@ -22,35 +22,52 @@ use crate::{ledger, Target};
 const MAX_FORGOTTEN_KEYS: usize = 10_000;
 
 /// Deletes every key under the target's prefix: to this target, Redis
-/// restarted empty. Other tests' keys are untouched.
+/// restarted empty. Other keys are untouched, and found with `SCAN`, not
+/// `KEYS`, which would block a busy server (`agentgate conformance` runs
+/// this on a user's own Redis).
 async fn forget_leases(redis_url: &str) {
-    let (base, query) = redis_url
+    let (_, query) = redis_url
         .split_once('?')
         .expect("redis targets carry a key_prefix");
     let prefix = query
         .split('&')
+        .rev()
         .find_map(|p| p.strip_prefix("key_prefix="))
         .expect("key_prefix");
-    let client = redis::Client::open(base).expect("redis url");
+    let client =
+        redis::Client::open(crate::scratch::redis_client_url(redis_url)).expect("redis url");
     let mut connection = client
         .get_multiplexed_async_connection()
         .await
         .expect("connect redis");
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}*"))
-        .query_async(&mut connection)
-        .await
-        .expect("list keys");
-    assert!(
-        keys.len() < MAX_FORGOTTEN_KEYS,
-        "a test prefix holds few keys"
-    );
-    if !keys.is_empty() {
-        let _: i64 = redis::cmd("DEL")
-            .arg(&keys)
+    let mut cursor: u64 = 0;
+    let mut forgotten = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}*"))
+            .arg("COUNT")
+            .arg(1000)
             .query_async(&mut connection)
             .await
-            .expect("delete keys");
+            .expect("scan keys");
+        forgotten += keys.len();
+        assert!(
+            forgotten < MAX_FORGOTTEN_KEYS,
+            "a test prefix holds few keys"
+        );
+        if !keys.is_empty() {
+            let _: i64 = redis::cmd("DEL")
+                .arg(&keys)
+                .query_async(&mut connection)
+                .await
+                .expect("delete keys");
+        }
+        if next == 0 {
+            return;
+        }
+        cursor = next;
     }
 }
 
