@@ -94,3 +94,18 @@ pub const MAX_ORPHAN_GRACE: Duration = Duration::from_secs(24 * 3600);
 /// may name. Mozilla's whole root bundle is about 220 KB; a file larger than
 /// a mebibyte is not a certificate, and is refused before it is read.
 pub const MAX_TLS_FILE_BYTES: u64 = 1024 * 1024;
+
+/// Tool executions on one page of a turn's executions when the caller names
+/// no page size: a screenful, and what most turns record in all.
+pub const DEFAULT_EXECUTION_PAGE: u32 = 50;
+
+/// Most tool executions one page may carry. A read of a turn is an HTTP
+/// response held in memory whole; with [`MAX_EXECUTIONS_PER_TURN`] executions
+/// a caller walks at most five pages of this size.
+pub const MAX_EXECUTION_PAGE: u32 = 200;
+
+/// Most bytes of stored results and errors (canonical JSON) one page of
+/// executions carries; a page stops before the execution that would pass
+/// it, but always carries at least one (each is at most [`MAX_JSON_BYTES`]).
+/// Without it, 200 results of 1 MiB make one read cost 200 MiB of memory.
+pub const MAX_EXECUTION_PAGE_BYTES: usize = 4 * 1024 * 1024;
