@@ -59,6 +59,12 @@ macro_rules! suite {
             orphan_filters,
             exhausted_orphan_ends_failed,
             unclaimed_orphan_is_abandoned,
+            old_writes_in_flight_during_takeover,
+            retention_sweeps_expired_turns_and_sessions,
+            confirmation_rejected_and_repeated,
+            confirmation_races_a_new_message,
+            permit_freed_by_lease_expiry_after_a_crash,
+            execution_pages_walk_every_execution_once,
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
