@@ -8,14 +8,14 @@ use std::sync::Arc;
 
 use agentgate::store::{Completion, LeaseStatus, Store};
 use agentgate::{
-    Config, Error, ExecutionId, ExecutionView, Result, SessionId, SessionView, TurnId, TurnView,
-    UserId, UserView,
+    Config, Error, ExecutionId, Result, SessionId, SessionView, TurnId, TurnView, UserId, UserView,
 };
 use agentgate_core::canonical::CanonicalJson;
 use agentgate_core::model::{
     BeginCommand, BeginOutcome, Ending, LeaseRef, Orphan, OrphanFilter, SweepReport, ToolCall,
     ToolClaim,
 };
+use agentgate_core::page::{ExecutionPage, ExecutionPageRequest};
 use async_trait::async_trait;
 use serde_json::Value;
 
@@ -126,8 +126,12 @@ impl Store for Faulty {
     async fn turn(&self, turn_id: &TurnId) -> Result<Option<TurnView>> {
         self.inner.turn(turn_id).await
     }
-    async fn executions(&self, turn_id: &TurnId) -> Result<Vec<ExecutionView>> {
-        self.inner.executions(turn_id).await
+    async fn executions(
+        &self,
+        turn_id: &TurnId,
+        page: &ExecutionPageRequest,
+    ) -> Result<ExecutionPage> {
+        self.inner.executions(turn_id, page).await
     }
     async fn session(&self, session_id: &SessionId) -> Result<Option<SessionView>> {
         self.inner.session(session_id).await

@@ -80,6 +80,18 @@ macro_rules! for_each_check {
                 "an orphan whose holders keep dying ends failed when its attempts run out";
             unclaimed_orphan_is_abandoned: any,
                 "an unclaimed orphan is ended abandoned by the sweeper after its grace";
+            old_writes_in_flight_during_takeover: any,
+                "30 rounds: an old holder's writes fire across its lease's expiry while a retry takes over; none lands after the takeover";
+            retention_sweeps_expired_turns_and_sessions: any,
+                "an expired running turn, an unanswered confirmation and their sessions are swept; the user's permit is freed, a live turn kept";
+            confirmation_rejected_and_repeated: any,
+                "a rejected confirmation ends the pending turn; the same answer replays, a changed one under the same request id is refused";
+            confirmation_races_a_new_message: any,
+                "20 rounds of approve, reject and 8 new messages racing: exactly one confirmation starts, new messages are refused typed";
+            permit_freed_by_lease_expiry_after_a_crash: any,
+                "cap 1: a crashed holder's permit refuses 20 contenders until its TTL, then exactly one is granted";
+            execution_pages_walk_every_execution_once: any,
+                "120 executions walked at page sizes 50, 7 and 200: each once, in claim order, every page within its row and byte limits";
             sigkilled_holder_is_taken_over_after_ttl: any + holder,
                 "a holder process killed with SIGKILL is taken over after the TTL, not before";
             redis_loss_is_fenced: redis,

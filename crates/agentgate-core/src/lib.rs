@@ -27,6 +27,7 @@ pub mod ids;
 pub mod lease;
 pub mod limits;
 pub mod model;
+pub mod page;
 pub mod retry;
 pub mod store;
 

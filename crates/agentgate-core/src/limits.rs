@@ -126,3 +126,18 @@ pub const FAST_ATTEMPTS: u32 = 2;
 /// runs under a dead lease: only a repeat of the continuation's own request
 /// can take it over, so the caller should not spin waiting for it.
 pub const DEAD_CONTINUATION_RETRY: Duration = Duration::from_secs(1);
+
+/// Tool executions on one page of a turn's executions when the caller names
+/// no page size: a screenful, and what most turns record in all.
+pub const DEFAULT_EXECUTION_PAGE: u32 = 50;
+
+/// Most tool executions one page may carry. A read of a turn is an HTTP
+/// response held in memory whole; with [`MAX_EXECUTIONS_PER_TURN`] executions
+/// a caller walks at most five pages of this size.
+pub const MAX_EXECUTION_PAGE: u32 = 200;
+
+/// Most bytes of stored results and errors (canonical JSON) one page of
+/// executions carries; a page stops before the execution that would pass
+/// it, but always carries at least one (each is at most [`MAX_JSON_BYTES`]).
+/// Without it, 200 results of 1 MiB make one read cost 200 MiB of memory.
+pub const MAX_EXECUTION_PAGE_BYTES: usize = 4 * 1024 * 1024;

@@ -25,6 +25,7 @@ use crate::model::{
     Orphan, OrphanFilter, Overview, SessionView, SweepReport, ToolCall, ToolClaim, TurnView,
     UserView,
 };
+use crate::page::{ExecutionPage, ExecutionPageRequest};
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -123,11 +124,19 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// `store_unavailable`.
     async fn turn(&self, turn_id: &TurnId) -> Result<Option<TurnView>>;
 
-    /// A turn's tool executions, oldest first.
+    /// One page of a turn's tool executions, oldest first: those after
+    /// `page.after` in (creation time, id) order, read with a keyset query,
+    /// at most `page.limit()` of them and at most
+    /// [`crate::limits::MAX_EXECUTION_PAGE_BYTES`] of results and errors
+    /// (see [`crate::page`]). [`all_executions`] walks every page.
     ///
     /// # Errors
     /// `store_unavailable`.
-    async fn executions(&self, turn_id: &TurnId) -> Result<Vec<ExecutionView>>;
+    async fn executions(
+        &self,
+        turn_id: &TurnId,
+        page: &ExecutionPageRequest,
+    ) -> Result<ExecutionPage>;
 
     /// A session's view.
     ///
@@ -256,8 +265,7 @@ where
         let Some(grant) = crate::decide::orphan_claim_step(outcome)? else {
             continue;
         };
-        let journal = store
-            .executions(&grant.turn_id)
+        let journal = all_executions(store, &grant.turn_id)
             .await?
             .into_iter()
             .map(JournalEntry::from_view)
@@ -276,4 +284,31 @@ where
         return Ok(Some((claimed, marked)));
     }
     Ok(None)
+}
+
+/// Every tool execution of a turn, oldest first, read page by page (at most
+/// [`crate::limits::MAX_EXECUTIONS_PER_TURN`] of them, so a bounded walk).
+/// For callers that need the whole journal, such as a resuming worker.
+///
+/// # Errors
+/// `store_unavailable`.
+pub async fn all_executions<S>(store: &S, turn_id: &TurnId) -> Result<Vec<ExecutionView>>
+where
+    S: Store + ?Sized,
+{
+    let mut request = ExecutionPageRequest::largest();
+    let mut all = Vec::new();
+    loop {
+        let page = store.executions(turn_id, &request).await?;
+        if page.executions.is_empty() && page.next.is_some() {
+            return Err(crate::error::Error::corrupt(
+                "an empty page of executions with a next",
+            ));
+        }
+        all.extend(page.executions);
+        match page.next {
+            Some(next) => request = request.after(next),
+            None => return Ok(all),
+        }
+    }
 }

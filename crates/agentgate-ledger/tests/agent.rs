@@ -420,10 +420,7 @@ async fn validation_errors_go_back_to_the_model_as_tool_errors() {
         reply.text
     );
     let turn_id = agentgate::TurnId::new(outcome.turn_id).expect("id");
-    let executions = app
-        .gate()
-        .store()
-        .executions(&turn_id)
+    let executions = agentgate::store::all_executions(app.gate().store().as_ref(), &turn_id)
         .await
         .expect("executions");
     let create: Vec<ToolState> = executions

@@ -444,8 +444,39 @@ pub struct TurnStateResponse {
     /// worker (`POST /v1/orphans/claim`), takes it over; unclaimed past the
     /// orphan grace it ends `abandoned`.
     pub orphaned: bool,
-    /// Its tool executions, oldest first.
+    /// The first page of its tool executions, oldest first: at most
+    /// 50 (`DEFAULT_EXECUTION_PAGE`) and at most 4 MiB
+    /// (`MAX_EXECUTION_PAGE_BYTES`) of results and errors.
     pub executions: Vec<ExecutionDto>,
+    /// Where the next page starts: pass it as `after` to
+    /// `GET /v1/turns/{turn_id}/executions`; `null` when this page is the last.
+    pub executions_next: Option<String>,
+}
+
+/// Query of `GET /v1/turns/{turn_id}/executions`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ExecutionPageQuery {
+    /// As on the other read endpoints: a turn of any other user is
+    /// reported as `not_found`.
+    pub user_id: Option<String>,
+    /// The `executions_next` of the previous page; absent for the first.
+    /// Opaque: a value this server did not hand out is `invalid_request`.
+    pub after: Option<String>,
+    /// Most executions on the page (default 50).
+    #[param(minimum = 1, maximum = 200)]
+    pub limit: Option<u32>,
+}
+
+/// 200 from `GET /v1/turns/{turn_id}/executions`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ExecutionPageResponse {
+    /// The page, oldest first: at most `limit` executions and at most
+    /// 4 MiB (`MAX_EXECUTION_PAGE_BYTES`) of results and errors, but at
+    /// least one execution when any follows `after`.
+    pub executions: Vec<ExecutionDto>,
+    /// Where the next page starts; `null` when this page is the last.
+    pub executions_next: Option<String>,
 }
 
 /// 200 from a heartbeat.

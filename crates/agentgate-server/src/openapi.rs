@@ -79,6 +79,7 @@ pub(crate) fn v1_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(tools::complete))
         .routes(routes!(tools::fail))
         .routes(routes!(views::turn))
+        .routes(routes!(views::turn_executions))
         .routes(routes!(views::session))
         .routes(routes!(views::user))
         .routes(routes!(orphans::claim))

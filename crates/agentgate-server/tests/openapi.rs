@@ -25,6 +25,7 @@ const SPEC_ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/turns/{turn_id}/fail"),
     ("post", "/v1/turns/{turn_id}/await-confirmation"),
     ("get", "/v1/turns/{turn_id}"),
+    ("get", "/v1/turns/{turn_id}/executions"),
     ("get", "/v1/sessions/{session_id}"),
     ("get", "/v1/users/{user_id}"),
     ("post", "/v1/orphans/claim"),

@@ -16,9 +16,10 @@ use agentgate_core::config::Config;
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{ExecutionId, SessionId, TurnId, UserId};
 use agentgate_core::model::{
-    BeginCommand, BeginOutcome, Ending, ExecutionView, LeaseRef, Orphan, OrphanFilter, Overview,
-    SessionView, SweepReport, ToolCall, ToolClaim, TurnView, UserView,
+    BeginCommand, BeginOutcome, Ending, LeaseRef, Orphan, OrphanFilter, Overview, SessionView,
+    SweepReport, ToolCall, ToolClaim, TurnView, UserView,
 };
+use agentgate_core::page::{ExecutionPage, ExecutionPageRequest};
 use agentgate_core::store::{Completion, LeaseStatus, Store};
 use async_trait::async_trait;
 use serde_json::Value;
@@ -350,9 +351,13 @@ impl Store for Faulty {
         self.after(call, result, |_| None).await
     }
 
-    async fn executions(&self, turn_id: &TurnId) -> Result<Vec<ExecutionView>> {
+    async fn executions(
+        &self,
+        turn_id: &TurnId,
+        page: &ExecutionPageRequest,
+    ) -> Result<ExecutionPage> {
         let call = self.before("executions", turn_id.as_str(), None).await?;
-        let result = self.inner.executions(turn_id).await;
+        let result = self.inner.executions(turn_id, page).await;
         self.after(call, result, |_| None).await
     }
 

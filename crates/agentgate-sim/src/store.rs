@@ -31,6 +31,7 @@ use agentgate_core::model::{
     HolderView, LeaseRef, LiveTurn, Orphan, OrphanFilter, Overview, SessionView, SweepReport,
     ToolCall, ToolClaim, ToolState, TurnState, TurnView, UserView,
 };
+use agentgate_core::page::{assemble, ExecutionCursor, ExecutionPage, ExecutionPageRequest};
 use agentgate_core::store::{Completion, LeaseStatus, Store};
 use async_trait::async_trait;
 use serde_json::Value;
@@ -897,15 +898,35 @@ impl Store for SimStore {
             .map(|row| Self::view(turn_id.as_str(), row)))
     }
 
-    async fn executions(&self, turn_id: &TurnId) -> Result<Vec<ExecutionView>> {
+    async fn executions(
+        &self,
+        turn_id: &TurnId,
+        page: &ExecutionPageRequest,
+    ) -> Result<ExecutionPage> {
         let state = self.lock();
-        // Minted ids sort in creation order: oldest first.
-        Ok(state
+        // Minted ids sort in creation order, so the ordering key's time
+        // part is 0 here and the id alone orders the page, oldest first.
+        let key = |execution_id: &str| ExecutionCursor {
+            created_at_ms: 0,
+            execution_id: id(ExecutionId::new(execution_id)),
+        };
+        let after = page.after.as_ref().map(|c| c.execution_id.as_str());
+        let mut candidates: Vec<(&String, &ExecutionRow)> = state
             .executions
             .iter()
-            .filter(|(_, row)| row.turn_id == turn_id.as_str())
+            .filter(|(e, row)| {
+                row.turn_id == turn_id.as_str() && after.is_none_or(|a| e.as_str() > a)
+            })
+            .take(page.fetch() as usize)
+            .collect();
+        let more = candidates.len() > page.limit() as usize;
+        candidates.truncate(page.limit() as usize);
+        let keys: Vec<ExecutionCursor> = candidates.iter().map(|(e, _)| key(e)).collect();
+        let rows = candidates
+            .iter()
             .map(|(e, row)| Self::execution_view(e, row))
-            .collect())
+            .collect();
+        assemble(rows, &keys, more, page)
     }
 
     async fn session(&self, session_id: &SessionId) -> Result<Option<SessionView>> {

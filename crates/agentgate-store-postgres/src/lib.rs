@@ -64,9 +64,10 @@ use agentgate_core::ids::{ExecutionId, SessionId, TurnId, UserId};
 use agentgate_core::lease::LeaseLayer;
 use agentgate_core::limits::STORE_ACQUIRE_TIMEOUT;
 use agentgate_core::model::{
-    BeginCommand, BeginOutcome, Ending, ExecutionView, LeaseRef, Orphan, OrphanFilter, SessionView,
-    SweepReport, ToolCall, ToolClaim, TurnView, UserView,
+    BeginCommand, BeginOutcome, Ending, LeaseRef, Orphan, OrphanFilter, SessionView, SweepReport,
+    ToolCall, ToolClaim, TurnView, UserView,
 };
+use agentgate_core::page::{ExecutionPage, ExecutionPageRequest};
 use agentgate_core::store::{Completion, LeaseStatus, Store};
 use async_trait::async_trait;
 use serde_json::Value;
@@ -300,8 +301,12 @@ impl Store for PostgresStore {
         views::turn(&self.pool, turn_id).await
     }
 
-    async fn executions(&self, turn_id: &TurnId) -> Result<Vec<ExecutionView>> {
-        views::executions(&self.pool, turn_id).await
+    async fn executions(
+        &self,
+        turn_id: &TurnId,
+        page: &ExecutionPageRequest,
+    ) -> Result<ExecutionPage> {
+        views::executions(&self.pool, turn_id, page).await
     }
 
     async fn session(&self, session_id: &SessionId) -> Result<Option<SessionView>> {

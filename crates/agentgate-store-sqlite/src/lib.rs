@@ -42,9 +42,10 @@ use agentgate_core::ids::{ExecutionId, SessionId, TurnId, UserId};
 use agentgate_core::lease::LeaseLayer;
 use agentgate_core::limits::{MAX_STORE_RETRIES, STORE_ACQUIRE_TIMEOUT};
 use agentgate_core::model::{
-    BeginCommand, BeginOutcome, Ending, ExecutionView, LeaseRef, Orphan, OrphanFilter, Overview,
-    SessionView, SweepReport, ToolCall, ToolClaim, TurnView, UserView,
+    BeginCommand, BeginOutcome, Ending, LeaseRef, Orphan, OrphanFilter, Overview, SessionView,
+    SweepReport, ToolCall, ToolClaim, TurnView, UserView,
 };
+use agentgate_core::page::{ExecutionPage, ExecutionPageRequest};
 use agentgate_core::store::{Completion, LeaseStatus, Store};
 use async_trait::async_trait;
 use serde_json::Value;
@@ -292,8 +293,12 @@ impl Store for SqliteStore {
         views::turn(&mut conn, turn_id.as_str()).await
     }
 
-    async fn executions(&self, turn_id: &TurnId) -> Result<Vec<ExecutionView>> {
-        views::executions(&self.reader, turn_id).await
+    async fn executions(
+        &self,
+        turn_id: &TurnId,
+        page: &ExecutionPageRequest,
+    ) -> Result<ExecutionPage> {
+        views::executions(&self.reader, turn_id, page).await
     }
 
     async fn session(&self, session_id: &SessionId) -> Result<Option<SessionView>> {

@@ -2,11 +2,13 @@
 
 use agentgate_core::config::{check_cap, duration_ms};
 use agentgate_core::error::Result;
-use agentgate_core::ids::{Fence, SessionId, TurnId, UserId};
+use agentgate_core::ids::{ExecutionId, Fence, SessionId, TurnId, UserId};
 use agentgate_core::limits::MAX_OVERVIEW_ROWS;
 use agentgate_core::model::{
-    ExecutionView, HolderView, LiveTurn, Overview, PendingView, SessionView, SweepReport, TurnView,
-    UserView,
+    HolderView, LiveTurn, Overview, PendingView, SessionView, SweepReport, TurnView, UserView,
+};
+use agentgate_core::page::{
+    assemble, page_rows, ExecutionCursor, ExecutionPage, ExecutionPageRequest,
 };
 use sqlx::{Row, SqliteConnection, SqlitePool};
 
@@ -26,15 +28,71 @@ pub(crate) async fn turn(conn: &mut SqliteConnection, turn_id: &str) -> Result<O
     row.as_ref().map(turn_view).transpose()
 }
 
-pub(crate) async fn executions(pool: &SqlitePool, turn_id: &TurnId) -> Result<Vec<ExecutionView>> {
-    let rows = sqlx::query(&format!(
-        "SELECT {EXECUTION_COLUMNS} FROM ag_tool_executions WHERE turn_id = ? ORDER BY created_at_ms, execution_id"
-    ))
+pub(crate) async fn executions(
+    pool: &SqlitePool,
+    turn_id: &TurnId,
+    page: &ExecutionPageRequest,
+) -> Result<ExecutionPage> {
+    // A keyset page in two reads: the ordering keys and sizes of up to
+    // limit + 1 rows after the cursor (no result is read), then the full
+    // rows of the ones the page takes, so a page never reads more results
+    // than it returns.
+    let (after_ms, after_id) = page.after.as_ref().map_or((i64::MIN, ""), |c| {
+        (c.created_at_ms, c.execution_id.as_str())
+    });
+    let keyed: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT execution_id, created_at_ms, \
+           COALESCE(LENGTH(CAST(result AS BLOB)), 0) + COALESCE(LENGTH(CAST(error AS BLOB)), 0) \
+         FROM ag_tool_executions WHERE turn_id = ?1 \
+           AND (created_at_ms > ?2 OR (created_at_ms = ?2 AND execution_id > ?3)) \
+         ORDER BY created_at_ms, execution_id LIMIT ?4",
+    )
     .bind(turn_id.as_str())
+    .bind(after_ms)
+    .bind(after_id)
+    .bind(i64::from(page.fetch()))
     .fetch_all(pool)
     .await
     .map_err(map_sqlx)?;
-    rows.iter().map(execution_view).collect()
+    let sizes: Vec<u64> = keyed
+        .iter()
+        .map(|(_, _, bytes)| u64::try_from(*bytes).unwrap_or(0))
+        .collect();
+    let take = page_rows(&sizes, page);
+    let more = keyed.len() > take;
+    let keys = keyed
+        .into_iter()
+        .take(take)
+        .map(|(id, created_at_ms, _)| {
+            Ok(ExecutionCursor {
+                created_at_ms,
+                execution_id: ExecutionId::new(id).map_err(corrupt)?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let Some(last) = keys.last() else {
+        return Ok(ExecutionPage::default());
+    };
+    let rows = sqlx::query(&format!(
+        "SELECT {EXECUTION_COLUMNS} FROM ag_tool_executions WHERE turn_id = ?1 \
+           AND (created_at_ms > ?2 OR (created_at_ms = ?2 AND execution_id > ?3)) \
+           AND (created_at_ms < ?5 OR (created_at_ms = ?5 AND execution_id <= ?6)) \
+         ORDER BY created_at_ms, execution_id LIMIT ?4"
+    ))
+    .bind(turn_id.as_str())
+    .bind(after_ms)
+    .bind(after_id)
+    .bind(i64::try_from(keys.len()).unwrap_or(i64::MAX))
+    .bind(last.created_at_ms)
+    .bind(last.execution_id.as_str())
+    .fetch_all(pool)
+    .await
+    .map_err(map_sqlx)?;
+    let rows = rows
+        .iter()
+        .map(execution_view)
+        .collect::<Result<Vec<_>>>()?;
+    assemble(rows, &keys, more, page)
 }
 
 fn holder(

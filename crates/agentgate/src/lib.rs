@@ -52,7 +52,7 @@ pub use agentgate_core::model::{
     ConfirmationContext, Decision, ExecutionView, JournalEntry, JournalOutcome, OrphanFilter,
     PreviousOutcome, SessionView, ToolState, TurnState, TurnView, UserView,
 };
-pub use agentgate_core::{canonical, limits, model, store};
+pub use agentgate_core::{canonical, limits, model, page, store};
 pub use effect::SqlTx;
 pub use gate::{Begun, Gate, Recovered};
 pub use turn::{EndError, Execution, ToolPolicy, ToolStep, Turn, Verifier};

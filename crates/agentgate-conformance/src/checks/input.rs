@@ -6,6 +6,7 @@ use agentgate::limits::{MAX_ID_CHARS, MAX_JSON_BYTES, MAX_JSON_DEPTH};
 use agentgate::{Begun, Config, Decision, ErrorKind, Gate, SessionId, ToolStep, UserId};
 use agentgate_core::ids::LeaseToken;
 use agentgate_core::model::LeaseRef;
+use agentgate_core::store::all_executions;
 use serde_json::{json, Value};
 
 use super::{config, must_start, report};
@@ -144,8 +145,7 @@ pub async fn bad_input_changes_nothing(target: &Target) {
         *counts.entry("invalid_request".into()).or_default() += 1;
     }
     assert!(
-        gate.store()
-            .executions(turn.id())
+        all_executions(gate.store().as_ref(), turn.id())
             .await
             .expect("executions")
             .is_empty(),
@@ -156,9 +156,7 @@ pub async fn bad_input_changes_nothing(target: &Target) {
     };
     let error = execution.complete(&big).await.expect_err("large result");
     assert_eq!(error.kind(), ErrorKind::InvalidRequest);
-    let views = gate
-        .store()
-        .executions(turn.id())
+    let views = all_executions(gate.store().as_ref(), turn.id())
         .await
         .expect("executions");
     assert_eq!(

@@ -7,6 +7,7 @@ use agentgate::{Begun, Config, ErrorKind, Gate, TurnState};
 use agentgate_core::canonical::CanonicalJson;
 use agentgate_core::ids::{ClientRequestId, SessionId, UserId};
 use agentgate_core::model::{BeginCommand, BeginOutcome, Ending, LeaseRef};
+use agentgate_core::store::all_executions;
 use serde_json::json;
 
 use super::{config, must_start, report, start_within};
@@ -174,7 +175,10 @@ pub async fn retention_sweeper(target: &Target) {
     assert_eq!(swept, 5);
     for id in &ended {
         assert!(store.turn(id).await.expect("view").is_none(), "{id} swept");
-        assert!(store.executions(id).await.expect("executions").is_empty());
+        assert!(all_executions(store.as_ref(), id)
+            .await
+            .expect("executions")
+            .is_empty());
     }
     let kept_live = usize::from(store.turn(live.id()).await.expect("view").is_some());
     assert_eq!(kept_live, 1, "a live turn is kept");

@@ -1,12 +1,17 @@
 //! The checks. Each takes a fresh [`Target`], attacks one invariant, asserts
 //! both the success side and the refusal side, and prints its counts.
 
+mod confirm_races;
 mod confirmation;
+mod inflight;
 mod input;
 mod lifecycle;
 mod orphans;
+mod pages;
+mod permits;
 pub mod process;
 mod redis_loss;
+mod retention;
 mod storms;
 mod takeover;
 mod tools;
@@ -20,7 +25,9 @@ use std::time::Duration;
 use agentgate::{Begun, Config, Error, Gate, Turn};
 use tokio::sync::Barrier;
 
+pub use confirm_races::{confirmation_races_a_new_message, confirmation_rejected_and_repeated};
 pub use confirmation::{confirmation_flow, confirmation_race, pending_confirmation_expires};
+pub use inflight::old_writes_in_flight_during_takeover;
 pub use input::bad_input_changes_nothing;
 pub use lifecycle::{
     concurrent_opens_migrate_once, dropped_turn_is_released, ending_survives_a_store_blip,
@@ -29,11 +36,14 @@ pub use lifecycle::{
 pub use orphans::{
     exhausted_orphan_ends_failed, orphan_claim_storm, orphan_filters, unclaimed_orphan_is_abandoned,
 };
+pub use pages::execution_pages_walk_every_execution_once;
+pub use permits::permit_freed_by_lease_expiry_after_a_crash;
 pub use process::{sigkilled_holder_is_taken_over_after_ttl, skewed_clock_changes_nothing};
 pub use redis_loss::{
     heartbeat_after_an_ending_is_refused_when_the_release_failed,
     lying_lease_layer_is_refused_by_the_sql_fence, redis_loss_is_fenced,
 };
+pub use retention::retention_sweeps_expired_turns_and_sessions;
 pub use storms::{duplicate_storm, fences_only_grow, session_storm, user_capacity_storm};
 pub use takeover::takeover_fences_the_old_holder;
 pub use tools::{execution_limit_storm, same_transaction_effect, tool_storm};

@@ -8,6 +8,7 @@ use agentgate::{ErrorKind, PreviousOutcome, ToolName, ToolState, TurnState};
 use agentgate_core::canonical::CanonicalJson;
 use agentgate_core::ids::{ClientRequestId, SessionId, UserId};
 use agentgate_core::model::{BeginCommand, BeginOutcome, Ending, LeaseRef, ToolCall, ToolClaim};
+use agentgate_core::store::all_executions;
 use agentgate_core::store::Completion;
 use serde_json::json;
 
@@ -167,7 +168,9 @@ pub async fn takeover_fences_the_old_holder(target: &Target) {
         .expect("turn exists");
     assert_eq!(view.state, TurnState::Running);
     assert_eq!(view.fence, taker.fence());
-    let executions = store.executions(taker.id()).await.expect("executions");
+    let executions = all_executions(store.as_ref(), taker.id())
+        .await
+        .expect("executions");
     assert_eq!(executions.len(), 2, "the old holder created no execution");
     let book = executions
         .iter()

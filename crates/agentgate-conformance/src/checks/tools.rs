@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use agentgate::{ErrorKind, PreviousOutcome, ToolState, ToolStep};
 use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
+use agentgate_core::store::all_executions;
 use serde_json::json;
 
 use super::{config, must_start, report, storm, STORM_TASKS};
@@ -59,9 +60,7 @@ pub async fn tool_storm(target: &Target) {
         Some(&(STORM_TASKS - 1)),
         "{counts:?}"
     );
-    let views = gate
-        .store()
-        .executions(turn.id())
+    let views = all_executions(gate.store().as_ref(), turn.id())
         .await
         .expect("executions");
     assert_eq!(views.len(), 1, "one execution record");
@@ -213,9 +212,7 @@ pub async fn execution_limit_storm(target: &Target) {
         *counts.entry(class).or_default() += 1;
     }
     assert_eq!(counts.get("execute"), Some(&1), "{counts:?}");
-    let views = gate
-        .store()
-        .executions(turn.id())
+    let views = all_executions(gate.store().as_ref(), turn.id())
         .await
         .expect("executions");
     assert_eq!(

@@ -6,13 +6,14 @@
 //! With a trusted user header configured, the header's user is that filter,
 //! and a query or path naming another user is refused 403 `user_mismatch`.
 
+use agentgate::page::{ExecutionCursor, ExecutionPageRequest};
 use agentgate::{SessionId, TurnId, UserId};
 use axum::extract::State;
 use axum::Json;
 
 use crate::dto::{
-    ExecutionDto, OwnerQuery, SessionDto, SessionResponse, TurnDto, TurnStateResponse, UserDto,
-    UserResponse,
+    ExecutionDto, ExecutionPageQuery, ExecutionPageResponse, OwnerQuery, SessionDto,
+    SessionResponse, TurnDto, TurnStateResponse, UserDto, UserResponse,
 };
 use crate::error::{ApiError, ErrorCode, ReadErrors};
 use crate::extract::{ApiPath, ApiQuery};
@@ -78,11 +79,67 @@ pub(crate) async fn turn(
             .is_none_or(|holder| holder.turn_id != view.turn_id),
         _ => false,
     };
-    let executions = store.executions(&turn_id).await?;
+    let page = store
+        .executions(&turn_id, &ExecutionPageRequest::default())
+        .await?;
     Ok(Json(TurnStateResponse {
         orphaned,
         turn: TurnDto::from(view),
-        executions: executions.into_iter().map(ExecutionDto::from).collect(),
+        executions: page
+            .executions
+            .into_iter()
+            .map(ExecutionDto::from)
+            .collect(),
+        executions_next: page.next.map(|cursor| cursor.to_string()),
+    }))
+}
+
+/// A further page of a turn's tool executions, oldest first, after the
+/// `executions_next` cursor of the turn or of the previous page.
+#[utoipa::path(
+    get,
+    path = "/v1/turns/{turn_id}/executions",
+    tag = "views",
+    params(("turn_id" = String, Path, description = "The turn"), ExecutionPageQuery),
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "A page of the turn's executions", body = ExecutionPageResponse),
+        ReadErrors,
+    )
+)]
+pub(crate) async fn turn_executions(
+    State(state): State<AppState>,
+    ApiPath(turn_id): ApiPath<String>,
+    caller: CallerUser,
+    ApiQuery(query): ApiQuery<ExecutionPageQuery>,
+) -> Result<Json<ExecutionPageResponse>, ApiError> {
+    let owner = owner_filter(
+        OwnerQuery {
+            user_id: query.user_id,
+        },
+        &caller,
+    )?;
+    let turn_id = TurnId::new(turn_id)?;
+    let after = query
+        .after
+        .as_deref()
+        .map(ExecutionCursor::parse)
+        .transpose()?;
+    let request = ExecutionPageRequest::new(after, query.limit)?;
+    let store = state.gate().store();
+    let view = store
+        .turn(&turn_id)
+        .await?
+        .ok_or_else(|| ApiError::new(ErrorCode::NotFound, "turn not found"))?;
+    check_owner(&owner, &view.user_id, "turn")?;
+    let page = store.executions(&turn_id, &request).await?;
+    Ok(Json(ExecutionPageResponse {
+        executions: page
+            .executions
+            .into_iter()
+            .map(ExecutionDto::from)
+            .collect(),
+        executions_next: page.next.map(|cursor| cursor.to_string()),
     }))
 }
 

@@ -1,0 +1,150 @@
+//! Black-box test of reading a turn's tool executions in pages over HTTP
+//! (`GET /v1/turns/{turn_id}` and `GET /v1/turns/{turn_id}/executions`):
+//! with results of 1 MB, every response body stays within the page byte
+//! limit, the pages carry every execution once, in order, and a bad cursor
+//! or page size is 400 `invalid_request`.
+#![forbid(unsafe_code)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[allow(dead_code)] // the support module serves several test binaries
+mod support;
+
+use std::time::Duration;
+
+use agentgate::limits::{MAX_EXECUTION_PAGE, MAX_EXECUTION_PAGE_BYTES};
+use serde_json::{json, Value};
+use support::{lease, scratch, Server};
+
+/// Executions in the turn.
+const EXECUTIONS: usize = 10;
+
+/// Characters of each result: four fit the page byte limit, five do not.
+const RESULT_CHARS: usize = 1_000_000;
+
+/// What a page body carries besides results: the turn, and per execution
+/// its ids, tool, state and numbers (a few hundred bytes each).
+const ENVELOPE_BYTES: usize = 64 * 1024;
+
+fn ids(page: &Value) -> Vec<String> {
+    page["executions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["execution_id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turn_executions_are_paged_and_each_body_is_bounded() {
+    let dir = scratch();
+    let server = Server::start(dir.path(), &[]);
+    let client = server.client();
+    let (turn_id, token) = lease(
+        &client
+            .begin("paula", "chat-1", "msg-1", &json!({"text": "big"}))
+            .await,
+    );
+    let tools = format!("/v1/turns/{turn_id}/tools");
+    let filler = "x".repeat(RESULT_CHARS);
+    let mut claimed = Vec::new();
+    for i in 0..EXECUTIONS {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let claim = client
+            .post(
+                &tools,
+                Some(&token),
+                &json!({"tool": "export", "args": {"i": i}}),
+            )
+            .await
+            .expect(201, "");
+        let id = claim.body["execution"]["execution_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        client
+            .post(
+                &format!("{tools}/{id}/complete"),
+                Some(&token),
+                &json!({"result": filler}),
+            )
+            .await
+            .expect(200, "");
+        claimed.push(id);
+    }
+    let bound = MAX_EXECUTION_PAGE_BYTES + ENVELOPE_BYTES;
+
+    let first = client
+        .get(&format!("/v1/turns/{turn_id}"))
+        .await
+        .expect(200, "");
+    assert!(
+        first.text.len() <= bound,
+        "turn body {} bytes",
+        first.text.len()
+    );
+    assert_eq!(first.body["turn"]["turn_id"], turn_id.as_str());
+    let mut walked = ids(&first.body);
+    assert_eq!(walked.len(), 4, "four 1 MB results fit 4 MiB, five do not");
+    let mut next = first.body["executions_next"].as_str().map(str::to_owned);
+    let mut bodies = vec![first.text.len()];
+    while let Some(after) = next {
+        let page = client
+            .get(&format!("/v1/turns/{turn_id}/executions?after={after}"))
+            .await
+            .expect(200, "");
+        assert!(
+            page.text.len() <= bound,
+            "page body {} bytes",
+            page.text.len()
+        );
+        bodies.push(page.text.len());
+        walked.extend(ids(&page.body));
+        next = page.body["executions_next"].as_str().map(str::to_owned);
+        assert!(bodies.len() <= EXECUTIONS + 1, "the walk ends");
+    }
+    assert_eq!(walked, claimed, "every execution once, in claim order");
+    assert_eq!(bodies.len(), 3, "4 + 4 + 2: {bodies:?}");
+
+    // A smaller page size is honoured, and so is the cursor it hands out.
+    let small = client
+        .get(&format!("/v1/turns/{turn_id}/executions?limit=3"))
+        .await
+        .expect(200, "");
+    assert_eq!(ids(&small.body), claimed[..3]);
+    let after = small.body["executions_next"].as_str().unwrap();
+    let rest = client
+        .get(&format!(
+            "/v1/turns/{turn_id}/executions?limit=3&after={after}"
+        ))
+        .await
+        .expect(200, "");
+    assert_eq!(ids(&rest.body), claimed[3..6]);
+
+    // Bad cursors and page sizes: 400 invalid_request.
+    let too_many = MAX_EXECUTION_PAGE + 1;
+    for query in [
+        "after=nonsense".to_owned(),
+        "after=12.turn_abc".to_owned(),
+        "after=-5.exec_1".to_owned(),
+        "after=".to_owned(),
+        "limit=0".to_owned(),
+        format!("limit={too_many}"),
+        "limit=-1".to_owned(),
+        "limit=ten".to_owned(),
+    ] {
+        client
+            .get(&format!("/v1/turns/{turn_id}/executions?{query}"))
+            .await
+            .expect(400, "invalid_request");
+    }
+    client
+        .get("/v1/turns/turn_nope/executions")
+        .await
+        .expect(404, "not_found");
+    client
+        .get(&format!(
+            "/v1/turns/{turn_id}/executions?user_id=someone_else"
+        ))
+        .await
+        .expect(404, "not_found");
+}

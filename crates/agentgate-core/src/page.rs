@@ -1,0 +1,238 @@
+//! Pages of a turn's tool executions, walked by a keyset cursor.
+//!
+//! Executions are ordered by their store-clock creation time, then their
+//! id; a cursor names the last execution of a page, and the next page is
+//! the executions after it in that order (a keyset query, never `OFFSET`).
+//! A page carries at most its limit of executions and at most
+//! [`MAX_EXECUTION_PAGE_BYTES`] of results and errors, and never fewer than
+//! one execution when there is one after the cursor.
+
+use std::fmt;
+
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::ids::ExecutionId;
+use crate::limits::{DEFAULT_EXECUTION_PAGE, MAX_EXECUTION_PAGE, MAX_EXECUTION_PAGE_BYTES};
+use crate::model::ExecutionView;
+
+/// Where a page starts: just after the execution with this ordering key.
+/// On the wire it is opaque text, `<created_at_ms>.<execution_id>`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExecutionCursor {
+    /// The execution's creation time, store-clock ms.
+    pub created_at_ms: i64,
+    /// The execution.
+    pub execution_id: ExecutionId,
+}
+
+impl ExecutionCursor {
+    /// Parses a cursor a caller sent back.
+    ///
+    /// # Errors
+    /// `invalid_request` when it is not one this engine handed out.
+    pub fn parse(text: &str) -> Result<Self> {
+        let bad = || Error::invalid("after is not a cursor this server handed out");
+        let (ms, id) = text.split_once('.').ok_or_else(bad)?;
+        if ms.is_empty() || ms.len() > 18 || !ms.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad());
+        }
+        let created_at_ms: i64 = ms.parse().map_err(|_| bad())?;
+        if !id.starts_with("exec_") {
+            return Err(bad());
+        }
+        let execution_id = ExecutionId::new(id).map_err(|_| bad())?;
+        Ok(Self {
+            created_at_ms,
+            execution_id,
+        })
+    }
+}
+
+impl fmt::Display for ExecutionCursor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.created_at_ms, self.execution_id.as_str())
+    }
+}
+
+/// Which page of a turn's executions to read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExecutionPageRequest {
+    /// Start after this execution; `None` for the first page.
+    pub after: Option<ExecutionCursor>,
+    /// Most executions on the page, `1..=`[`MAX_EXECUTION_PAGE`].
+    limit: u32,
+}
+
+impl Default for ExecutionPageRequest {
+    fn default() -> Self {
+        Self {
+            after: None,
+            limit: DEFAULT_EXECUTION_PAGE,
+        }
+    }
+}
+
+impl ExecutionPageRequest {
+    /// A page request; `limit` `None` is [`DEFAULT_EXECUTION_PAGE`].
+    ///
+    /// # Errors
+    /// `invalid_request` for a limit outside `1..=`[`MAX_EXECUTION_PAGE`].
+    pub fn new(after: Option<ExecutionCursor>, limit: Option<u32>) -> Result<Self> {
+        let limit = limit.unwrap_or(DEFAULT_EXECUTION_PAGE);
+        if limit == 0 || limit > MAX_EXECUTION_PAGE {
+            return Err(Error::invalid(format!(
+                "limit is {limit}, allowed 1..={MAX_EXECUTION_PAGE}"
+            )));
+        }
+        Ok(Self { after, limit })
+    }
+
+    /// The first page at the largest size.
+    pub fn largest() -> Self {
+        Self {
+            after: None,
+            limit: MAX_EXECUTION_PAGE,
+        }
+    }
+
+    /// The same size, after `cursor`.
+    #[must_use]
+    pub fn after(&self, cursor: ExecutionCursor) -> Self {
+        Self {
+            after: Some(cursor),
+            limit: self.limit,
+        }
+    }
+
+    /// Most executions on the page.
+    pub fn limit(&self) -> u32 {
+        self.limit
+    }
+
+    /// Rows a store fetches: one more than the limit, to learn whether a
+    /// next page exists.
+    pub fn fetch(&self) -> u32 {
+        self.limit + 1
+    }
+}
+
+/// One page of a turn's executions, oldest first.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ExecutionPage {
+    /// The executions.
+    pub executions: Vec<ExecutionView>,
+    /// Where the next page starts; `None` on the last page.
+    pub next: Option<ExecutionCursor>,
+}
+
+/// How many of the candidate rows (in page order, each with the bytes of
+/// its stored result and error) a page takes: at most the limit, at most
+/// [`MAX_EXECUTION_PAGE_BYTES`] in all, and at least one when there is one.
+pub fn page_rows(bytes: &[u64], request: &ExecutionPageRequest) -> usize {
+    let budget = u64::try_from(MAX_EXECUTION_PAGE_BYTES).unwrap_or(u64::MAX);
+    let mut total = 0u64;
+    let mut taken = 0usize;
+    for &size in bytes.iter().take(request.limit() as usize) {
+        total = total.saturating_add(size);
+        if taken > 0 && total > budget {
+            break;
+        }
+        taken += 1;
+    }
+    taken
+}
+
+fn json_bytes(value: Option<&Value>) -> u64 {
+    value.map_or(0, |v| {
+        u64::try_from(serde_json::to_vec(v).map_or(0, |b| b.len())).unwrap_or(u64::MAX)
+    })
+}
+
+/// Builds a page from the full rows a store read for the keys `planned`
+/// chose (`keys` are the planned rows' ordering keys, in order; `more` says
+/// whether rows follow them). Rows whose results completed between the two
+/// reads may have grown: the page is cut again by bytes, so the bound holds.
+///
+/// # Errors
+/// `store_unavailable` (corrupt) when the rows do not match their keys.
+pub fn assemble(
+    rows: Vec<ExecutionView>,
+    keys: &[ExecutionCursor],
+    more: bool,
+    request: &ExecutionPageRequest,
+) -> Result<ExecutionPage> {
+    let sizes: Vec<u64> = rows
+        .iter()
+        .map(|r| json_bytes(r.result.as_ref()) + json_bytes(r.error.as_ref()))
+        .collect();
+    let keep = page_rows(&sizes, request);
+    let cut = keep < rows.len();
+    let mut executions = rows;
+    executions.truncate(keep);
+    let next = match executions.last() {
+        Some(last) if more || cut || keys.len() > executions.len() => {
+            let key = keys
+                .iter()
+                .find(|k| k.execution_id == last.execution_id)
+                .ok_or_else(|| Error::corrupt("a page row has no planned key"))?;
+            Some(key.clone())
+        }
+        _ => None,
+    };
+    Ok(ExecutionPage { executions, next })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn cursors_round_trip_and_bad_ones_are_refused() {
+        let cursor = ExecutionCursor {
+            created_at_ms: 1_733_030_000_000,
+            execution_id: ExecutionId::new("exec_00ff").unwrap(),
+        };
+        assert_eq!(ExecutionCursor::parse(&cursor.to_string()).unwrap(), cursor);
+        for bad in [
+            "",
+            ".",
+            "1.",
+            ".exec_1",
+            "x.exec_1",
+            "-1.exec_1",
+            "1.turn_1",
+            "1exec_1",
+            "99999999999999999999.exec_1",
+        ] {
+            let error = ExecutionCursor::parse(bad).unwrap_err();
+            assert_eq!(error.kind().code(), "invalid_request", "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn limits_are_checked() {
+        assert_eq!(
+            ExecutionPageRequest::new(None, None).unwrap().limit(),
+            DEFAULT_EXECUTION_PAGE
+        );
+        assert!(ExecutionPageRequest::new(None, Some(0)).is_err());
+        assert!(ExecutionPageRequest::new(None, Some(MAX_EXECUTION_PAGE + 1)).is_err());
+        assert!(ExecutionPageRequest::new(None, Some(MAX_EXECUTION_PAGE)).is_ok());
+    }
+
+    #[test]
+    fn a_page_stops_at_its_limit_and_its_bytes_but_takes_one() {
+        let request = ExecutionPageRequest::new(None, Some(3)).unwrap();
+        assert_eq!(page_rows(&[1, 1, 1, 1], &request), 3);
+        assert_eq!(page_rows(&[], &request), 0);
+        let mib = 1024 * 1024;
+        assert_eq!(
+            page_rows(&[mib, mib, mib, mib, mib], &ExecutionPageRequest::default()),
+            4
+        );
+        assert_eq!(page_rows(&[8 * mib, 1], &request), 1, "one row always fits");
+        assert_eq!(page_rows(&[3 * mib, 2 * mib], &request), 1);
+    }
+}
