@@ -459,9 +459,17 @@ pub struct TurnStateResponse {
 pub struct ExecutionPageQuery {
     /// As on the other read endpoints: a turn of any other user is
     /// reported as `not_found`.
+    #[param(value_type = Option<Id>)]
+    #[serde(default, deserialize_with = "valid_user_id")]
     pub user_id: Option<String>,
     /// The `executions_next` of the previous page; absent for the first.
-    /// Opaque: a value this server did not hand out is `invalid_request`.
+    /// Treat it as opaque; its form (`<ms>.<execution id>`) is stated so a
+    /// schema-valid value is one the server can read. One that names no
+    /// execution of the turn simply starts after where it would sort.
+    #[param(
+        pattern = r"^[0-9]{1,18}\.exec_[^\u0000-\u001F\u007F-\u009F]{0,123}$",
+        max_length = 147
+    )]
     pub after: Option<String>,
     /// Most executions on the page (default 50).
     #[param(minimum = 1, maximum = 200)]

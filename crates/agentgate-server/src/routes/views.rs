@@ -100,7 +100,7 @@ pub(crate) async fn turn(
     get,
     path = "/v1/turns/{turn_id}/executions",
     tag = "views",
-    params(("turn_id" = String, Path, description = "The turn"), ExecutionPageQuery),
+    params(("turn_id" = crate::schema::Id, Path, description = "The turn"), ExecutionPageQuery),
     security((), ("bearer" = [])),
     responses(
         (status = 200, description = "A page of the turn's executions", body = ExecutionPageResponse),
