@@ -149,6 +149,40 @@ fn json_bytes(value: Option<&Value>) -> u64 {
     })
 }
 
+/// Plans a page from the candidate rows a store read in page order (at
+/// most [`ExecutionPageRequest::fetch`] of them): each row's execution id,
+/// creation time and stored bytes of result and error. Returns the ordering
+/// keys of the rows the page takes and whether rows follow them.
+///
+/// # Errors
+/// `store_unavailable` (corrupt) for a stored id that is not an execution
+/// id or a negative size.
+pub fn plan(
+    candidates: Vec<(String, i64, i64)>,
+    request: &ExecutionPageRequest,
+) -> Result<(Vec<ExecutionCursor>, bool)> {
+    let sizes = candidates
+        .iter()
+        .map(|(_, _, bytes)| {
+            u64::try_from(*bytes)
+                .map_err(|_| Error::corrupt("a stored execution has a negative size"))
+        })
+        .collect::<Result<Vec<u64>>>()?;
+    let take = page_rows(&sizes, request);
+    let more = candidates.len() > take;
+    let keys = candidates
+        .into_iter()
+        .take(take)
+        .map(|(id, created_at_ms, _)| {
+            Ok(ExecutionCursor {
+                created_at_ms,
+                execution_id: ExecutionId::new(id).map_err(Error::corrupt)?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((keys, more))
+}
+
 /// Builds a page from the full rows a store read for the keys `planned`
 /// chose (`keys` are the planned rows' ordering keys, in order; `more` says
 /// whether rows follow them). Rows whose results completed between the two
@@ -209,6 +243,34 @@ mod tests {
             let error = ExecutionCursor::parse(bad).unwrap_err();
             assert_eq!(error.kind().code(), "invalid_request", "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_plan_keeps_the_keys_the_page_takes_and_refuses_corrupt_rows() {
+        let request = ExecutionPageRequest::new(None, Some(2)).unwrap();
+        let row = |id: &str, at: i64, bytes: i64| (id.to_owned(), at, bytes);
+        let (keys, more) = plan(
+            vec![
+                row("exec_a", 1, 10),
+                row("exec_b", 1, 10),
+                row("exec_c", 2, 10),
+            ],
+            &request,
+        )
+        .unwrap();
+        assert_eq!(keys.len(), 2);
+        assert_eq!(keys[1].execution_id.as_str(), "exec_b");
+        assert!(more, "a third row follows");
+        let (keys, more) = plan(vec![row("exec_a", 1, 10)], &request).unwrap();
+        assert_eq!((keys.len(), more), (1, false));
+        assert!(
+            plan(vec![row("exec_a", 1, -1)], &request).is_err(),
+            "a negative size is corrupt"
+        );
+        assert!(
+            plan(vec![row("", 1, 1)], &request).is_err(),
+            "an empty id is corrupt"
+        );
     }
 
     #[test]

@@ -11,14 +11,12 @@
 
 use agentgate_core::config::{check_cap, duration_ms};
 use agentgate_core::error::Result;
-use agentgate_core::ids::{ExecutionId, Fence, SessionId, TurnId, UserId};
+use agentgate_core::ids::{Fence, SessionId, TurnId, UserId};
 use agentgate_core::limits::MAX_OVERVIEW_ROWS;
 use agentgate_core::model::{
     HolderView, LiveTurn, Overview, PendingView, SessionView, SweepReport, TurnView, UserView,
 };
-use agentgate_core::page::{
-    assemble, page_rows, ExecutionCursor, ExecutionPage, ExecutionPageRequest,
-};
+use agentgate_core::page::{assemble, plan, ExecutionPage, ExecutionPageRequest};
 use sqlx::PgPool;
 
 use crate::error::{corrupt, map_sqlx, Retry};
@@ -62,22 +60,7 @@ pub(crate) async fn executions(
     .fetch_all(pool)
     .await
     .map_err(map_sqlx)?;
-    let sizes: Vec<u64> = keyed
-        .iter()
-        .map(|(_, _, bytes)| u64::try_from(*bytes).unwrap_or(0))
-        .collect();
-    let take = page_rows(&sizes, page);
-    let more = keyed.len() > take;
-    let keys = keyed
-        .into_iter()
-        .take(take)
-        .map(|(id, created_at_ms, _)| {
-            Ok(ExecutionCursor {
-                created_at_ms,
-                execution_id: ExecutionId::new(id).map_err(corrupt)?,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let (keys, more) = plan(keyed, page)?;
     let Some(last) = keys.last() else {
         return Ok(ExecutionPage::default());
     };
