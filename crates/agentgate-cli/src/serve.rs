@@ -172,7 +172,7 @@ impl ServeArgs {
             .ok()
             .and_then(|yuan| yuan.checked_mul(100))
             .ok_or("--confirm-threshold is too large")?;
-        let app = (!self.no_app).then(|| AppSettings {
+        let app = (!self.no_app).then_some(AppSettings {
             model,
             confirmation_threshold_cents,
             on_disconnect: match self.on_disconnect {
