@@ -1,12 +1,15 @@
 //! `agentgate serve`: flags (each also an `AGENTGATE_*` environment
-//! variable) turned into an [`agentgate_server::ServeConfig`]. Everything
-//! else lives in `agentgate_server`.
+//! variable) turned into an [`agentgate_server::ServeConfig`] and the
+//! reference app's settings, and the composition of the two: the service
+//! (`agentgate_server`) opens the engine, the app (`agentgate_app`) is
+//! opened on it and mounted beside `/v1` unless `--no-app`. Everything else
+//! lives in those crates.
 
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use agentgate_server::app::{ModelChoice, OnDisconnect, DEFAULT_THINK_TIME_MS};
+use agentgate_app::{LedgerConfig, LedgerMount, ModelChoice, OnDisconnect, DEFAULT_THINK_TIME_MS};
 use agentgate_server::limits::{DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS};
 use agentgate_server::serve::DEFAULT_CONFIRMATION_TTL_MS;
 use agentgate_server::{read_key_file, shutdown_signal, ApiKey, ServeConfig, Server};
@@ -135,8 +138,15 @@ enum DisconnectArg {
     Cancel,
 }
 
+/// The reference app's settings, when it is served.
+struct AppSettings {
+    model: ModelChoice,
+    confirmation_threshold_cents: i64,
+    on_disconnect: OnDisconnect,
+}
+
 impl ServeArgs {
-    fn into_config(self) -> Result<ServeConfig, BoxError> {
+    fn into_config(self) -> Result<(ServeConfig, Option<AppSettings>), BoxError> {
         let mut api_keys = self
             .api_keys
             .into_iter()
@@ -162,7 +172,15 @@ impl ServeArgs {
             .ok()
             .and_then(|yuan| yuan.checked_mul(100))
             .ok_or("--confirm-threshold is too large")?;
-        Ok(ServeConfig {
+        let app = (!self.no_app).then_some(AppSettings {
+            model,
+            confirmation_threshold_cents,
+            on_disconnect: match self.on_disconnect {
+                DisconnectArg::Finish => OnDisconnect::Finish,
+                DisconnectArg::Cancel => OnDisconnect::Cancel,
+            },
+        });
+        let config = ServeConfig {
             listen: self.listen,
             store_url: self.store,
             redis_url: self.redis,
@@ -171,18 +189,12 @@ impl ServeArgs {
             confirmation_ttl: Duration::from_millis(self.confirmation_ttl_ms),
             api_keys,
             max_body_bytes: self.max_body_bytes,
-            app_enabled: !self.no_app,
-            model,
-            confirmation_threshold_cents,
-            on_disconnect: match self.on_disconnect {
-                DisconnectArg::Finish => OnDisconnect::Finish,
-                DisconnectArg::Cancel => OnDisconnect::Cancel,
-            },
             max_connections: self.max_connections,
             allowed_hosts: self.allowed_hosts,
             allowed_origins: self.allowed_origins,
             user_header: self.user_header,
-        })
+        };
+        Ok((config, app))
     }
 }
 
@@ -193,7 +205,24 @@ impl ServeArgs {
 /// When a flag is invalid, the store cannot be opened or the address bound.
 pub async fn run(args: ServeArgs) -> Result<(), BoxError> {
     let shutdown = shutdown_signal();
-    let server = Server::bind(args.into_config()?).await?;
+    let (config, app) = args.into_config()?;
+    let mut starting = Server::open(config).await?;
+    if let Some(app) = app {
+        let ledger = LedgerConfig {
+            confirmation_threshold_cents: app.confirmation_threshold_cents,
+            ..LedgerConfig::default()
+        };
+        let mount = LedgerMount::open(
+            starting.gate().clone(),
+            starting.store_url(),
+            &app.model,
+            ledger,
+            app.on_disconnect,
+        )
+        .await?;
+        starting = starting.mount(mount);
+    }
+    let server = starting.bind().await?;
     let mut stdout = std::io::stdout();
     writeln!(stdout, "listening on {}", server.local_addr())?;
     stdout.flush()?;

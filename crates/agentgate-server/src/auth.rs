@@ -148,7 +148,7 @@ fn bearer(request: &Request) -> Option<&str> {
 
 /// Middleware on the `/v1` routes: 401 `unauthorized` unless the request
 /// carries a configured key (or none is configured).
-pub(crate) async fn require_api_key(
+pub async fn require_api_key(
     State(state): State<AppState>,
     request: Request,
     next: Next,

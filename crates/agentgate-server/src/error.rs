@@ -269,33 +269,6 @@ impl From<Error> for ApiError {
     }
 }
 
-impl From<agentgate_ledger::LedgerError> for ApiError {
-    /// The reference app's errors: the engine's pass through unchanged (so a
-    /// refused chat message gets the same status as a refused `/v1` begin),
-    /// bad input is a 400, the app's own tables failing a 503.
-    fn from(error: agentgate_ledger::LedgerError) -> Self {
-        use agentgate_ledger::LedgerError;
-        match error {
-            LedgerError::Engine(engine) => Self::from(engine),
-            LedgerError::Invalid { message } => Self::invalid(message),
-            LedgerError::Database(source) => {
-                tracing::error!(error = %source, "ledger database failed");
-                Self::new(
-                    ErrorCode::StoreUnavailable,
-                    "the store is unavailable; retry later",
-                )
-            }
-            // Model failures and cancellations end a running turn and reach
-            // the page as an `error` event, never as a status; starting a
-            // turn or reading cannot produce them.
-            other => {
-                tracing::error!(error = %other, code = other.code(), "unexpected app error");
-                Self::new(ErrorCode::Internal, "internal error")
-            }
-        }
-    }
-}
-
 /// Whole seconds for a `Retry-After` header: rounded up, at least 1, so a
 /// client never retries before the lease can have run out, nor hot-loops.
 fn retry_after_secs(retry_after: Duration) -> u64 {
@@ -674,28 +647,6 @@ mod tests {
             response.extensions().get::<ErrorCode>(),
             Some(&ErrorCode::SessionBusy)
         );
-    }
-
-    #[test]
-    fn ledger_errors_map_through_the_same_statuses() {
-        use agentgate_ledger::LedgerError;
-        let busy = LedgerError::from(Error::SessionBusy {
-            active_turn_id: "turn_a".into(),
-            retry_after: Duration::from_millis(900),
-        });
-        let response = ApiError::from(busy).into_response();
-        assert_eq!(response.status(), StatusCode::CONFLICT);
-        assert_eq!(response.headers()[header::RETRY_AFTER], "1");
-        let invalid = ApiError::from(LedgerError::invalid("text must not be empty"));
-        assert_eq!(invalid.status(), StatusCode::BAD_REQUEST);
-        let database = ApiError::from(LedgerError::database("disk I/O error"));
-        assert_eq!(database.status(), StatusCode::SERVICE_UNAVAILABLE);
-        assert!(
-            !database.message.contains("disk"),
-            "driver details stay in the log"
-        );
-        let cancelled = ApiError::from(LedgerError::Cancelled);
-        assert_eq!(cancelled.status(), StatusCode::INTERNAL_SERVER_ERROR);
     }
 
     #[test]

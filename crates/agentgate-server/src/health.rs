@@ -302,7 +302,7 @@ pub(crate) fn unavailable(what: &str) -> ApiError {
 /// the same 503 then, not after the store's 10 s acquire timeout: its
 /// outcome is as unknown to the caller as after any 503, and a retry with
 /// the same ids is safe (begins replay, steps are fenced).
-pub(crate) async fn require_dependencies(
+pub async fn require_dependencies(
     State(state): State<AppState>,
     request: Request,
     next: Next,

@@ -3,11 +3,14 @@
 //!
 //! - [`router`] (this file): the axum router over an [`AppState`], callable
 //!   by tests without a socket; its middleware (API keys on `/v1`, body
-//!   limit, timeout, concurrency limit, metrics).
-//! - [`app`]: the reference ledger agent of SPEC §6 (the chat page at `/`,
-//!   the dashboard at `/dashboard`, their JSON and SSE endpoints under
-//!   `/app/`), run in-process on the same engine.
-//! - [`mod@serve`]: opening the store, binding a socket, running the router.
+//!   limit, timeout, concurrency limit, metrics). [`router_with`] merges
+//!   extra routes into it.
+//! - [`mount`]: the seam for what a program serves beside `/v1` (the
+//!   reference app of SPEC §6 lives in `agentgate-app`, which this crate
+//!   does not know): an [`Extensions`] slot in the state, the [`Mount`]
+//!   trait, and [`mount::protect`] for the `/v1` checks.
+//! - [`mod@serve`]: opening the store, mounting, binding a socket, running
+//!   the router.
 //! - `conn`: the accept loop, header-read timeout, connection cap and
 //!   graceful drain.
 //! - `routes`: the handlers, one file per group (turns, tools, views, ops).
@@ -15,7 +18,7 @@
 //!   from it.
 //! - [`dto`]: the wire format, request and response bodies.
 //! - [`error`]: the error body and the one code → status mapping.
-//! - `extract`: extractors that turn bad input into 400/413 JSON.
+//! - [`extract`]: extractors that turn bad input into 400/413 JSON.
 //! - [`auth`]: API keys and the bearer check, in constant time.
 //! - [`guard`]: the `Host` and `Origin` checks against pages elsewhere, and
 //!   the optional trusted user header.
@@ -26,22 +29,22 @@
 //!
 //! Architecture invariant: this crate makes no protocol decision. Every
 //! `/v1` handler is one call to the engine's [`agentgate::store::Store`],
-//! driven by the lease token the caller sends; the caller heartbeats. The
-//! reference app's turns are run by `agentgate-ledger` through the engine's
-//! `Gate`, whose watchdog heartbeats them. Lease tokens and
-//! API keys are never logged nor shown in `Debug`.
+//! driven by the lease token the caller sends; the caller heartbeats. A
+//! mounted app runs its turns through the same [`Gate`] (whose watchdog
+//! heartbeats them). Lease tokens and API keys are never logged nor shown in
+//! `Debug`.
 #![forbid(unsafe_code)]
 
-pub mod app;
 pub mod auth;
 mod conn;
 pub mod dto;
 pub mod error;
-mod extract;
+pub mod extract;
 pub mod guard;
 pub mod health;
 pub mod limits;
 pub mod metrics;
+pub mod mount;
 pub mod openapi;
 mod routes;
 pub mod schema;
@@ -60,11 +63,12 @@ use tower::ServiceBuilder;
 
 pub use auth::{read_key_file, ApiKey, ApiKeys, KeyError};
 pub use error::{ApiError, ErrorCode};
-pub use extract::LEASE_TOKEN_HEADER;
+pub use extract::{ApiJson, ApiPath, ApiQuery, LEASE_TOKEN_HEADER};
+pub use guard::CallerUser;
 pub use metrics::Metrics;
-pub use serve::{serve, shutdown_signal, ServeConfig, ServeError, Server};
+pub use mount::{Extensions, Mount};
+pub use serve::{serve, shutdown_signal, ServeConfig, ServeError, Server, Starting};
 
-use crate::app::LedgerMount;
 use crate::error::ErrorCode as Code;
 use crate::limits::{
     DEFAULT_MAX_BODY_BYTES, MAX_CONCURRENT_REQUESTS, MAX_MAX_BODY_BYTES, REQUEST_TIMEOUT,
@@ -77,9 +81,10 @@ pub struct ServerOptions {
     pub api_keys: Vec<ApiKey>,
     /// Largest request body; larger ones get 413 `payload_too_large`.
     pub max_body_bytes: usize,
-    /// The reference app to serve at `/` and `/dashboard`; `None` serves
-    /// the v1 contract alone (those paths then answer 404).
-    pub app: Option<LedgerMount>,
+    /// Shared values of mounted routes (see [`mount`]), read by their
+    /// handlers with [`AppState::extension`]. Empty for the v1 contract
+    /// alone.
+    pub extensions: Extensions,
     /// The listen address (`host:port`), whose host is an allowed `Host`.
     pub listen: String,
     /// `Host` names answered besides IP addresses, `localhost` and the
@@ -99,7 +104,7 @@ impl Default for ServerOptions {
         Self {
             api_keys: Vec::new(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
-            app: None,
+            extensions: Extensions::new(),
             listen: String::new(),
             allowed_hosts: Vec::new(),
             allowed_origins: Vec::new(),
@@ -123,8 +128,8 @@ struct Inner {
     max_body_bytes: usize,
     /// Rendered once: the document is static for the life of the process.
     openapi_json: String,
-    /// The reference app, on the same engine as `gate`.
-    app: Option<LedgerMount>,
+    /// Mounted routes' shared values.
+    extensions: Extensions,
     health: health::Health,
     origin_policy: guard::OriginPolicy,
     user_header: Option<HeaderName>,
@@ -168,7 +173,7 @@ impl AppState {
                 api_keys,
                 max_body_bytes: options.max_body_bytes,
                 openapi_json: openapi::document_json(),
-                app: options.app,
+                extensions: options.extensions,
                 health,
                 origin_policy,
                 user_header,
@@ -186,19 +191,10 @@ impl AppState {
         &self.inner.metrics
     }
 
-    /// The reference app, when mounted.
-    pub fn app(&self) -> Option<&LedgerMount> {
-        self.inner.app.as_ref()
-    }
-
-    /// The reference app, or the 404 its routes answer without one.
-    pub(crate) fn ledger(&self) -> Result<&LedgerMount, ApiError> {
-        self.app().ok_or_else(|| {
-            ApiError::new(
-                Code::NotFound,
-                "the reference app is not served by this server",
-            )
-        })
+    /// The shared value of type `T` a mount put in
+    /// [`ServerOptions::extensions`], if any.
+    pub fn extension<T: std::any::Any + Send + Sync>(&self) -> Option<&T> {
+        self.inner.extensions.get::<T>()
     }
 
     pub(crate) fn api_keys(&self) -> &ApiKeys {
@@ -248,9 +244,17 @@ async fn on_layer_error(error: tower::BoxError) -> ApiError {
 /// and `Origin` checks on every route, the API key check and the fail-fast
 /// dependency check on `/v1`, JSON answers for unknown routes and methods, the body
 /// limit (enforced by the JSON extractor), a per-request timeout, a global
-/// concurrency limit and metrics; and, when the state has one, the reference
-/// app's pages and endpoints ([`app`]).
+/// concurrency limit and metrics.
 pub fn router(state: AppState) -> Router {
+    router_with(state, Router::new())
+}
+
+/// [`router`] with `extra` routes merged beside `/v1` (see [`mount`]). They
+/// get the `Host` and `Origin` checks, the timeout, the concurrency limit,
+/// the JSON fallbacks and the metrics; the API key and dependency checks are
+/// theirs to apply, with [`mount::protect`]. A path of `extra` that is also
+/// a v1 or ops path panics here, at startup (axum's merge).
+pub fn router_with(state: AppState, extra: Router<AppState>) -> Router {
     let api_key_check = middleware::from_fn_with_state(state.clone(), auth::require_api_key);
     let dependencies = middleware::from_fn_with_state(state.clone(), health::require_dependencies);
     let (v1, _) = openapi::v1_routes()
@@ -262,11 +266,10 @@ pub fn router(state: AppState) -> Router {
         .layer(HandleErrorLayer::new(on_layer_error))
         .layer(TimeoutLayer::new(REQUEST_TIMEOUT))
         .layer(GlobalConcurrencyLimitLayer::new(MAX_CONCURRENT_REQUESTS));
-    let mut routes = Router::new().merge(v1).merge(ops);
-    if state.app().is_some() {
-        routes = routes.merge(app::routes(&state));
-    }
-    routes
+    Router::new()
+        .merge(v1)
+        .merge(ops)
+        .merge(extra)
         .fallback(routes::ops::no_route)
         .method_not_allowed_fallback(routes::ops::wrong_method)
         .layer(guards)

@@ -53,25 +53,6 @@ pub const MAX_API_KEYS: usize = 64;
 /// [`MAX_API_KEY_BYTES`] with comments fits easily.
 pub const MAX_API_KEY_FILE_BYTES: u64 = 64 * 1024;
 
-/// Longest think time per model round the offline model may be given. The
-/// point of the setting is to look like a 2–10 s LLM (SPEC §6); a minute per
-/// round would only make a demo look hung.
-pub const MAX_THINK_TIME: Duration = Duration::from_secs(60);
-
-/// Interval of SSE keep-alive comments on a turn's event stream. Besides
-/// keeping proxies from closing a quiet stream, each write is how a client
-/// that went away is noticed while the model is silent (the `cancel`
-/// disconnect policy then fires within about this long).
-pub const SSE_KEEP_ALIVE: Duration = Duration::from_secs(1);
-
-/// Rows of each kind (live leases, turns, tool executions) the dashboard
-/// shows: a screenful. The store caps any overview at its own limit too.
-pub const DASHBOARD_ROWS: u32 = 50;
-
-/// Users whose permits the dashboard reads per refresh, one store read each.
-/// The dashboard refreshes every second; this bounds the reads it costs.
-pub const DASHBOARD_MAX_USERS: usize = 20;
-
 /// Longest a client may take to send a request head (request line and
 /// headers), from the moment the connection waits for it. A client that
 /// never finishes its headers (slowloris) would otherwise hold a connection

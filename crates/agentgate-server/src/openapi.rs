@@ -7,8 +7,9 @@
 //! exist without being documented, nor be documented without existing.
 //!
 //! Deliberately absent: the reference app's pages and endpoints
-//! ([`crate::app`]), which the router mounts beside these when an app is
-//! configured. They are the chat page's own API, not the v1 contract.
+//! (`agentgate-app`, mounted through [`crate::mount`]), which the router
+//! serves beside these when one is mounted. They are the chat page's own
+//! API, not the v1 contract.
 
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::OpenApi as Document;

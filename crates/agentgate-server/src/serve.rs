@@ -1,5 +1,7 @@
-//! Running the service: open the store, bind the socket, serve the router
-//! until a shutdown signal, then finish the requests in flight.
+//! Running the service: open the store ([`Server::open`]), mount what the
+//! program composes on it ([`Starting::mount`]), bind the socket
+//! ([`Starting::bind`]), serve the router until a shutdown signal, then
+//! finish the requests in flight. [`Server::bind`] is the v1 contract alone.
 //!
 //! Leases survive a shutdown: they belong to the callers, who either end
 //! their turns against the next server on the same store or let them expire.
@@ -12,15 +14,14 @@ use std::time::Duration;
 
 use agentgate::{Config, Gate};
 use agentgate_core::lease::LeaseLayer;
-use agentgate_ledger::LedgerConfig;
 use agentgate_store_redis::RedisLeases;
 use axum::Router;
 use tokio::net::TcpListener;
 
-use crate::app::{LedgerMount, ModelChoice, OnDisconnect};
 use crate::auth::ApiKey;
 use crate::limits::{DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS, MAX_MAX_CONNECTIONS};
-use crate::{router, AppState, ServerOptions};
+use crate::mount::{Extensions, Mount};
+use crate::{router_with, AppState, ServerOptions};
 
 /// How long a pending confirmation waits for a person under `agentgate
 /// serve`, in ms: ten minutes. The engine's own default is a day, for
@@ -29,7 +30,8 @@ use crate::{router, AppState, ServerOptions};
 /// expires every new message in that conversation is refused.
 pub const DEFAULT_CONFIRMATION_TTL_MS: u64 = 10 * 60 * 1000;
 
-/// Everything `agentgate serve` is configured with.
+/// Everything the service is configured with (`agentgate serve`'s flags
+/// but those of a mounted app).
 #[derive(Clone)]
 pub struct ServeConfig {
     /// Address to listen on, `host:port`; port 0 picks a free one.
@@ -50,14 +52,6 @@ pub struct ServeConfig {
     pub api_keys: Vec<ApiKey>,
     /// Largest request body.
     pub max_body_bytes: usize,
-    /// Whether to serve the reference app (`/`, `/dashboard`, `/app/`).
-    pub app_enabled: bool,
-    /// The reference app's model.
-    pub model: ModelChoice,
-    /// Entries above this amount, in cents, wait for a person's confirmation.
-    pub confirmation_threshold_cents: i64,
-    /// What a client disconnect does to the app's running turn.
-    pub on_disconnect: OnDisconnect,
     /// Most connections open at once; more are answered 503 and closed.
     pub max_connections: usize,
     /// `Host` names answered besides IP addresses, `localhost` and the
@@ -81,10 +75,6 @@ impl Default for ServeConfig {
             confirmation_ttl: Duration::from_millis(DEFAULT_CONFIRMATION_TTL_MS),
             api_keys: Vec::new(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
-            app_enabled: true,
-            model: ModelChoice::default(),
-            confirmation_threshold_cents: LedgerConfig::default().confirmation_threshold_cents,
-            on_disconnect: OnDisconnect::default(),
             max_connections: DEFAULT_MAX_CONNECTIONS,
             allowed_hosts: Vec::new(),
             allowed_origins: Vec::new(),
@@ -115,13 +105,6 @@ impl fmt::Debug for ServeConfig {
             .field("confirmation_ttl", &self.confirmation_ttl)
             .field("api_keys", &self.api_keys.len())
             .field("max_body_bytes", &self.max_body_bytes)
-            .field("app_enabled", &self.app_enabled)
-            .field("model", &self.model)
-            .field(
-                "confirmation_threshold_cents",
-                &self.confirmation_threshold_cents,
-            )
-            .field("on_disconnect", &self.on_disconnect)
             .field("max_connections", &self.max_connections)
             .field("allowed_hosts", &self.allowed_hosts)
             .field("allowed_origins", &self.allowed_origins)
@@ -140,9 +123,10 @@ pub enum ServeError {
     /// The engine refused to open the store.
     #[error("cannot open the store: {0}")]
     Store(#[source] agentgate::Error),
-    /// The reference app could not open its tables.
-    #[error("cannot open the reference app: {0}")]
-    App(#[source] agentgate_ledger::LedgerError),
+    /// A mounted app could not open (its tables, its model): the app's own
+    /// error, boxed, since this crate knows no app.
+    #[error("cannot open the app: {0}")]
+    App(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// The socket could not be bound or served.
     #[error("{what}: {source}")]
     Io {
@@ -164,14 +148,23 @@ pub struct Server {
 }
 
 impl Server {
-    /// Opens the store and binds the socket; call [`Server::run`] to serve.
+    /// Opens the store and binds the socket for the v1 contract alone (no
+    /// mounts); call [`Server::run`] to serve.
+    ///
+    /// # Errors
+    /// As [`Server::open`] and [`Starting::bind`].
+    pub async fn bind(config: ServeConfig) -> Result<Self, ServeError> {
+        Self::open(config).await?.bind().await
+    }
+
+    /// Opens the store (and the Redis lease layer, if any); mount apps on
+    /// the result, then [`Starting::bind`].
     ///
     /// # Errors
     /// [`ServeError::Config`] for a setting out of range or an unsupported
     /// store URL; [`ServeError::Store`] when the store (or Redis) cannot be
-    /// opened; [`ServeError::App`] when the reference app cannot create its
-    /// tables; [`ServeError::Io`] when the address cannot be bound.
-    pub async fn bind(config: ServeConfig) -> Result<Self, ServeError> {
+    /// opened.
+    pub async fn open(config: ServeConfig) -> Result<Starting, ServeError> {
         if config.max_connections == 0 || config.max_connections > MAX_MAX_CONNECTIONS {
             return Err(ServeError::Config(format!(
                 "max connections is {}, allowed 1..={MAX_MAX_CONNECTIONS}",
@@ -201,65 +194,11 @@ impl Server {
             None => Gate::open(&config.store_url, engine).await,
         }
         .map_err(opening)?;
-        let app = if config.app_enabled {
-            let ledger = LedgerConfig {
-                confirmation_threshold_cents: config.confirmation_threshold_cents,
-                ..LedgerConfig::default()
-            };
-            Some(
-                LedgerMount::open(
-                    gate.clone(),
-                    &config.store_url,
-                    &config.model,
-                    ledger,
-                    config.on_disconnect,
-                )
-                .await?,
-            )
-        } else {
-            None
-        };
-        let options = ServerOptions {
-            api_keys: config.api_keys,
-            max_body_bytes: config.max_body_bytes,
-            app,
-            listen: config.listen.clone(),
-            allowed_hosts: config.allowed_hosts,
-            allowed_origins: config.allowed_origins,
-            user_header: config.user_header.clone(),
+        Ok(Starting {
+            config,
+            gate,
             lease_layer,
-        };
-        let state = AppState::new(gate, options)?;
-        let listener =
-            TcpListener::bind(&config.listen)
-                .await
-                .map_err(|source| ServeError::Io {
-                    what: format!("cannot listen on {}", config.listen),
-                    source,
-                })?;
-        let local_addr = listener.local_addr().map_err(|source| ServeError::Io {
-            what: "cannot read the bound address".to_owned(),
-            source,
-        })?;
-        tracing::info!(
-            %local_addr,
-            store = %redact_url(&config.store_url),
-            redis = ?config.redis_url.as_deref().map(redact_url),
-            lease_ttl_ms = config.lease_ttl.as_millis() as u64,
-            max_turns_per_user = config.max_turns_per_user,
-            confirmation_ttl_ms = config.confirmation_ttl.as_millis() as u64,
-            api_key_required = state.api_keys().enabled(),
-            app = ?state.app().map(|a| a.app.model_name()),
-            on_disconnect = %config.on_disconnect,
-            max_connections = config.max_connections,
-            user_header = ?config.user_header,
-            "agentgate serving"
-        );
-        Ok(Self {
-            listener,
-            router: router(state),
-            local_addr,
-            max_connections: config.max_connections,
+            mounts: Vec::new(),
         })
     }
 
@@ -283,6 +222,110 @@ impl Server {
             .await;
         tracing::info!("agentgate stopped");
         Ok(())
+    }
+}
+
+/// An opened engine, not yet bound: what a program composes the service
+/// from (the CLI mounts the reference app here).
+pub struct Starting {
+    config: ServeConfig,
+    gate: Gate,
+    lease_layer: Option<Arc<dyn LeaseLayer>>,
+    mounts: Vec<Box<dyn Mount>>,
+}
+
+impl fmt::Debug for Starting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Starting")
+            .field("config", &self.config)
+            .field("mounts", &self.mounts.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Starting {
+    /// The engine, for a mount to run its turns on (the same leases `/v1`
+    /// callers contend for).
+    pub fn gate(&self) -> &Gate {
+        &self.gate
+    }
+
+    /// The store URL the engine opened, for a mount that keeps its own
+    /// tables beside the engine's.
+    pub fn store_url(&self) -> &str {
+        &self.config.store_url
+    }
+
+    /// Serves `mount`'s routes beside `/v1` (see [`crate::mount`]).
+    #[must_use]
+    pub fn mount(mut self, mount: impl Mount) -> Self {
+        self.mounts.push(Box::new(mount));
+        self
+    }
+
+    /// Builds the router over the engine and the mounts, and binds the
+    /// socket; call [`Server::run`] to serve.
+    ///
+    /// # Errors
+    /// [`ServeError::Config`] for a setting out of range (see
+    /// [`AppState::new`]); [`ServeError::Io`] when the address cannot be
+    /// bound.
+    pub async fn bind(self) -> Result<Server, ServeError> {
+        let Self {
+            config,
+            gate,
+            lease_layer,
+            mounts,
+        } = self;
+        let mut extensions = Extensions::new();
+        for mount in &mounts {
+            mount.extend(&mut extensions);
+        }
+        let options = ServerOptions {
+            api_keys: config.api_keys,
+            max_body_bytes: config.max_body_bytes,
+            extensions,
+            listen: config.listen.clone(),
+            allowed_hosts: config.allowed_hosts,
+            allowed_origins: config.allowed_origins,
+            user_header: config.user_header.clone(),
+            lease_layer,
+        };
+        let state = AppState::new(gate, options)?;
+        let extra = mounts.iter().fold(Router::new(), |routes, mount| {
+            routes.merge(mount.routes(&state))
+        });
+        let listener =
+            TcpListener::bind(&config.listen)
+                .await
+                .map_err(|source| ServeError::Io {
+                    what: format!("cannot listen on {}", config.listen),
+                    source,
+                })?;
+        let local_addr = listener.local_addr().map_err(|source| ServeError::Io {
+            what: "cannot read the bound address".to_owned(),
+            source,
+        })?;
+        let mounted: Vec<String> = mounts.iter().map(|mount| mount.describe()).collect();
+        tracing::info!(
+            %local_addr,
+            store = %redact_url(&config.store_url),
+            redis = ?config.redis_url.as_deref().map(redact_url),
+            lease_ttl_ms = config.lease_ttl.as_millis() as u64,
+            max_turns_per_user = config.max_turns_per_user,
+            confirmation_ttl_ms = config.confirmation_ttl.as_millis() as u64,
+            api_key_required = state.api_keys().enabled(),
+            mounted = ?mounted,
+            max_connections = config.max_connections,
+            user_header = ?config.user_header,
+            "agentgate serving"
+        );
+        Ok(Server {
+            listener,
+            router: router_with(state, extra),
+            local_addr,
+            max_connections: config.max_connections,
+        })
     }
 }
 

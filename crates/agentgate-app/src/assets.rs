@@ -1,4 +1,4 @@
-//! The pages' files (`crates/agentgate-server/assets/`), embedded in the
+//! The pages' files (`crates/agentgate-app/assets/`), embedded in the
 //! binary with `include_str!`: plain HTML, CSS and JS, no build step, nothing
 //! read from disk at run time.
 //!
@@ -6,11 +6,9 @@
 //! styles from this server only, no inline script) and `no-cache`, so a new
 //! binary's files are picked up on the next load.
 
+use agentgate_server::{ApiError, ApiPath, ErrorCode};
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
-
-use crate::error::{ApiError, ErrorCode};
-use crate::extract::ApiPath;
 
 /// What the pages may load: only this origin; `connect-src 'self'` covers
 /// the JSON and SSE calls.
@@ -28,13 +26,13 @@ struct Asset {
 const INDEX: Asset = Asset {
     name: "index.html",
     content_type: "text/html; charset=utf-8",
-    body: include_str!("../../assets/index.html"),
+    body: include_str!("../assets/index.html"),
 };
 
 const DASHBOARD: Asset = Asset {
     name: "dashboard.html",
     content_type: "text/html; charset=utf-8",
-    body: include_str!("../../assets/dashboard.html"),
+    body: include_str!("../assets/dashboard.html"),
 };
 
 /// The files under `/assets/`.
@@ -42,32 +40,32 @@ const FILES: &[Asset] = &[
     Asset {
         name: "style.css",
         content_type: "text/css; charset=utf-8",
-        body: include_str!("../../assets/style.css"),
+        body: include_str!("../assets/style.css"),
     },
     Asset {
         name: "common.js",
         content_type: "text/javascript; charset=utf-8",
-        body: include_str!("../../assets/common.js"),
+        body: include_str!("../assets/common.js"),
     },
     Asset {
         name: "i18n.js",
         content_type: "text/javascript; charset=utf-8",
-        body: include_str!("../../assets/i18n.js"),
+        body: include_str!("../assets/i18n.js"),
     },
     Asset {
         name: "app.js",
         content_type: "text/javascript; charset=utf-8",
-        body: include_str!("../../assets/app.js"),
+        body: include_str!("../assets/app.js"),
     },
     Asset {
         name: "dashboard.js",
         content_type: "text/javascript; charset=utf-8",
-        body: include_str!("../../assets/dashboard.js"),
+        body: include_str!("../assets/dashboard.js"),
     },
     Asset {
         name: "favicon.svg",
         content_type: "image/svg+xml",
-        body: include_str!("../../assets/favicon.svg"),
+        body: include_str!("../assets/favicon.svg"),
     },
 ];
 

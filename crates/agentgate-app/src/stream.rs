@@ -30,14 +30,13 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
-use super::OnDisconnect;
-use crate::dto::DecisionDto;
-use crate::error::ApiError;
-use crate::extract::ApiJson;
-use crate::guard::CallerUser;
+use agentgate_server::dto::DecisionDto;
+use agentgate_server::metrics::{BeginLabel, Metrics};
+use agentgate_server::{ApiError, ApiJson, AppState, CallerUser};
+
+use crate::error::api_error;
 use crate::limits::SSE_KEEP_ALIVE;
-use crate::metrics::{BeginLabel, Metrics};
-use crate::AppState;
+use crate::OnDisconnect;
 
 /// `POST /app/messages`: a person's chat message.
 #[derive(Debug, Deserialize)]
@@ -73,7 +72,7 @@ pub(crate) async fn send_message(
     ApiJson(request): ApiJson<MessageRequest>,
 ) -> Result<Response, ApiError> {
     caller.check(&request.user_id)?;
-    let mount = state.ledger()?;
+    let mount = crate::ledger(&state)?;
     let message = UserMessage {
         user_id: request.user_id,
         session_id: request.session_id,
@@ -92,7 +91,7 @@ pub(crate) async fn confirm(
     ApiJson(request): ApiJson<ConfirmationRequest>,
 ) -> Result<Response, ApiError> {
     caller.check(&request.user_id)?;
-    let mount = state.ledger()?;
+    let mount = crate::ledger(&state)?;
     let answer = ConfirmRequest {
         user_id: request.user_id,
         session_id: request.session_id,
@@ -114,7 +113,7 @@ fn respond(
     let metrics = state.metrics();
     match started {
         Err(error) => {
-            let error = ApiError::from(error);
+            let error = api_error(error);
             metrics.begin(BeginLabel::Refused(error.code()));
             tracing::debug!(code = error.code().as_str(), "app turn refused");
             Err(error)

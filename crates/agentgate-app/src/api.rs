@@ -8,14 +8,12 @@
 
 use agentgate::{SessionId, TurnState, UserId};
 use agentgate_ledger::{Entry, Reply, SessionSummary, Totals, TranscriptTurn};
+use agentgate_server::{ApiError, ApiQuery, AppState, CallerUser};
 use axum::extract::State;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
-use crate::error::ApiError;
-use crate::extract::ApiQuery;
-use crate::guard::CallerUser;
-use crate::AppState;
+use crate::error::api_error;
 
 /// `?user_id=`
 #[derive(Debug, Deserialize)]
@@ -89,9 +87,13 @@ pub(crate) async fn sessions(
     ApiQuery(query): ApiQuery<UserQuery>,
 ) -> Result<Json<SessionsResponse>, ApiError> {
     caller.check(&query.user_id)?;
-    let mount = state.ledger()?;
+    let mount = crate::ledger(&state)?;
     let user_id = UserId::new(query.user_id)?;
-    let sessions = mount.app.sessions(user_id.as_str()).await?;
+    let sessions = mount
+        .app
+        .sessions(user_id.as_str())
+        .await
+        .map_err(api_error)?;
     Ok(Json(SessionsResponse { sessions }))
 }
 
@@ -102,13 +104,14 @@ pub(crate) async fn transcript(
     ApiQuery(query): ApiQuery<SessionQuery>,
 ) -> Result<Json<TranscriptResponse>, ApiError> {
     caller.check(&query.user_id)?;
-    let mount = state.ledger()?;
+    let mount = crate::ledger(&state)?;
     let user_id = UserId::new(query.user_id)?;
     let session_id = SessionId::new(query.session_id)?;
     let turns = mount
         .app
         .transcript(user_id.as_str(), session_id.as_str())
-        .await?;
+        .await
+        .map_err(api_error)?;
     // Read after the transcript: a turn that ended in between shows as
     // ended with its lease gone, never as running with no row.
     let session = state
@@ -120,7 +123,8 @@ pub(crate) async fn transcript(
     let pending = mount
         .app
         .pending_confirmation(user_id.as_str(), session_id.as_str())
-        .await?
+        .await
+        .map_err(api_error)?
         .and_then(|(turn_id, reply)| {
             // The pending turn's deadline; absent when it expired between
             // the two reads, and then it is no longer pending.
@@ -157,10 +161,18 @@ pub(crate) async fn ledger(
     ApiQuery(query): ApiQuery<UserQuery>,
 ) -> Result<Json<LedgerResponse>, ApiError> {
     caller.check(&query.user_id)?;
-    let mount = state.ledger()?;
+    let mount = crate::ledger(&state)?;
     let user_id = UserId::new(query.user_id)?;
-    let entries = mount.app.entries(user_id.as_str()).await?;
-    let totals = mount.app.totals(user_id.as_str()).await?;
+    let entries = mount
+        .app
+        .entries(user_id.as_str())
+        .await
+        .map_err(api_error)?;
+    let totals = mount
+        .app
+        .totals(user_id.as_str())
+        .await
+        .map_err(api_error)?;
     Ok(Json(LedgerResponse { entries, totals }))
 }
 
@@ -168,7 +180,7 @@ pub(crate) async fn ledger(
 pub(crate) async fn settings(
     State(state): State<AppState>,
 ) -> Result<Json<SettingsResponse>, ApiError> {
-    let mount = state.ledger()?;
+    let mount = crate::ledger(&state)?;
     let engine = state.gate().config();
     Ok(Json(SettingsResponse {
         model: mount.app.model_name().to_owned(),

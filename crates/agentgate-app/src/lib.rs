@@ -1,17 +1,27 @@
-//! The reference app of SPEC §6, served beside `/v1`: the ledger agent's
-//! chat page at `/`, the live dashboard at `/dashboard`, and the JSON and SSE
-//! endpoints under `/app/` that those two pages call.
+//! agentgate-app: the reference app of SPEC §6 served over HTTP beside
+//! `/v1`: the ledger agent's chat page at `/`, the live dashboard at
+//! `/dashboard`, and the JSON and SSE endpoints under `/app/` that those two
+//! pages call.
+//!
+//! It is mounted on `agentgate-server` through that crate's public seam
+//! ([`agentgate_server::mount`]): `agentgate serve` opens the engine with
+//! [`agentgate_server::Server::open`], opens a [`LedgerMount`] on it and
+//! passes it to [`agentgate_server::Starting::mount`]. The server crate does
+//! not depend on this one nor on `agentgate-ledger`.
 //!
 //! - this file: [`LedgerMount`] (the in-process [`LedgerApp`] plus the
-//!   disconnect policy), [`ModelChoice`], [`OnDisconnect`], and the route
-//!   list ([`routes`]);
+//!   disconnect policy, and its [`Mount`] implementation), [`ModelChoice`],
+//!   [`OnDisconnect`], and the route list (`routes`);
 //! - `stream`: send a message or a confirmation and stream the turn's
 //!   [`agentgate_ledger::AgentEvent`]s as server-sent events;
 //! - `api`: the page's reads (sessions, transcript, ledger, pending
 //!   confirmation);
+//! - `error`: the app's errors as the server's error body;
 //! - `dashboard`: the store's overview, permits per user and this server's
 //!   counters;
-//! - `assets`: the HTML, CSS and JS files, embedded in the binary.
+//! - `assets`: the HTML, CSS and JS files (`assets/`), embedded in the
+//!   binary;
+//! - [`limits`]: the app's named limits.
 //!
 //! The app runs the engine in-process, on the server's own [`agentgate::Gate`]
 //! and store: the same library any Rust user would call, and the same leases
@@ -19,17 +29,24 @@
 //!
 //! Architecture invariant: a refusal (`session_busy`, `request_in_flight`,
 //! `awaiting_confirmation`, `user_at_capacity`, …) is answered with its real
-//! status and the usual JSON error body, through [`crate::error::status_of`],
+//! status and the usual JSON error body, through
+//! [`agentgate_server::error::status_of`],
 //! before any event stream starts. Only a granted turn (or a replay) streams.
 //!
 //! Architecture invariant: the app's endpoints are the pages' own, not part
 //! of the v1 contract; they are deliberately absent from `/openapi.json`.
-//! They sit behind the same API key check as `/v1` (the page asks for the key
-//! when the server wants one); the HTML, CSS and JS files are open.
+//! They sit behind the same API key and dependency checks as `/v1`
+//! ([`agentgate_server::mount::protect`]; the page asks for the key when the
+//! server wants one); the HTML, CSS and JS files are open. Every route gets
+//! the server's `Host`/`Origin` guard, timeout, concurrency limit and
+//! metrics, as `/v1` does.
+#![forbid(unsafe_code)]
 
 mod api;
 mod assets;
 mod dashboard;
+mod error;
+pub mod limits;
 mod stream;
 
 use std::fmt;
@@ -38,13 +55,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentgate::Gate;
-use agentgate_ledger::{LedgerApp, LedgerConfig, Model, OfflineModel, OpenAiConfig, OpenAiModel};
+use agentgate_ledger::{LedgerApp, Model, OfflineModel, OpenAiConfig, OpenAiModel};
+use agentgate_server::mount::{protect, Extensions, Mount};
+use agentgate_server::{ApiError, AppState, ErrorCode, ServeError};
 use axum::routing::{get, post};
-use axum::{middleware, Router};
+use axum::Router;
+
+pub use agentgate_ledger::LedgerConfig;
 
 use crate::limits::MAX_THINK_TIME;
-use crate::serve::ServeError;
-use crate::AppState;
 
 /// The offline model's default think time per round, in ms: a booking takes
 /// three rounds, so a turn takes about two seconds (SPEC §6).
@@ -183,7 +202,7 @@ impl LedgerMount {
             .await
             .map_err(|error| match error {
                 agentgate_ledger::LedgerError::Invalid { message } => ServeError::Config(message),
-                other => ServeError::App(other),
+                other => ServeError::App(Box::new(other)),
             })?;
         // The recovery worker resumes this app's turns whose worker died (a
         // crash of this or another node): the person waiting on one sees the
@@ -198,12 +217,38 @@ impl LedgerMount {
     }
 }
 
+impl Mount for LedgerMount {
+    fn describe(&self) -> String {
+        format!(
+            "reference app (model {}, on disconnect {})",
+            self.app.model_name(),
+            self.on_disconnect
+        )
+    }
+
+    fn extend(&self, extensions: &mut Extensions) {
+        extensions.insert(self.clone());
+    }
+
+    fn routes(&self, state: &AppState) -> Router<AppState> {
+        routes(state)
+    }
+}
+
+/// The mounted app, or the 404 its routes answer without one (a router
+/// built with these routes but without the mount's extension).
+fn ledger(state: &AppState) -> Result<&LedgerMount, ApiError> {
+    state.extension::<LedgerMount>().ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::NotFound,
+            "the reference app is not served by this server",
+        )
+    })
+}
+
 /// The app's routes: the two pages and their files (open), and the JSON and
-/// SSE endpoints (behind the API key check when keys are configured).
-pub(crate) fn routes(state: &AppState) -> Router<AppState> {
-    let api_key_check = middleware::from_fn_with_state(state.clone(), crate::auth::require_api_key);
-    let dependencies =
-        middleware::from_fn_with_state(state.clone(), crate::health::require_dependencies);
+/// SSE endpoints (behind the API key and dependency checks).
+fn routes(state: &AppState) -> Router<AppState> {
     let api = Router::new()
         .route("/app/messages", post(stream::send_message))
         .route("/app/confirmations", post(stream::confirm))
@@ -211,12 +256,10 @@ pub(crate) fn routes(state: &AppState) -> Router<AppState> {
         .route("/app/transcript", get(api::transcript))
         .route("/app/ledger", get(api::ledger))
         .route("/app/settings", get(api::settings))
-        .route("/app/dashboard", get(dashboard::dashboard))
-        .route_layer(dependencies)
-        .route_layer(api_key_check);
+        .route("/app/dashboard", get(dashboard::dashboard));
     Router::new()
         .route("/", get(assets::index))
         .route("/dashboard", get(assets::dashboard))
         .route("/assets/{file}", get(assets::file))
-        .merge(api)
+        .merge(protect(state, api))
 }

@@ -13,14 +13,13 @@ use std::collections::BTreeSet;
 
 use agentgate::model::{ExecutionView, LiveTurn, TurnView};
 use agentgate::{TurnState, UserId};
+use agentgate_server::metrics::Counters;
+use agentgate_server::{ApiError, AppState};
 use axum::extract::State;
 use axum::Json;
 use serde::Serialize;
 
-use crate::error::ApiError;
 use crate::limits::{DASHBOARD_MAX_USERS, DASHBOARD_ROWS};
-use crate::metrics::Counters;
-use crate::AppState;
 
 /// A live lease.
 #[derive(Debug, Serialize)]
