@@ -219,22 +219,21 @@ async fn begin_layered(
                 );
                 let asked = Instant::now();
                 let acquired = layer.acquire(&claim).await?;
-                // A duplicate of a new request generated its own turn id; the
-                // holder may be its twin's turn, committed or about to be.
-                let own = match (&acquired, &seen_turn) {
-                    (Acquired::Busy { holder_turn_id, .. }, None) => {
-                        match request_of(store, holder_turn_id).await? {
-                            Some(request) if request == command.client_request_id.as_str() => {
-                                holder_turn_id.clone()
-                            }
-                            Some(_) => claim.turn_id.to_owned(),
-                            // Granted but not yet written: look again shortly.
-                            None => continue,
-                        }
+                if let Acquired::Busy { holder_turn_id, .. } = &acquired {
+                    // The holder's grant may be newer than the snapshot this
+                    // begin decided on (a twin of this request, or the turn
+                    // that answered the same confirmation): the answer is
+                    // the one `decide` gives on a snapshot that shows it.
+                    // Decide again once its row is written.
+                    if holder_turn_id != claim.turn_id
+                        && fence_of(store, holder_turn_id)
+                            .await?
+                            .is_none_or(|holder| holder > seen.session_fence)
+                    {
+                        continue;
                     }
-                    _ => claim.turn_id.to_owned(),
-                };
-                let remaining = layer_acquired(acquired, &own, claim.cap)?;
+                }
+                let remaining = layer_acquired(acquired, claim.turn_id, claim.cap)?;
                 let granted = Granted {
                     turn_id,
                     token,
@@ -257,10 +256,10 @@ async fn begin_layered(
     ))
 }
 
-/// The client request of `turn_id`, if its row is written.
-async fn request_of(store: &SqliteStore, turn_id: &str) -> Result<Option<String>> {
+/// The fence of `turn_id`'s latest grant, if its row is written.
+async fn fence_of(store: &SqliteStore, turn_id: &str) -> Result<Option<i64>> {
     let mut conn = store.reader().await?;
-    sqlx::query_scalar("SELECT client_request_id FROM ag_turns WHERE turn_id = ?")
+    sqlx::query_scalar("SELECT fence FROM ag_turns WHERE turn_id = ?")
         .bind(turn_id)
         .fetch_optional(&mut *conn)
         .await
