@@ -15,6 +15,7 @@
 //! a server that does not answer within [`CONNECT_TIMEOUT`], or a user who
 //! may not create databases (naming the privilege to grant).
 
+use agentgate_core::dburl::{redact_password as redact, with_database};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -330,36 +331,6 @@ fn random_hex(bytes: usize) -> String {
     let mut buffer = vec![0u8; bytes];
     getrandom::fill(&mut buffer).expect("the operating system's random source is available");
     hex::encode(buffer)
-}
-
-/// `url` without its password, for messages.
-pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            let user = userinfo.split(':').next().unwrap_or_default();
-            format!("{}{user}@{}", &url[..scheme + 3], &url[at + 1..])
-        }
-        _ => url.to_owned(),
-    }
-}
-
-/// `url` with its database replaced by `database`, its query kept.
-fn with_database(url: &str, database: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((base, query)) => (base, Some(query)),
-        None => (url, None),
-    };
-    let authority_start = base.find("://").map_or(0, |i| i + 3);
-    let path_start = base[authority_start..]
-        .find('/')
-        .map_or(base.len(), |i| authority_start + i);
-    let mut out = format!("{}/{database}", &base[..path_start]);
-    if let Some(query) = query {
-        out.push('?');
-        out.push_str(query);
-    }
-    out
 }
 
 /// The scratch database a server URL names, if it names one.

@@ -21,6 +21,7 @@
 
 pub mod canonical;
 pub mod config;
+pub mod dburl;
 pub mod decide;
 pub mod error;
 pub mod ids;

@@ -10,6 +10,7 @@
 //!
 //! Not for production use: it creates and drops databases.
 
+use agentgate_core::dburl::{redact_password as redact, with_database};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -65,36 +66,6 @@ async fn connect_admin() -> Result<PgConnection, String> {
             redact(&url)
         )),
     }
-}
-
-/// `url` without its password, for messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            let user = userinfo.split(':').next().unwrap_or_default();
-            format!("{}{user}@{}", &url[..scheme + 3], &url[at + 1..])
-        }
-        _ => url.to_owned(),
-    }
-}
-
-/// `url` with its database replaced by `database`.
-fn with_database(url: &str, database: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((base, query)) => (base, Some(query)),
-        None => (url, None),
-    };
-    let authority_start = base.find("://").map_or(0, |i| i + 3);
-    let path_start = base[authority_start..]
-        .find('/')
-        .map_or(base.len(), |i| authority_start + i);
-    let mut out = format!("{}/{database}", &base[..path_start]);
-    if let Some(query) = query {
-        out.push('?');
-        out.push_str(query);
-    }
-    out
 }
 
 /// A fresh, random database name with [`DATABASE_PREFIX`].
