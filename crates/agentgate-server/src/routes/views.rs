@@ -6,7 +6,7 @@
 //! With a trusted user header configured, the header's user is that filter,
 //! and a query or path naming another user is refused 403 `user_mismatch`.
 
-use agentgate::page::{ExecutionCursor, ExecutionPageRequest};
+use agentgate::page::{ExecutionCursor, ExecutionPage, ExecutionPageRequest};
 use agentgate::{SessionId, TurnId, UserId};
 use axum::extract::State;
 use axum::Json;
@@ -66,11 +66,7 @@ pub(crate) async fn turn(
     let query = owner_filter(query, &caller)?;
     let turn_id = TurnId::new(turn_id)?;
     let store = state.gate().store();
-    let view = store
-        .turn(&turn_id)
-        .await?
-        .ok_or_else(|| ApiError::new(ErrorCode::NotFound, "turn not found"))?;
-    check_owner(&query, &view.user_id, "turn")?;
+    let view = owned_turn(store.as_ref(), &turn_id, &query).await?;
     let orphaned = match view.state {
         agentgate::TurnState::Running => store
             .session(&view.session_id)
@@ -82,15 +78,12 @@ pub(crate) async fn turn(
     let page = store
         .executions(&turn_id, &ExecutionPageRequest::default())
         .await?;
+    let (executions, executions_next) = page_parts(page);
     Ok(Json(TurnStateResponse {
         orphaned,
         turn: TurnDto::from(view),
-        executions: page
-            .executions
-            .into_iter()
-            .map(ExecutionDto::from)
-            .collect(),
-        executions_next: page.next.map(|cursor| cursor.to_string()),
+        executions,
+        executions_next,
     }))
 }
 
@@ -127,20 +120,37 @@ pub(crate) async fn turn_executions(
         .transpose()?;
     let request = ExecutionPageRequest::new(after, query.limit)?;
     let store = state.gate().store();
+    owned_turn(store.as_ref(), &turn_id, &owner).await?;
+    let page = store.executions(&turn_id, &request).await?;
+    let (executions, executions_next) = page_parts(page);
+    Ok(Json(ExecutionPageResponse {
+        executions,
+        executions_next,
+    }))
+}
+
+/// The turn, if it exists and the owner filter admits it; else `not_found`.
+async fn owned_turn(
+    store: &dyn agentgate::store::Store,
+    turn_id: &TurnId,
+    owner: &OwnerQuery,
+) -> Result<agentgate::TurnView, ApiError> {
     let view = store
-        .turn(&turn_id)
+        .turn(turn_id)
         .await?
         .ok_or_else(|| ApiError::new(ErrorCode::NotFound, "turn not found"))?;
-    check_owner(&owner, &view.user_id, "turn")?;
-    let page = store.executions(&turn_id, &request).await?;
-    Ok(Json(ExecutionPageResponse {
-        executions: page
-            .executions
-            .into_iter()
-            .map(ExecutionDto::from)
-            .collect(),
-        executions_next: page.next.map(|cursor| cursor.to_string()),
-    }))
+    check_owner(owner, &view.user_id, "turn")?;
+    Ok(view)
+}
+
+/// A page as the wire carries it: the executions and the next cursor.
+fn page_parts(page: ExecutionPage) -> (Vec<ExecutionDto>, Option<String>) {
+    let executions = page
+        .executions
+        .into_iter()
+        .map(ExecutionDto::from)
+        .collect();
+    (executions, page.next.map(|cursor| cursor.to_string()))
 }
 
 /// A session: its user, live holder, pending confirmation and latest fence.
