@@ -192,6 +192,20 @@ impl Error {
         Self::store(format!("corrupt row: {what}"))
     }
 
+    /// The postcondition of a write whose row count the protocol relies on
+    /// (a write decided under the lock that makes it certain): anything but
+    /// `expected` rows changed means the records are not what the decision
+    /// read, so the step fails `corrupt` and its transaction rolls back.
+    pub fn expect_rows(affected: u64, expected: u64, what: &str) -> Result<()> {
+        if affected == expected {
+            Ok(())
+        } else {
+            Err(Self::corrupt(format!(
+                "{what} changed {affected} rows where the protocol expects {expected}"
+            )))
+        }
+    }
+
     /// This error's classification.
     pub fn kind(&self) -> ErrorKind {
         match self {
@@ -239,6 +253,20 @@ impl Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_row_count_other_than_the_expected_one_is_corrupt() {
+        assert!(Error::expect_rows(1, 1, "the grant").is_ok());
+        for affected in [0, 2] {
+            let error = Error::expect_rows(affected, 1, "the grant").expect_err("refused");
+            assert_eq!(error.kind(), ErrorKind::StoreUnavailable);
+            let message = error.to_string();
+            assert!(
+                message.contains("corrupt") && message.contains("the grant"),
+                "{message}"
+            );
+        }
+    }
 
     #[test]
     fn codes_are_distinct_and_lowercase() {

@@ -91,10 +91,15 @@ async fn snapshot(
             .map_err(map_sqlx)
     };
     let load = UserLoad {
-        cap: get("cap")?
-            .and_then(|c| u32::try_from(c).ok())
-            .unwrap_or(default_cap),
-        live: u32::try_from(get("live")?.unwrap_or(0)).unwrap_or(u32::MAX),
+        // No user row: the configured default; a stored cap outside u32 is
+        // not one the engine wrote.
+        cap: match get("cap")? {
+            None => default_cap,
+            Some(cap) => u32::try_from(cap).map_err(|_| corrupt(format!("user cap {cap}")))?,
+        },
+        live: get("live")?
+            .and_then(|live| u32::try_from(live).ok())
+            .ok_or_else(|| corrupt("the user's live-session count"))?,
         soonest_expiry_ms: get("soonest")?,
     };
     Ok(Snapshot {
@@ -382,7 +387,7 @@ async fn exhaust(tx: &mut Transaction<'static, Sqlite>, decided: &Decided) -> Re
         .as_ref()
         .map(|t| t.turn_id.clone())
         .ok_or_else(|| corrupt("exhausting a begin that has no turn"))?;
-    sqlx::query(
+    let done = sqlx::query(
         "UPDATE ag_turns SET state = 'failed', retryable = 0, \
          error = '{\"code\":\"attempts_exhausted\"}', updated_at_ms = ?1, ended_at_ms = ?1 \
          WHERE turn_id = ?2",
@@ -392,6 +397,7 @@ async fn exhaust(tx: &mut Transaction<'static, Sqlite>, decided: &Decided) -> Re
     .execute(&mut **tx)
     .await
     .map_err(map_sqlx)?;
+    Error::expect_rows(done.rows_affected(), 1, "failing an exhausted turn")?;
     replay(tx, &turn_id).await
 }
 
@@ -498,7 +504,7 @@ async fn write_grant(
         ..
     } = *plan;
     let confirming = command.confirmation.is_some() && kind == StartKind::New;
-    sqlx::query(
+    let granted = sqlx::query(
         "INSERT INTO ag_sessions (session_id, user_id, holder_turn_id, lease_token_hash, fence, \
          lease_expires_at_ms, updated_at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
          ON CONFLICT (session_id) DO UPDATE SET holder_turn_id = ?3, lease_token_hash = ?4, \
@@ -517,8 +523,9 @@ async fn write_grant(
     .execute(&mut **tx)
     .await
     .map_err(map_sqlx)?;
+    Error::expect_rows(granted.rows_affected(), 1, "the session's grant")?;
     if existing.is_some() {
-        sqlx::query(
+        let restarted = sqlx::query(
             "UPDATE ag_turns SET state = 'running', attempt = ?1, fence = ?2, error = NULL, \
              retryable = NULL, updated_at_ms = ?3, ended_at_ms = NULL, orphaned_at_ms = NULL \
              WHERE turn_id = ?4",
@@ -530,6 +537,7 @@ async fn write_grant(
         .execute(&mut **tx)
         .await
         .map_err(map_sqlx)?;
+        Error::expect_rows(restarted.rows_affected(), 1, "restarting the turn")?;
         Ok(Written::Restarted)
     } else {
         insert_turn(tx, command, turn_id, fence, now)
@@ -569,7 +577,7 @@ async fn insert_turn(
         }
         None => (None, None),
     };
-    sqlx::query(
+    let inserted = sqlx::query(
         "INSERT INTO ag_turns (turn_id, session_id, user_id, client_request_id, fingerprint, \
          state, attempt, fence, pending, confirms_turn_id, decision, created_at_ms, updated_at_ms, \
          payload) VALUES (?1, ?2, ?3, ?4, ?5, 'running', 1, ?6, ?7, ?8, ?9, ?10, ?10, ?11)",
@@ -588,6 +596,7 @@ async fn insert_turn(
     .execute(&mut **tx)
     .await
     .map_err(map_sqlx)?;
+    Error::expect_rows(inserted.rows_affected(), 1, "the new turn")?;
     command
         .confirmation
         .as_ref()

@@ -310,7 +310,7 @@ pub(crate) async fn claim_tool(
             let execution_id = snapshot
                 .map(|s| s.execution_id)
                 .ok_or_else(|| corrupt("reclaiming an execution the step did not read"))?;
-            sqlx::query(
+            let reclaimed = sqlx::query(
                 "UPDATE ag_tool_executions SET state = 'running', attempt = ?1, fence = ?2, \
                  error = NULL, updated_at_ms = ?3 WHERE execution_id = ?4",
             )
@@ -321,6 +321,7 @@ pub(crate) async fn claim_tool(
             .execute(&mut *tx)
             .await
             .map_err(map_sqlx)?;
+            Error::expect_rows(reclaimed.rows_affected(), 1, "reclaiming the execution")?;
             execute(execution_id, key, attempt, Some(previous))?
         }
     };
@@ -401,7 +402,7 @@ async fn insert_execution(
         )));
     }
     let execution_id = ExecutionId::generate();
-    sqlx::query(
+    let inserted = sqlx::query(
         "INSERT INTO ag_tool_executions (execution_id, turn_id, tool, args_hash, idempotency_key, \
          state, attempt, fence, created_at_ms, updated_at_ms) \
          VALUES (?1, ?2, ?3, ?4, ?5, 'running', 1, ?6, ?7, ?7)",
@@ -416,6 +417,7 @@ async fn insert_execution(
     .execute(&mut *tx)
     .await
     .map_err(map_sqlx)?;
+    Error::expect_rows(inserted.rows_affected(), 1, "the new execution")?;
     execute(execution_id.as_str().to_owned(), key.to_owned(), 1, None)
 }
 
@@ -525,7 +527,7 @@ async fn effect_then_complete(
     let connection: &mut SqliteConnection = &mut tx;
     let value = effect.apply(connection).await.map_err(Error::Effect)?;
     let result = CanonicalJson::new("result", &value)?;
-    sqlx::query(
+    let completed = sqlx::query(
         "UPDATE ag_tool_executions SET state = 'succeeded', result = ?1, updated_at_ms = ?2 \
          WHERE execution_id = ?3 AND state = 'running' AND fence = ?4",
     )
@@ -536,6 +538,8 @@ async fn effect_then_complete(
     .execute(&mut *tx)
     .await
     .map_err(map_sqlx)?;
+    // `check_execution` read it running under this fence, under the writer.
+    Error::expect_rows(completed.rows_affected(), 1, "completing the execution")?;
     tx.commit().await.map_err(map_sqlx)?;
     Ok(result)
 }
