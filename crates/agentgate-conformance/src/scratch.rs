@@ -17,14 +17,9 @@
 
 use agentgate_core::dburl::{redact_password as redact, with_database};
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
-
-use sqlx::mysql::MySqlConnectOptions;
-use sqlx::postgres::PgConnectOptions;
-use sqlx::{ConnectOptions, Connection, MySqlConnection, PgConnection};
 
 use crate::Target;
 
@@ -178,12 +173,16 @@ impl Scratch {
             }
             Kind::Postgres { url } => {
                 self.live.lock().expect("not poisoned").push(name.clone());
-                create_postgres(url, &name).await?;
+                agentgate_store_postgres::admin::create_database(url, &name)
+                    .await
+                    .map_err(scratch_hint)?;
                 Target::new(backend, with_database(url, &name), None)
             }
             Kind::Mysql { url } => {
                 self.live.lock().expect("not poisoned").push(name.clone());
-                create_mysql(url, &name).await?;
+                agentgate_store_mysql::admin::create_database(url, &name)
+                    .await
+                    .map_err(scratch_hint)?;
                 Target::new(backend, with_database(url, &name), None)
             }
         };
@@ -208,8 +207,10 @@ impl Scratch {
         };
         match &self.kind {
             Kind::Sqlite { .. } => return Ok(()),
-            Kind::Postgres { url } => drop_postgres(url, &name).await?,
-            Kind::Mysql { url } => drop_mysql(url, &name).await?,
+            Kind::Postgres { url } => {
+                agentgate_store_postgres::admin::drop_database(url, &name).await?
+            }
+            Kind::Mysql { url } => agentgate_store_mysql::admin::drop_database(url, &name).await?,
         }
         self.live
             .lock()
@@ -227,8 +228,12 @@ impl Scratch {
         for name in live {
             let dropped = match &self.kind {
                 Kind::Sqlite { .. } => Ok(()),
-                Kind::Postgres { url } => drop_postgres(url, &name).await,
-                Kind::Mysql { url } => drop_mysql(url, &name).await,
+                Kind::Postgres { url } => {
+                    agentgate_store_postgres::admin::drop_database(url, &name).await
+                }
+                Kind::Mysql { url } => {
+                    agentgate_store_mysql::admin::drop_database(url, &name).await
+                }
             };
             if let Err(error) = dropped {
                 left.push(format!("database {name}: {error}"));
@@ -345,6 +350,12 @@ fn database_of(url: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// Says, after a refusal to create a database, what the suite does with the
+/// privilege it asks for.
+fn scratch_hint(why: String) -> String {
+    format!("{why} (the conformance suite creates and drops scratch databases {DATABASE_PREFIX}*)")
+}
+
 /// Runs `connect` under [`CONNECT_TIMEOUT`], naming the server on failure.
 async fn reach<C, E: std::fmt::Display>(
     url: &str,
@@ -359,133 +370,6 @@ async fn reach<C, E: std::fmt::Display>(
             CONNECT_TIMEOUT.as_secs()
         )),
     }
-}
-
-async fn connect_postgres(url: &str) -> Result<PgConnection, String> {
-    let options = PgConnectOptions::from_str(url)
-        .map_err(|e| format!("bad PostgreSQL URL {}: {e}", redact(url)))?
-        .disable_statement_logging();
-    reach(url, PgConnection::connect_with(&options)).await
-}
-
-async fn connect_mysql(url: &str) -> Result<MySqlConnection, String> {
-    let options = MySqlConnectOptions::from_str(url)
-        .map_err(|e| format!("bad MySQL URL {}: {e}", redact(url)))?
-        .disable_statement_logging();
-    reach(url, MySqlConnection::connect_with(&options)).await
-}
-
-/// The SQLSTATE of a database error.
-fn sql_state(error: &sqlx::Error) -> Option<String> {
-    error
-        .as_database_error()
-        .and_then(|e| e.code())
-        .map(|c| c.into_owned())
-}
-
-async fn create_postgres(url: &str, name: &str) -> Result<(), String> {
-    let mut admin = connect_postgres(url).await?;
-    let created = sqlx::raw_sql(&format!("CREATE DATABASE \"{name}\""))
-        .execute(&mut admin)
-        .await;
-    let _ = admin.close().await;
-    created.map(drop).map_err(|error| {
-        // 42501: insufficient_privilege.
-        if sql_state(&error).as_deref() == Some("42501") {
-            format!(
-                "the user of {} may not create databases ({error}): the conformance suite \
-                 creates and drops scratch databases {DATABASE_PREFIX}*; grant it with \
-                 ALTER ROLE <user> CREATEDB",
-                redact(url)
-            )
-        } else {
-            format!("CREATE DATABASE {name} failed: {error}")
-        }
-    })
-}
-
-async fn drop_postgres(url: &str, name: &str) -> Result<(), String> {
-    let mut admin = connect_postgres(url).await?;
-    let forced = sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
-        .execute(&mut admin)
-        .await;
-    let dropped = match forced {
-        Ok(_) => Ok(()),
-        // 42601: syntax error, a server before PostgreSQL 13 (no FORCE):
-        // end the connections still on the database, then drop it.
-        Err(error) if sql_state(&error).as_deref() == Some("42601") => {
-            let _ = sqlx::query(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-                 WHERE datname = $1 AND pid <> pg_backend_pid()",
-            )
-            .bind(name)
-            .execute(&mut admin)
-            .await;
-            sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS \"{name}\""))
-                .execute(&mut admin)
-                .await
-                .map(drop)
-                .map_err(|e| e.to_string())
-        }
-        Err(error) => Err(error.to_string()),
-    };
-    let _ = admin.close().await;
-    dropped
-}
-
-async fn create_mysql(url: &str, name: &str) -> Result<(), String> {
-    let mut admin = connect_mysql(url).await?;
-    let created = sqlx::raw_sql(&format!(
-        "CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
-    ))
-    .execute(&mut admin)
-    .await;
-    let _ = admin.close().await;
-    created.map(drop).map_err(|error| {
-        // 42000 with 1044: access denied to the database.
-        let denied = error
-            .as_database_error()
-            .and_then(|e| e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
-            .is_some_and(|e| matches!(e.number(), 1044 | 1045 | 1142 | 1227));
-        if denied {
-            format!(
-                "the user of {} may not create databases ({error}): the conformance suite \
-                 creates and drops scratch databases {DATABASE_PREFIX}*; grant it with \
-                 GRANT ALL ON `agentgate\\_conformance\\_%`.* TO <user>",
-                redact(url)
-            )
-        } else {
-            format!("CREATE DATABASE {name} failed: {error}")
-        }
-    })
-}
-
-async fn drop_mysql(url: &str, name: &str) -> Result<(), String> {
-    let mut admin = connect_mysql(url).await?;
-    // Like PostgreSQL's FORCE: end the run's own connections still on the
-    // database (a pooled connection being returned), whose metadata locks
-    // would hold the drop.
-    let holders: Vec<i64> = sqlx::query_scalar(
-        "SELECT CAST(ID AS SIGNED) FROM information_schema.PROCESSLIST \
-         WHERE DB = ? AND ID <> CONNECTION_ID()",
-    )
-    .bind(name)
-    .fetch_all(&mut admin)
-    .await
-    .unwrap_or_default();
-    for id in holders {
-        let _ = sqlx::raw_sql(&format!("KILL CONNECTION {id}"))
-            .execute(&mut admin)
-            .await;
-    }
-    let statement = format!("SET SESSION lock_wait_timeout = 10; DROP DATABASE IF EXISTS `{name}`");
-    let dropped = sqlx::raw_sql(&statement)
-        .execute(&mut admin)
-        .await
-        .map(drop)
-        .map_err(|e| e.to_string());
-    let _ = admin.close().await;
-    dropped
 }
 
 /// The user's Redis URL for redis-rs itself: without the lease layer's own

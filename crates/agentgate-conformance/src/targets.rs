@@ -137,6 +137,7 @@ pub async fn sqlite_redis() -> Option<Target> {
 }
 
 /// A fresh PostgreSQL database, dropped when the target is.
+#[cfg(feature = "testing")]
 pub async fn postgres() -> Option<Target> {
     let database = agentgate_store_postgres::testing::TestDatabase::create().await?;
     let url = database.url().to_owned();
@@ -144,6 +145,7 @@ pub async fn postgres() -> Option<Target> {
 }
 
 /// A fresh MySQL/MariaDB database, dropped when the target is.
+#[cfg(feature = "testing")]
 pub async fn mysql() -> Option<Target> {
     let database = agentgate_store_mysql::testing::TestDatabase::create().await?;
     let url = database.url().to_owned();
@@ -151,12 +153,14 @@ pub async fn mysql() -> Option<Target> {
 }
 
 /// A fresh PostgreSQL database with the Redis lease layer.
+#[cfg(feature = "testing")]
 pub async fn postgres_redis() -> Option<Target> {
     let redis = redis_url().await?;
     Some(postgres().await?.with_redis("postgres+redis", redis))
 }
 
 /// A fresh MySQL/MariaDB database with the Redis lease layer.
+#[cfg(feature = "testing")]
 pub async fn mysql_redis() -> Option<Target> {
     let redis = redis_url().await?;
     Some(mysql().await?.with_redis("mysql+redis", redis))

@@ -13,7 +13,8 @@
 //! - `rows`: rows decoded into core snapshots and views.
 //! - `error`: server error numbers mapped to the engine's portable
 //!   [`Error`], and the bounded retry of a step after a transient conflict.
-//! - [`testing`]: fresh throw-away databases for test suites.
+//! - [`admin`]: creating and dropping whole databases (scratch stores).
+//! - `testing` (feature `testing`): fresh throw-away databases for test suites.
 //!
 //! Every protocol step is one short InnoDB transaction at READ COMMITTED
 //! (no gap locks, so locking a row that does not exist yet cannot deadlock
@@ -45,6 +46,7 @@
 //! server's clock (`NOW_MS`), never an app-side clock.
 #![forbid(unsafe_code)]
 
+pub mod admin;
 mod begin;
 mod connect;
 mod error;
@@ -52,6 +54,7 @@ mod fast;
 mod orphans;
 mod rows;
 mod steps;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod views;
 

@@ -11,9 +11,8 @@
 //! Not for production use: it creates and drops databases.
 
 use agentgate_core::dburl::{redact_password as redact, with_database};
-use std::time::Duration;
 
-use sqlx::{ConnectOptions, Connection, MySqlConnection};
+use sqlx::Connection;
 
 /// Where a test server is looked for when the environment does not say.
 pub const DEFAULT_ADMIN_URL: &str = "mysql://root@127.0.0.1:3306/test";
@@ -27,11 +26,6 @@ pub const REQUIRE_SERVICES_ENV: &str = "AGENTGATE_REQUIRE_SERVICES";
 /// Prefix of every database these helpers create, so leftovers of crashed
 /// runs are recognisable (`DROP DATABASE` them freely).
 pub const DATABASE_PREFIX: &str = "agentgate_t_";
-
-/// How long to wait for the test server before deciding it is absent. A
-/// local server answers in milliseconds; a missing one refuses at once or
-/// times out here instead of the pool's longer acquire timeout.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn services_required() -> bool {
     std::env::var(REQUIRE_SERVICES_ENV).is_ok_and(|v| v == "1")
@@ -53,19 +47,10 @@ fn absent(reason: &str) -> Option<String> {
     None
 }
 
-async fn connect_admin() -> Result<MySqlConnection, String> {
-    let url = admin_url();
-    let options = crate::connect_options(&url)
-        .map_err(|e| format!("bad {ADMIN_URL_ENV}: {e}"))?
-        .disable_statement_logging();
-    match tokio::time::timeout(PROBE_TIMEOUT, MySqlConnection::connect_with(&options)).await {
-        Ok(Ok(conn)) => Ok(conn),
-        Ok(Err(error)) => Err(format!("cannot connect to {}: {error}", redact(&url))),
-        Err(_) => Err(format!(
-            "no answer from {} within {PROBE_TIMEOUT:?}",
-            redact(&url)
-        )),
-    }
+async fn connect_admin() -> Result<(), String> {
+    let connection = crate::admin::connect(&admin_url()).await?;
+    let _ = connection.close().await;
+    Ok(())
 }
 
 /// A fresh, random database name with [`DATABASE_PREFIX`].
@@ -82,18 +67,13 @@ fn fresh_name() -> String {
 /// When the server is absent and `AGENTGATE_REQUIRE_SERVICES=1`, or when the
 /// server is there but refuses to create a database.
 pub async fn fresh_database_url() -> Option<String> {
-    let mut admin = match connect_admin().await {
-        Ok(conn) => conn,
-        Err(reason) => return absent(&reason),
-    };
+    if let Err(reason) = connect_admin().await {
+        return absent(&reason);
+    }
     let name = fresh_name();
-    sqlx::raw_sql(&format!(
-        "CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
-    ))
-    .execute(&mut admin)
-    .await
-    .unwrap_or_else(|e| panic!("MySQL/MariaDB is up but CREATE DATABASE {name} failed: {e}"));
-    let _ = admin.close().await;
+    crate::admin::create_database(&admin_url(), &name)
+        .await
+        .unwrap_or_else(|e| panic!("MySQL/MariaDB is up but {e}"));
     Some(with_database(&admin_url(), &name))
 }
 
@@ -110,38 +90,9 @@ pub async fn drop_database(url: &str) {
         eprintln!("not dropping {}: not a test database", redact(url));
         return;
     };
-    let mut admin = match connect_admin().await {
-        Ok(conn) => conn,
-        Err(reason) => {
-            eprintln!("not dropping {name}: {reason}");
-            return;
-        }
-    };
-    // Like PostgreSQL's `WITH (FORCE)`: end the connections still on the
-    // database (a pooled connection being returned may still sit in its
-    // last transaction), whose metadata locks would hold the drop.
-    let holders: Vec<i64> = sqlx::query_scalar(
-        "SELECT CAST(ID AS SIGNED) FROM information_schema.PROCESSLIST \
-         WHERE DB = ? AND ID <> CONNECTION_ID()",
-    )
-    .bind(name)
-    .fetch_all(&mut admin)
-    .await
-    .unwrap_or_else(|error| {
-        eprintln!("could not list connections on {name}: {error}");
-        Vec::new()
-    });
-    for id in holders {
-        let _ = sqlx::raw_sql(&format!("KILL CONNECTION {id}"))
-            .execute(&mut admin)
-            .await;
-    }
-    // Should one still hold a lock, wait ten seconds, not a year (the default).
-    let drop = format!("SET SESSION lock_wait_timeout = 10; DROP DATABASE IF EXISTS `{name}`");
-    if let Err(error) = sqlx::raw_sql(&drop).execute(&mut admin).await {
+    if let Err(error) = crate::admin::drop_database(&admin_url(), name).await {
         eprintln!("could not drop test database {name}: {error}");
     }
-    let _ = admin.close().await;
 }
 
 /// A fresh database that is dropped (best effort) when this value is

@@ -14,7 +14,8 @@
 //! - `error`: SQLSTATEs mapped to the engine's portable
 //!   [`Error`](agentgate_core::error::Error), and the
 //!   bounded retry of a step after a transient conflict.
-//! - [`testing`]: fresh throw-away databases for test suites.
+//! - [`admin`]: creating and dropping whole databases (scratch stores).
+//! - `testing` (feature `testing`): fresh throw-away databases for test suites.
 //!
 //! A begin, a claim that finds its call's execution, and a completion with a
 //! same-transaction effect are each one short READ COMMITTED transaction
@@ -45,6 +46,7 @@
 //! PostgreSQL clock (`NOW_MS`), never an app-side clock.
 #![forbid(unsafe_code)]
 
+pub mod admin;
 mod begin;
 mod connect;
 mod error;
@@ -52,6 +54,7 @@ mod lease;
 mod orphans;
 mod rows;
 mod steps;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod views;
 

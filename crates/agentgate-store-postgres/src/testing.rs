@@ -11,11 +11,8 @@
 //! Not for production use: it creates and drops databases.
 
 use agentgate_core::dburl::{redact_password as redact, with_database};
-use std::str::FromStr;
-use std::time::Duration;
 
-use sqlx::postgres::PgConnectOptions;
-use sqlx::{ConnectOptions, Connection, PgConnection};
+use sqlx::Connection;
 
 /// Where a test server is looked for when the environment does not say.
 pub const DEFAULT_ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
@@ -29,11 +26,6 @@ pub const REQUIRE_SERVICES_ENV: &str = "AGENTGATE_REQUIRE_SERVICES";
 /// Prefix of every database these helpers create, so leftovers of crashed
 /// runs are recognisable (`DROP DATABASE` them freely).
 pub const DATABASE_PREFIX: &str = "agentgate_t_";
-
-/// How long to wait for the test server before deciding it is absent. A
-/// local server answers in milliseconds; a missing one refuses at once or
-/// times out here instead of the pool's longer acquire timeout.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn services_required() -> bool {
     std::env::var(REQUIRE_SERVICES_ENV).is_ok_and(|v| v == "1")
@@ -53,19 +45,10 @@ fn absent(reason: &str) -> Option<String> {
     None
 }
 
-async fn connect_admin() -> Result<PgConnection, String> {
-    let url = admin_url();
-    let options = PgConnectOptions::from_str(&url)
-        .map_err(|e| format!("bad {ADMIN_URL_ENV}: {e}"))?
-        .disable_statement_logging();
-    match tokio::time::timeout(PROBE_TIMEOUT, PgConnection::connect_with(&options)).await {
-        Ok(Ok(conn)) => Ok(conn),
-        Ok(Err(error)) => Err(format!("cannot connect to {}: {error}", redact(&url))),
-        Err(_) => Err(format!(
-            "no answer from {} within {PROBE_TIMEOUT:?}",
-            redact(&url)
-        )),
-    }
+async fn connect_admin() -> Result<(), String> {
+    let connection = crate::admin::connect(&admin_url()).await?;
+    let _ = connection.close().await;
+    Ok(())
 }
 
 /// A fresh, random database name with [`DATABASE_PREFIX`].
@@ -82,16 +65,13 @@ fn fresh_name() -> String {
 /// When the server is absent and `AGENTGATE_REQUIRE_SERVICES=1`, or when the
 /// server is there but refuses to create a database.
 pub async fn fresh_database_url() -> Option<String> {
-    let mut admin = match connect_admin().await {
-        Ok(conn) => conn,
-        Err(reason) => return absent(&reason),
-    };
+    if let Err(reason) = connect_admin().await {
+        return absent(&reason);
+    }
     let name = fresh_name();
-    sqlx::raw_sql(&format!("CREATE DATABASE \"{name}\""))
-        .execute(&mut admin)
+    crate::admin::create_database(&admin_url(), &name)
         .await
-        .unwrap_or_else(|e| panic!("PostgreSQL is up but CREATE DATABASE {name} failed: {e}"));
-    let _ = admin.close().await;
+        .unwrap_or_else(|e| panic!("PostgreSQL is up but {e}"));
     Some(with_database(&admin_url(), &name))
 }
 
@@ -108,20 +88,9 @@ pub async fn drop_database(url: &str) {
         eprintln!("not dropping {}: not a test database", redact(url));
         return;
     };
-    let mut admin = match connect_admin().await {
-        Ok(conn) => conn,
-        Err(reason) => {
-            eprintln!("not dropping {name}: {reason}");
-            return;
-        }
-    };
-    if let Err(error) = sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
-        .execute(&mut admin)
-        .await
-    {
+    if let Err(error) = crate::admin::drop_database(&admin_url(), name).await {
         eprintln!("could not drop test database {name}: {error}");
     }
-    let _ = admin.close().await;
 }
 
 /// A fresh database that is dropped (best effort) when this value is
