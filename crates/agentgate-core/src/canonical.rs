@@ -81,6 +81,14 @@ impl CanonicalJson {
     pub fn digest(&self) -> Digest {
         Digest(hex::encode(Sha256::digest(self.0.as_bytes())))
     }
+
+    /// The value back, as a step returns it; `what` names it in the error.
+    ///
+    /// # Errors
+    /// `corrupt` when the text is not JSON: stored canonical text always is.
+    pub fn to_value(&self, what: &str) -> Result<Value> {
+        serde_json::from_str(&self.0).map_err(|e| Error::corrupt(format!("{what}: {e}")))
+    }
 }
 
 /// The RFC 8785 canonical form of `value`, checked against the JSON limits.

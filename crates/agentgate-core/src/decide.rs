@@ -86,6 +86,36 @@ pub struct UserLoad {
     pub soonest_expiry_ms: Option<i64>,
 }
 
+impl UserLoad {
+    /// The load as a store reads it: the user row's cap override (none: the
+    /// configured `default_cap`), the count of live leases and the soonest
+    /// expiry among them.
+    ///
+    /// # Errors
+    /// `corrupt` for a stored cap or a count outside `u32`: the engine never
+    /// writes one, so it is not read as a default.
+    pub fn read(
+        cap: Option<i64>,
+        default_cap: u32,
+        live: i64,
+        soonest_expiry_ms: Option<i64>,
+    ) -> Result<Self, Error> {
+        let cap = match cap {
+            None => default_cap,
+            Some(cap) => {
+                u32::try_from(cap).map_err(|_| Error::corrupt(format!("user cap {cap}")))?
+            }
+        };
+        let live = u32::try_from(live)
+            .map_err(|_| Error::corrupt(format!("live-session count {live}")))?;
+        Ok(Self {
+            cap,
+            live,
+            soonest_expiry_ms,
+        })
+    }
+}
+
 /// What a begin found and asked for.
 #[derive(Clone, Copy, Debug)]
 pub struct BeginFacts<'a> {
@@ -373,6 +403,25 @@ pub fn layer_acquired(
             cap,
             retry_after: retry(soonest_expires_in_ms),
         }),
+    }
+}
+
+/// The fence a start writes when the fence was taken before the begin's
+/// transaction (a store that takes it in autocommit, so no transaction holds
+/// the store-wide counter across a lease-layer call): it must be newer than
+/// the session's, or a grant that committed in between would be overtaken
+/// by an older fence. `None` reserved: the start takes the fence itself.
+///
+/// # Errors
+/// A `conflict` (the step runs again, taking a newer fence) when a newer
+/// grant of the session committed after `reserved` was taken.
+pub fn reserved_fence(reserved: Option<Fence>, session_fence: i64) -> Result<Option<Fence>, Error> {
+    match reserved {
+        Some(fence) if fence.0 > session_fence => Ok(Some(fence)),
+        Some(_) => Err(Error::conflict(
+            "begin: a newer grant of the session committed after the fence was taken",
+        )),
+        None => Ok(None),
     }
 }
 

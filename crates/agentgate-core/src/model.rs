@@ -283,6 +283,26 @@ pub enum Ending {
     },
 }
 
+/// How a tool execution ends: the state it ends in, and the value its
+/// column keeps, as every SQL store stores them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExecutionEnding<'a> {
+    /// Succeeded with this result (the `result` column).
+    Succeeded(&'a CanonicalJson),
+    /// Failed with this error (the `error` column).
+    Failed(&'a CanonicalJson),
+}
+
+impl<'a> ExecutionEnding<'a> {
+    /// The state it ends in, the column its value goes to, and the value.
+    pub fn columns(self) -> (&'static str, &'static str, &'a CanonicalJson) {
+        match self {
+            Self::Succeeded(result) => ("succeeded", "result", result),
+            Self::Failed(error) => ("failed", "error", error),
+        }
+    }
+}
+
 /// The columns an ending writes on its turn row, as every SQL store stores
 /// them (one mapping, not one per store).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

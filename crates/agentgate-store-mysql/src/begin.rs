@@ -33,36 +33,28 @@
 //! confirmation adds one read of its target (and one more when the target was
 //! already confirmed) and one `UPDATE` of it.
 
-use agentgate_core::decide::{
-    decide_begin, BeginDecision, BeginFacts, SessionSnapshot, StartKind, UserLoad,
-};
+use agentgate_core::decide::{SessionSnapshot, StartKind, UserLoad};
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{Fence, LeaseToken, TurnId};
-use agentgate_core::lease::refuse_if_held;
 use agentgate_core::lease::{LeaseClaim, LeaseLayer};
 use agentgate_core::model::{BeginCommand, BeginOutcome, ConfirmationContext, Grant, TurnView};
 use serde_json::Value;
 use sqlx::{Connection, MySqlConnection};
 
-use crate::error::{corrupt, map_sqlx, Retry};
+use crate::error::{corrupt, map_sqlx};
 use crate::rows::{
     get, json, session_snapshot, turn_record, turn_view, TurnRecord, SESSION_COLUMNS, TURN_COLUMNS,
 };
 use crate::{MySqlStore, NOW_MS};
-
-/// What a begin read under its locks.
-struct Facts {
-    now_ms: i64,
-    load: UserLoad,
-    turn: Option<TurnRecord>,
-}
+use agentgate_store_sql::begin::{begin_in, give_back, BeginSql, Facts, Locked, Start};
+use agentgate_store_sql::Retry;
 
 pub(crate) async fn begin(store: &MySqlStore, command: &BeginCommand) -> Result<BeginOutcome> {
     let mut retry = Retry::new();
     loop {
         match begin_once(store, command).await {
             Err(error) => retry.after(error).await?,
-            outcome => return outcome,
+            done => return done,
         }
     }
 }
@@ -74,11 +66,16 @@ async fn begin_once(store: &MySqlStore, command: &BeginCommand) -> Result<BeginO
         None => None,
     };
     let mut tx = conn.begin().await.map_err(map_sqlx)?;
-    let (outcome, wrote) = begin_in(store, &mut tx, command, reserved).await?;
+    let (outcome, wrote) = begin_in(&Sql(store), &mut tx, command, reserved).await?;
     if wrote {
         if let Err(error) = tx.commit().await {
             if let BeginOutcome::Started(grant) = &outcome {
-                give_back(store, grant.turn_id.as_str(), &grant.lease_token).await;
+                give_back(
+                    store.leases.as_deref(),
+                    grant.turn_id.as_str(),
+                    &grant.lease_token,
+                )
+                .await;
             }
             return Err(map_sqlx(error));
         }
@@ -88,13 +85,67 @@ async fn begin_once(store: &MySqlStore, command: &BeginCommand) -> Result<BeginO
     Ok(outcome)
 }
 
-/// Gives the external layer's lease back when its grant did not become
-/// durable. A failure only leaves a lease that expires by itself.
-async fn give_back(store: &MySqlStore, turn_id: &str, token: &LeaseToken) {
-    if let Some(layer) = &store.leases {
-        if let Err(error) = layer.release(turn_id, &token.digest_hex()).await {
-            tracing::warn!(%error, turn_id, "could not give back an undurable lease");
-        }
+/// The store as the shared begin sees it: its SQL for each part of a begin.
+struct Sql<'a>(&'a MySqlStore);
+
+#[async_trait::async_trait]
+impl BeginSql for Sql<'_> {
+    type Conn = MySqlConnection;
+    type Record = TurnRecord;
+
+    fn leases(&self) -> Option<&dyn LeaseLayer> {
+        self.0.leases.as_deref()
+    }
+
+    async fn lock_and_read(
+        &self,
+        tx: &mut MySqlConnection,
+        command: &BeginCommand,
+    ) -> Result<Locked<TurnRecord>> {
+        lock_user(tx, command.user_id.as_str()).await?;
+        let (session, session_fence) = lock_session(tx, command).await?;
+        let facts = read_facts(tx, command, self.0.config.max_turns_per_user).await?;
+        Ok(Locked {
+            session,
+            session_fence,
+            facts,
+        })
+    }
+
+    async fn turn_by_id(
+        &self,
+        tx: &mut MySqlConnection,
+        turn_id: &str,
+    ) -> Result<Option<TurnRecord>> {
+        turn_by_id(tx, turn_id).await
+    }
+
+    async fn exhaust(
+        &self,
+        tx: &mut MySqlConnection,
+        turn_id: &str,
+        now_ms: i64,
+    ) -> Result<TurnView> {
+        exhaust(tx, turn_id, now_ms).await
+    }
+
+    async fn start(
+        &self,
+        tx: &mut MySqlConnection,
+        command: &BeginCommand,
+        facts: &Facts<TurnRecord>,
+        confirm_target: Option<&TurnRecord>,
+        start: Start,
+    ) -> Result<Grant> {
+        self::start(
+            self.0,
+            tx,
+            command,
+            facts,
+            confirm_target,
+            (start.kind, start.attempt, start.fence),
+        )
+        .await
     }
 }
 
@@ -145,7 +196,7 @@ async fn read_facts(
     conn: &mut MySqlConnection,
     command: &BeginCommand,
     default_cap: u32,
-) -> Result<Facts> {
+) -> Result<Facts<TurnRecord>> {
     let row = sqlx::query(&format!(
         "SELECT {NOW_MS} AS now_ms, (SELECT max_turns FROM ag_users WHERE user_id = ?) AS cap, \
          permits.live, permits.soonest, {TURN_COLUMNS} \
@@ -160,17 +211,14 @@ async fn read_facts(
     .fetch_one(conn)
     .await
     .map_err(map_sqlx)?;
-    let cap: Option<i64> = get(&row, "cap")?;
-    let live: i64 = get(&row, "live")?;
     Ok(Facts {
         now_ms: get(&row, "now_ms")?,
-        load: UserLoad {
-            cap: cap
-                .and_then(|c| u32::try_from(c).ok())
-                .unwrap_or(default_cap),
-            live: u32::try_from(live).unwrap_or(u32::MAX),
-            soonest_expiry_ms: get(&row, "soonest")?,
-        },
+        load: UserLoad::read(
+            get(&row, "cap")?,
+            default_cap,
+            get(&row, "live")?,
+            get(&row, "soonest")?,
+        )?,
         turn: turn_record(&row)?,
     })
 }
@@ -187,97 +235,6 @@ async fn turn_by_id(conn: &mut MySqlConnection, turn_id: &str) -> Result<Option<
         Some(row) => turn_record(&row)?,
         None => None,
     })
-}
-
-/// Runs one begin inside `tx`; the flag says whether it wrote anything.
-/// `reserved` is the fence taken before the transaction (with a lease
-/// layer); without one a start takes it last, under the counter's lock.
-async fn begin_in(
-    store: &MySqlStore,
-    tx: &mut MySqlConnection,
-    command: &BeginCommand,
-    reserved: Option<Fence>,
-) -> Result<(BeginOutcome, bool)> {
-    lock_user(tx, command.user_id.as_str()).await?;
-    let (session, session_fence) = lock_session(tx, command).await?;
-    let facts = read_facts(tx, command, store.config.max_turns_per_user).await?;
-    let confirms = command.confirmation.as_ref().map(|c| c.turn_id.as_str());
-    let confirm_target = match (confirms, &facts.turn) {
-        (Some(target), None) => turn_by_id(tx, target).await?,
-        _ => None,
-    };
-    let continuation = match confirm_target
-        .as_ref()
-        .and_then(|t| t.snapshot.confirmed_by.as_deref())
-    {
-        Some(next) => turn_by_id(tx, next).await?,
-        None => None,
-    };
-    let decision = decide_begin(&BeginFacts {
-        now_ms: facts.now_ms,
-        user_id: command.user_id.as_str(),
-        session_id: command.session_id.as_str(),
-        fingerprint: command.fingerprint.as_hex(),
-        confirms,
-        session: Some(&session),
-        turn: facts.turn.as_ref().map(|t| &t.snapshot),
-        confirm_target: confirm_target.as_ref().map(|t| &t.snapshot),
-        continuation: continuation.as_ref().map(|t| &t.snapshot),
-        load: facts.load,
-        resume_only: command.resume_only,
-    });
-    match decision {
-        BeginDecision::Reject(error) => Err(error),
-        BeginDecision::Replay { turn_id } => {
-            let view = [&facts.turn, &continuation]
-                .into_iter()
-                .flatten()
-                .find(|t| t.view.turn_id.as_str() == turn_id)
-                .map(|t| t.view.clone());
-            let view = match view {
-                Some(view) => view,
-                None => {
-                    turn_by_id(tx, &turn_id)
-                        .await?
-                        .ok_or_else(|| corrupt(format!("replayed turn {turn_id} vanished")))?
-                        .view
-                }
-            };
-            Ok((BeginOutcome::Replay(view), false))
-        }
-        BeginDecision::Exhaust => {
-            let turn_id = facts
-                .turn
-                .as_ref()
-                .map(|t| t.snapshot.turn_id.as_str())
-                .ok_or_else(|| corrupt("exhausting a begin that has no turn"))?;
-            if let Some(layer) = &store.leases {
-                refuse_if_held(layer.as_ref(), command.session_id.as_str(), turn_id).await?;
-            }
-            let view = exhaust(tx, turn_id, facts.now_ms).await?;
-            Ok((BeginOutcome::Replay(view), true))
-        }
-        BeginDecision::Start { kind, attempt } => {
-            let fence =
-                match reserved {
-                    Some(fence) if fence.0 > session_fence => Some(fence),
-                    Some(_) => return Err(Error::conflict(
-                        "begin: a newer grant of the session committed after the fence was taken",
-                    )),
-                    None => None,
-                };
-            let grant = start(
-                store,
-                tx,
-                command,
-                &facts,
-                confirm_target.as_ref(),
-                (kind, attempt, fence),
-            )
-            .await?;
-            Ok((BeginOutcome::Started(grant), true))
-        }
-    }
 }
 
 /// Records a turn that used all its attempts as failed for good.
@@ -323,7 +280,7 @@ async fn start(
     store: &MySqlStore,
     tx: &mut MySqlConnection,
     command: &BeginCommand,
-    facts: &Facts,
+    facts: &Facts<TurnRecord>,
     target: Option<&TurnRecord>,
     (kind, attempt, reserved): (StartKind, u32, Option<Fence>),
 ) -> Result<Grant> {
@@ -372,7 +329,7 @@ async fn start(
         None => ttl_ms,
     };
     if let Err(error) = write_turn(tx, command, facts, &turn_id, attempt, fence, pending).await {
-        give_back(store, turn_id.as_str(), &token).await;
+        give_back(store.leases.as_deref(), turn_id.as_str(), &token).await;
         return Err(error);
     }
     Ok(Grant {
@@ -439,7 +396,7 @@ async fn acquire_external(layer: &dyn LeaseLayer, claim: &LeaseClaim<'_>) -> Res
 async fn write_turn(
     tx: &mut MySqlConnection,
     command: &BeginCommand,
-    facts: &Facts,
+    facts: &Facts<TurnRecord>,
     turn_id: &TurnId,
     attempt: u32,
     fence: Fence,

@@ -42,11 +42,12 @@
 //! Round trips: claim 1, complete or fail 1, end 2 (the turn read, the
 //! update), each plus one layer call with an external layer.
 
-use agentgate_core::canonical::CanonicalJson;
 use agentgate_core::error::Result;
 use agentgate_core::ids::ExecutionId;
 use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
-use agentgate_core::model::{idempotency_key, Ending, LeaseRef, ToolCall, ToolClaim, TurnView};
+use agentgate_core::model::{
+    idempotency_key, Ending, ExecutionEnding, LeaseRef, ToolCall, ToolClaim, TurnView,
+};
 use sqlx::mysql::MySqlArguments;
 use sqlx::query::Query;
 use sqlx::MySql;
@@ -173,23 +174,6 @@ pub(crate) async fn claim(
     }
 }
 
-/// How an execution ends.
-#[derive(Clone, Copy)]
-pub(crate) enum EndedExecution<'a> {
-    Succeeded(&'a CanonicalJson),
-    Failed(&'a CanonicalJson),
-}
-
-impl<'a> EndedExecution<'a> {
-    /// The state it ends in, the column its value goes to, and the value.
-    pub(crate) fn columns(self) -> (&'static str, &'static str, &'a CanonicalJson) {
-        match self {
-            Self::Succeeded(result) => ("succeeded", "result", result),
-            Self::Failed(error) => ("failed", "error", error),
-        }
-    }
-}
-
 /// Ends a running execution claimed under the caller's live lease. `false`
 /// when no row changed: not the holder, not running, or claimed under an
 /// older fence.
@@ -197,7 +181,7 @@ pub(crate) async fn end_execution(
     store: &MySqlStore,
     lease: &LeaseRef,
     execution_id: &ExecutionId,
-    ended: EndedExecution<'_>,
+    ended: ExecutionEnding<'_>,
 ) -> Result<bool> {
     let Some(holder) = Holder::of(store, lease).await? else {
         return Ok(false);

@@ -21,9 +21,10 @@ use agentgate_core::model::{Orphan, OrphanFilter};
 use sqlx::mysql::MySqlRow;
 use sqlx::{MySql, QueryBuilder, Row};
 
-use crate::error::{corrupt, map_sqlx, Retry};
+use crate::error::{corrupt, map_sqlx};
 use crate::rows::{text, text_required};
 use crate::{MySqlStore, NOW_MS};
+use agentgate_store_sql::Retry;
 
 /// When the turn last had a live lease, as far as the rows tell: the
 /// session's expiry while the row names it, else the recorded orphan time,

@@ -39,6 +39,16 @@ pub(crate) struct TurnRecord {
     pub pending_text: Option<String>,
 }
 
+impl agentgate_store_sql::begin::TurnRecord for TurnRecord {
+    fn snapshot(&self) -> &TurnSnapshot {
+        &self.snapshot
+    }
+
+    fn view(&self) -> &TurnView {
+        &self.view
+    }
+}
+
 pub(crate) fn get<'r, T>(row: &'r MySqlRow, column: &str) -> Result<T>
 where
     T: sqlx::Decode<'r, sqlx::MySql> + sqlx::Type<sqlx::MySql>,

@@ -37,19 +37,21 @@ use agentgate_core::ids::{ExecutionId, Fence};
 use agentgate_core::lease::LeaseLayer;
 use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
 use agentgate_core::model::{
-    idempotency_key, Ending, LeaseRef, PreviousOutcome, ToolCall, ToolClaim, TurnView,
+    idempotency_key, Ending, ExecutionEnding, LeaseRef, PreviousOutcome, ToolCall, ToolClaim,
+    TurnView,
 };
 use agentgate_core::store::{Completion, LeaseStatus, SqlEffect};
 use serde_json::Value;
 use sqlx::mysql::MySqlRow;
 use sqlx::MySqlConnection;
 
-use crate::error::{corrupt, map_sqlx, Retry};
-use crate::fast::{self, EndedExecution};
+use crate::error::{corrupt, map_sqlx};
+use crate::fast;
 use crate::rows::{
     execution_snapshot, get, json, text, text_required, turn_view, EXECUTION_COLUMNS, TURN_COLUMNS,
 };
 use crate::{MySqlStore, NOW_MS};
+use agentgate_store_sql::Retry;
 
 /// A live lease, as checked inside a step's transaction.
 pub(crate) struct LiveLease {
@@ -188,7 +190,7 @@ pub(crate) async fn heartbeat(store: &MySqlStore, lease: &LeaseRef) -> Result<Le
     loop {
         match heartbeat_once(store, lease).await {
             Err(error) => retry.after(error).await?,
-            status => return status,
+            done => return done,
         }
     }
 }
@@ -425,7 +427,7 @@ async fn end_execution(
     lease: &LeaseRef,
     execution_id: &ExecutionId,
     live: &LiveLease,
-    ended: EndedExecution<'_>,
+    ended: ExecutionEnding<'_>,
 ) -> Result<u64> {
     let (state, column, value) = ended.columns();
     let done = sqlx::query(&format!(
@@ -456,12 +458,12 @@ pub(crate) async fn complete_tool(
                 store,
                 lease,
                 execution_id,
-                EndedExecution::Succeeded(&result),
+                ExecutionEnding::Succeeded(&result),
             )
             .await
             {
                 Err(error) => retry.after(error).await?,
-                Ok(()) => return parse_result(&result),
+                Ok(()) => return result.to_value("tool result"),
             }
         },
         Completion::Effect(effect) => loop {
@@ -473,14 +475,10 @@ pub(crate) async fn complete_tool(
                 // that then failed, the step is not run again.
                 Err(error) if applied => return Err(error),
                 Err(error) => retry.after(error).await?,
-                Ok(result) => return parse_result(&result),
+                Ok(result) => return result.to_value("tool result"),
             }
         },
     }
-}
-
-fn parse_result(result: &CanonicalJson) -> Result<Value> {
-    serde_json::from_str(result.as_str()).map_err(|e| corrupt(format!("tool result: {e}")))
 }
 
 async fn complete_with_effect_once(
@@ -502,7 +500,7 @@ async fn complete_with_effect_once(
         lease,
         execution_id,
         &live,
-        EndedExecution::Succeeded(&result),
+        ExecutionEnding::Succeeded(&result),
     )
     .await?;
     if done != 1 {
@@ -522,7 +520,7 @@ pub(crate) async fn fail_tool(
 ) -> Result<()> {
     let mut retry = Retry::new();
     loop {
-        match end_tool_once(store, lease, execution_id, EndedExecution::Failed(error)).await {
+        match end_tool_once(store, lease, execution_id, ExecutionEnding::Failed(error)).await {
             Err(error) => retry.after(error).await?,
             done => return done,
         }
@@ -536,7 +534,7 @@ async fn end_tool_once(
     store: &MySqlStore,
     lease: &LeaseRef,
     execution_id: &ExecutionId,
-    ended: EndedExecution<'_>,
+    ended: ExecutionEnding<'_>,
 ) -> Result<()> {
     if fast::end_execution(store, lease, execution_id, ended).await? {
         return Ok(());

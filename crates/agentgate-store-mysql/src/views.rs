@@ -20,9 +20,10 @@ use agentgate_core::model::{
 use agentgate_core::page::{assemble, plan, ExecutionPage, ExecutionPageRequest};
 use sqlx::{MySqlConnection, MySqlPool};
 
-use crate::error::{corrupt, map_sqlx, Retry};
+use crate::error::{corrupt, map_sqlx};
 use crate::rows::{execution_view, get, text, turn_view, EXECUTION_COLUMNS, TURN_COLUMNS};
 use crate::{MySqlStore, NOW_MS};
+use agentgate_store_sql::Retry;
 
 pub(crate) async fn turn(pool: &MySqlPool, turn_id: &TurnId) -> Result<Option<TurnView>> {
     let row = sqlx::query(&format!(

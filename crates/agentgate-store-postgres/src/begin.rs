@@ -30,47 +30,44 @@
 //! its target (and one more when the target was already confirmed) and one
 //! `UPDATE` of it.
 
-use agentgate_core::decide::{
-    decide_begin, BeginDecision, BeginFacts, SessionSnapshot, StartKind, UserLoad,
-};
+use agentgate_core::decide::{SessionSnapshot, StartKind, UserLoad};
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{Fence, LeaseToken, TurnId};
-use agentgate_core::lease::refuse_if_held;
 use agentgate_core::lease::{LeaseClaim, LeaseLayer};
 use agentgate_core::model::{BeginCommand, BeginOutcome, ConfirmationContext, Grant, TurnView};
 use serde_json::Value;
 use sqlx::PgConnection;
 
-use crate::error::{corrupt, map_sqlx, Retry};
+use crate::error::{corrupt, map_sqlx};
 use crate::rows::{
     get, json, session_snapshot, turn_record, turn_view, TurnRecord, SESSION_COLUMNS, TURN_COLUMNS,
 };
 use crate::{PostgresStore, NOW_MS};
-
-/// What a begin read under its locks.
-struct Facts {
-    now_ms: i64,
-    load: UserLoad,
-    turn: Option<TurnRecord>,
-}
+use agentgate_store_sql::begin::{begin_in, give_back, BeginSql, Facts, Locked, Start};
+use agentgate_store_sql::Retry;
 
 pub(crate) async fn begin(store: &PostgresStore, command: &BeginCommand) -> Result<BeginOutcome> {
     let mut retry = Retry::new();
     loop {
         match begin_once(store, command).await {
             Err(error) => retry.after(error).await?,
-            outcome => return outcome,
+            done => return done,
         }
     }
 }
 
 async fn begin_once(store: &PostgresStore, command: &BeginCommand) -> Result<BeginOutcome> {
     let mut tx = store.transaction().await?;
-    let (outcome, wrote) = begin_in(store, &mut tx, command).await?;
+    let (outcome, wrote) = begin_in(&Sql(store), &mut tx, command, None).await?;
     if wrote {
         if let Err(error) = tx.commit().await {
             if let BeginOutcome::Started(grant) = &outcome {
-                give_back(store, grant.turn_id.as_str(), &grant.lease_token).await;
+                give_back(
+                    store.leases.as_deref(),
+                    grant.turn_id.as_str(),
+                    &grant.lease_token,
+                )
+                .await;
             }
             return Err(map_sqlx(error));
         }
@@ -80,28 +77,65 @@ async fn begin_once(store: &PostgresStore, command: &BeginCommand) -> Result<Beg
     Ok(outcome)
 }
 
-/// Gives the external layer's lease back when its grant did not become
-/// durable. A failure only leaves a lease that expires by itself.
-async fn give_back(store: &PostgresStore, turn_id: &str, token: &LeaseToken) {
-    if let Some(layer) = &store.leases {
-        if let Err(error) = layer.release(turn_id, &token.digest_hex()).await {
-            tracing::warn!(%error, turn_id, "could not give back an undurable lease");
-        }
-    }
-}
+/// The store as the shared begin sees it: its SQL for each part of a begin.
+struct Sql<'a>(&'a PostgresStore);
 
-/// What the lock statement returns: the user's cap override and the
-/// session's row.
-struct Locked {
-    cap: Option<i64>,
-    session: SessionSnapshot,
+#[async_trait::async_trait]
+impl BeginSql for Sql<'_> {
+    type Conn = PgConnection;
+    type Record = TurnRecord;
+
+    fn leases(&self) -> Option<&dyn LeaseLayer> {
+        self.0.leases.as_deref()
+    }
+
+    async fn lock_and_read(
+        &self,
+        tx: &mut PgConnection,
+        command: &BeginCommand,
+    ) -> Result<Locked<TurnRecord>> {
+        let (cap, session, session_fence) = lock_rows(tx, command).await?;
+        let facts = read_facts(tx, command, cap, self.0.config.max_turns_per_user).await?;
+        Ok(Locked {
+            session,
+            session_fence,
+            facts,
+        })
+    }
+
+    async fn turn_by_id(&self, tx: &mut PgConnection, turn_id: &str) -> Result<Option<TurnRecord>> {
+        turn_by_id(tx, turn_id).await
+    }
+
+    async fn exhaust(&self, tx: &mut PgConnection, turn_id: &str, now_ms: i64) -> Result<TurnView> {
+        exhaust(tx, turn_id, now_ms).await
+    }
+
+    async fn start(
+        &self,
+        tx: &mut PgConnection,
+        command: &BeginCommand,
+        facts: &Facts<TurnRecord>,
+        _confirm_target: Option<&TurnRecord>,
+        start: Start,
+    ) -> Result<Grant> {
+        // The fence is taken from the sequence inside the grant statement.
+        assert!(
+            start.fence.is_none(),
+            "PostgreSQL never reserves a fence before its begin"
+        );
+        self::start(self.0, tx, command, facts, start.kind, start.attempt).await
+    }
 }
 
 /// Locks the user's row, then the session's row, creating either on first
 /// use (the session bound to the caller), in one statement. A fresh session
 /// row (no holder, no pending confirmation, the caller's user) decides
 /// exactly like no row at all, and is rolled back unless the begin starts.
-async fn lock_rows(conn: &mut PgConnection, command: &BeginCommand) -> Result<Locked> {
+async fn lock_rows(
+    conn: &mut PgConnection,
+    command: &BeginCommand,
+) -> Result<(Option<i64>, SessionSnapshot, i64)> {
     // `DO UPDATE` with a no-op assignment is what makes an upsert lock an
     // existing row (`DO NOTHING` would not). The session's upsert takes its
     // row from the user's upsert's output, so it cannot run before the
@@ -114,18 +148,19 @@ async fn lock_rows(conn: &mut PgConnection, command: &BeginCommand) -> Result<Lo
          s AS (INSERT INTO ag_sessions (session_id, user_id, fence, updated_at_ms) \
            SELECT $1, u.user_id, 0, {NOW_MS} FROM u \
            ON CONFLICT (session_id) DO UPDATE SET user_id = ag_sessions.user_id \
-           RETURNING {SESSION_COLUMNS}) \
-         SELECT (SELECT max_turns FROM u) AS max_turns, {SESSION_COLUMNS} FROM s"
+           RETURNING {SESSION_COLUMNS}, fence) \
+         SELECT (SELECT max_turns FROM u) AS max_turns, {SESSION_COLUMNS}, fence FROM s"
     ))
     .bind(command.session_id.as_str())
     .bind(command.user_id.as_str())
     .fetch_one(conn)
     .await
     .map_err(map_sqlx)?;
-    Ok(Locked {
-        cap: get(&row, "max_turns")?,
-        session: session_snapshot(&row)?,
-    })
+    Ok((
+        get(&row, "max_turns")?,
+        session_snapshot(&row)?,
+        get(&row, "fence")?,
+    ))
 }
 
 /// Reads the clock, the user's live permits and the request's turn in one
@@ -136,7 +171,7 @@ async fn read_facts(
     command: &BeginCommand,
     cap: Option<i64>,
     default_cap: u32,
-) -> Result<Facts> {
+) -> Result<Facts<TurnRecord>> {
     let row = sqlx::query(&format!(
         "SELECT {NOW_MS} AS now_ms, permits.live, permits.soonest, {TURN_COLUMNS} \
          FROM (SELECT COUNT(*) AS live, MIN(lease_expires_at_ms) AS soonest FROM ag_sessions \
@@ -149,16 +184,9 @@ async fn read_facts(
     .fetch_one(conn)
     .await
     .map_err(map_sqlx)?;
-    let live: i64 = get(&row, "live")?;
     Ok(Facts {
         now_ms: get(&row, "now_ms")?,
-        load: UserLoad {
-            cap: cap
-                .and_then(|c| u32::try_from(c).ok())
-                .unwrap_or(default_cap),
-            live: u32::try_from(live).unwrap_or(u32::MAX),
-            soonest_expiry_ms: get(&row, "soonest")?,
-        },
+        load: UserLoad::read(cap, default_cap, get(&row, "live")?, get(&row, "soonest")?)?,
         turn: turn_record(&row)?,
     })
 }
@@ -175,77 +203,6 @@ async fn turn_by_id(conn: &mut PgConnection, turn_id: &str) -> Result<Option<Tur
         Some(row) => turn_record(&row)?,
         None => None,
     })
-}
-
-/// Runs one begin inside `tx`; the flag says whether it wrote anything.
-async fn begin_in(
-    store: &PostgresStore,
-    tx: &mut PgConnection,
-    command: &BeginCommand,
-) -> Result<(BeginOutcome, bool)> {
-    let Locked { cap, session } = lock_rows(tx, command).await?;
-    let facts = read_facts(tx, command, cap, store.config.max_turns_per_user).await?;
-    let confirms = command.confirmation.as_ref().map(|c| c.turn_id.as_str());
-    let confirm_target = match (confirms, &facts.turn) {
-        (Some(target), None) => turn_by_id(tx, target).await?,
-        _ => None,
-    };
-    let continuation = match confirm_target
-        .as_ref()
-        .and_then(|t| t.snapshot.confirmed_by.as_deref())
-    {
-        Some(next) => turn_by_id(tx, next).await?,
-        None => None,
-    };
-    let decision = decide_begin(&BeginFacts {
-        now_ms: facts.now_ms,
-        user_id: command.user_id.as_str(),
-        session_id: command.session_id.as_str(),
-        fingerprint: command.fingerprint.as_hex(),
-        confirms,
-        session: Some(&session),
-        turn: facts.turn.as_ref().map(|t| &t.snapshot),
-        confirm_target: confirm_target.as_ref().map(|t| &t.snapshot),
-        continuation: continuation.as_ref().map(|t| &t.snapshot),
-        load: facts.load,
-        resume_only: command.resume_only,
-    });
-    match decision {
-        BeginDecision::Reject(error) => Err(error),
-        BeginDecision::Replay { turn_id } => {
-            let view = [&facts.turn, &continuation]
-                .into_iter()
-                .flatten()
-                .find(|t| t.view.turn_id.as_str() == turn_id)
-                .map(|t| t.view.clone());
-            let view = match view {
-                Some(view) => view,
-                None => {
-                    turn_by_id(tx, &turn_id)
-                        .await?
-                        .ok_or_else(|| corrupt(format!("replayed turn {turn_id} vanished")))?
-                        .view
-                }
-            };
-            Ok((BeginOutcome::Replay(view), false))
-        }
-        BeginDecision::Exhaust => {
-            let turn_id = facts
-                .turn
-                .as_ref()
-                .map(|t| t.snapshot.turn_id.as_str())
-                .ok_or_else(|| corrupt("exhausting a begin that has no turn"))?;
-            if let Some(layer) = &store.leases {
-                refuse_if_held(layer.as_ref(), command.session_id.as_str(), turn_id).await?;
-            }
-            let view = exhaust(tx, turn_id, facts.now_ms).await?;
-            Ok((BeginOutcome::Replay(view), true))
-        }
-        BeginDecision::Start { kind, attempt } => {
-            let grant = start(store, tx, command, &facts, kind, attempt).await?;
-            Ok((BeginOutcome::Started(grant), true))
-        }
-    }
 }
 
 /// Records a turn that used all its attempts as failed for good.
@@ -267,7 +224,7 @@ async fn start(
     store: &PostgresStore,
     tx: &mut PgConnection,
     command: &BeginCommand,
-    facts: &Facts,
+    facts: &Facts<TurnRecord>,
     kind: StartKind,
     attempt: u32,
 ) -> Result<Grant> {
@@ -365,7 +322,7 @@ async fn grant(
     store: &PostgresStore,
     tx: &mut PgConnection,
     command: &BeginCommand,
-    facts: &Facts,
+    facts: &Facts<TurnRecord>,
     written: &Written<'_>,
 ) -> Result<Fence> {
     // With an external layer the row keeps no expiry: the layer is the

@@ -1,5 +1,5 @@
 //! PostgreSQL and sqlx errors mapped to the engine's portable [`Error`], and
-//! the bounded retry of a protocol step after a transient conflict.
+//! which of them mark a transient conflict for the shared retry.
 //!
 //! Every driver failure is `store_unavailable`. A few SQLSTATEs mean "another
 //! transaction got in the way; the same step run again will go through":
@@ -11,15 +11,13 @@
 //! commits, so a retry never repeats a committed write. An I/O error is *not*
 //! retried: it may have hit the `COMMIT` after the server applied it.
 
-use agentgate_core::error::{Error, Result};
-use agentgate_core::retry::{backoff, should_retry};
-use tokio::time::Instant;
+use agentgate_core::error::Error;
 
 /// SQLSTATEs after which the step is run again.
 const CONFLICT_CODES: &[&str] = &["40001", "40P01", "23505", "55P03"];
 
 /// Maps a sqlx error to `store_unavailable`, keeping the source for logs and
-/// marking transient conflicts for [`Retry`].
+/// marking transient conflicts for the shared retry (`agentgate_store_sql::Retry`).
 pub(crate) fn map_sqlx(error: sqlx::Error) -> Error {
     let conflict = error
         .as_database_error()
@@ -37,58 +35,12 @@ pub(crate) fn corrupt(what: impl std::fmt::Display) -> Error {
     Error::store(format!("corrupt row: {what}"))
 }
 
-/// The retry budget of one protocol step: at most [`agentgate_core::limits::MAX_STORE_RETRIES`]
-/// re-runs, and none once the step has spent [`agentgate_core::limits::STORE_ACQUIRE_TIMEOUT`].
-pub(crate) struct Retry {
-    retries: u32,
-    started: Instant,
-}
-
-impl Retry {
-    pub(crate) fn new() -> Self {
-        Self {
-            retries: 0,
-            started: Instant::now(),
-        }
-    }
-
-    /// Takes a failed run of the step: `Ok(())` after a backoff means "run
-    /// it again"; `Err` is the step's answer.
-    pub(crate) async fn after(&mut self, error: Error) -> Result<()> {
-        if !should_retry(&error, self.retries, self.started.elapsed()) {
-            return Err(error);
-        }
-        self.retries += 1;
-        tracing::debug!(retry = self.retries, %error, "running a store step again");
-        tokio::time::sleep(backoff(self.retries)).await;
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use agentgate_core::limits::MAX_STORE_RETRIES;
 
     #[test]
     fn only_conflict_codes_are_marked_retryable() {
         assert!(!map_sqlx(sqlx::Error::PoolTimedOut).is_conflict());
-    }
-
-    #[tokio::test]
-    async fn retry_gives_up_after_the_bound() {
-        let mut retry = Retry::new();
-        for _ in 0..MAX_STORE_RETRIES {
-            retry
-                .after(Error::conflict(sqlx::Error::PoolTimedOut))
-                .await
-                .expect("within the bound");
-        }
-        let last = retry
-            .after(Error::conflict(sqlx::Error::PoolTimedOut))
-            .await;
-        assert!(last.is_err());
-        let other = Retry::new().after(Error::PayloadMismatch).await;
-        assert!(matches!(other, Err(Error::PayloadMismatch)));
     }
 }

@@ -21,8 +21,9 @@ use agentgate_core::model::{Orphan, OrphanFilter};
 use sqlx::postgres::PgRow;
 use sqlx::{Postgres, QueryBuilder, Row};
 
-use crate::error::{corrupt, map_sqlx, Retry};
+use crate::error::{corrupt, map_sqlx};
 use crate::{PostgresStore, NOW_MS};
+use agentgate_store_sql::Retry;
 
 /// When the turn last had a live lease, as far as the rows tell: the
 /// session's expiry while the row names it, else the recorded orphan time,

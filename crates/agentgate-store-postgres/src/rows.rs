@@ -34,6 +34,16 @@ pub(crate) struct TurnRecord {
     pub view: TurnView,
 }
 
+impl agentgate_store_sql::begin::TurnRecord for TurnRecord {
+    fn snapshot(&self) -> &TurnSnapshot {
+        &self.snapshot
+    }
+
+    fn view(&self) -> &TurnView {
+        &self.view
+    }
+}
+
 pub(crate) fn get<'r, T>(row: &'r PgRow, column: &str) -> Result<T>
 where
     T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,

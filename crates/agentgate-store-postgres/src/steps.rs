@@ -39,23 +39,25 @@ use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::ExecutionId;
 use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
 use agentgate_core::model::{
-    idempotency_key, Ending, LeaseRef, PreviousOutcome, ToolCall, ToolClaim, TurnView,
+    idempotency_key, Ending, ExecutionEnding, LeaseRef, PreviousOutcome, ToolCall, ToolClaim,
+    TurnView,
 };
 use agentgate_core::store::{Completion, LeaseStatus, SqlEffect};
 use serde_json::Value;
 use sqlx::PgConnection;
 
-use crate::error::{corrupt, map_sqlx, Retry};
+use crate::error::{corrupt, map_sqlx};
 use crate::lease::{check_lease, Holder, LiveLease};
 use crate::rows::{execution_snapshot, get, json, turn_view, EXECUTION_COLUMNS, TURN_COLUMNS};
 use crate::{PostgresStore, NOW_MS};
+use agentgate_store_sql::Retry;
 
 pub(crate) async fn heartbeat(store: &PostgresStore, lease: &LeaseRef) -> Result<LeaseStatus> {
     let mut retry = Retry::new();
     loop {
         match heartbeat_once(store, lease).await {
             Err(error) => retry.after(error).await?,
-            status => return status,
+            done => return done,
         }
     }
 }
@@ -378,7 +380,7 @@ async fn end_execution(
     lease: &LeaseRef,
     execution_id: &ExecutionId,
     live: &LiveLease,
-    ended: EndedExecution<'_>,
+    ended: ExecutionEnding<'_>,
 ) -> Result<u64> {
     let (state, column, value) = ended.columns();
     let done = sqlx::query(&format!(
@@ -397,22 +399,6 @@ async fn end_execution(
 }
 
 /// How an execution ends.
-#[derive(Clone, Copy)]
-enum EndedExecution<'a> {
-    Succeeded(&'a CanonicalJson),
-    Failed(&'a CanonicalJson),
-}
-
-impl<'a> EndedExecution<'a> {
-    /// The state it ends in, the column that keeps the value, the value.
-    fn columns(self) -> (&'static str, &'static str, &'a CanonicalJson) {
-        match self {
-            Self::Succeeded(result) => ("succeeded", "result", result),
-            Self::Failed(error) => ("failed", "error", error),
-        }
-    }
-}
-
 pub(crate) async fn complete_tool(
     store: &PostgresStore,
     lease: &LeaseRef,
@@ -426,12 +412,12 @@ pub(crate) async fn complete_tool(
                 store,
                 lease,
                 execution_id,
-                EndedExecution::Succeeded(&result),
+                ExecutionEnding::Succeeded(&result),
             )
             .await
             {
                 Err(error) => retry.after(error).await?,
-                Ok(()) => return parse_result(&result),
+                Ok(()) => return result.to_value("tool result"),
             }
         },
         Completion::Effect(effect) => loop {
@@ -443,14 +429,10 @@ pub(crate) async fn complete_tool(
                 // that then failed, the step is not run again.
                 Err(error) if applied => return Err(error),
                 Err(error) => retry.after(error).await?,
-                Ok(result) => return parse_result(&result),
+                Ok(result) => return result.to_value("tool result"),
             }
         },
     }
-}
-
-fn parse_result(result: &CanonicalJson) -> Result<Value> {
-    serde_json::from_str(result.as_str()).map_err(|e| corrupt(format!("tool result: {e}")))
 }
 
 async fn complete_with_effect_once(
@@ -472,7 +454,7 @@ async fn complete_with_effect_once(
         lease,
         execution_id,
         &live,
-        EndedExecution::Succeeded(&result),
+        ExecutionEnding::Succeeded(&result),
     )
     .await?;
     if done != 1 {
@@ -496,7 +478,7 @@ pub(crate) async fn fail_tool(
 ) -> Result<()> {
     let mut retry = Retry::new();
     loop {
-        match end_tool_once(store, lease, execution_id, EndedExecution::Failed(error)).await {
+        match end_tool_once(store, lease, execution_id, ExecutionEnding::Failed(error)).await {
             Err(error) => retry.after(error).await?,
             done => return done,
         }
@@ -525,7 +507,7 @@ async fn end_tool_once(
     store: &PostgresStore,
     lease: &LeaseRef,
     execution_id: &ExecutionId,
-    ended: EndedExecution<'_>,
+    ended: ExecutionEnding<'_>,
 ) -> Result<()> {
     let Some(holder) = Holder::of(store, lease).await? else {
         return Err(explain_execution(store, lease, execution_id).await);
@@ -585,7 +567,7 @@ pub(crate) async fn end_turn(
     loop {
         match end_turn_once(store, lease, ending).await {
             Err(error) => retry.after(error).await?,
-            view => return view,
+            done => return done,
         }
     }
 }

@@ -19,9 +19,10 @@ use agentgate_core::model::{
 use agentgate_core::page::{assemble, plan, ExecutionPage, ExecutionPageRequest};
 use sqlx::PgPool;
 
-use crate::error::{corrupt, map_sqlx, Retry};
+use crate::error::{corrupt, map_sqlx};
 use crate::rows::{execution_view, get, turn_view, EXECUTION_COLUMNS, TURN_COLUMNS};
 use crate::{PostgresStore, NOW_MS};
+use agentgate_store_sql::Retry;
 
 pub(crate) async fn turn(pool: &PgPool, turn_id: &TurnId) -> Result<Option<TurnView>> {
     let row = sqlx::query(&format!(

@@ -90,18 +90,12 @@ async fn snapshot(
             .map(|v| v.is_some())
             .map_err(map_sqlx)
     };
-    let load = UserLoad {
-        // No user row: the configured default; a stored cap outside u32 is
-        // not one the engine wrote.
-        cap: match get("cap")? {
-            None => default_cap,
-            Some(cap) => u32::try_from(cap).map_err(|_| corrupt(format!("user cap {cap}")))?,
-        },
-        live: get("live")?
-            .and_then(|live| u32::try_from(live).ok())
-            .ok_or_else(|| corrupt("the user's live-session count"))?,
-        soonest_expiry_ms: get("soonest")?,
-    };
+    let load = UserLoad::read(
+        get("cap")?,
+        default_cap,
+        get("live")?.ok_or_else(|| corrupt("the user's live-session count is NULL"))?,
+        get("soonest")?,
+    )?;
     Ok(Snapshot {
         now_ms: get("now_ms")?.ok_or_else(|| corrupt("the store's clock read NULL"))?,
         load,

@@ -1066,3 +1066,31 @@ fn the_abandoned_error_is_stored_in_canonical_form() {
     assert_eq!(canonical.as_str(), crate::decide::ABANDONED_ERROR);
     assert_eq!(value["code"], "abandoned");
 }
+
+#[test]
+fn a_stored_load_outside_u32_is_corrupt_and_no_cap_row_is_the_default() {
+    let load = UserLoad::read(None, 5, 2, Some(NOW + 10)).expect("valid");
+    assert_eq!(
+        (load.cap, load.live, load.soonest_expiry_ms),
+        (5, 2, Some(NOW + 10))
+    );
+    assert_eq!(UserLoad::read(Some(1), 5, 0, None).expect("valid").cap, 1);
+    for (cap, live) in [(Some(-1), 0), (Some(i64::MAX), 0), (None, -1)] {
+        let error = UserLoad::read(cap, 5, live, None).expect_err("corrupt");
+        assert_eq!(error.kind(), ErrorKind::StoreUnavailable);
+        assert!(error.to_string().contains("corrupt"), "{error}");
+    }
+}
+
+#[test]
+fn a_reserved_fence_must_be_newer_than_the_sessions() {
+    assert_eq!(reserved_fence(None, 7).expect("no reservation"), None);
+    assert_eq!(
+        reserved_fence(Some(Fence(8)), 7).expect("newer"),
+        Some(Fence(8))
+    );
+    for stale in [7, 3] {
+        let error = reserved_fence(Some(Fence(stale)), 7).expect_err("overtaken");
+        assert!(error.is_conflict(), "{error}");
+    }
+}

@@ -1,0 +1,17 @@
+//! The SQL stores' shared steps: what a protocol step does, written once; a
+//! store (PostgreSQL, MySQL/MariaDB) supplies its SQL, its locking and its
+//! error mapping through a small trait per step.
+//!
+//! - [`retry`]: the bounded re-run of a step after a transient conflict.
+//! - [`begin`]: a begin's decision applied inside the store's transaction
+//!   ([`begin::begin_in`]), over the dialect's [`begin::BeginSql`].
+//!
+//! Decisions stay in `agentgate_core::decide`; this crate sequences the
+//! reads a decision needs and the writes it asks for, so every store makes
+//! them in the same order.
+#![forbid(unsafe_code)]
+
+pub mod begin;
+pub mod retry;
+
+pub use retry::Retry;
