@@ -410,6 +410,12 @@ class Turn:
         self.lost.set()
         self._stop.set()
 
+    @property
+    def lease_token(self) -> Optional[str]:
+        """The secret every call under this lease sends as ``Lease-Token``
+        (for raw calls through ``gate.request``); never log it."""
+        return self._lease_token
+
     def check(self) -> None:
         """Raise :class:`~agentgate.LeaseLost` if the lease is known lost."""
         if self.lost.is_set():
