@@ -171,13 +171,13 @@ class AsyncGate:
         return turn
 
     async def get_turn(self, turn_id: str) -> Dict[str, Any]:
-        return (await self.request("GET", f"/v1/turns/{turn_id}"))[1]
+        return dict((await self.request("GET", f"/v1/turns/{turn_id}"))[1])
 
     async def get_session(self, session_id: str) -> Dict[str, Any]:
-        return (await self.request("GET", f"/v1/sessions/{session_id}"))[1]
+        return dict((await self.request("GET", f"/v1/sessions/{session_id}"))[1])
 
     async def get_user(self, user_id: str) -> Dict[str, Any]:
-        return (await self.request("GET", f"/v1/users/{user_id}"))[1]
+        return dict((await self.request("GET", f"/v1/users/{user_id}"))[1])
 
     @overload
     def tool(self, function: F) -> F: ...

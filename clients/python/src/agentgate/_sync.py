@@ -183,13 +183,13 @@ class Gate:
 
     def get_turn(self, turn_id: str) -> Dict[str, Any]:
         """``GET /v1/turns/{id}``: the turn, ``orphaned``, its first executions."""
-        return self.request("GET", f"/v1/turns/{turn_id}")[1]
+        return dict(self.request("GET", f"/v1/turns/{turn_id}")[1])
 
     def get_session(self, session_id: str) -> Dict[str, Any]:
-        return self.request("GET", f"/v1/sessions/{session_id}")[1]
+        return dict(self.request("GET", f"/v1/sessions/{session_id}")[1])
 
     def get_user(self, user_id: str) -> Dict[str, Any]:
-        return self.request("GET", f"/v1/users/{user_id}")[1]
+        return dict(self.request("GET", f"/v1/users/{user_id}")[1])
 
     # --- the decorator --------------------------------------------------
 
