@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Dict, Optional
+from typing import Any, AsyncIterator, Dict, Optional, TypedDict
 
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel
@@ -23,19 +23,25 @@ from agentgate import AsyncGate, AsyncTurn, ToolContext
 
 gate = AsyncGate(os.environ.get("AGENTGATE_URL", "http://127.0.0.1:7700"), api_key=os.environ.get("AGENTGATE_API_KEY"))
 
+class Entry(TypedDict):
+    entry_id: int
+    amount: float
+    category: str
+
+
 #: Stands for the system the tool books into; it remembers each booking's
 #: idempotency key, as a payment or ledger API would.
-LEDGER: Dict[str, Dict[str, Any]] = {}
+LEDGER: Dict[str, Entry] = {}
 
 
-def find_booking(ctx: ToolContext) -> Optional[Dict[str, Any]]:
+def find_booking(ctx: ToolContext) -> Optional[Entry]:
     """Reconcile hook: did a crashed attempt of this call book already?"""
     return LEDGER.get(ctx.idempotency_key)
 
 
 @gate.tool(reconcile=find_booking)
-async def create_transaction(ctx: ToolContext, amount: float, category: str) -> Dict[str, Any]:
-    entry = {"entry_id": len(LEDGER) + 1, "amount": amount, "category": category}
+async def create_transaction(ctx: ToolContext, amount: float, category: str) -> Entry:
+    entry: Entry = {"entry_id": len(LEDGER) + 1, "amount": amount, "category": category}
     LEDGER[ctx.idempotency_key] = entry
     return entry
 
@@ -73,7 +79,7 @@ def retry_after(error: agentgate.AgentgateError) -> Dict[str, str]:
 @app.post("/chat")
 async def chat(message: Message) -> Dict[str, Any]:
     try:
-        return await gate.run_turn(
+        reply: Dict[str, Any] = await gate.run_turn(
             message.user_id,
             message.session_id,
             message.message_id,
@@ -81,6 +87,7 @@ async def chat(message: Message) -> Dict[str, Any]:
             lambda turn: agent(turn, message.text),
             wait=2.0,  # a short wait hides most double-sends; then say busy
         )
+        return reply
     except agentgate.SessionBusy as busy:
         raise HTTPException(409, "the previous message is still being processed", headers=retry_after(busy))
     except (agentgate.RequestInFlight, agentgate.UserAtCapacity, agentgate.StoreUnavailable) as later:

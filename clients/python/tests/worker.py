@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import json
 import os
-import sys
 import time
 from typing import Any, Dict, Optional
 
@@ -225,4 +224,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -23,16 +23,16 @@ from typing import (
     Optional,
     Sequence,
     Tuple,
+    Concatenate,
     Type,
     TypeVar,
-    Union,
     overload,
 )
 
 import httpx
 
 from . import _core
-from ._core import ToolContext, ToolSpec, current_turn
+from ._core import AsyncToolDecorator, P, R, ToolContext, ToolSpec, current_turn
 from .errors import (
     AgentgateError,
     LeaseLost,
@@ -45,7 +45,6 @@ from .errors import (
 )
 
 T = TypeVar("T")
-F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 _NO_BODY: Any = object()
 
@@ -180,25 +179,30 @@ class AsyncGate:
         return dict((await self.request("GET", f"/v1/users/{user_id}"))[1])
 
     @overload
-    def tool(self, function: F) -> F: ...
+    def tool(
+        self, function: Callable[Concatenate[ToolContext, P], Awaitable[R]]
+    ) -> Callable[P, Awaitable[R]]: ...
+
+    @overload
+    def tool(self, function: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]: ...
 
     @overload
     def tool(
         self, *, name: Optional[str] = None, reconcile: Optional[Callable[[ToolContext], Any]] = None
-    ) -> Callable[[F], F]: ...
+    ) -> AsyncToolDecorator: ...
 
     def tool(
         self,
-        function: Optional[F] = None,
+        function: Optional[Callable[..., Any]] = None,
         *,
         name: Optional[str] = None,
         reconcile: Optional[Callable[[ToolContext], Any]] = None,
-    ) -> Union[F, Callable[[F], F]]:
+    ) -> Any:
         """``@gate.tool`` for ``async def`` functions (``reconcile`` may be
         sync or async); see :meth:`Gate.tool`. Tasks started inside the
         body (``asyncio.gather``, ``create_task``) inherit the turn."""
 
-        def decorate(f: F) -> F:
+        def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
             spec = ToolSpec.of(f, name, reconcile)
 
             @functools.wraps(f)
@@ -214,7 +218,7 @@ class AsyncGate:
                     reconcile=spec.reconcile,
                 )
 
-            return wrapper  # type: ignore[return-value]
+            return wrapper
 
         if function is not None:
             return decorate(function)

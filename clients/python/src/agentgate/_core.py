@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import inspect
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Awaitable, Callable, Concatenate, Dict, Mapping, Optional, ParamSpec, Protocol, Tuple, TypeVar, overload
 
 from .errors import (
     AgentgateError,
@@ -168,3 +168,30 @@ class ToolSpec:
         if self.wants_context:
             return self.function(ctx, *positional, **keywords)
         return self.function(*positional, **keywords)
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class ToolDecorator(Protocol):
+    """What ``@gate.tool(name=..., reconcile=...)`` returns: the decorated
+    function loses its ``ctx: ToolContext`` first parameter."""
+
+    @overload
+    def __call__(self, function: Callable[Concatenate[ToolContext, P], R]) -> Callable[P, R]: ...
+
+    @overload
+    def __call__(self, function: Callable[P, R]) -> Callable[P, R]: ...
+
+
+class AsyncToolDecorator(Protocol):
+    """What ``@async_gate.tool(name=..., reconcile=...)`` returns."""
+
+    @overload
+    def __call__(
+        self, function: Callable[Concatenate[ToolContext, P], Awaitable[R]]
+    ) -> Callable[P, Awaitable[R]]: ...
+
+    @overload
+    def __call__(self, function: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]: ...

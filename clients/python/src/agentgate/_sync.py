@@ -14,12 +14,12 @@ import functools
 import threading
 import time
 from types import TracebackType
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Type, TypeVar, Union, overload
+from typing import Any, Callable, Concatenate, Dict, List, Mapping, Optional, Sequence, Tuple, Type, TypeVar, overload
 
 import httpx
 
 from . import _core
-from ._core import ToolContext, ToolSpec, current_turn
+from ._core import P, R, ToolContext, ToolDecorator, ToolSpec, current_turn
 from .errors import (
     AgentgateError,
     LeaseLost,
@@ -32,7 +32,6 @@ from .errors import (
 )
 
 T = TypeVar("T")
-F = TypeVar("F", bound=Callable[..., Any])
 
 _NO_BODY: Any = object()
 
@@ -194,20 +193,23 @@ class Gate:
     # --- the decorator --------------------------------------------------
 
     @overload
-    def tool(self, function: F) -> F: ...
+    def tool(self, function: Callable[Concatenate[ToolContext, P], R]) -> Callable[P, R]: ...
+
+    @overload
+    def tool(self, function: Callable[P, R]) -> Callable[P, R]: ...
 
     @overload
     def tool(
         self, *, name: Optional[str] = None, reconcile: Optional[Callable[[ToolContext], Any]] = None
-    ) -> Callable[[F], F]: ...
+    ) -> ToolDecorator: ...
 
     def tool(
         self,
-        function: Optional[F] = None,
+        function: Optional[Callable[..., Any]] = None,
         *,
         name: Optional[str] = None,
         reconcile: Optional[Callable[[ToolContext], Any]] = None,
-    ) -> Union[F, Callable[[F], F]]:
+    ) -> Any:
         """Make a plain function a tool booked through the current turn.
 
         ``@gate.tool`` or ``@gate.tool(name="x", reconcile=hook)``. Calling
@@ -221,7 +223,7 @@ class Gate:
         inside the body must carry the context (``contextvars.copy_context().run``).
         """
 
-        def decorate(f: F) -> F:
+        def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
             spec = ToolSpec.of(f, name, reconcile)
 
             @functools.wraps(f)
@@ -237,7 +239,7 @@ class Gate:
                     reconcile=spec.reconcile,
                 )
 
-            return wrapper  # type: ignore[return-value]
+            return wrapper
 
         if function is not None:
             return decorate(function)
