@@ -25,6 +25,11 @@ SERVER_START_TIMEOUT_S = 15.0
 #: How long a stopped server may take to exit before it is killed.
 SERVER_STOP_TIMEOUT_S = 5.0
 WORKER = Path(__file__).with_name("worker.py")
+#: The lease TTL of tests that wait one out: long enough that a heartbeat
+#: every third of it survives a loaded 2-core machine, short enough to wait.
+SHORT_TTL_MS = 1000
+#: Past a TTL by this much, a lease is surely expired on the store's clock.
+TTL_MARGIN_S = 0.5
 
 
 @dataclass

@@ -11,6 +11,8 @@ import pytest
 import agentgate
 from agentgate import AsyncGate
 
+from conftest import SHORT_TTL_MS, TTL_MARGIN_S
+
 TIMING_SLACK_S = 1.5
 
 
@@ -63,7 +65,7 @@ async def test_async_session_busy_wait_succeeds_when_the_holder_finishes_within_
 
     async def holder_turn():
         async with gate.turn(ids("u"), ids("s"), "msg-1", {}) as holder:
-            await asyncio.sleep(0.6)
+            await asyncio.sleep(SHORT_TTL_MS / 1000 + TTL_MARGIN_S)
             await holder.complete("first")
 
     holding = asyncio.create_task(holder_turn())
@@ -124,16 +126,16 @@ async def test_async_tool_runs_once_and_reconciles_nothing_on_a_first_claim(gate
 
 
 async def test_async_heartbeats_keep_the_lease_past_its_ttl(start_server, ids):
-    server = start_server("--lease-ttl-ms", "600")
+    server = start_server("--lease-ttl-ms", str(SHORT_TTL_MS))
     async with AsyncGate(server.url) as gate:
         async with gate.turn(ids("u"), ids("s"), "msg-1", {}) as turn:
-            await asyncio.sleep(2.0)
+            await asyncio.sleep(2.5 * SHORT_TTL_MS / 1000)  # past two TTLs
             assert not turn.lost.is_set()
             await turn.complete("kept")
 
 
 async def test_async_claim_orphan_takes_over_a_dead_turn(start_server, ids):
-    server = start_server("--lease-ttl-ms", "300")
+    server = start_server("--lease-ttl-ms", str(SHORT_TTL_MS))
     async with AsyncGate(server.url) as gate:
         assert await gate.claim_orphan(user_ids=[ids("u")]) is None
         _, begun = await gate.request(
@@ -141,7 +143,7 @@ async def test_async_claim_orphan_takes_over_a_dead_turn(start_server, ids):
             "/v1/turns",
             {"user_id": ids("u"), "session_id": ids("s"), "client_request_id": "m", "payload": {"n": 1}},
         )
-        await asyncio.sleep(0.6)
+        await asyncio.sleep(SHORT_TTL_MS / 1000 + TTL_MARGIN_S)
         orphan = await gate.claim_orphan(min_orphaned_ms=100, user_ids=[ids("u")])
         assert orphan is not None
         async with orphan as turn:

@@ -19,16 +19,12 @@ import pytest
 import agentgate
 from agentgate import Gate
 
-from conftest import WORKER
+from conftest import SHORT_TTL_MS as LEASE_TTL_MS, TTL_MARGIN_S, WORKER
 
-#: The lease TTL of these tests' servers: short, so a takeover comes soon.
-LEASE_TTL_MS = 1000
 #: How long a worker may take to reach the point the test waits for.
 WORKER_SIGNAL_TIMEOUT_S = 20.0
 #: How long a worker may take to finish once released.
 WORKER_EXIT_TIMEOUT_S = 30.0
-#: Past the TTL by this much before the frozen worker's lease is taken over.
-TTL_MARGIN_S = 0.5
 
 
 def spawn(python: str, mode: str, server_url: str, tmp: Path, ids, use_async: bool, tag: str) -> "subprocess.Popen[bytes]":

@@ -14,6 +14,8 @@ import pytest
 import agentgate
 from agentgate import AsyncGate, Gate, ToolContext
 
+from conftest import SHORT_TTL_MS
+
 #: Concurrent callers of one tool call.
 CALLERS = 50
 #: How long the one execution holds the call, so the others arrive while
@@ -114,7 +116,7 @@ def test_decorated_function_outside_a_turn_raises_NoActiveTurn(server):
 
 
 def test_decorator_reconcile_hook_settles_an_unknown_outcome(start_server, ids):
-    server = start_server("--lease-ttl-ms", "300")
+    server = start_server("--lease-ttl-ms", str(SHORT_TTL_MS))
     gate = Gate(server.url)
     downstream = {}
     looked_up, charged = [], []

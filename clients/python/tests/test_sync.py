@@ -12,6 +12,8 @@ import pytest
 import agentgate
 from agentgate import Gate
 
+from conftest import SHORT_TTL_MS, TTL_MARGIN_S
+
 #: Slack for timing assertions on a shared 2-core machine.
 TIMING_SLACK_S = 1.5
 
@@ -183,11 +185,11 @@ def test_a_failing_run_fails_the_execution_and_the_next_claim_runs_it_again(serv
 
 
 def test_heartbeats_keep_the_lease_past_its_ttl(start_server, ids):
-    server = start_server("--lease-ttl-ms", "600")
+    server = start_server("--lease-ttl-ms", str(SHORT_TTL_MS))
     gate = Gate(server.url)
     with gate.turn(ids("u"), ids("s"), "msg-1", {}) as turn:
-        assert turn.lease_ttl_ms == 600
-        time.sleep(2.0)  # over three TTLs
+        assert turn.lease_ttl_ms == SHORT_TTL_MS
+        time.sleep(2.5 * SHORT_TTL_MS / 1000)  # past two TTLs
         assert not turn.lost.is_set()
         # Nobody could take it over meanwhile.
         with pytest.raises(agentgate.RequestInFlight):
@@ -197,7 +199,7 @@ def test_heartbeats_keep_the_lease_past_its_ttl(start_server, ids):
 
 
 def test_claim_orphan_takes_over_a_dead_turn_and_resumes_it(start_server, ids):
-    server = start_server("--lease-ttl-ms", "300")
+    server = start_server("--lease-ttl-ms", str(SHORT_TTL_MS))
     gate = Gate(server.url)
     assert gate.claim_orphan(user_ids=[ids("u")]) is None
     # A holder that dies: begun and one tool run, never heartbeated again.
@@ -215,7 +217,7 @@ def test_claim_orphan_takes_over_a_dead_turn_and_resumes_it(start_server, ids):
         {"result": {"account": 7}},
         lease_token=token,
     )
-    time.sleep(0.6)
+    time.sleep(SHORT_TTL_MS / 1000 + TTL_MARGIN_S)
 
     orphan = gate.claim_orphan(user_ids=[ids("u")])
     assert orphan is not None
@@ -249,3 +251,33 @@ def test_no_answer_raises_httpx_errors_not_silence(ids):
     gate = Gate("http://127.0.0.1:9", timeout=2.0)
     with pytest.raises(httpx.HTTPError):
         gate.run_turn(ids("u"), ids("s"), "msg-1", {}, lambda turn: "ok")
+
+
+def test_await_confirmation_blocks_the_session_until_a_confirmation_turn_carries_the_decision(server, ids):
+    gate = Gate(server.url)
+    with gate.turn(ids("u"), ids("s"), "msg-1", {"text": "rent 3000"}) as turn:
+        turn.await_confirmation({"tool": "book", "amount": 3000})
+    with pytest.raises(agentgate.AwaitingConfirmation) as blocked:
+        gate.run_turn(ids("u"), ids("s"), "msg-2", {"text": "lunch 35"}, lambda t: pytest.fail("ran"))
+    assert blocked.value.active_turn_id == turn.turn_id and blocked.value.status == 409
+
+    decision = {"turn_id": turn.turn_id, "decision": "approve"}
+    with gate.turn(ids("u"), ids("s"), "msg-3", None, confirmation=decision) as follow_up:
+        assert follow_up.confirmation is not None
+        assert follow_up.confirmation["pending"] == {"tool": "book", "amount": 3000}
+        assert follow_up.confirmation["decision"] == "approve"
+        follow_up.complete("booked 3000")
+    gate.run_turn(ids("u"), ids("s"), "msg-2", {"text": "lunch 35"}, lambda t: "free again")
+
+
+def test_run_turn_returns_what_fn_returns_when_fn_ends_the_turn_itself(server, ids):
+    gate = Gate(server.url)
+
+    def refuse(turn):
+        turn.fail({"reason": "not a booking"}, retryable=False)
+        return "told the user"
+
+    assert gate.run_turn(ids("u"), ids("s"), "msg-1", {}, refuse) == "told the user"
+    with pytest.raises(agentgate.Replayed) as replay:
+        gate.run_turn(ids("u"), ids("s"), "msg-1", {}, refuse)
+    assert replay.value.state == "failed" and replay.value.error == {"reason": "not a booking"}
