@@ -435,14 +435,65 @@ class AsyncTurn:
             self._mark_lost(error, from_heartbeat)
             raise
 
+    async def _write(
+        self, path: str, body: Dict[str, Any], landed: Callable[[], Awaitable[Optional[Dict[str, Any]]]]
+    ) -> Any:
+        """See :meth:`Turn._write`."""
+        self.check()
+        pause = 0.0
+        uncertain = False
+        for attempt in range(1, _core.WRITE_ATTEMPTS + 1):
+            try:
+                return (await self.gate.request("POST", path, body, lease_token=self._lease_token))[1]
+            except LeaseLost as error:
+                found = await landed() if uncertain else None
+                if found is not None:
+                    return found
+                self._mark_lost(error, False)
+                raise
+            except _core.WRITE_TRANSIENT as error:
+                if attempt == _core.WRITE_ATTEMPTS:
+                    raise
+                uncertain = True
+                pause = _core.next_pause_s(
+                    pause, error, _core.NO_DEADLINE_S, _core.WRITE_PAUSE_MIN_S, _core.WRITE_PAUSE_MAX_S
+                )
+                await asyncio.sleep(pause)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _ending_landed(self, state: str) -> Optional[Dict[str, Any]]:
+        try:
+            turn = (await self.gate.get_turn(self.turn_id))["turn"]
+        except (AgentgateError, httpx.HTTPError):
+            return None
+        return {"turn": turn} if _core.landed_ending(turn, state, self.fence) else None
+
+    async def _execution_landed(self, execution_id: str, state: str) -> Optional[Dict[str, Any]]:
+        after: Optional[str] = None
+        for _ in range(_core.EXECUTION_PAGES_MAX):
+            params: Dict[str, Any] = {"limit": _core.EXECUTION_PAGE_LIMIT}
+            if after is not None:
+                params["after"] = after
+            try:
+                page = (await self.gate.request("GET", f"/v1/turns/{self.turn_id}/executions", params=params))[1]
+            except (AgentgateError, httpx.HTTPError):
+                return None
+            found = _core.landed_execution(page, execution_id, state, self.fence)
+            if found is not None:
+                return {"execution": {"execution_id": execution_id, "state": state}} if found else None
+            after = page.get("executions_next")
+            if after is None:
+                return None
+        return None
+
     async def heartbeat(self) -> int:
         return int((await self._call("POST", f"/v1/turns/{self.turn_id}/heartbeat"))[1]["lease_expires_in_ms"])
 
-    async def _end(self, path: str, body: Dict[str, Any]) -> Dict[str, Any]:
+    async def _end(self, path: str, state: str, body: Dict[str, Any]) -> Dict[str, Any]:
         self.check()
         self._ending = True
         try:
-            _, data = await self._call("POST", f"/v1/turns/{self.turn_id}/{path}", body)
+            data = await self._write(f"/v1/turns/{self.turn_id}/{path}", body, lambda: self._ending_landed(state))
         except BaseException:
             self._ending = False
             raise
@@ -451,13 +502,13 @@ class AsyncTurn:
         return dict(data.get("turn", data)) if isinstance(data, Mapping) else {}
 
     async def complete(self, response: Any) -> Dict[str, Any]:
-        return await self._end("complete", {"response": response})
+        return await self._end("complete", "succeeded", {"response": response})
 
     async def fail(self, error: Any, retryable: bool = True) -> Dict[str, Any]:
-        return await self._end("fail", {"error": error, "retryable": retryable})
+        return await self._end("fail", "failed", {"error": error, "retryable": retryable})
 
     async def await_confirmation(self, pending: Any) -> Dict[str, Any]:
-        return await self._end("await-confirmation", {"pending": pending})
+        return await self._end("await-confirmation", "awaiting_confirmation", {"pending": pending})
 
     async def claim_tool(self, name: str, args: Any, wait: float = _core.TOOL_WAIT_DEFAULT_S) -> Tuple[bool, Any]:
         """See :meth:`Turn.claim_tool`."""
@@ -489,10 +540,18 @@ class AsyncTurn:
         )
 
     async def complete_tool(self, ctx: ToolContext, result: Any) -> None:
-        await self._call("POST", f"/v1/turns/{self.turn_id}/tools/{ctx.execution_id}/complete", {"result": result})
+        await self._write(
+            f"/v1/turns/{self.turn_id}/tools/{ctx.execution_id}/complete",
+            {"result": result},
+            lambda: self._execution_landed(ctx.execution_id, "succeeded"),
+        )
 
     async def fail_tool(self, ctx: ToolContext, error: Any) -> None:
-        await self._call("POST", f"/v1/turns/{self.turn_id}/tools/{ctx.execution_id}/fail", {"error": error})
+        await self._write(
+            f"/v1/turns/{self.turn_id}/tools/{ctx.execution_id}/fail",
+            {"error": error},
+            lambda: self._execution_landed(ctx.execution_id, "failed"),
+        )
 
     async def tool(
         self,

@@ -7,12 +7,16 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import inspect
+import math
 from typing import Any, Awaitable, Callable, Concatenate, Dict, Mapping, Optional, ParamSpec, Protocol, Tuple, TypeVar, overload
+
+import httpx
 
 from .errors import (
     AgentgateError,
     Overloaded,
     RequestInFlight,
+    RequestTimeout,
     SessionBusy,
     StoreUnavailable,
     UserAtCapacity,
@@ -45,6 +49,23 @@ HEARTBEAT_JOIN_S = 5.0
 #: An exception's text sent as a turn's or a tool's error is cut to this.
 ERROR_MESSAGE_MAX_CHARS = 2000
 
+#: How many times a write under the lease (a tool's or the turn's ending)
+#: is sent when its answer is lost (no answer, 408, 503): the outcome of
+#: each lost one is unknown, and every such write is fenced, so repeating
+#: it is safe; a repeat refused as "already ended" is checked against the
+#: turn's record.
+WRITE_ATTEMPTS = 4
+#: First and longest pause between two sends of such a write.
+WRITE_PAUSE_MIN_S = 0.1
+WRITE_PAUSE_MAX_S = 1.0
+#: Pages read to find one execution when checking whether a lost write
+#: landed: a turn holds at most 1,000 executions, 200 a page.
+EXECUTION_PAGES_MAX = 5
+EXECUTION_PAGE_LIMIT = 200
+
+#: Answers after which a write's outcome is unknown and it may be repeated.
+WRITE_TRANSIENT = (StoreUnavailable, Overloaded, RequestTimeout, httpx.TransportError)
+
 #: Begin refusals worth waiting out: the blocker ends by itself. 503s are
 #: included because repeating a begin with the same ids is always safe.
 BEGIN_WAITABLE = (SessionBusy, RequestInFlight, UserAtCapacity, StoreUnavailable, Overloaded)
@@ -55,7 +76,7 @@ current_turn: contextvars.ContextVar[Any] = contextvars.ContextVar("agentgate_cu
 
 def next_pause_s(
     previous_pause_s: float,
-    error: AgentgateError,
+    error: BaseException,
     remaining_s: float,
     min_s: float,
     max_s: float,
@@ -63,10 +84,28 @@ def next_pause_s(
     """The pause before the next try: doubling from ``min_s`` up to
     ``max_s``, never past Retry-After nor past the caller's deadline."""
     pause = min_s if previous_pause_s <= 0 else min(previous_pause_s * 2, max_s)
-    retry_after_s = error.retry_after_s
+    retry_after_s = error.retry_after_s if isinstance(error, AgentgateError) else None
     if retry_after_s is not None:
         pause = min(pause, max(retry_after_s, min_s))
     return max(0.0, min(pause, remaining_s))
+
+
+def landed_ending(turn: Mapping[str, Any], state: str, fence: int) -> bool:
+    """Did our own ending (to ``state``, under ``fence``) land?"""
+    return turn.get("state") == state and turn.get("fence") == fence
+
+
+def landed_execution(page: Mapping[str, Any], execution_id: str, state: str, fence: int) -> Optional[bool]:
+    """In one page of executions: ``True``/``False`` once the execution is
+    found (did our write to ``state`` under ``fence`` land?), ``None`` if it
+    is not on this page."""
+    for execution in page.get("executions") or []:
+        if execution.get("execution_id") == execution_id:
+            return bool(execution.get("state") == state and execution.get("fence") == fence)
+    return None
+
+
+NO_DEADLINE_S = math.inf
 
 
 def error_json(error: BaseException) -> Dict[str, Any]:

@@ -435,17 +435,69 @@ class Turn:
             self._mark_lost(error)
             raise
 
+    def _write(self, path: str, body: Dict[str, Any], landed: Callable[[], Optional[Dict[str, Any]]]) -> Any:
+        """A write under the lease, sent again (at most ``WRITE_ATTEMPTS``
+        times) while its answer is lost. A repeat refused ``lease_lost``
+        after a lost answer is checked with ``landed()``: if the lost one
+        took effect, its record is the answer."""
+        self.check()
+        pause = 0.0
+        uncertain = False
+        for attempt in range(1, _core.WRITE_ATTEMPTS + 1):
+            try:
+                return self.gate.request("POST", path, body, lease_token=self._lease_token)[1]
+            except LeaseLost as error:
+                found = landed() if uncertain else None
+                if found is not None:
+                    return found
+                self._mark_lost(error)
+                raise
+            except _core.WRITE_TRANSIENT as error:
+                if attempt == _core.WRITE_ATTEMPTS:
+                    raise
+                uncertain = True
+                pause = _core.next_pause_s(
+                    pause, error, _core.NO_DEADLINE_S, _core.WRITE_PAUSE_MIN_S, _core.WRITE_PAUSE_MAX_S
+                )
+                time.sleep(pause)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _ending_landed(self, state: str) -> Optional[Dict[str, Any]]:
+        try:
+            turn = self.gate.get_turn(self.turn_id)["turn"]
+        except (AgentgateError, httpx.HTTPError):
+            return None
+        return {"turn": turn} if _core.landed_ending(turn, state, self.fence) else None
+
+    def _execution_landed(self, execution_id: str, state: str) -> Optional[Dict[str, Any]]:
+        after: Optional[str] = None
+        for _ in range(_core.EXECUTION_PAGES_MAX):
+            params: Dict[str, Any] = {"limit": _core.EXECUTION_PAGE_LIMIT}
+            if after is not None:
+                params["after"] = after
+            try:
+                page = self.gate.request("GET", f"/v1/turns/{self.turn_id}/executions", params=params)[1]
+            except (AgentgateError, httpx.HTTPError):
+                return None
+            found = _core.landed_execution(page, execution_id, state, self.fence)
+            if found is not None:
+                return {"execution": {"execution_id": execution_id, "state": state}} if found else None
+            after = page.get("executions_next")
+            if after is None:
+                return None
+        return None
+
     def heartbeat(self) -> int:
         """Renew the lease now; returns ``lease_expires_in_ms``."""
         return int(self._call("POST", f"/v1/turns/{self.turn_id}/heartbeat")[1]["lease_expires_in_ms"])
 
     # --- endings --------------------------------------------------------
 
-    def _end(self, path: str, body: Dict[str, Any]) -> Dict[str, Any]:
+    def _end(self, path: str, state: str, body: Dict[str, Any]) -> Dict[str, Any]:
         self.check()
         self._ending = True
         try:
-            _, data = self._call("POST", f"/v1/turns/{self.turn_id}/{path}", body)
+            data = self._write(f"/v1/turns/{self.turn_id}/{path}", body, lambda: self._ending_landed(state))
         except BaseException:
             self._ending = False
             raise
@@ -455,15 +507,15 @@ class Turn:
 
     def complete(self, response: Any) -> Dict[str, Any]:
         """End the turn ``succeeded`` with ``response`` (what a replay returns)."""
-        return self._end("complete", {"response": response})
+        return self._end("complete", "succeeded", {"response": response})
 
     def fail(self, error: Any, retryable: bool = True) -> Dict[str, Any]:
         """End the turn ``failed``; a retryable failure restarts on a repeat."""
-        return self._end("fail", {"error": error, "retryable": retryable})
+        return self._end("fail", "failed", {"error": error, "retryable": retryable})
 
     def await_confirmation(self, pending: Any) -> Dict[str, Any]:
         """End the turn waiting for a person's decision on ``pending``."""
-        return self._end("await-confirmation", {"pending": pending})
+        return self._end("await-confirmation", "awaiting_confirmation", {"pending": pending})
 
     # --- tools ----------------------------------------------------------
 
@@ -498,10 +550,20 @@ class Turn:
         )
 
     def complete_tool(self, ctx: ToolContext, result: Any) -> None:
-        self._call("POST", f"/v1/turns/{self.turn_id}/tools/{ctx.execution_id}/complete", {"result": result})
+        """Record the execution's result (repeated if the answer is lost)."""
+        self._write(
+            f"/v1/turns/{self.turn_id}/tools/{ctx.execution_id}/complete",
+            {"result": result},
+            lambda: self._execution_landed(ctx.execution_id, "succeeded"),
+        )
 
     def fail_tool(self, ctx: ToolContext, error: Any) -> None:
-        self._call("POST", f"/v1/turns/{self.turn_id}/tools/{ctx.execution_id}/fail", {"error": error})
+        """Record the execution failed; a later claim runs it again."""
+        self._write(
+            f"/v1/turns/{self.turn_id}/tools/{ctx.execution_id}/fail",
+            {"error": error},
+            lambda: self._execution_landed(ctx.execution_id, "failed"),
+        )
 
     def tool(
         self,
