@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import agentgate
 
 HERE = Path(__file__).resolve().parent
@@ -16,10 +18,16 @@ HERE = Path(__file__).resolve().parent
 MYPY_TIMEOUT_S = 120
 
 
-def test_mypy_strict_passes_on_the_package_the_example_and_the_typed_usage(tmp_path):
+@pytest.fixture(scope="module")
+def mypy_cache(tmp_path_factory):
+    """One cache for both runs: the second reuses the standard library's."""
+    return tmp_path_factory.mktemp("mypy-cache")
+
+
+def test_mypy_strict_passes_on_the_package_the_example_and_the_typed_usage(mypy_cache):
     checked = [HERE.parent / "src" / "agentgate", HERE.parent / "examples" / "fastapi_app.py", HERE / "worker.py", HERE / "typing_usage.py"]
     run = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(tmp_path), *map(str, checked)],
+        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(mypy_cache), *map(str, checked)],
         capture_output=True,
         text=True,
         timeout=MYPY_TIMEOUT_S,
@@ -27,7 +35,7 @@ def test_mypy_strict_passes_on_the_package_the_example_and_the_typed_usage(tmp_p
     assert run.returncode == 0, run.stdout + run.stderr
 
 
-def test_mypy_refuses_a_decorated_tool_called_with_its_ctx(tmp_path):
+def test_mypy_refuses_a_decorated_tool_called_with_its_ctx(tmp_path, mypy_cache):
     misuse = tmp_path / "misuse.py"
     misuse.write_text(
         "from agentgate import Gate, ToolContext\n"
@@ -38,7 +46,7 @@ def test_mypy_refuses_a_decorated_tool_called_with_its_ctx(tmp_path):
         "book(None, 1)\n"
     )
     run = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(tmp_path / "cache"), str(misuse)],
+        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(mypy_cache), str(misuse)],
         capture_output=True,
         text=True,
         timeout=MYPY_TIMEOUT_S,
