@@ -15,6 +15,7 @@ import pytest
 import agentgate
 from agentgate import AsyncGate, Gate
 
+from conftest import SHORT_TTL_MS
 from lossy_proxy import LossyProxy
 
 #: The client's request timeout in these tests: shorter than the freeze.
@@ -143,3 +144,18 @@ async def test_async_a_turn_ending_that_landed_but_whose_answer_was_dropped_is_c
             ended = await turn.complete({"text": "done"})
         assert proxy.lost_answers == ["HTTP/1.1 200 OK"]
         assert ended["state"] == "succeeded" and not turn.lost.is_set()
+
+
+def test_a_begin_whose_grant_was_dropped_waits_out_its_own_lost_lease_and_takes_it_over(start_server, ids):
+    server = start_server("--lease-ttl-ms", str(SHORT_TTL_MS))
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    lossy = LossyProxy((host, int(port)))
+    try:
+        gate = Gate(lossy.url)
+        lossy.lose_next_answer()
+        with gate.turn(ids("u"), ids("s"), "msg-1", {}, wait=SHORT_TTL_MS / 1000 * 5) as turn:
+            assert lossy.lost_answers == ["HTTP/1.1 201 Created"]
+            assert turn.takeover and turn.attempt == 2
+            turn.complete("ok")
+    finally:
+        lossy.close()

@@ -126,14 +126,15 @@ class AsyncGate:
         session_id: str,
         client_request_id: str,
         payload: Any,
-        fn: Callable[["AsyncTurn"], Awaitable[Any]],
+        fn: Callable[["AsyncTurn"], Any],
         wait: float = 0.0,
     ) -> Any:
-        """``await fn(turn)`` in a turn and complete it with the result; on a
-        replay return the stored response without calling ``fn``."""
+        """Run ``fn(turn)`` (a coroutine function, or a plain one) in a turn
+        and complete it with the result; on a replay return the stored
+        response without calling ``fn``."""
         try:
             async with self.turn(user_id, session_id, client_request_id, payload, wait) as turn:
-                result = await fn(turn)
+                result = await _maybe_await(fn(turn))
                 if not turn.ended:
                     await turn.complete(result)
                 return result

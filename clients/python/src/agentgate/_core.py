@@ -66,9 +66,18 @@ EXECUTION_PAGE_LIMIT = 200
 #: Answers after which a write's outcome is unknown and it may be repeated.
 WRITE_TRANSIENT = (StoreUnavailable, Overloaded, RequestTimeout, httpx.TransportError)
 
-#: Begin refusals worth waiting out: the blocker ends by itself. 503s are
-#: included because repeating a begin with the same ids is always safe.
-BEGIN_WAITABLE = (SessionBusy, RequestInFlight, UserAtCapacity, StoreUnavailable, Overloaded)
+#: Begin refusals worth waiting out: the blocker ends by itself. 503s and
+#: lost answers are included because repeating a begin with the same ids
+#: is always safe (it replays, or is refused request_in_flight by itself).
+BEGIN_WAITABLE = (
+    SessionBusy,
+    RequestInFlight,
+    UserAtCapacity,
+    StoreUnavailable,
+    Overloaded,
+    RequestTimeout,
+    httpx.TransportError,
+)
 
 #: The turn the current code runs in (``with gate.turn(...)`` sets it).
 current_turn: contextvars.ContextVar[Any] = contextvars.ContextVar("agentgate_current_turn", default=None)

@@ -116,8 +116,11 @@ class Gate:
         instead of entering the body when the request already has an
         outcome. ``wait`` is how many seconds to keep repeating the begin
         while it is refused ``session_busy``, ``request_in_flight``,
-        ``user_at_capacity`` (or a 503), pausing at most Retry-After
-        between tries; after that the last refusal is raised.
+        ``user_at_capacity``, a 503 or a 408, or not answered at all,
+        pausing at most Retry-After between tries; after that the last
+        refusal is raised. (A begin whose grant was lost on the way is
+        refused ``request_in_flight`` by its own lease, and taken over once
+        that lease expires, if ``wait`` lasts that long.)
         """
         return Turn(self, user_id, session_id, client_request_id, payload, wait, confirmation)
 
