@@ -148,3 +148,20 @@ def test_decorator_reconcile_hook_settles_an_unknown_outcome(start_server, ids):
         turn.complete("ok")
     assert looked_up == ["unknown"]
     assert charged == [], "charged again although the hook found the charge"
+
+
+def test_decorated_function_shows_its_tool_args_without_ctx_to_introspection(server):
+    import inspect
+    import typing
+
+    gate = Gate(server.url)
+
+    @gate.tool
+    def create_transaction(ctx: ToolContext, amount: int, category: str = "taxi") -> dict:
+        """Book an entry."""
+        return {}
+
+    assert list(inspect.signature(create_transaction).parameters) == ["amount", "category"]
+    assert typing.get_type_hints(create_transaction) == {"amount": int, "category": str, "return": dict}
+    assert create_transaction.__name__ == "create_transaction"
+    assert create_transaction.__doc__ == "Book an entry."

@@ -219,6 +219,7 @@ class AsyncGate:
                     reconcile=spec.reconcile,
                 )
 
+            spec.present(wrapper)
             return wrapper
 
         if function is not None:

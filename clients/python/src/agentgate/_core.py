@@ -180,6 +180,17 @@ class ToolSpec:
             signature = signature.replace(parameters=params[1:])
         return cls(name or function.__name__, function, signature, wants_context, reconcile)
 
+    def present(self, wrapper: Callable[..., Any]) -> None:
+        """Make the wrapper look like the tool it is to introspection
+        (``inspect.signature``, ``typing.get_type_hints``, frameworks that
+        build a tool schema from them): the function's own signature and
+        annotations without the ``ctx`` parameter."""
+        wrapper.__signature__ = self.signature  # type: ignore[attr-defined]
+        own = dict(getattr(self.function, "__annotations__", {}))
+        if self.wants_context:
+            own.pop(next(iter(inspect.signature(self.function).parameters)), None)
+        wrapper.__annotations__ = own
+
     def bind(self, args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Dict[str, Any]:
         """The call's arguments by name, defaults included: the tool's args
         (so ``f(1)`` and ``f(amount=1)`` are the same call)."""

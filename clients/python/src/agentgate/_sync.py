@@ -242,6 +242,7 @@ class Gate:
                     reconcile=spec.reconcile,
                 )
 
+            spec.present(wrapper)
             return wrapper
 
         if function is not None:
