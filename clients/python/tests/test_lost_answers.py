@@ -1,14 +1,17 @@
-"""Writes under the lease whose answer is lost are sent again, bounded,
+"""Lost answers. Writes under the lease whose answer is lost are sent again, bounded,
 and land once: the turn is not taken for lost, the record is ours. The
 answers are lost two ways: the server frozen with SIGSTOP past the
 client's timeout, and a proxy that delivers the request but drops the
 answer (so the repeat is refused "already ended" and the client checks
-the record)."""
+the record). And heartbeats that go unanswered for a whole TTL: the turn
+is taken for lost without waiting for the server to say so."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import threading
+import time
 
 import pytest
 
@@ -159,3 +162,37 @@ def test_a_begin_whose_grant_was_dropped_waits_out_its_own_lost_lease_and_takes_
             turn.complete("ok")
     finally:
         lossy.close()
+
+
+def test_a_lease_that_cannot_be_renewed_before_its_ttl_is_taken_for_lost(start_server, ids):
+    server = start_server("--lease-ttl-ms", str(SHORT_TTL_MS))
+    gate = Gate(server.url, timeout=CLIENT_TIMEOUT_S)
+    with pytest.raises(agentgate.LeaseLost):
+        with gate.turn(ids("u"), ids("s"), "msg-1", {}) as turn:
+            thaw = freeze_server_for(server, SHORT_TTL_MS / 1000 * 2)
+            try:
+                assert turn.lost.wait(SHORT_TTL_MS / 1000 * 3), "the loss was not noticed"
+                assert turn.lost_error is not None and turn.lost_error.status is None  # judged locally
+            finally:
+                thaw.join()
+                server.process.send_signal(signal.SIGCONT)
+            turn.complete("too late")  # refused without a request
+
+
+async def test_async_a_lease_that_cannot_be_renewed_before_its_ttl_cancels_the_body(start_server, ids):
+    server = start_server("--lease-ttl-ms", str(SHORT_TTL_MS))
+    async with AsyncGate(server.url, timeout=CLIENT_TIMEOUT_S) as gate:
+        thaw = None
+        started = time.monotonic()
+        try:
+            with pytest.raises(agentgate.LeaseLost):
+                async with gate.turn(ids("u"), ids("s"), "msg-1", {}) as turn:
+                    thaw = freeze_server_for(server, SHORT_TTL_MS / 1000 * 2)
+                    await asyncio.sleep(30)  # cancelled by the heartbeat
+                    pytest.fail("the body was not interrupted")
+        finally:
+            if thaw is not None:
+                await asyncio.to_thread(thaw.join)
+            server.process.send_signal(signal.SIGCONT)
+        assert time.monotonic() - started < 10
+        assert turn.lost.is_set() and turn.lost_error is not None and turn.lost_error.status is None
