@@ -281,3 +281,13 @@ def test_run_turn_returns_what_fn_returns_when_fn_ends_the_turn_itself(server, i
     with pytest.raises(agentgate.Replayed) as replay:
         gate.run_turn(ids("u"), ids("s"), "msg-1", {}, refuse)
     assert replay.value.state == "failed" and replay.value.error == {"reason": "not a booking"}
+
+
+def test_a_result_that_is_not_json_fails_the_execution_and_raises_TypeError(server, ids):
+    gate = Gate(server.url)
+    with gate.turn(ids("u"), ids("s"), "msg-1", {}) as turn:
+        with pytest.raises(TypeError, match="not JSON"):
+            turn.tool("measure", {}, run=lambda ctx: float("nan"))
+        # The execution was failed, not left running: the next claim runs it.
+        assert turn.tool("measure", {}, run=lambda ctx: 1.5) == 1.5
+        turn.complete("ok")

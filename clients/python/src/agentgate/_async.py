@@ -586,5 +586,9 @@ class AsyncTurn:
             except (AgentgateError, httpx.HTTPError):
                 pass
             raise
+        problem = _core.json_problem(result)
+        if problem is not None:
+            await self.fail_tool(ctx, _core.error_json(problem))
+            raise TypeError(f"tool {name}: its result is not JSON ({problem}); the execution was failed")
         await self.complete_tool(ctx, result)
         return result

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import inspect
+import json
 import math
 from typing import Any, Awaitable, Callable, Concatenate, Dict, Mapping, Optional, ParamSpec, Protocol, Tuple, TypeVar, overload
 
@@ -115,6 +116,16 @@ def landed_execution(page: Mapping[str, Any], execution_id: str, state: str, fen
 
 
 NO_DEADLINE_S = math.inf
+
+
+def json_problem(value: Any) -> Optional[BaseException]:
+    """Why ``value`` cannot be sent as a JSON value (the server takes
+    I-JSON: no NaN or infinities), or ``None`` if it can."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as problem:
+        return problem
+    return None
 
 
 def error_json(error: BaseException) -> Dict[str, Any]:

@@ -608,5 +608,9 @@ class Turn:
             except (AgentgateError, httpx.HTTPError):
                 pass
             raise
+        problem = _core.json_problem(result)
+        if problem is not None:
+            self.fail_tool(ctx, _core.error_json(problem))
+            raise TypeError(f"tool {name}: its result is not JSON ({problem}); the execution was failed")
         self.complete_tool(ctx, result)
         return result
