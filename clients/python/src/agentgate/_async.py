@@ -90,12 +90,18 @@ class AsyncGate:
         *,
         lease_token: Optional[str] = None,
         params: Optional[Mapping[str, Any]] = None,
+        timeout: Optional[float] = None,
     ) -> Tuple[int, Any]:
         """One call: ``(status, parsed JSON or None)`` for a 2xx answer;
         raises the typed error otherwise (see :meth:`Gate.request`)."""
         headers = {"Lease-Token": lease_token} if lease_token is not None else None
         response = await self._http.request(
-            method, path, json=None if body is _NO_BODY else body, headers=headers, params=params
+            method,
+            path,
+            json=None if body is _NO_BODY else body,
+            headers=headers,
+            params=params,
+            timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
         )
         data: Any = None
         if response.content:
@@ -384,8 +390,12 @@ class AsyncTurn:
             if self._ending or self.ended:
                 return
             sent_at = time.monotonic()
+            # No answer past the local deadline is worth waiting for.
+            timeout = max(ttl_s - (sent_at - renewed_at), _core.HEARTBEAT_MIN_TIMEOUT_S)
             try:
-                _, data = await self._call("POST", f"/v1/turns/{self.turn_id}/heartbeat", from_heartbeat=True)
+                _, data = await self._call(
+                    "POST", f"/v1/turns/{self.turn_id}/heartbeat", from_heartbeat=True, timeout=timeout
+                )
             except LeaseLost:
                 return
             except (AgentgateError, httpx.HTTPError):
@@ -428,11 +438,17 @@ class AsyncTurn:
             raise self._lost_exception()
 
     async def _call(
-        self, method: str, path: str, body: Any = _NO_BODY, *, from_heartbeat: bool = False
+        self,
+        method: str,
+        path: str,
+        body: Any = _NO_BODY,
+        *,
+        from_heartbeat: bool = False,
+        timeout: Optional[float] = None,
     ) -> Tuple[int, Any]:
         self.check()
         try:
-            return await self.gate.request(method, path, body, lease_token=self._lease_token)
+            return await self.gate.request(method, path, body, lease_token=self._lease_token, timeout=timeout)
         except LeaseLost as error:
             self._mark_lost(error, from_heartbeat)
             raise

@@ -45,6 +45,9 @@ HEARTBEAT_MIN_INTERVAL_S = 0.03
 #: After a failed heartbeat (network, 503), the next try comes this much
 #: sooner than a third of the TTL, so a short outage does not cost the lease.
 HEARTBEAT_RETRY_S = 0.25
+#: A heartbeat waits for its answer until the lease's local deadline, but
+#: never less than this.
+HEARTBEAT_MIN_TIMEOUT_S = 0.1
 #: How long ending a turn waits for its heartbeat thread to stop.
 HEARTBEAT_JOIN_S = 5.0
 #: An exception's text sent as a turn's or a tool's error is cut to this.

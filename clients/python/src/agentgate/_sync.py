@@ -74,6 +74,7 @@ class Gate:
         *,
         lease_token: Optional[str] = None,
         params: Optional[Mapping[str, Any]] = None,
+        timeout: Optional[float] = None,
     ) -> Tuple[int, Any]:
         """One call: ``(status, parsed JSON or None)`` for a 2xx answer.
 
@@ -87,6 +88,7 @@ class Gate:
             json=None if body is _NO_BODY else body,
             headers=headers,
             params=params,
+            timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
         )
         data: Any = None
         if response.content:
@@ -394,8 +396,10 @@ class Turn:
         renewed_at = time.monotonic()
         while not self._stop.wait(interval):
             sent_at = time.monotonic()
+            # No answer past the local deadline is worth waiting for.
+            timeout = max(ttl_s - (sent_at - renewed_at), _core.HEARTBEAT_MIN_TIMEOUT_S)
             try:
-                _, data = self._call("POST", f"/v1/turns/{self.turn_id}/heartbeat")
+                _, data = self._call("POST", f"/v1/turns/{self.turn_id}/heartbeat", timeout=timeout)
             except LeaseLost:
                 return  # _call marked the turn lost
             except (AgentgateError, httpx.HTTPError):
@@ -431,10 +435,10 @@ class Turn:
                 status=known.status if known else None,
             )
 
-    def _call(self, method: str, path: str, body: Any = _NO_BODY) -> Tuple[int, Any]:
+    def _call(self, method: str, path: str, body: Any = _NO_BODY, timeout: Optional[float] = None) -> Tuple[int, Any]:
         self.check()
         try:
-            return self.gate.request(method, path, body, lease_token=self._lease_token)
+            return self.gate.request(method, path, body, lease_token=self._lease_token, timeout=timeout)
         except LeaseLost as error:
             self._mark_lost(error)
             raise
