@@ -1,0 +1,88 @@
+"""agentgate: the Python client of ``agentgate serve``.
+
+One turn per conversation, exactly-once tool calls, leases that heartbeat
+themselves::
+
+    from agentgate import Gate
+
+    gate = Gate("http://127.0.0.1:7700")
+    with gate.turn("alice", "chat-1", "msg-1", {"text": "taxi 18"}) as turn:
+        entry = turn.tool("book", {"amount": 18}, run=lambda ctx: ledger.book(18, key=ctx.idempotency_key))
+        turn.complete({"text": "booked", "entry": entry})
+
+Modules: ``_sync`` (:class:`Gate`, :class:`Turn`), ``_async``
+(:class:`AsyncGate`, :class:`AsyncTurn`), ``errors`` (one class per error
+code), ``_core`` (limits and what both share).
+"""
+
+from ._async import AsyncGate, AsyncTurn
+from ._core import ToolContext
+from ._sync import Gate, Turn
+from .errors import (
+    AgentgateError,
+    AttemptsExhausted,
+    AwaitingConfirmation,
+    EffectFailed,
+    HostNotAllowed,
+    InternalError,
+    InvalidRequest,
+    LeaseLost,
+    MethodNotAllowed,
+    NoActiveTurn,
+    NotFound,
+    OriginNotAllowed,
+    Overloaded,
+    PayloadMismatch,
+    PayloadTooLarge,
+    Replayed,
+    RequestInFlight,
+    RequestTimeout,
+    SessionBusy,
+    StoreUnavailable,
+    ToolInFlight,
+    TurnNotEnded,
+    Unauthorized,
+    UnexpectedResponse,
+    UnknownToolOutcome,
+    UnsupportedMediaType,
+    UserAtCapacity,
+    UserMismatch,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Gate",
+    "Turn",
+    "AsyncGate",
+    "AsyncTurn",
+    "ToolContext",
+    "AgentgateError",
+    "AttemptsExhausted",
+    "AwaitingConfirmation",
+    "EffectFailed",
+    "HostNotAllowed",
+    "InternalError",
+    "InvalidRequest",
+    "LeaseLost",
+    "MethodNotAllowed",
+    "NoActiveTurn",
+    "NotFound",
+    "OriginNotAllowed",
+    "Overloaded",
+    "PayloadMismatch",
+    "PayloadTooLarge",
+    "Replayed",
+    "RequestInFlight",
+    "RequestTimeout",
+    "SessionBusy",
+    "StoreUnavailable",
+    "ToolInFlight",
+    "TurnNotEnded",
+    "Unauthorized",
+    "UnexpectedResponse",
+    "UnknownToolOutcome",
+    "UnsupportedMediaType",
+    "UserAtCapacity",
+    "UserMismatch",
+]

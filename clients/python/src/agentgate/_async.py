@@ -1,0 +1,610 @@
+"""The asyncio client: :class:`AsyncGate` and :class:`AsyncTurn`, on
+``httpx.AsyncClient``.
+
+A turn's heartbeat is an asyncio task. When the lease is lost it sets
+``turn.lost`` (an ``asyncio.Event``) and cancels the task that entered
+``async with gate.turn(...)``; the block then raises
+:class:`~agentgate.LeaseLost` instead of the ``CancelledError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from types import TracebackType
+from typing import (
+    Any,
+    Awaitable,
+    Callable,
+    Dict,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Concatenate,
+    Type,
+    TypeVar,
+    overload,
+)
+
+import httpx
+
+from . import _core
+from ._core import AsyncToolDecorator, P, R, ToolContext, ToolSpec, current_turn
+from .errors import (
+    AgentgateError,
+    LeaseLost,
+    NoActiveTurn,
+    Replayed,
+    ToolInFlight,
+    TurnNotEnded,
+    UnexpectedResponse,
+    error_for,
+)
+
+T = TypeVar("T")
+
+_NO_BODY: Any = object()
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if asyncio.iscoroutine(value) or isinstance(value, asyncio.Future) else value
+
+
+class AsyncGate:
+    """The asyncio twin of :class:`~agentgate.Gate`; every call is awaited.
+
+    ``AsyncGate(base_url, api_key=None, timeout=35.0)``. Close it with
+    ``await gate.aclose()`` or ``async with AsyncGate(...)``.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: Optional[str] = None,
+        timeout: float = 35.0,
+        *,
+        http_client: Optional[httpx.AsyncClient] = None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = http_client or httpx.AsyncClient(
+            base_url=base_url.rstrip("/"), timeout=timeout, headers=headers
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> "AsyncGate":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = _NO_BODY,
+        *,
+        lease_token: Optional[str] = None,
+        params: Optional[Mapping[str, Any]] = None,
+        timeout: Optional[float] = None,
+    ) -> Tuple[int, Any]:
+        """One call: ``(status, parsed JSON or None)`` for a 2xx answer;
+        raises the typed error otherwise (see :meth:`Gate.request`)."""
+        headers = {"Lease-Token": lease_token} if lease_token is not None else None
+        response = await self._http.request(
+            method,
+            path,
+            json=None if body is _NO_BODY else body,
+            headers=headers,
+            params=params,
+            timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
+        )
+        data: Any = None
+        if response.content:
+            try:
+                data = response.json()
+            except ValueError:
+                data = None
+        if response.status_code >= 300:
+            raise error_for(response.status_code, data, response.headers.get("retry-after"))
+        return response.status_code, data
+
+    def turn(
+        self,
+        user_id: str,
+        session_id: str,
+        client_request_id: str,
+        payload: Any = None,
+        wait: float = 0.0,
+        *,
+        confirmation: Optional[Mapping[str, str]] = None,
+    ) -> "AsyncTurn":
+        """``async with gate.turn(...) as turn:``; see :meth:`Gate.turn`."""
+        return AsyncTurn(self, user_id, session_id, client_request_id, payload, wait, confirmation)
+
+    async def run_turn(
+        self,
+        user_id: str,
+        session_id: str,
+        client_request_id: str,
+        payload: Any,
+        fn: Callable[["AsyncTurn"], Any],
+        wait: float = 0.0,
+    ) -> Any:
+        """Run ``fn(turn)`` (a coroutine function, or a plain one) in a turn
+        and complete it with the result; on a replay return the stored
+        response without calling ``fn``."""
+        try:
+            async with self.turn(user_id, session_id, client_request_id, payload, wait) as turn:
+                result = await _maybe_await(fn(turn))
+                if not turn.ended:
+                    await turn.complete(result)
+                return result
+        except Replayed as replay:
+            if replay.state == "succeeded":
+                return replay.response
+            raise
+
+    async def claim_orphan(
+        self,
+        min_orphaned_ms: Optional[int] = None,
+        user_ids: Optional[Sequence[str]] = None,
+        turn_ids: Optional[Sequence[str]] = None,
+    ) -> Optional["AsyncTurn"]:
+        """Take over the oldest orphan, or ``None``; use the turn as
+        ``async with turn:`` (see :meth:`Gate.claim_orphan`)."""
+        body: Dict[str, Any] = {}
+        if min_orphaned_ms is not None:
+            body["min_orphaned_ms"] = min_orphaned_ms
+        if user_ids is not None:
+            body["user_ids"] = list(user_ids)
+        if turn_ids is not None:
+            body["turn_ids"] = list(turn_ids)
+        status, data = await self.request("POST", "/v1/orphans/claim", body)
+        if status == 204:
+            return None
+        grant = data["turn"]
+        turn = AsyncTurn(
+            self, grant["user_id"], grant["session_id"], grant["client_request_id"], data.get("payload"), 0.0, None
+        )
+        turn.journal = list(data.get("journal") or [])
+        turn.orphaned_for_ms = data.get("orphaned_for_ms")
+        turn._granted(grant)
+        return turn
+
+    async def get_turn(self, turn_id: str) -> Dict[str, Any]:
+        return dict((await self.request("GET", f"/v1/turns/{turn_id}"))[1])
+
+    async def get_session(self, session_id: str) -> Dict[str, Any]:
+        return dict((await self.request("GET", f"/v1/sessions/{session_id}"))[1])
+
+    async def get_user(self, user_id: str) -> Dict[str, Any]:
+        return dict((await self.request("GET", f"/v1/users/{user_id}"))[1])
+
+    @overload
+    def tool(
+        self, function: Callable[Concatenate[ToolContext, P], Awaitable[R]]
+    ) -> Callable[P, Awaitable[R]]: ...
+
+    @overload
+    def tool(self, function: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]: ...
+
+    @overload
+    def tool(
+        self, *, name: Optional[str] = None, reconcile: Optional[Callable[[ToolContext], Any]] = None
+    ) -> AsyncToolDecorator: ...
+
+    def tool(
+        self,
+        function: Optional[Callable[..., Any]] = None,
+        *,
+        name: Optional[str] = None,
+        reconcile: Optional[Callable[[ToolContext], Any]] = None,
+    ) -> Any:
+        """``@gate.tool`` for ``async def`` functions (``reconcile`` may be
+        sync or async); see :meth:`Gate.tool`. Tasks started inside the
+        body (``asyncio.gather``, ``create_task``) inherit the turn."""
+
+        def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
+            spec = ToolSpec.of(f, name, reconcile)
+
+            @functools.wraps(f)
+            async def wrapper(*args: Any, **kwargs: Any) -> Any:
+                turn = current_turn.get()
+                if not isinstance(turn, AsyncTurn):
+                    raise NoActiveTurn(f"tool {spec.name} called outside a turn")
+                tool_args = spec.bind(args, kwargs)
+                return await turn.tool(
+                    spec.name,
+                    tool_args,
+                    run=lambda ctx: spec.call(ctx, tool_args),
+                    reconcile=spec.reconcile,
+                )
+
+            spec.present(wrapper)
+            return wrapper
+
+        if function is not None:
+            return decorate(function)
+        return decorate
+
+
+class AsyncTurn:
+    """One turn under asyncio; the attributes of :class:`~agentgate.Turn`,
+    with ``lost`` an ``asyncio.Event``."""
+
+    def __init__(
+        self,
+        gate: AsyncGate,
+        user_id: str,
+        session_id: str,
+        client_request_id: str,
+        payload: Any,
+        wait: float,
+        confirmation: Optional[Mapping[str, str]],
+    ) -> None:
+        self.gate = gate
+        self.user_id = user_id
+        self.session_id = session_id
+        self.client_request_id = client_request_id
+        self.payload = payload
+        self.wait = wait
+        self._confirmation_request = dict(confirmation) if confirmation else None
+        self.turn_id: str = ""
+        self.fence: int = 0
+        self.attempt: int = 0
+        self.takeover: bool = False
+        self.lease_ttl_ms: int = 0
+        self.confirmation: Optional[Dict[str, Any]] = None
+        self.journal: List[Dict[str, Any]] = []
+        self.orphaned_for_ms: Optional[int] = None
+        self.lost = asyncio.Event()
+        self.lost_error: Optional[LeaseLost] = None
+        self.ended = False
+        self._lease_token: Optional[str] = None
+        self._ending = False
+        self._exiting = False
+        self._heartbeat_task: Optional["asyncio.Task[None]"] = None
+        self._body_task: Optional["asyncio.Task[Any]"] = None
+        self._cancelled_body = False
+        self._context_token: Any = None
+
+    def __repr__(self) -> str:
+        return (
+            f"AsyncTurn(turn_id={self.turn_id!r}, attempt={self.attempt}, fence={self.fence}, takeover={self.takeover})"
+        )
+
+    async def _begin(self) -> None:
+        body: Dict[str, Any] = {
+            "user_id": self.user_id,
+            "session_id": self.session_id,
+            "client_request_id": self.client_request_id,
+        }
+        if self.payload is not None:
+            body["payload"] = self.payload
+        if self._confirmation_request is not None:
+            body["confirmation"] = self._confirmation_request
+        deadline = time.monotonic() + max(0.0, self.wait)
+        pause = 0.0
+        while True:
+            try:
+                status, data = await self.gate.request("POST", "/v1/turns", body)
+                break
+            except _core.BEGIN_WAITABLE as refusal:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise
+                pause = _core.next_pause_s(pause, refusal, remaining, _core.BEGIN_POLL_MIN_S, _core.BEGIN_POLL_MAX_S)
+                await asyncio.sleep(pause)
+        if status == 200:
+            raise Replayed(data["turn"])
+        if status != 201:
+            raise UnexpectedResponse(f"begin answered {status}", status=status, body=data)
+        self._granted(data["turn"])
+
+    def _granted(self, grant: Mapping[str, Any]) -> None:
+        self.turn_id = grant["turn_id"]
+        self._lease_token = grant["lease_token"]
+        self.fence = grant["fence"]
+        self.attempt = grant["attempt"]
+        self.takeover = grant["takeover"]
+        self.lease_ttl_ms = grant["lease_expires_in_ms"]
+        self.confirmation = grant.get("confirmation")
+        self._heartbeat_task = asyncio.get_running_loop().create_task(
+            self._heartbeat_loop(), name=f"agentgate-heartbeat-{self.turn_id}"
+        )
+
+    async def __aenter__(self) -> "AsyncTurn":
+        if self._lease_token is None:
+            await self._begin()
+        self._body_task = asyncio.current_task()
+        self._context_token = current_turn.set(self)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        traceback: Optional[TracebackType],
+    ) -> Optional[bool]:
+        self._exiting = True
+        if self._context_token is not None:
+            current_turn.reset(self._context_token)
+            self._context_token = None
+        if self._cancelled_body:
+            await self._absorb_our_cancellation(exc)
+            self._stop_heartbeat()
+            raise self._lost_exception() from exc
+        try:
+            if exc is None:
+                if self.ended:
+                    return None
+                self.check()
+                await self._fail_quietly({"type": "TurnNotEnded", "message": "the turn's body exited without ending it"})
+                raise TurnNotEnded(
+                    f"turn {self.turn_id}: the body exited without turn.complete(...); the turn was failed (retryable)"
+                )
+            if self.ended or self.lost.is_set() or isinstance(exc, LeaseLost):
+                return None
+            await self._fail_quietly(_core.error_json(exc), _core.retryable(exc))
+            return None
+        finally:
+            self._stop_heartbeat()
+
+    async def _absorb_our_cancellation(self, exc: Optional[BaseException]) -> None:
+        """The heartbeat cancelled the body for a lost lease: take that
+        cancellation back so it does not leak past the ``async with``."""
+        task = self._body_task
+        if not isinstance(exc, asyncio.CancelledError):
+            # Requested but not delivered yet (the body ended first): let it
+            # arrive here rather than at the caller's next await.
+            try:
+                await asyncio.sleep(0)
+            except asyncio.CancelledError:
+                pass
+        uncancel = getattr(task, "uncancel", None)
+        if uncancel is not None:
+            uncancel()
+
+    async def _fail_quietly(self, error: Any, retryable: bool = True) -> None:
+        try:
+            await self.fail(error, retryable=retryable)
+        except (AgentgateError, httpx.HTTPError):
+            pass
+
+    def _stop_heartbeat(self) -> None:
+        task = self._heartbeat_task
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+
+    async def _heartbeat_loop(self) -> None:
+        ttl_s = self.lease_ttl_ms / 1000.0
+        interval = max(ttl_s / 3, _core.HEARTBEAT_MIN_INTERVAL_S)
+        renewed_at = time.monotonic()
+        while True:
+            await asyncio.sleep(interval)
+            if self._ending or self.ended:
+                return
+            sent_at = time.monotonic()
+            # No answer past the local deadline is worth waiting for.
+            timeout = max(ttl_s - (sent_at - renewed_at), _core.HEARTBEAT_MIN_TIMEOUT_S)
+            try:
+                _, data = await self._call(
+                    "POST", f"/v1/turns/{self.turn_id}/heartbeat", from_heartbeat=True, timeout=timeout
+                )
+            except LeaseLost:
+                return
+            except (AgentgateError, httpx.HTTPError):
+                if time.monotonic() - renewed_at >= ttl_s:
+                    self._mark_lost(LeaseLost("lease could not be renewed before its local deadline"), True)
+                    return
+                interval = max(min(ttl_s / 3, _core.HEARTBEAT_RETRY_S), _core.HEARTBEAT_MIN_INTERVAL_S)
+                continue
+            renewed_at = sent_at
+            ttl_s = data.get("lease_expires_in_ms", self.lease_ttl_ms) / 1000.0
+            interval = max(ttl_s / 3, _core.HEARTBEAT_MIN_INTERVAL_S)
+
+    def _mark_lost(self, error: LeaseLost, from_heartbeat: bool) -> None:
+        if self._ending or self.ended:
+            return
+        if self.lost_error is None:
+            self.lost_error = error
+        self.lost.set()
+        body = self._body_task
+        if from_heartbeat and body is not None and not self._exiting and not body.done():
+            self._cancelled_body = True
+            body.cancel("agentgate: lease lost")
+
+    def _lost_exception(self) -> LeaseLost:
+        known = self.lost_error
+        return LeaseLost(
+            f"turn {self.turn_id}: lease lost ({known.message if known else 'unknown reason'})",
+            status=known.status if known else None,
+        )
+
+    @property
+    def lease_token(self) -> Optional[str]:
+        """The secret every call under this lease sends as ``Lease-Token``
+        (for raw calls through ``gate.request``); never log it."""
+        return self._lease_token
+
+    def check(self) -> None:
+        """Raise :class:`~agentgate.LeaseLost` if the lease is known lost."""
+        if self.lost.is_set():
+            raise self._lost_exception()
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = _NO_BODY,
+        *,
+        from_heartbeat: bool = False,
+        timeout: Optional[float] = None,
+    ) -> Tuple[int, Any]:
+        self.check()
+        try:
+            return await self.gate.request(method, path, body, lease_token=self._lease_token, timeout=timeout)
+        except LeaseLost as error:
+            self._mark_lost(error, from_heartbeat)
+            raise
+
+    async def _write(
+        self, path: str, body: Dict[str, Any], landed: Callable[[], Awaitable[Optional[Dict[str, Any]]]]
+    ) -> Any:
+        """See :meth:`Turn._write`."""
+        self.check()
+        pause = 0.0
+        uncertain = False
+        for attempt in range(1, _core.WRITE_ATTEMPTS + 1):
+            try:
+                return (await self.gate.request("POST", path, body, lease_token=self._lease_token))[1]
+            except LeaseLost as error:
+                found = await landed() if uncertain else None
+                if found is not None:
+                    return found
+                self._mark_lost(error, False)
+                raise
+            except _core.WRITE_TRANSIENT as error:
+                if attempt == _core.WRITE_ATTEMPTS:
+                    raise
+                uncertain = True
+                pause = _core.next_pause_s(
+                    pause, error, _core.NO_DEADLINE_S, _core.WRITE_PAUSE_MIN_S, _core.WRITE_PAUSE_MAX_S
+                )
+                await asyncio.sleep(pause)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _ending_landed(self, state: str) -> Optional[Dict[str, Any]]:
+        try:
+            turn = (await self.gate.get_turn(self.turn_id))["turn"]
+        except (AgentgateError, httpx.HTTPError):
+            return None
+        return {"turn": turn} if _core.landed_ending(turn, state, self.fence) else None
+
+    async def _execution_landed(self, execution_id: str, state: str) -> Optional[Dict[str, Any]]:
+        after: Optional[str] = None
+        for _ in range(_core.EXECUTION_PAGES_MAX):
+            params: Dict[str, Any] = {"limit": _core.EXECUTION_PAGE_LIMIT}
+            if after is not None:
+                params["after"] = after
+            try:
+                page = (await self.gate.request("GET", f"/v1/turns/{self.turn_id}/executions", params=params))[1]
+            except (AgentgateError, httpx.HTTPError):
+                return None
+            found = _core.landed_execution(page, execution_id, state, self.fence)
+            if found is not None:
+                return {"execution": {"execution_id": execution_id, "state": state}} if found else None
+            after = page.get("executions_next")
+            if after is None:
+                return None
+        return None
+
+    async def heartbeat(self) -> int:
+        return int((await self._call("POST", f"/v1/turns/{self.turn_id}/heartbeat"))[1]["lease_expires_in_ms"])
+
+    async def _end(self, path: str, state: str, body: Dict[str, Any]) -> Dict[str, Any]:
+        self.check()
+        self._ending = True
+        try:
+            data = await self._write(f"/v1/turns/{self.turn_id}/{path}", body, lambda: self._ending_landed(state))
+        except BaseException:
+            self._ending = False
+            raise
+        self.ended = True
+        self._stop_heartbeat()
+        return dict(data.get("turn", data)) if isinstance(data, Mapping) else {}
+
+    async def complete(self, response: Any) -> Dict[str, Any]:
+        return await self._end("complete", "succeeded", {"response": response})
+
+    async def fail(self, error: Any, retryable: bool = True) -> Dict[str, Any]:
+        return await self._end("fail", "failed", {"error": error, "retryable": retryable})
+
+    async def await_confirmation(self, pending: Any) -> Dict[str, Any]:
+        return await self._end("await-confirmation", "awaiting_confirmation", {"pending": pending})
+
+    async def claim_tool(self, name: str, args: Any, wait: float = _core.TOOL_WAIT_DEFAULT_S) -> Tuple[bool, Any]:
+        """See :meth:`Turn.claim_tool`."""
+        deadline = time.monotonic() + max(0.0, wait)
+        pause = 0.0
+        while True:
+            try:
+                status, data = await self._call(
+                    "POST", f"/v1/turns/{self.turn_id}/tools", {"tool": name, "args": args}
+                )
+                break
+            except ToolInFlight as busy:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise
+                pause = _core.next_pause_s(pause, busy, remaining, _core.TOOL_POLL_MIN_S, _core.TOOL_POLL_MAX_S)
+                await asyncio.sleep(pause)
+        execution = data["execution"]
+        if not data.get("execute"):
+            return False, execution.get("result")
+        return True, ToolContext(
+            tool=name,
+            args=args,
+            execution_id=execution["execution_id"],
+            idempotency_key=execution["idempotency_key"],
+            attempt=execution["attempt"],
+            previous_outcome=execution.get("previous_outcome"),
+            turn=self,
+        )
+
+    async def complete_tool(self, ctx: ToolContext, result: Any) -> None:
+        await self._write(
+            f"/v1/turns/{self.turn_id}/tools/{ctx.execution_id}/complete",
+            {"result": result},
+            lambda: self._execution_landed(ctx.execution_id, "succeeded"),
+        )
+
+    async def fail_tool(self, ctx: ToolContext, error: Any) -> None:
+        await self._write(
+            f"/v1/turns/{self.turn_id}/tools/{ctx.execution_id}/fail",
+            {"error": error},
+            lambda: self._execution_landed(ctx.execution_id, "failed"),
+        )
+
+    async def tool(
+        self,
+        name: str,
+        args: Any,
+        run: Callable[[ToolContext], Any],
+        reconcile: Optional[Callable[[ToolContext], Any]] = None,
+        wait: float = _core.TOOL_WAIT_DEFAULT_S,
+    ) -> Any:
+        """See :meth:`Turn.tool`; ``run`` and ``reconcile`` may be sync or async."""
+        execute, claimed = await self.claim_tool(name, args, wait)
+        if not execute:
+            return claimed
+        ctx: ToolContext = claimed
+        if ctx.previous_outcome == "unknown" and reconcile is not None:
+            found = await _maybe_await(reconcile(ctx))
+            if found is not None:
+                await self.complete_tool(ctx, found)
+                return found
+        ctx.check()
+        try:
+            result = await _maybe_await(run(ctx))
+        except LeaseLost:
+            raise
+        except asyncio.CancelledError:
+            raise  # the lease went (or the caller gave up): the execution stays unknown
+        except BaseException as error:
+            try:
+                await self.fail_tool(ctx, _core.error_json(error))
+            except (AgentgateError, httpx.HTTPError):
+                pass
+            raise
+        problem = _core.json_problem(result)
+        if problem is not None:
+            await self.fail_tool(ctx, _core.error_json(problem))
+            raise TypeError(f"tool {name}: its result is not JSON ({problem}); the execution was failed")
+        await self.complete_tool(ctx, result)
+        return result

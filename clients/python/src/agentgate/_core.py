@@ -1,0 +1,270 @@
+"""What the sync and asyncio clients share: named limits, the retry
+schedule, the tool context, the current-turn context variable and the
+decorator's argument binding. No I/O here."""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import inspect
+import json
+import math
+from typing import Any, Awaitable, Callable, Concatenate, Dict, Mapping, Optional, ParamSpec, Protocol, Tuple, TypeVar, overload
+
+import httpx
+
+from .errors import (
+    AgentgateError,
+    Overloaded,
+    RequestInFlight,
+    RequestTimeout,
+    SessionBusy,
+    StoreUnavailable,
+    UserAtCapacity,
+)
+
+# Limits (seconds unless named otherwise), each with why.
+
+#: First pause between two begins while waiting for a busy session: short,
+#: because the holder usually ends well before its lease would.
+BEGIN_POLL_MIN_S = 0.05
+#: Longest pause between two begins: Retry-After is the holder's remaining
+#: lease (up to the TTL), but a holder that ends early should not cost a
+#: waiter the rest of it; never longer than Retry-After either.
+BEGIN_POLL_MAX_S = 1.0
+#: How long ``turn.tool`` waits, by default, for the same tool call running
+#: under this turn's own lease (another thread or task of this turn) to end.
+TOOL_WAIT_DEFAULT_S = 30.0
+#: First and longest pause between two claims of a tool call in flight:
+#: its holder is this very turn, so it ends soon; Retry-After (the lease
+#: left) says nothing about that.
+TOOL_POLL_MIN_S = 0.02
+TOOL_POLL_MAX_S = 0.5
+#: Heartbeats are never closer together than this, whatever the TTL.
+HEARTBEAT_MIN_INTERVAL_S = 0.03
+#: After a failed heartbeat (network, 503), the next try comes this much
+#: sooner than a third of the TTL, so a short outage does not cost the lease.
+HEARTBEAT_RETRY_S = 0.25
+#: A heartbeat waits for its answer until the lease's local deadline, but
+#: never less than this.
+HEARTBEAT_MIN_TIMEOUT_S = 0.1
+#: How long ending a turn waits for its heartbeat thread to stop.
+HEARTBEAT_JOIN_S = 5.0
+#: An exception's text sent as a turn's or a tool's error is cut to this.
+ERROR_MESSAGE_MAX_CHARS = 2000
+
+#: How many times a write under the lease (a tool's or the turn's ending)
+#: is sent when its answer is lost (no answer, 408, 503): the outcome of
+#: each lost one is unknown, and every such write is fenced, so repeating
+#: it is safe; a repeat refused as "already ended" is checked against the
+#: turn's record.
+WRITE_ATTEMPTS = 4
+#: First and longest pause between two sends of such a write.
+WRITE_PAUSE_MIN_S = 0.1
+WRITE_PAUSE_MAX_S = 1.0
+#: Pages read to find one execution when checking whether a lost write
+#: landed: a turn holds at most 1,000 executions, 200 a page.
+EXECUTION_PAGES_MAX = 5
+EXECUTION_PAGE_LIMIT = 200
+
+#: Answers after which a write's outcome is unknown and it may be repeated.
+WRITE_TRANSIENT = (StoreUnavailable, Overloaded, RequestTimeout, httpx.TransportError)
+
+#: Begin refusals worth waiting out: the blocker ends by itself. 503s and
+#: lost answers are included because repeating a begin with the same ids
+#: is always safe (it replays, or is refused request_in_flight by itself).
+BEGIN_WAITABLE = (
+    SessionBusy,
+    RequestInFlight,
+    UserAtCapacity,
+    StoreUnavailable,
+    Overloaded,
+    RequestTimeout,
+    httpx.TransportError,
+)
+
+#: The turn the current code runs in (``with gate.turn(...)`` sets it).
+current_turn: contextvars.ContextVar[Any] = contextvars.ContextVar("agentgate_current_turn", default=None)
+
+
+def next_pause_s(
+    previous_pause_s: float,
+    error: BaseException,
+    remaining_s: float,
+    min_s: float,
+    max_s: float,
+) -> float:
+    """The pause before the next try: doubling from ``min_s`` up to
+    ``max_s``, never past Retry-After nor past the caller's deadline."""
+    pause = min_s if previous_pause_s <= 0 else min(previous_pause_s * 2, max_s)
+    retry_after_s = error.retry_after_s if isinstance(error, AgentgateError) else None
+    if retry_after_s is not None:
+        pause = min(pause, max(retry_after_s, min_s))
+    return max(0.0, min(pause, remaining_s))
+
+
+def landed_ending(turn: Mapping[str, Any], state: str, fence: int) -> bool:
+    """Did our own ending (to ``state``, under ``fence``) land?"""
+    return turn.get("state") == state and turn.get("fence") == fence
+
+
+def landed_execution(page: Mapping[str, Any], execution_id: str, state: str, fence: int) -> Optional[bool]:
+    """In one page of executions: ``True``/``False`` once the execution is
+    found (did our write to ``state`` under ``fence`` land?), ``None`` if it
+    is not on this page."""
+    for execution in page.get("executions") or []:
+        if execution.get("execution_id") == execution_id:
+            return bool(execution.get("state") == state and execution.get("fence") == fence)
+    return None
+
+
+NO_DEADLINE_S = math.inf
+
+
+def json_problem(value: Any) -> Optional[BaseException]:
+    """Why ``value`` cannot be sent as a JSON value (the server takes
+    I-JSON: no NaN or infinities), or ``None`` if it can."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as problem:
+        return problem
+    return None
+
+
+def error_json(error: BaseException) -> Dict[str, Any]:
+    """How an exception is recorded as a turn's or a tool's error."""
+    return {"type": type(error).__name__, "message": str(error)[:ERROR_MESSAGE_MAX_CHARS]}
+
+
+def retryable(error: BaseException) -> bool:
+    """An exception fails its turn retryably unless it says otherwise
+    with a ``retryable = False`` attribute."""
+    value = getattr(error, "retryable", True)
+    return value if isinstance(value, bool) else True
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolContext:
+    """What ``run`` and ``reconcile`` receive for one tool execution.
+
+    Forward ``idempotency_key`` to the system that takes the effect: it is
+    the same on every attempt of this call, takeovers included, so that
+    system can refuse a second effect and ``reconcile`` can look it up.
+    """
+
+    tool: str
+    args: Any
+    execution_id: str
+    idempotency_key: str
+    attempt: int
+    #: ``None`` on a first claim, ``"failed"`` after a reported failure,
+    #: ``"unknown"`` when an earlier holder died mid-call.
+    previous_outcome: Optional[str]
+    turn: Any = dataclasses.field(repr=False, compare=False)
+
+    def check(self) -> None:
+        """Raise :class:`~agentgate.LeaseLost` if the turn's lease is lost;
+        call it before taking an effect."""
+        self.turn.check()
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolSpec:
+    """A function made into a tool by ``@gate.tool``."""
+
+    name: str
+    function: Callable[..., Any]
+    signature: inspect.Signature
+    wants_context: bool
+    reconcile: Optional[Callable[[ToolContext], Any]]
+
+    @classmethod
+    def of(
+        cls,
+        function: Callable[..., Any],
+        name: Optional[str],
+        reconcile: Optional[Callable[[ToolContext], Any]],
+    ) -> "ToolSpec":
+        signature = inspect.signature(function)
+        params = list(signature.parameters.values())
+        wants_context = bool(params) and (
+            params[0].name == "ctx" or params[0].annotation in (ToolContext, "ToolContext")
+        )
+        if wants_context:
+            signature = signature.replace(parameters=params[1:])
+        return cls(name or function.__name__, function, signature, wants_context, reconcile)
+
+    def present(self, wrapper: Callable[..., Any]) -> None:
+        """Make the wrapper look like the tool it is to introspection
+        (``inspect.signature``, ``typing.get_type_hints``, frameworks that
+        build a tool schema from them): the function's own signature and
+        annotations without the ``ctx`` parameter."""
+        wrapper.__signature__ = self.signature  # type: ignore[attr-defined]
+        own = dict(getattr(self.function, "__annotations__", {}))
+        if self.wants_context:
+            own.pop(next(iter(inspect.signature(self.function).parameters)), None)
+        wrapper.__annotations__ = own
+
+    def bind(self, args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Dict[str, Any]:
+        """The call's arguments by name, defaults included: the tool's args
+        (so ``f(1)`` and ``f(amount=1)`` are the same call)."""
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        out: Dict[str, Any] = {}
+        for name, value in bound.arguments.items():
+            kind = self.signature.parameters[name].kind
+            if kind is inspect.Parameter.VAR_KEYWORD:
+                out.update(value)
+            elif kind is inspect.Parameter.VAR_POSITIONAL:
+                out[name] = list(value)
+            else:
+                out[name] = value
+        return out
+
+    def call(self, ctx: ToolContext, tool_args: Mapping[str, Any]) -> Any:
+        """Call the function with the bound args (and ``ctx`` if it takes it)."""
+        params = self.signature.parameters
+        has_var_positional = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params.values())
+        positional = []
+        keywords: Dict[str, Any] = {}
+        for name, param in params.items():
+            if param.kind is inspect.Parameter.VAR_KEYWORD:
+                keywords.update({k: v for k, v in tool_args.items() if k not in params})
+            elif param.kind is inspect.Parameter.VAR_POSITIONAL:
+                positional.extend(tool_args.get(name, []))
+            elif param.kind is inspect.Parameter.POSITIONAL_ONLY or (
+                param.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and has_var_positional
+            ):
+                positional.append(tool_args[name])
+            elif name in tool_args:
+                keywords[name] = tool_args[name]
+        if self.wants_context:
+            return self.function(ctx, *positional, **keywords)
+        return self.function(*positional, **keywords)
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class ToolDecorator(Protocol):
+    """What ``@gate.tool(name=..., reconcile=...)`` returns: the decorated
+    function loses its ``ctx: ToolContext`` first parameter."""
+
+    @overload
+    def __call__(self, function: Callable[Concatenate[ToolContext, P], R]) -> Callable[P, R]: ...
+
+    @overload
+    def __call__(self, function: Callable[P, R]) -> Callable[P, R]: ...
+
+
+class AsyncToolDecorator(Protocol):
+    """What ``@async_gate.tool(name=..., reconcile=...)`` returns."""
+
+    @overload
+    def __call__(
+        self, function: Callable[Concatenate[ToolContext, P], Awaitable[R]]
+    ) -> Callable[P, Awaitable[R]]: ...
+
+    @overload
+    def __call__(self, function: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]: ...

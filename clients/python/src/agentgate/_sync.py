@@ -1,0 +1,620 @@
+"""The synchronous client: :class:`Gate` and :class:`Turn`, on ``httpx.Client``.
+
+A turn's heartbeat runs in a daemon thread. When the lease is lost the
+thread sets ``turn.lost`` (a ``threading.Event``); from then on every call
+on the turn raises :class:`~agentgate.LeaseLost` without a request. A
+thread cannot be interrupted from outside, so a long step in the body
+should wait on ``turn.lost`` or call ``turn.check()`` / ``ctx.check()``
+before taking an effect.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from types import TracebackType
+from typing import Any, Callable, Concatenate, Dict, List, Mapping, Optional, Sequence, Tuple, Type, TypeVar, overload
+
+import httpx
+
+from . import _core
+from ._core import P, R, ToolContext, ToolDecorator, ToolSpec, current_turn
+from .errors import (
+    AgentgateError,
+    LeaseLost,
+    NoActiveTurn,
+    Replayed,
+    ToolInFlight,
+    TurnNotEnded,
+    UnexpectedResponse,
+    error_for,
+)
+
+T = TypeVar("T")
+
+_NO_BODY: Any = object()
+
+
+class Gate:
+    """A connection to ``agentgate serve``.
+
+    ``Gate(base_url, api_key=None, timeout=35.0)``; ``timeout`` bounds each
+    HTTP request in seconds (the server answers within 30 s). Thread-safe:
+    share one per process. Close it with ``gate.close()`` or ``with Gate(...)``.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: Optional[str] = None,
+        timeout: float = 35.0,
+        *,
+        http_client: Optional[httpx.Client] = None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = http_client or httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout, headers=headers)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "Gate":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # --- the wire -------------------------------------------------------
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = _NO_BODY,
+        *,
+        lease_token: Optional[str] = None,
+        params: Optional[Mapping[str, Any]] = None,
+        timeout: Optional[float] = None,
+    ) -> Tuple[int, Any]:
+        """One call: ``(status, parsed JSON or None)`` for a 2xx answer.
+
+        Raises the typed :class:`~agentgate.AgentgateError` for any other
+        status, and ``httpx.HTTPError`` when no answer came.
+        """
+        headers = {"Lease-Token": lease_token} if lease_token is not None else None
+        response = self._http.request(
+            method,
+            path,
+            json=None if body is _NO_BODY else body,
+            headers=headers,
+            params=params,
+            timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
+        )
+        data: Any = None
+        if response.content:
+            try:
+                data = response.json()
+            except ValueError:
+                data = None
+        if response.status_code >= 300:
+            raise error_for(response.status_code, data, response.headers.get("retry-after"))
+        return response.status_code, data
+
+    # --- turns ----------------------------------------------------------
+
+    def turn(
+        self,
+        user_id: str,
+        session_id: str,
+        client_request_id: str,
+        payload: Any = None,
+        wait: float = 0.0,
+        *,
+        confirmation: Optional[Mapping[str, str]] = None,
+    ) -> "Turn":
+        """A turn, begun when its ``with`` block is entered.
+
+        ``with gate.turn(...) as turn:`` raises :class:`~agentgate.Replayed`
+        instead of entering the body when the request already has an
+        outcome. ``wait`` is how many seconds to keep repeating the begin
+        while it is refused ``session_busy``, ``request_in_flight``,
+        ``user_at_capacity``, a 503 or a 408, or not answered at all,
+        pausing at most Retry-After between tries; after that the last
+        refusal is raised. (A begin whose grant was lost on the way is
+        refused ``request_in_flight`` by its own lease, and taken over once
+        that lease expires, if ``wait`` lasts that long.)
+        """
+        return Turn(self, user_id, session_id, client_request_id, payload, wait, confirmation)
+
+    def run_turn(
+        self,
+        user_id: str,
+        session_id: str,
+        client_request_id: str,
+        payload: Any,
+        fn: Callable[["Turn"], Any],
+        wait: float = 0.0,
+    ) -> Any:
+        """Run ``fn(turn)`` in a turn and complete it with the result; on a
+        replay return the stored response without calling ``fn``.
+
+        A replay of a turn that did not succeed (failed non-retryably)
+        raises :class:`~agentgate.Replayed`. If ``fn`` ends the turn itself
+        (``turn.fail``, ``turn.await_confirmation``), its result is returned
+        as is.
+        """
+        try:
+            with self.turn(user_id, session_id, client_request_id, payload, wait) as turn:
+                result = fn(turn)
+                if not turn.ended:
+                    turn.complete(result)
+                return result
+        except Replayed as replay:
+            if replay.state == "succeeded":
+                return replay.response
+            raise
+
+    def claim_orphan(
+        self,
+        min_orphaned_ms: Optional[int] = None,
+        user_ids: Optional[Sequence[str]] = None,
+        turn_ids: Optional[Sequence[str]] = None,
+    ) -> Optional["Turn"]:
+        """Take over the orphan whose lease died longest ago, or ``None``.
+
+        The returned turn is already granted and heartbeating; use it as
+        ``with turn:`` exactly like a begun one, resuming from
+        ``turn.payload`` (``turn.journal`` lists its tool calls so far).
+        """
+        body: Dict[str, Any] = {}
+        if min_orphaned_ms is not None:
+            body["min_orphaned_ms"] = min_orphaned_ms
+        if user_ids is not None:
+            body["user_ids"] = list(user_ids)
+        if turn_ids is not None:
+            body["turn_ids"] = list(turn_ids)
+        status, data = self.request("POST", "/v1/orphans/claim", body)
+        if status == 204:
+            return None
+        grant = data["turn"]
+        turn = Turn(
+            self, grant["user_id"], grant["session_id"], grant["client_request_id"], data.get("payload"), 0.0, None
+        )
+        turn.journal = list(data.get("journal") or [])
+        turn.orphaned_for_ms = data.get("orphaned_for_ms")
+        turn._granted(grant)
+        return turn
+
+    def get_turn(self, turn_id: str) -> Dict[str, Any]:
+        """``GET /v1/turns/{id}``: the turn, ``orphaned``, its first executions."""
+        return dict(self.request("GET", f"/v1/turns/{turn_id}")[1])
+
+    def get_session(self, session_id: str) -> Dict[str, Any]:
+        return dict(self.request("GET", f"/v1/sessions/{session_id}")[1])
+
+    def get_user(self, user_id: str) -> Dict[str, Any]:
+        return dict(self.request("GET", f"/v1/users/{user_id}")[1])
+
+    # --- the decorator --------------------------------------------------
+
+    @overload
+    def tool(self, function: Callable[Concatenate[ToolContext, P], R]) -> Callable[P, R]: ...
+
+    @overload
+    def tool(self, function: Callable[P, R]) -> Callable[P, R]: ...
+
+    @overload
+    def tool(
+        self, *, name: Optional[str] = None, reconcile: Optional[Callable[[ToolContext], Any]] = None
+    ) -> ToolDecorator: ...
+
+    def tool(
+        self,
+        function: Optional[Callable[..., Any]] = None,
+        *,
+        name: Optional[str] = None,
+        reconcile: Optional[Callable[[ToolContext], Any]] = None,
+    ) -> Any:
+        """Make a plain function a tool booked through the current turn.
+
+        ``@gate.tool`` or ``@gate.tool(name="x", reconcile=hook)``. Calling
+        the function inside ``with gate.turn(...)`` claims ``(name, args)``
+        in that turn, where args are the call's arguments by parameter name
+        (defaults filled in); the function runs only when the server says
+        execute, otherwise the stored result is returned. A first
+        parameter named ``ctx`` (or annotated :class:`ToolContext`) receives
+        the context. Outside a turn it raises :class:`~agentgate.NoActiveTurn`.
+        The turn is found through a context variable: a thread you start
+        inside the body must carry the context (``contextvars.copy_context().run``).
+        """
+
+        def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
+            spec = ToolSpec.of(f, name, reconcile)
+
+            @functools.wraps(f)
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                turn = current_turn.get()
+                if not isinstance(turn, Turn):
+                    raise NoActiveTurn(f"tool {spec.name} called outside a turn")
+                tool_args = spec.bind(args, kwargs)
+                return turn.tool(
+                    spec.name,
+                    tool_args,
+                    run=lambda ctx: spec.call(ctx, tool_args),
+                    reconcile=spec.reconcile,
+                )
+
+            spec.present(wrapper)
+            return wrapper
+
+        if function is not None:
+            return decorate(function)
+        return decorate
+
+
+class Turn:
+    """One turn: begun (or claimed), heartbeating, ended exactly once.
+
+    Attributes after the grant: ``turn_id``, ``fence``, ``attempt``,
+    ``takeover``, ``lease_ttl_ms``, ``confirmation``, ``payload``,
+    ``journal`` (claimed orphans), and ``lost`` (a ``threading.Event`` set
+    when the lease is lost).
+    """
+
+    def __init__(
+        self,
+        gate: Gate,
+        user_id: str,
+        session_id: str,
+        client_request_id: str,
+        payload: Any,
+        wait: float,
+        confirmation: Optional[Mapping[str, str]],
+    ) -> None:
+        self.gate = gate
+        self.user_id = user_id
+        self.session_id = session_id
+        self.client_request_id = client_request_id
+        self.payload = payload
+        self.wait = wait
+        self._confirmation_request = dict(confirmation) if confirmation else None
+        self.turn_id: str = ""
+        self.fence: int = 0
+        self.attempt: int = 0
+        self.takeover: bool = False
+        self.lease_ttl_ms: int = 0
+        self.confirmation: Optional[Dict[str, Any]] = None
+        self.journal: List[Dict[str, Any]] = []
+        self.orphaned_for_ms: Optional[int] = None
+        self.lost = threading.Event()
+        self.lost_error: Optional[LeaseLost] = None
+        self.ended = False
+        self._lease_token: Optional[str] = None
+        self._ending = False
+        self._stop = threading.Event()
+        self._heartbeat_thread: Optional[threading.Thread] = None
+        self._context_token: Any = None
+
+    def __repr__(self) -> str:
+        return f"Turn(turn_id={self.turn_id!r}, attempt={self.attempt}, fence={self.fence}, takeover={self.takeover})"
+
+    # --- begin ----------------------------------------------------------
+
+    def _begin(self) -> None:
+        body: Dict[str, Any] = {
+            "user_id": self.user_id,
+            "session_id": self.session_id,
+            "client_request_id": self.client_request_id,
+        }
+        if self.payload is not None:
+            body["payload"] = self.payload
+        if self._confirmation_request is not None:
+            body["confirmation"] = self._confirmation_request
+        deadline = time.monotonic() + max(0.0, self.wait)
+        pause = 0.0
+        while True:
+            try:
+                status, data = self.gate.request("POST", "/v1/turns", body)
+                break
+            except _core.BEGIN_WAITABLE as refusal:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise
+                pause = _core.next_pause_s(pause, refusal, remaining, _core.BEGIN_POLL_MIN_S, _core.BEGIN_POLL_MAX_S)
+                time.sleep(pause)
+        if status == 200:
+            raise Replayed(data["turn"])
+        if status != 201:
+            raise UnexpectedResponse(f"begin answered {status}", status=status, body=data)
+        self._granted(data["turn"])
+
+    def _granted(self, grant: Mapping[str, Any]) -> None:
+        self.turn_id = grant["turn_id"]
+        self._lease_token = grant["lease_token"]
+        self.fence = grant["fence"]
+        self.attempt = grant["attempt"]
+        self.takeover = grant["takeover"]
+        self.lease_ttl_ms = grant["lease_expires_in_ms"]
+        self.confirmation = grant.get("confirmation")
+        self._start_heartbeat()
+
+    def __enter__(self) -> "Turn":
+        if self._lease_token is None:
+            self._begin()
+        self._context_token = current_turn.set(self)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        traceback: Optional[TracebackType],
+    ) -> Optional[bool]:
+        if self._context_token is not None:
+            current_turn.reset(self._context_token)
+            self._context_token = None
+        try:
+            if exc is None:
+                if self.ended:
+                    return None
+                self.check()
+                self._fail_quietly({"type": "TurnNotEnded", "message": "the turn's body exited without ending it"})
+                raise TurnNotEnded(
+                    f"turn {self.turn_id}: the body exited without turn.complete(...); the turn was failed (retryable)"
+                )
+            if self.ended or self.lost.is_set() or isinstance(exc, LeaseLost):
+                return None
+            self._fail_quietly(_core.error_json(exc), _core.retryable(exc))
+            return None
+        finally:
+            self._stop_heartbeat()
+
+    def _fail_quietly(self, error: Any, retryable: bool = True) -> None:
+        """Fail the turn on the way out; a refusal must not hide the
+        body's own exception (the lease may be gone already)."""
+        try:
+            self.fail(error, retryable=retryable)
+        except (AgentgateError, httpx.HTTPError):
+            pass
+
+    # --- the lease ------------------------------------------------------
+
+    def _start_heartbeat(self) -> None:
+        thread = threading.Thread(target=self._heartbeat_loop, name=f"agentgate-heartbeat-{self.turn_id}", daemon=True)
+        self._heartbeat_thread = thread
+        thread.start()
+
+    def _stop_heartbeat(self) -> None:
+        self._stop.set()
+        thread = self._heartbeat_thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(_core.HEARTBEAT_JOIN_S)
+
+    def _heartbeat_loop(self) -> None:
+        ttl_s = self.lease_ttl_ms / 1000.0
+        interval = max(ttl_s / 3, _core.HEARTBEAT_MIN_INTERVAL_S)
+        renewed_at = time.monotonic()
+        while not self._stop.wait(interval):
+            sent_at = time.monotonic()
+            # No answer past the local deadline is worth waiting for.
+            timeout = max(ttl_s - (sent_at - renewed_at), _core.HEARTBEAT_MIN_TIMEOUT_S)
+            try:
+                _, data = self._call("POST", f"/v1/turns/{self.turn_id}/heartbeat", timeout=timeout)
+            except LeaseLost:
+                return  # _call marked the turn lost
+            except (AgentgateError, httpx.HTTPError):
+                if time.monotonic() - renewed_at >= ttl_s:
+                    self._mark_lost(LeaseLost("lease could not be renewed before its local deadline"))
+                    return
+                interval = max(min(ttl_s / 3, _core.HEARTBEAT_RETRY_S), _core.HEARTBEAT_MIN_INTERVAL_S)
+                continue
+            renewed_at = sent_at
+            ttl_s = data.get("lease_expires_in_ms", self.lease_ttl_ms) / 1000.0
+            interval = max(ttl_s / 3, _core.HEARTBEAT_MIN_INTERVAL_S)
+
+    def _mark_lost(self, error: LeaseLost) -> None:
+        if self._ending or self.ended:
+            return  # our own ending raced the heartbeat: nothing is lost
+        if self.lost_error is None:
+            self.lost_error = error
+        self.lost.set()
+        self._stop.set()
+
+    @property
+    def lease_token(self) -> Optional[str]:
+        """The secret every call under this lease sends as ``Lease-Token``
+        (for raw calls through ``gate.request``); never log it."""
+        return self._lease_token
+
+    def check(self) -> None:
+        """Raise :class:`~agentgate.LeaseLost` if the lease is known lost."""
+        if self.lost.is_set():
+            known = self.lost_error
+            raise LeaseLost(
+                f"turn {self.turn_id}: lease lost ({known.message if known else 'unknown reason'})",
+                status=known.status if known else None,
+            )
+
+    def _call(self, method: str, path: str, body: Any = _NO_BODY, timeout: Optional[float] = None) -> Tuple[int, Any]:
+        self.check()
+        try:
+            return self.gate.request(method, path, body, lease_token=self._lease_token, timeout=timeout)
+        except LeaseLost as error:
+            self._mark_lost(error)
+            raise
+
+    def _write(self, path: str, body: Dict[str, Any], landed: Callable[[], Optional[Dict[str, Any]]]) -> Any:
+        """A write under the lease, sent again (at most ``WRITE_ATTEMPTS``
+        times) while its answer is lost. A repeat refused ``lease_lost``
+        after a lost answer is checked with ``landed()``: if the lost one
+        took effect, its record is the answer."""
+        self.check()
+        pause = 0.0
+        uncertain = False
+        for attempt in range(1, _core.WRITE_ATTEMPTS + 1):
+            try:
+                return self.gate.request("POST", path, body, lease_token=self._lease_token)[1]
+            except LeaseLost as error:
+                found = landed() if uncertain else None
+                if found is not None:
+                    return found
+                self._mark_lost(error)
+                raise
+            except _core.WRITE_TRANSIENT as error:
+                if attempt == _core.WRITE_ATTEMPTS:
+                    raise
+                uncertain = True
+                pause = _core.next_pause_s(
+                    pause, error, _core.NO_DEADLINE_S, _core.WRITE_PAUSE_MIN_S, _core.WRITE_PAUSE_MAX_S
+                )
+                time.sleep(pause)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _ending_landed(self, state: str) -> Optional[Dict[str, Any]]:
+        try:
+            turn = self.gate.get_turn(self.turn_id)["turn"]
+        except (AgentgateError, httpx.HTTPError):
+            return None
+        return {"turn": turn} if _core.landed_ending(turn, state, self.fence) else None
+
+    def _execution_landed(self, execution_id: str, state: str) -> Optional[Dict[str, Any]]:
+        after: Optional[str] = None
+        for _ in range(_core.EXECUTION_PAGES_MAX):
+            params: Dict[str, Any] = {"limit": _core.EXECUTION_PAGE_LIMIT}
+            if after is not None:
+                params["after"] = after
+            try:
+                page = self.gate.request("GET", f"/v1/turns/{self.turn_id}/executions", params=params)[1]
+            except (AgentgateError, httpx.HTTPError):
+                return None
+            found = _core.landed_execution(page, execution_id, state, self.fence)
+            if found is not None:
+                return {"execution": {"execution_id": execution_id, "state": state}} if found else None
+            after = page.get("executions_next")
+            if after is None:
+                return None
+        return None
+
+    def heartbeat(self) -> int:
+        """Renew the lease now; returns ``lease_expires_in_ms``."""
+        return int(self._call("POST", f"/v1/turns/{self.turn_id}/heartbeat")[1]["lease_expires_in_ms"])
+
+    # --- endings --------------------------------------------------------
+
+    def _end(self, path: str, state: str, body: Dict[str, Any]) -> Dict[str, Any]:
+        self.check()
+        self._ending = True
+        try:
+            data = self._write(f"/v1/turns/{self.turn_id}/{path}", body, lambda: self._ending_landed(state))
+        except BaseException:
+            self._ending = False
+            raise
+        self.ended = True
+        self._stop_heartbeat()
+        return dict(data.get("turn", data)) if isinstance(data, Mapping) else {}
+
+    def complete(self, response: Any) -> Dict[str, Any]:
+        """End the turn ``succeeded`` with ``response`` (what a replay returns)."""
+        return self._end("complete", "succeeded", {"response": response})
+
+    def fail(self, error: Any, retryable: bool = True) -> Dict[str, Any]:
+        """End the turn ``failed``; a retryable failure restarts on a repeat."""
+        return self._end("fail", "failed", {"error": error, "retryable": retryable})
+
+    def await_confirmation(self, pending: Any) -> Dict[str, Any]:
+        """End the turn waiting for a person's decision on ``pending``."""
+        return self._end("await-confirmation", "awaiting_confirmation", {"pending": pending})
+
+    # --- tools ----------------------------------------------------------
+
+    def claim_tool(self, name: str, args: Any, wait: float = _core.TOOL_WAIT_DEFAULT_S) -> Tuple[bool, Any]:
+        """Claim one tool call: ``(True, ToolContext)`` to run it, or
+        ``(False, stored result)``. Waits up to ``wait`` seconds while the
+        same call is in flight under this turn (``tool_in_flight``)."""
+        deadline = time.monotonic() + max(0.0, wait)
+        pause = 0.0
+        while True:
+            try:
+                status, data = self._call("POST", f"/v1/turns/{self.turn_id}/tools", {"tool": name, "args": args})
+                break
+            except ToolInFlight as busy:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise
+                pause = _core.next_pause_s(pause, busy, remaining, _core.TOOL_POLL_MIN_S, _core.TOOL_POLL_MAX_S)
+                if self.lost.wait(pause):
+                    self.check()
+        execution = data["execution"]
+        if not data.get("execute"):
+            return False, execution.get("result")
+        return True, ToolContext(
+            tool=name,
+            args=args,
+            execution_id=execution["execution_id"],
+            idempotency_key=execution["idempotency_key"],
+            attempt=execution["attempt"],
+            previous_outcome=execution.get("previous_outcome"),
+            turn=self,
+        )
+
+    def complete_tool(self, ctx: ToolContext, result: Any) -> None:
+        """Record the execution's result (repeated if the answer is lost)."""
+        self._write(
+            f"/v1/turns/{self.turn_id}/tools/{ctx.execution_id}/complete",
+            {"result": result},
+            lambda: self._execution_landed(ctx.execution_id, "succeeded"),
+        )
+
+    def fail_tool(self, ctx: ToolContext, error: Any) -> None:
+        """Record the execution failed; a later claim runs it again."""
+        self._write(
+            f"/v1/turns/{self.turn_id}/tools/{ctx.execution_id}/fail",
+            {"error": error},
+            lambda: self._execution_landed(ctx.execution_id, "failed"),
+        )
+
+    def tool(
+        self,
+        name: str,
+        args: Any,
+        run: Callable[[ToolContext], T],
+        reconcile: Optional[Callable[[ToolContext], Any]] = None,
+        wait: float = _core.TOOL_WAIT_DEFAULT_S,
+    ) -> T:
+        """Book one tool call exactly once.
+
+        Claims ``(name, args)``; if the server says execute, calls
+        ``run(ctx)`` and records its result, else returns the stored result
+        without calling it. When an earlier attempt died mid-call
+        (``ctx.previous_outcome == "unknown"``) and ``reconcile`` is given,
+        ``reconcile(ctx)`` runs first: a non-``None`` answer is recorded as
+        the result and ``run`` is not called. If ``run`` raises, the
+        execution is recorded failed (a later claim runs it again with
+        ``previous_outcome == "failed"``) and the exception propagates.
+        """
+        execute, claimed = self.claim_tool(name, args, wait)
+        if not execute:
+            return claimed  # type: ignore[no-any-return]
+        ctx: ToolContext = claimed
+        if ctx.previous_outcome == "unknown" and reconcile is not None:
+            found = reconcile(ctx)
+            if found is not None:
+                self.complete_tool(ctx, found)
+                return found  # type: ignore[no-any-return]
+        ctx.check()
+        try:
+            result = run(ctx)
+        except LeaseLost:
+            raise
+        except BaseException as error:
+            try:
+                self.fail_tool(ctx, _core.error_json(error))
+            except (AgentgateError, httpx.HTTPError):
+                pass
+            raise
+        problem = _core.json_problem(result)
+        if problem is not None:
+            self.fail_tool(ctx, _core.error_json(problem))
+            raise TypeError(f"tool {name}: its result is not JSON ({problem}); the execution was failed")
+        self.complete_tool(ctx, result)
+        return result

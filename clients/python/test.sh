@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Run the Python client's tests against the real server binary
+# (AGENTGATE_BIN; else /work/bin/agentgate if present; else the checkout's
+# target/debug/agentgate, which `cargo build` or `cargo test` makes). Creates the venv first if it
+# is missing (setup.sh). Every test has a timeout (pytest-timeout, 60 s)
+# and the whole run one more; exits nonzero on any failure.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+venv="${AGENTGATE_PY_VENV:-$repo/target/clients-python-venv}"
+#: The whole suite's bound (it takes about 25 s).
+SUITE_TIMEOUT_S="${AGENTGATE_PY_SUITE_TIMEOUT_S:-300}"
+
+if [ -z "${AGENTGATE_BIN:-}" ]; then
+    if [ -x /work/bin/agentgate ]; then
+        AGENTGATE_BIN=/work/bin/agentgate
+    else
+        AGENTGATE_BIN="$repo/target/debug/agentgate"
+    fi
+fi
+export AGENTGATE_BIN
+if [ ! -x "$AGENTGATE_BIN" ]; then
+    echo "clients/python/test.sh: FATAL: no server binary at $AGENTGATE_BIN (set AGENTGATE_BIN)" >&2
+    exit 1
+fi
+if [ ! -x "$venv/bin/python" ]; then
+    "$here/setup.sh"
+fi
+echo "clients/python: testing against $AGENTGATE_BIN"
+cd "$here"
+exec timeout --kill-after=10 "$SUITE_TIMEOUT_S" "$venv/bin/python" -m pytest -p no:cacheprovider -q "$@"

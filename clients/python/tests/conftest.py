@@ -1,0 +1,142 @@
+"""Fixtures: the real ``agentgate serve`` binary on a temp SQLite store and
+a free port, one server per test (it starts in well under a second), so a
+test's flags (``--lease-ttl-ms``, ``--max-turns-per-user``) are its own."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, List
+
+import httpx
+import pytest
+
+AGENTGATE_BIN = os.environ.get("AGENTGATE_BIN", "/work/bin/agentgate")
+#: How long a server may take to print its address.
+SERVER_START_TIMEOUT_S = 15.0
+#: How long a stopped server may take to exit before it is killed.
+SERVER_STOP_TIMEOUT_S = 5.0
+WORKER = Path(__file__).with_name("worker.py")
+#: The lease TTL of tests that wait one out: long enough that a heartbeat
+#: every third of it survives a loaded 2-core machine, short enough to wait.
+SHORT_TTL_MS = 1000
+#: Past a TTL by this much, a lease is surely expired on the store's clock.
+TTL_MARGIN_S = 0.5
+
+
+@dataclass
+class Server:
+    url: str
+    process: "subprocess.Popen[str]"
+    store: Path
+    args: List[str] = field(default_factory=list)
+
+    def metric(self, name: str, **labels: str) -> float:
+        """One sample of ``GET /metrics`` (0 when the series is absent)."""
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        for line in text.splitlines():
+            if line.startswith("#"):
+                continue
+            match = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$", line)
+            if not match or match.group(1) != name:
+                continue
+            got = ",".join(sorted((match.group(2) or "{}")[1:-1].split(","))) if match.group(2) else ""
+            if got == want:
+                return float(match.group(3))
+        return 0.0
+
+
+def _start(tmp_path: Path, args: List[str]) -> Server:
+    store = tmp_path / f"agentgate-{uuid.uuid4().hex[:8]}.db"
+    command = [
+        AGENTGATE_BIN,
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--store",
+        f"sqlite://{store}",
+        "--no-app",
+        *args,
+    ]
+    log = open(tmp_path / f"{store.stem}.log", "w")
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
+    lines: "queue.Queue[str]" = queue.Queue()
+
+    def pump() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.put(line)
+        lines.put("")  # the server exited
+
+    threading.Thread(target=pump, daemon=True).start()
+    try:
+        while True:
+            line = lines.get(timeout=SERVER_START_TIMEOUT_S)
+            if line == "":
+                process.wait(SERVER_STOP_TIMEOUT_S)
+                log.flush()
+                raise RuntimeError(
+                    f"{AGENTGATE_BIN} {' '.join(args)} exited {process.returncode}: "
+                    + (tmp_path / f"{store.stem}.log").read_text()[-2000:]
+                )
+            found = re.search(r"listening on (\S+)", line)
+            if found:
+                return Server(f"http://{found.group(1)}", process, store, args)
+    except queue.Empty:
+        process.kill()
+        raise RuntimeError(f"{AGENTGATE_BIN} printed no address within {SERVER_START_TIMEOUT_S} s") from None
+
+
+def _stop(server: Server) -> None:
+    if server.process.poll() is None:
+        server.process.send_signal(signal.SIGCONT)
+        server.process.terminate()
+        try:
+            server.process.wait(SERVER_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            server.process.kill()
+            server.process.wait(SERVER_STOP_TIMEOUT_S)
+
+
+@pytest.fixture
+def start_server(tmp_path: Path) -> Iterator[Callable[..., Server]]:
+    """``start_server("--lease-ttl-ms", "1000")``: a fresh server."""
+    if not os.access(AGENTGATE_BIN, os.X_OK):
+        pytest.fail(f"AGENTGATE_BIN={AGENTGATE_BIN} is not an executable; build it or point AGENTGATE_BIN at one")
+    servers: List[Server] = []
+
+    def start(*args: str) -> Server:
+        server = _start(tmp_path, list(args))
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        _stop(server)
+
+
+@pytest.fixture
+def server(start_server: Callable[..., Server]) -> Server:
+    """A server with the default flags."""
+    return start_server()
+
+
+@pytest.fixture
+def ids() -> Callable[[str], str]:
+    """Unique ids per test, so nothing leaks between tests."""
+    suffix = uuid.uuid4().hex[:8]
+    return lambda name: f"{name}-{suffix}"
+
+
+@pytest.fixture
+def python() -> str:
+    return sys.executable
