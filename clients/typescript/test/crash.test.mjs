@@ -1,0 +1,107 @@
+// Worker processes killed (SIGKILL) or frozen (SIGSTOP) mid-tool against the
+// real server with a short lease: the booking happens exactly once.
+
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import { after, before, test } from "node:test";
+import { Gate } from "../dist/index.js";
+import { Ledger, WORKER, sleep, spawnNode, startServer, tempDir } from "./helpers.mjs";
+
+// Short enough that takeovers come quickly, long enough that a debug build
+// on a busy 2-core machine renews in time (a heartbeat every ~266 ms).
+const LEASE_TTL_MS = 800;
+
+let server;
+before(async () => { server = await startServer({ leaseTtlMs: LEASE_TTL_MS }); });
+after(async () => { await server?.stop(); });
+
+function worker(mode, ids, ledger, extra = {}) {
+  return spawnNode(WORKER, [JSON.stringify({ baseUrl: server.url, mode, ledger: ledger.path, ...ids, ...extra })]);
+}
+
+test("a worker SIGKILLed after booking is taken over by a repeat, which reconciles unknown through the hook: one booking", async () => {
+  const ledger = new Ledger(join(tempDir(), "ledger.jsonl"));
+  const ids = { userId: "kill-user", sessionId: "kill-session", requestId: "kill-msg-1" };
+  const first = worker("crash", ids, ledger);
+  const key = await first.next("BOOKED");
+  first.kill("SIGKILL");
+  assert.equal((await first.exited).signal, "SIGKILL");
+  assert.equal(ledger.entries().length, 1, "the killed worker's booking reached the ledger");
+
+  // The repeat meets request_in_flight until the dead lease runs out, then takes over.
+  const second = worker("takeover", ids, ledger, { waitMs: 10 * LEASE_TTL_MS });
+  const turn = JSON.parse(await second.next("TURN"));
+  assert.equal(turn.takeover, true);
+  assert.equal(turn.attempt, 2);
+  assert.deepEqual(JSON.parse(await second.next("RECONCILE")), { found: true });
+  const result = JSON.parse(await second.next("RESULT"));
+  await second.exited;
+  assert.ok(!second.lines.some((line) => line.startsWith("RUN")), "run was not called after reconcile found the booking");
+  assert.equal(result.entry.key, key);
+  assert.equal(ledger.entries().length, 1, "exactly one booking");
+});
+
+test("a recovery worker claims a SIGKILLed worker's orphan and reconciles unknown through the hook: one booking", async () => {
+  const ledger = new Ledger(join(tempDir(), "ledger.jsonl"));
+  const ids = { userId: "orphan-user", sessionId: "orphan-session", requestId: "orphan-msg-1" };
+  const first = worker("crash", ids, ledger);
+  const { turnId } = JSON.parse(await first.next("TURN"));
+  const key = await first.next("BOOKED");
+  first.kill("SIGKILL");
+  await first.exited;
+  await sleep(LEASE_TTL_MS + 200);
+
+  const recovery = worker("orphan", {}, ledger, { turnId });
+  const turn = JSON.parse(await recovery.next("TURN"));
+  assert.equal(turn.turnId, turnId);
+  assert.equal(turn.takeover, true);
+  assert.deepEqual(JSON.parse(await recovery.next("RECONCILE")), { found: true });
+  const claimed = JSON.parse(await recovery.next("RESULT"));
+  await recovery.exited;
+  assert.ok(!recovery.lines.some((line) => line.startsWith("RUN")), "run was not called");
+  assert.equal(claimed.turnId, turnId);
+  assert.equal(claimed.response.entry.key, key);
+  assert.equal(ledger.entries().length, 1, "exactly one booking");
+  const state = await new Gate({ baseUrl: server.url }).getTurn(turnId);
+  assert.equal(state.turn.state, "succeeded");
+  assert.deepEqual(state.turn.response, claimed.response);
+});
+
+test("a worker SIGSTOPped past the TTL mid-tool loses its lease: its signal fires on SIGCONT, its later writes are refused by the server, one booking", async () => {
+  const ledger = new Ledger(join(tempDir(), "ledger.jsonl"));
+  const ids = { userId: "stop-user", sessionId: "stop-session", requestId: "stop-msg-1" };
+  const stalled = worker("stall", ids, ledger);
+  const firstTurn = JSON.parse(await stalled.next("TURN"));
+  await stalled.next("IN_RUN");
+  stalled.kill("SIGSTOP");
+  try {
+    const taker = worker("takeover", ids, ledger, { waitMs: 10 * LEASE_TTL_MS });
+    const turn = JSON.parse(await taker.next("TURN"));
+    assert.equal(turn.takeover, true);
+    assert.ok(turn.fence > firstTurn.fence);
+    assert.deepEqual(JSON.parse(await taker.next("RECONCILE")), { found: false });
+    await taker.next("RUN");
+    const response = JSON.parse(await taker.next("RESULT"));
+    await taker.exited;
+    assert.equal(response.entry.by, "takeover");
+  } finally {
+    stalled.kill("SIGCONT");
+  }
+  assert.deepEqual(JSON.parse(await stalled.next("ABORTED")), { aborted: true, code: "lease_lost" });
+  assert.deepEqual(JSON.parse(await stalled.next("SERVER_ANSWER")), { status: 409, code: "lease_lost" });
+  assert.deepEqual(JSON.parse(await stalled.next("TURN_REJECTED")), { name: "LeaseLost", code: "lease_lost" });
+  await stalled.exited;
+
+  // The stalled worker's writes changed nothing: the turn and the tool
+  // call hold the taker's results, and the ledger one booking.
+  const state = await new Gate({ baseUrl: server.url }).getTurn(firstTurn.turnId);
+  assert.equal(state.turn.state, "succeeded");
+  assert.equal(state.turn.response.entry.by, "takeover");
+  assert.equal(state.executions.length, 1);
+  assert.equal(state.executions[0].result.by, "takeover");
+  const heartbeat = await fetch(`${server.url}/v1/turns/${firstTurn.turnId}/heartbeat`, {
+    method: "POST", headers: { "lease-token": firstTurn.leaseToken },
+  });
+  assert.equal(heartbeat.status, 409, "the stalled worker's token renews nothing");
+  assert.equal(ledger.entries().length, 1, "exactly one booking");
+});
