@@ -209,6 +209,8 @@ export class Turn<P = unknown> {
   readonly #controller = new AbortController();
   #ended = false;
   #heartbeatTimer: ReturnType<typeof setTimeout> | undefined;
+  /** Set once the turn ends or is lost: a heartbeat answering after that schedules no next one. */
+  #heartbeatStopped = false;
   /** Local time by which the lease has certainly expired unless renewed: answer time + remaining lease. */
   #leaseDeadlineMs: number;
 
@@ -310,7 +312,7 @@ export class Turn<P = unknown> {
   startHeartbeat(): void {
     const intervalMs = Math.max(MIN_HEARTBEAT_INTERVAL_MS, Math.floor(this.leaseTtlMs / 3));
     const tick = async (): Promise<void> => {
-      if (this.#ended || this.lost) return;
+      if (this.#heartbeatStopped) return;
       try {
         await this.heartbeat();
       } catch (error) {
@@ -321,7 +323,7 @@ export class Turn<P = unknown> {
           this.#markLost(new LeaseLost(`lease presumed lost: not renewed for its TTL (${describe(error)})`));
         }
       }
-      if (!this.#ended && !this.lost) this.#heartbeatTimer = setTimeout(tick, intervalMs);
+      if (!this.#heartbeatStopped) this.#heartbeatTimer = setTimeout(tick, intervalMs);
     };
     this.#heartbeatTimer = setTimeout(tick, intervalMs);
   }
@@ -368,6 +370,7 @@ export class Turn<P = unknown> {
   }
 
   #stopHeartbeat(): void {
+    this.#heartbeatStopped = true;
     if (this.#heartbeatTimer !== undefined) clearTimeout(this.#heartbeatTimer);
     this.#heartbeatTimer = undefined;
   }
@@ -416,23 +419,20 @@ async function waitOut<T>(waitMs: number, codes: ReadonlySet<string>, signal: Ab
     } catch (error) {
       const remainingMs = deadlineMs - Date.now();
       if (!isCode(error, codes) || remainingMs <= 0 || attempts >= MAX_WAIT_ATTEMPTS) throw error;
-      await sleep(Math.min(pollMs, error.retryAfterMs ?? pollMs, remainingMs), signal);
+      await sleep(Math.min(pollMs, error.retryAfterMs ?? pollMs, remainingMs));
       signal?.throwIfAborted();
       pollMs = Math.min(POLL_MAX_MS, pollMs * 2);
     }
   }
 }
 
-function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
-  return new Promise((resolve) => {
-    const timer = setTimeout(done, Math.max(0, ms));
-    function done(): void {
-      clearTimeout(timer);
-      signal?.removeEventListener("abort", done);
-      resolve();
-    }
-    signal?.addEventListener("abort", done, { once: true });
-  });
+/**
+ * No abort listener here: 50 callers waiting on one turn's signal would
+ * each add one. A wait is at most POLL_MAX_MS, and the signal is checked
+ * right after it.
+ */
+function sleep(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, Math.max(0, ms)));
 }
 
 function errorName(error: unknown): string {

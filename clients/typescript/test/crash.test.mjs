@@ -4,7 +4,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
-import { Gate } from "../dist/index.js";
+import { Gate, RequestInFlight } from "../dist/index.js";
 import { Ledger, WORKER, sleep, spawnNode, startServer, tempDir } from "./helpers.mjs";
 
 // Short enough that takeovers come quickly, long enough that a debug build
@@ -104,4 +104,18 @@ test("a worker SIGSTOPped past the TTL mid-tool loses its lease: its signal fire
   });
   assert.equal(heartbeat.status, 409, "the stalled worker's token renews nothing");
   assert.equal(ledger.entries().length, 1, "exactly one booking");
+});
+
+test("heartbeats keep a lease alive for several TTLs: a repeat meanwhile gets RequestInFlight, not a takeover", async () => {
+  const gate = new Gate({ baseUrl: server.url });
+  const request = { userId: "beat-user", sessionId: "beat-session", clientRequestId: "msg-1", payload: null };
+  const response = await gate.turn(request, async (turn) => {
+    await sleep(3 * LEASE_TTL_MS);
+    const error = await gate.turn(request, async () => "taken over").then(() => assert.fail("resolved"), (rejection) => rejection);
+    assert.ok(error instanceof RequestInFlight, String(error));
+    assert.equal(error.activeTurnId, turn.turnId);
+    assert.equal(turn.signal.aborted, false);
+    return "kept";
+  });
+  assert.equal(response, "kept");
 });
