@@ -29,3 +29,20 @@ test("the agent loop double-texted (the same message id twice at once) books onc
   assert.equal(entries.length, 1, "exactly one booking");
   assert.deepEqual({ amount: entries[0].amount, category: entries[0].category }, { amount: 18, category: "taxi" });
 });
+
+const BUN_BIN = process.env.BUN_BIN;
+
+test("the agent loop runs under Bun: a booking, then its repeat replays", { skip: BUN_BIN ? false : "set BUN_BIN to a bun binary to run it" }, async () => {
+  const ledger = new Ledger(join(tempDir(), "ledger.jsonl"));
+  const args = ["--url", server.url, "--ledger", ledger.path, "--user", "bun-user", "--session", "bun-chat", "--message-id", "msg-1", "lunch 35"];
+  const outputs = [];
+  for (const expectRan of [true, false]) {
+    const loop = spawnNode(AGENT_LOOP, args, {}, BUN_BIN);
+    assert.equal((await loop.exited).code, 0, loop.stderr);
+    outputs.push(JSON.parse(loop.lines.at(-1)));
+    assert.equal(outputs.at(-1).ran, expectRan);
+  }
+  assert.equal(outputs[0].reply, "Booked 35 to lunch (entry 1).");
+  assert.equal(outputs[1].reply, outputs[0].reply);
+  assert.equal(ledger.entries().length, 1);
+});

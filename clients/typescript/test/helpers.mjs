@@ -43,8 +43,8 @@ export class Ledger {
  * resolves with the first line starting with `prefix` (from the beginning
  * of the output), failing after LINE_TIMEOUT_MS.
  */
-export function spawnNode(script, args, env = {}) {
-  const child = spawn(process.execPath, [script, ...args], {
+export function spawnNode(script, args, env = {}, runtime = process.execPath) {
+  const child = spawn(runtime, [script, ...args], {
     stdio: ["ignore", "pipe", "pipe"],
     env: { ...process.env, ...env },
   });
