@@ -42,14 +42,14 @@ export class AgentgateError extends Error {
   }
 }
 
-type ErrorOptions = ConstructorParameters<typeof AgentgateError>[2];
+export type AgentgateErrorOptions = ConstructorParameters<typeof AgentgateError>[2];
 
 /** Base for the per-code classes: the code is fixed by the class. */
 function codeClass<C extends ErrorCode>(code: C) {
   return class extends AgentgateError {
     static readonly code: C = code;
     declare readonly code: C;
-    constructor(message: string, options?: ErrorOptions) {
+    constructor(message: string, options?: AgentgateErrorOptions) {
       super(code, message, options);
     }
   };
@@ -102,7 +102,7 @@ export class StoreUnavailable extends codeClass("store_unavailable") {}
 /** 503: the server is at `--max-connections`; retry after `retryAfterMs`. */
 export class Overloaded extends codeClass("overloaded") {}
 
-const CLASS_BY_CODE: Record<ErrorCode, new (message: string, options?: ErrorOptions) => AgentgateError> = {
+const CLASS_BY_CODE: Record<ErrorCode, new (message: string, options?: AgentgateErrorOptions) => AgentgateError> = {
   invalid_request: InvalidRequest,
   unauthorized: Unauthorized,
   origin_not_allowed: OriginNotAllowed,

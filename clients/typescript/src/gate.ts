@@ -127,7 +127,7 @@ export class Gate {
    * else whatever `body` threw, after failing the turn as retryable.
    */
   async turn<R, P = unknown>(request: TurnRequest<P>, body: (turn: Turn<P>) => Promise<R> | R): Promise<R> {
-    const body_ = {
+    const beginRequest = {
       user_id: request.userId,
       session_id: request.sessionId,
       client_request_id: request.clientRequestId,
@@ -137,7 +137,7 @@ export class Gate {
         : { confirmation: { turn_id: request.confirmation.turnId, decision: request.confirmation.decision } }),
     } satisfies Schemas["BeginRequest"];
     const answer = await waitOut(request.waitMs ?? 0, WAITABLE_BEGIN_CODES, undefined, () =>
-      this.#http.send<Schemas["BeginResponse"] | Schemas["ReplayResponse"]>("POST", "/v1/turns", { body: body_ }),
+      this.#http.send<Schemas["BeginResponse"] | Schemas["ReplayResponse"]>("POST", "/v1/turns", { body: beginRequest }),
     );
     if (answer.status === 200) {
       const replay = answer.body as Schemas["ReplayResponse"];
