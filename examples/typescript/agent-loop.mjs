@@ -8,7 +8,8 @@
 //   node examples/typescript/agent-loop.mjs --url http://127.0.0.1:7700 \
 //        --ledger /tmp/ledger.jsonl --message-id msg-1 "taxi 18 yesterday"
 //
-// In your application: import { Gate } from "@agentgate/client".
+// Build the client first: clients/typescript/setup.sh. In your application:
+// import { Gate } from "@agentgate/client".
 
 import { appendFileSync, existsSync, readFileSync } from "node:fs";
 import { parseArgs } from "node:util";

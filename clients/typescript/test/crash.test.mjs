@@ -119,3 +119,14 @@ test("heartbeats keep a lease alive for several TTLs: a repeat meanwhile gets Re
   });
   assert.equal(response, "kept");
 });
+
+test("claimOrphan resolves null and calls nothing when no orphan matches (a live turn is not one)", async () => {
+  const gate = new Gate({ baseUrl: server.url });
+  await gate.turn({ userId: "live-user", sessionId: "live-session", clientRequestId: "msg-1", payload: null }, async (turn) => {
+    let called = false;
+    const claimed = await gate.claimOrphan({ turnIds: [turn.turnId] }, async () => { called = true; });
+    assert.equal(claimed, null);
+    assert.equal(called, false);
+    assert.equal(turn.signal.aborted, false, "the live turn keeps its lease");
+  });
+});
