@@ -297,9 +297,14 @@ export class Turn<P = unknown> {
     return answer.body.turn;
   }
 
-  /** Renews the lease now (the gate also does this every third of the TTL). */
+  /**
+   * Renews the lease now (the gate also does this every third of the TTL).
+   * Bounded by two thirds of the TTL: an answer later than that is of no
+   * use, and a hung request must not hold up noticing the lease is gone.
+   */
   async heartbeat(): Promise<void> {
-    const answer = await this.#send<Schemas["HeartbeatResponse"]>(`/v1/turns/${encodeURIComponent(this.turnId)}/heartbeat`);
+    const timeoutMs = Math.max(MIN_HEARTBEAT_INTERVAL_MS, Math.floor((2 * this.leaseTtlMs) / 3));
+    const answer = await this.#send<Schemas["HeartbeatResponse"]>(`/v1/turns/${encodeURIComponent(this.turnId)}/heartbeat`, undefined, timeoutMs);
     this.#leaseDeadlineMs = Date.now() + answer.body.lease_expires_in_ms;
   }
 
@@ -351,12 +356,13 @@ export class Turn<P = unknown> {
   }
 
   /** Every call under the lease: refused locally once the lease is known lost; a `lease_lost` answer aborts the signal. */
-  async #send<T>(path: string, body?: unknown): Promise<{ status: number; body: T }> {
+  async #send<T>(path: string, body?: unknown, timeoutMs?: number): Promise<{ status: number; body: T }> {
     this.signal.throwIfAborted();
     try {
       return await this.#http.send<T>("POST", path, {
         leaseToken: this.leaseToken,
         ...(body === undefined ? {} : { body }),
+        ...(timeoutMs === undefined ? {} : { timeoutMs }),
       });
     } catch (error) {
       if (error instanceof LeaseLost) this.#markLost(error);

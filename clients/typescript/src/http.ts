@@ -51,7 +51,11 @@ export class Http {
    * answer, {@link TransportError} when no answer came, or
    * {@link UnexpectedResponse} for an answer that is not JSON.
    */
-  async send<T>(method: "GET" | "POST", path: string, options: { body?: unknown; leaseToken?: string } = {}): Promise<Answer<T>> {
+  async send<T>(
+    method: "GET" | "POST",
+    path: string,
+    options: { body?: unknown; leaseToken?: string; timeoutMs?: number } = {},
+  ): Promise<Answer<T>> {
     const headers: Record<string, string> = { accept: "application/json" };
     if (this.#apiKey !== undefined) headers.authorization = `Bearer ${this.#apiKey}`;
     if (options.leaseToken !== undefined) headers["lease-token"] = options.leaseToken;
@@ -67,7 +71,7 @@ export class Http {
         method,
         headers,
         ...(body === undefined ? {} : { body }),
-        signal: AbortSignal.timeout(this.#timeoutMs),
+        signal: AbortSignal.timeout(options.timeoutMs ?? this.#timeoutMs),
       });
       text = await response.text();
     } catch (error) {

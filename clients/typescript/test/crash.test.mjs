@@ -4,7 +4,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
-import { Gate, RequestInFlight } from "../dist/index.js";
+import { Gate, LeaseLost, RequestInFlight } from "../dist/index.js";
 import { Ledger, WORKER, sleep, spawnNode, startServer, tempDir } from "./helpers.mjs";
 
 // Short enough that takeovers come quickly, long enough that a debug build
@@ -129,4 +129,32 @@ test("claimOrphan resolves null and calls nothing when no orphan matches (a live
     assert.equal(called, false);
     assert.equal(turn.signal.aborted, false, "the live turn keeps its lease");
   });
+});
+
+test("a server frozen (SIGSTOP) past the TTL: the client presumes the lease lost, turn.signal fires, and gate.turn rejects with LeaseLost", async () => {
+  const frozen = await startServer({ leaseTtlMs: LEASE_TTL_MS });
+  try {
+    const gate = new Gate({ baseUrl: frozen.url });
+    let reason;
+    const outcome = gate.turn({ userId: "freeze-user", sessionId: "freeze-session", clientRequestId: "msg-1", payload: null }, async (turn) => {
+      frozen.process.kill("SIGSTOP");
+      const stoppedAt = Date.now();
+      // Bounded: the signal must fire within a few TTLs, or the test fails.
+      await Promise.race([new Promise((resolve) => turn.signal.addEventListener("abort", resolve, { once: true })), sleep(6 * LEASE_TTL_MS)]);
+      reason = { aborted: turn.signal.aborted, afterMs: Date.now() - stoppedAt, error: turn.signal.reason };
+      frozen.process.kill("SIGCONT");
+      return "unreachable: the lease is gone";
+    });
+    const error = await outcome.then(() => assert.fail("resolved"), (rejection) => rejection);
+    assert.equal(reason.aborted, true, "turn.signal fired while the server was frozen");
+    // The lease runs out a TTL after the begin answered, just before the freeze.
+    assert.ok(reason.afterMs >= LEASE_TTL_MS - 100, `not before the lease could have run out (${reason.afterMs} ms)`);
+    assert.ok(reason.afterMs <= 4 * LEASE_TTL_MS, `within a few TTLs (${reason.afterMs} ms)`);
+    assert.ok(reason.error instanceof LeaseLost);
+    assert.match(reason.error.message, /presumed lost/);
+    assert.equal(error, reason.error, "gate.turn rejects with the same LeaseLost");
+  } finally {
+    frozen.process.kill("SIGCONT");
+    await frozen.stop();
+  }
 });
