@@ -1,0 +1,33 @@
+/**
+ * `@agentgate/client`: the agentgate HTTP service from TypeScript or
+ * JavaScript (ESM, the runtime's `fetch`, no dependencies).
+ *
+ * - `gate.ts`: {@link Gate} (`turn`, `claimOrphan`) and {@link Turn} (`tool`, `signal`).
+ * - `errors.ts`: one error class per server error code, under `AgentgateError`.
+ * - `http.ts`: one request and its answer; the only module that knows headers.
+ * - `openapi.ts`: wire types GENERATED from the server's `/openapi.json` (`npm run gen`).
+ */
+
+export {
+  Gate,
+  Turn,
+  DEFAULT_TOOL_WAIT_MS,
+  MAX_WAIT_ATTEMPTS,
+  POLL_FIRST_MS,
+  POLL_MAX_MS,
+  type ConfirmationDto,
+  type Decision,
+  type GateOptions,
+  type GrantDto,
+  type JournalEntry,
+  type OrphanFilter,
+  type OrphanResult,
+  type PreviousOutcome,
+  type ToolContext,
+  type ToolOptions,
+  type TurnDto,
+  type TurnRequest,
+} from "./gate.js";
+export * from "./errors.js";
+export { DEFAULT_REQUEST_TIMEOUT_MS } from "./http.js";
+export type { components, paths, JsonValue } from "./openapi.js";

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Runs the TypeScript client's node:test suites against the real server
+# binary: AGENTGATE_BIN (default /work/bin/agentgate). Builds first (setup.sh).
+# Exits nonzero on any failure; bounded by SUITE_TIMEOUT_S and per test.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+export AGENTGATE_BIN="${AGENTGATE_BIN:-/work/bin/agentgate}"
+if [ ! -x "$AGENTGATE_BIN" ]; then
+  echo "test.sh: no agentgate binary at $AGENTGATE_BIN (set AGENTGATE_BIN)" >&2
+  exit 1
+fi
+
+./setup.sh
+
+# The whole suite takes ~15 s here; these bounds only stop a hang.
+SUITE_TIMEOUT_S=${SUITE_TIMEOUT_S:-240}
+TEST_TIMEOUT_MS=60000
+# One file at a time: each starts its own servers and worker processes, and
+# the crash tests' timings want the 2 cores to themselves.
+exec timeout --kill-after=10 "$SUITE_TIMEOUT_S" \
+  node --test --test-concurrency=1 --test-timeout="$TEST_TIMEOUT_MS" --test-reporter=spec test/*.test.mjs

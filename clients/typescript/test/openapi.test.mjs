@@ -1,0 +1,22 @@
+// The committed wire types are what openapi-typescript makes of the served
+// document, and the client has an error class for every code it names.
+
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { after, before, test } from "node:test";
+import { ERROR_CODES } from "../dist/index.js";
+import { OPENAPI_TS, generate } from "../scripts/gen.mjs";
+import { startServer } from "./helpers.mjs";
+
+let server;
+before(async () => { server = await startServer(); });
+after(async () => { await server?.stop(); });
+
+test("src/openapi.ts is what `npm run gen` generates from the served /openapi.json (else: run it and rebuild)", async () => {
+  assert.equal(await generate(server.url), readFileSync(OPENAPI_TS, "utf8"));
+});
+
+test("every ErrorCode in the served document has an error class, and no class a code the server does not send", async () => {
+  const document = await (await fetch(`${server.url}/openapi.json`)).json();
+  assert.deepEqual([...ERROR_CODES].sort(), [...document.components.schemas.ErrorCode.enum].sort());
+});
