@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the Python client's tests against the real server binary
-# (AGENTGATE_BIN; else /work/bin/agentgate if present; else the checkout's
+# (AGENTGATE_BIN; else the checkout's
 # target/debug/agentgate, which `cargo build` or `cargo test` makes). Creates the venv first if it
 # is missing (setup.sh). Every test has a timeout (pytest-timeout, 60 s)
 # and the whole run one more; exits nonzero on any failure.
@@ -11,13 +11,7 @@ venv="${AGENTGATE_PY_VENV:-$repo/target/clients-python-venv}"
 #: The whole suite's bound (it takes about 25 s).
 SUITE_TIMEOUT_S="${AGENTGATE_PY_SUITE_TIMEOUT_S:-300}"
 
-if [ -z "${AGENTGATE_BIN:-}" ]; then
-    if [ -x /work/bin/agentgate ]; then
-        AGENTGATE_BIN=/work/bin/agentgate
-    else
-        AGENTGATE_BIN="$repo/target/debug/agentgate"
-    fi
-fi
+AGENTGATE_BIN="${AGENTGATE_BIN:-${CARGO_TARGET_DIR:-$repo/target}/debug/agentgate}"
 export AGENTGATE_BIN
 if [ ! -x "$AGENTGATE_BIN" ]; then
     echo "clients/python/test.sh: FATAL: no server binary at $AGENTGATE_BIN (set AGENTGATE_BIN)" >&2

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Runs the TypeScript client's node:test suites against the real server
-# binary: AGENTGATE_BIN (default /work/bin/agentgate). Builds first (setup.sh).
+# binary: AGENTGATE_BIN (default: the checkout's target/debug/agentgate). Builds first (setup.sh).
 # Exits nonzero on any failure; bounded by SUITE_TIMEOUT_S and per test.
 set -euo pipefail
 cd "$(dirname "$0")"
 
-export AGENTGATE_BIN="${AGENTGATE_BIN:-/work/bin/agentgate}"
+export AGENTGATE_BIN="${AGENTGATE_BIN:-${CARGO_TARGET_DIR:-$(cd ../.. && pwd)/target}/debug/agentgate}"
 if [ ! -x "$AGENTGATE_BIN" ]; then
   echo "test.sh: no agentgate binary at $AGENTGATE_BIN (set AGENTGATE_BIN)" >&2
   exit 1

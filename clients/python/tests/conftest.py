@@ -19,7 +19,12 @@ from typing import Callable, Iterator, List
 import httpx
 import pytest
 
-AGENTGATE_BIN = os.environ.get("AGENTGATE_BIN", "/work/bin/agentgate")
+#: The server under test: AGENTGATE_BIN, else the checkout's debug build.
+AGENTGATE_BIN = os.environ.get("AGENTGATE_BIN") or str(
+    Path(os.environ.get("CARGO_TARGET_DIR") or Path(__file__).resolve().parents[3] / "target")
+    / "debug"
+    / "agentgate"
+)
 #: How long a server may take to print its address.
 SERVER_START_TIMEOUT_S = 15.0
 #: How long a stopped server may take to exit before it is killed.

@@ -5,8 +5,12 @@ import { spawn } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { fileURLToPath } from "node:url";
 
-export const AGENTGATE_BIN = process.env.AGENTGATE_BIN || "/work/bin/agentgate";
+/** The server under test: AGENTGATE_BIN, else the checkout's debug build. */
+export const AGENTGATE_BIN =
+  process.env.AGENTGATE_BIN ||
+  join(process.env.CARGO_TARGET_DIR || fileURLToPath(new URL("../../../target", import.meta.url)), "debug", "agentgate");
 
 // A debug build on a busy 2-core machine can take a few seconds to open the
 // store and bind; longer than this means it is not going to.

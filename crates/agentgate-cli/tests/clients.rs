@@ -1,0 +1,80 @@
+//! The Python and TypeScript clients' own suites (`clients/*/test.sh`), run
+//! against this build's binary, so the README's test command covers them.
+//!
+//! Each suite needs what its `setup.sh` installs from the package registries
+//! (a venv, `npm ci`). Where that is absent the suite is skipped with the
+//! reason printed, unless `AGENTGATE_REQUIRE_SERVICES=1` (CI, whose
+//! `.ci/run` runs the setups first) makes absence a failure.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The environment variable that turns a missing toolchain into a failure.
+const REQUIRE_SERVICES_ENV: &str = "AGENTGATE_REQUIRE_SERVICES";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("the repository root exists")
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("target"))
+}
+
+/// Skips (printing why) or, when services are required, fails.
+fn absent(suite: &str, reason: &str) {
+    let required = std::env::var(REQUIRE_SERVICES_ENV).is_ok_and(|v| v == "1");
+    assert!(
+        !required,
+        "the {suite} client suite is required ({REQUIRE_SERVICES_ENV}=1) but {reason}"
+    );
+    eprintln!("skipped: the {suite} client suite: {reason}; run {suite}'s setup.sh to include it");
+}
+
+/// Runs `clients/<suite>/test.sh` against this build's binary and asserts
+/// it passed.
+fn run_suite(suite: &str) {
+    let script = repo().join("clients").join(suite).join("test.sh");
+    let status = Command::new("bash")
+        .arg(&script)
+        .env("AGENTGATE_BIN", env!("CARGO_BIN_EXE_agentgate"))
+        .status()
+        .unwrap_or_else(|e| panic!("could not run {}: {e}", script.display()));
+    assert!(
+        status.success(),
+        "{} failed: {status}",
+        script.display()
+    );
+}
+
+/// The Python client (`clients/python`): pytest against the real server,
+/// in the venv `clients/python/setup.sh` makes.
+#[test]
+fn python_client_suite_passes_against_this_binary() {
+    let venv = std::env::var_os("AGENTGATE_PY_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| target_dir().join("clients-python-venv"));
+    if !venv.join("bin/python").exists() {
+        return absent("python", &format!("no venv at {}", venv.display()));
+    }
+    run_suite("python");
+}
+
+/// The TypeScript client (`clients/typescript`): `node --test` against the
+/// real server, with the packages `npm ci` installed.
+#[test]
+fn typescript_client_suite_passes_against_this_binary() {
+    let modules = repo().join("clients/typescript/node_modules");
+    if !modules.exists() {
+        return absent("typescript", &format!("no {}", modules.display()));
+    }
+    let node = Command::new("node").arg("--version").output();
+    if !node.is_ok_and(|out| out.status.success()) {
+        return absent("typescript", "node is not on PATH");
+    }
+    run_suite("typescript");
+}
