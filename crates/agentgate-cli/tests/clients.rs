@@ -44,11 +44,7 @@ fn run_suite(suite: &str) {
         .env("AGENTGATE_BIN", env!("CARGO_BIN_EXE_agentgate"))
         .status()
         .unwrap_or_else(|e| panic!("could not run {}: {e}", script.display()));
-    assert!(
-        status.success(),
-        "{} failed: {status}",
-        script.display()
-    );
+    assert!(status.success(), "{} failed: {status}", script.display());
 }
 
 /// The Python client (`clients/python`): pytest against the real server,

@@ -425,6 +425,32 @@ pub fn reserved_fence(reserved: Option<Fence>, session_fence: i64) -> Result<Opt
     }
 }
 
+/// Whether the caller, holding the live lease with fence `live_fence`, may
+/// end execution `execution_id`, whose row reads `(state, fence)` (`None`:
+/// no such execution in the caller's turn). What every store answers when an
+/// execution's ending finds nothing to change.
+///
+/// # Errors
+/// `not_found` for no row; `lease_lost` when it already ended or a newer
+/// lease reclaimed it.
+pub fn check_execution(
+    execution_id: &str,
+    row: Option<(&str, i64)>,
+    live_fence: i64,
+) -> Result<(), Error> {
+    let running = ToolState::Running.as_str();
+    match row {
+        None => Err(Error::not_found(format!("tool execution {execution_id}"))),
+        Some((state, fence)) if state == running && fence == live_fence => Ok(()),
+        Some((state, _)) if state != running => Err(Error::LeaseLost {
+            reason: "tool execution already ended",
+        }),
+        Some(_) => Err(Error::LeaseLost {
+            reason: "tool execution claimed by a newer lease",
+        }),
+    }
+}
+
 /// The error an orphan ended `abandoned` by the sweeper records, the same
 /// on every store.
 pub const ABANDONED_ERROR: &str = r#"{"code":"abandoned","message":"the turn's holder stopped without an ending and no one resumed it within the orphan grace"}"#;

@@ -29,7 +29,7 @@
 use agentgate_core::canonical::CanonicalJson;
 use agentgate_core::config::duration_ms;
 use agentgate_core::decide::{
-    check_layer_lease, check_row_lease, decide_tool_claim, CheckedLease, RowLeaseFacts,
+    self, check_layer_lease, check_row_lease, decide_tool_claim, CheckedLease, RowLeaseFacts,
     ToolDecision,
 };
 use agentgate_core::error::{Error, Result};
@@ -51,6 +51,7 @@ use crate::rows::{
     execution_snapshot, get, json, text, text_required, turn_view, EXECUTION_COLUMNS, TURN_COLUMNS,
 };
 use crate::{MySqlStore, NOW_MS};
+use agentgate_store_sql::tool::{self, ToolEndingSql};
 use agentgate_store_sql::Retry;
 
 /// A live lease, as checked inside a step's transaction.
@@ -407,16 +408,14 @@ async fn check_execution(
     .fetch_optional(conn)
     .await
     .map_err(map_sqlx)?;
-    match row {
-        None => Err(Error::not_found(format!("tool execution {execution_id}"))),
-        Some((state, fence)) if state == b"running" && fence == live.fence.0 => Ok(()),
-        Some((state, _)) if state != b"running" => Err(Error::LeaseLost {
-            reason: "tool execution already ended",
-        }),
-        Some(_) => Err(Error::LeaseLost {
-            reason: "tool execution claimed by a newer lease",
-        }),
-    }
+    let row = match &row {
+        Some((state, fence)) => Some((
+            std::str::from_utf8(state).map_err(|_| corrupt("an execution's state is not UTF-8"))?,
+            *fence,
+        )),
+        None => None,
+    };
+    decide::check_execution(execution_id.as_str(), row, live.fence.0)
 }
 
 /// Ends a running execution under `live`'s fence with `state` and `column`
@@ -451,33 +450,40 @@ pub(crate) async fn complete_tool(
     execution_id: &ExecutionId,
     completion: Completion<'_>,
 ) -> Result<Value> {
-    let mut retry = Retry::new();
-    match completion {
-        Completion::Result(result) => loop {
-            match end_tool_once(
-                store,
-                lease,
-                execution_id,
-                ExecutionEnding::Succeeded(&result),
-            )
-            .await
-            {
-                Err(error) => retry.after(error).await?,
-                Ok(()) => return result.to_value("tool result"),
-            }
-        },
-        Completion::Effect(effect) => loop {
-            let mut applied = false;
-            match complete_with_effect_once(store, lease, execution_id, &mut *effect, &mut applied)
-                .await
-            {
-                // An effect runs at most once: after it ran in a transaction
-                // that then failed, the step is not run again.
-                Err(error) if applied => return Err(error),
-                Err(error) => retry.after(error).await?,
-                Ok(result) => return result.to_value("tool result"),
-            }
-        },
+    tool::complete_tool(&Sql(store), lease, execution_id, completion).await
+}
+
+pub(crate) async fn fail_tool(
+    store: &MySqlStore,
+    lease: &LeaseRef,
+    execution_id: &ExecutionId,
+    error: &CanonicalJson,
+) -> Result<()> {
+    tool::fail_tool(&Sql(store), lease, execution_id, error).await
+}
+
+/// The store as the shared tool ending sees it.
+struct Sql<'a>(&'a MySqlStore);
+
+#[async_trait::async_trait]
+impl ToolEndingSql for Sql<'_> {
+    async fn end_tool_once(
+        &self,
+        lease: &LeaseRef,
+        execution_id: &ExecutionId,
+        ending: ExecutionEnding<'_>,
+    ) -> Result<()> {
+        end_tool_once(self.0, lease, execution_id, ending).await
+    }
+
+    async fn complete_with_effect_once(
+        &self,
+        lease: &LeaseRef,
+        execution_id: &ExecutionId,
+        effect: &mut dyn SqlEffect,
+        applied: &mut bool,
+    ) -> Result<CanonicalJson> {
+        complete_with_effect_once(self.0, lease, execution_id, effect, applied).await
     }
 }
 
@@ -510,21 +516,6 @@ async fn complete_with_effect_once(
     }
     tx.commit().await.map_err(map_sqlx)?;
     Ok(result)
-}
-
-pub(crate) async fn fail_tool(
-    store: &MySqlStore,
-    lease: &LeaseRef,
-    execution_id: &ExecutionId,
-    error: &CanonicalJson,
-) -> Result<()> {
-    let mut retry = Retry::new();
-    loop {
-        match end_tool_once(store, lease, execution_id, ExecutionEnding::Failed(error)).await {
-            Err(error) => retry.after(error).await?,
-            done => return done,
-        }
-    }
 }
 
 /// Completes or fails an execution with a value computed outside the store:

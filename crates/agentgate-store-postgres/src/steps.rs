@@ -34,7 +34,7 @@
 
 use agentgate_core::canonical::CanonicalJson;
 use agentgate_core::config::duration_ms;
-use agentgate_core::decide::{decide_tool_claim, ExecutionSnapshot, ToolDecision};
+use agentgate_core::decide::{self, decide_tool_claim, ExecutionSnapshot, ToolDecision};
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::ExecutionId;
 use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
@@ -50,6 +50,7 @@ use crate::error::{corrupt, map_sqlx};
 use crate::lease::{check_lease, Holder, LiveLease};
 use crate::rows::{execution_snapshot, get, json, turn_view, EXECUTION_COLUMNS, TURN_COLUMNS};
 use crate::{PostgresStore, NOW_MS};
+use agentgate_store_sql::tool::{self, ToolEndingSql};
 use agentgate_store_sql::Retry;
 
 pub(crate) async fn heartbeat(store: &PostgresStore, lease: &LeaseRef) -> Result<LeaseStatus> {
@@ -360,16 +361,11 @@ async fn check_execution(
     .fetch_optional(conn)
     .await
     .map_err(map_sqlx)?;
-    match row {
-        None => Err(Error::not_found(format!("tool execution {execution_id}"))),
-        Some((state, fence)) if state == "running" && fence == live.fence.0 => Ok(()),
-        Some((state, _)) if state != "running" => Err(Error::LeaseLost {
-            reason: "tool execution already ended",
-        }),
-        Some(_) => Err(Error::LeaseLost {
-            reason: "tool execution claimed by a newer lease",
-        }),
-    }
+    decide::check_execution(
+        execution_id.as_str(),
+        row.as_ref().map(|(state, fence)| (state.as_str(), *fence)),
+        live.fence.0,
+    )
 }
 
 /// Ends a running execution under `live`'s fence with `state` and `column`
@@ -398,40 +394,47 @@ async fn end_execution(
     Ok(done.rows_affected())
 }
 
-/// How an execution ends.
+/// Completes an execution (the shared step over this store's SQL).
 pub(crate) async fn complete_tool(
     store: &PostgresStore,
     lease: &LeaseRef,
     execution_id: &ExecutionId,
     completion: Completion<'_>,
 ) -> Result<Value> {
-    let mut retry = Retry::new();
-    match completion {
-        Completion::Result(result) => loop {
-            match end_tool_once(
-                store,
-                lease,
-                execution_id,
-                ExecutionEnding::Succeeded(&result),
-            )
-            .await
-            {
-                Err(error) => retry.after(error).await?,
-                Ok(()) => return result.to_value("tool result"),
-            }
-        },
-        Completion::Effect(effect) => loop {
-            let mut applied = false;
-            match complete_with_effect_once(store, lease, execution_id, &mut *effect, &mut applied)
-                .await
-            {
-                // An effect runs at most once: after it ran in a transaction
-                // that then failed, the step is not run again.
-                Err(error) if applied => return Err(error),
-                Err(error) => retry.after(error).await?,
-                Ok(result) => return result.to_value("tool result"),
-            }
-        },
+    tool::complete_tool(&Sql(store), lease, execution_id, completion).await
+}
+
+pub(crate) async fn fail_tool(
+    store: &PostgresStore,
+    lease: &LeaseRef,
+    execution_id: &ExecutionId,
+    error: &CanonicalJson,
+) -> Result<()> {
+    tool::fail_tool(&Sql(store), lease, execution_id, error).await
+}
+
+/// The store as the shared tool ending sees it.
+struct Sql<'a>(&'a PostgresStore);
+
+#[async_trait::async_trait]
+impl ToolEndingSql for Sql<'_> {
+    async fn end_tool_once(
+        &self,
+        lease: &LeaseRef,
+        execution_id: &ExecutionId,
+        ending: ExecutionEnding<'_>,
+    ) -> Result<()> {
+        end_tool_once(self.0, lease, execution_id, ending).await
+    }
+
+    async fn complete_with_effect_once(
+        &self,
+        lease: &LeaseRef,
+        execution_id: &ExecutionId,
+        effect: &mut dyn SqlEffect,
+        applied: &mut bool,
+    ) -> Result<CanonicalJson> {
+        complete_with_effect_once(self.0, lease, execution_id, effect, applied).await
     }
 }
 
@@ -468,21 +471,6 @@ async fn complete_with_effect_once(
     }
     tx.commit().await.map_err(map_sqlx)?;
     Ok(result)
-}
-
-pub(crate) async fn fail_tool(
-    store: &PostgresStore,
-    lease: &LeaseRef,
-    execution_id: &ExecutionId,
-    error: &CanonicalJson,
-) -> Result<()> {
-    let mut retry = Retry::new();
-    loop {
-        match end_tool_once(store, lease, execution_id, ExecutionEnding::Failed(error)).await {
-            Err(error) => retry.after(error).await?,
-            done => return done,
-        }
-    }
 }
 
 /// Completes or fails an execution with a value computed outside the store,

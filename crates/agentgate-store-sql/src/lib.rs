@@ -6,6 +6,9 @@
 //! - [`begin`]: a begin's decision applied inside the store's transaction
 //!   ([`begin::begin_in`]), over the dialect's [`begin::BeginSql`].
 //!
+//! - [`tool`]: a tool execution's ending (a result, a failure, an effect in
+//!   the same transaction), over the dialect's [`tool::ToolEndingSql`].
+//!
 //! Decisions stay in `agentgate_core::decide`; this crate sequences the
 //! reads a decision needs and the writes it asks for, so every store makes
 //! them in the same order.
@@ -13,5 +16,6 @@
 
 pub mod begin;
 pub mod retry;
+pub mod tool;
 
 pub use retry::Retry;

@@ -15,20 +15,23 @@
 
 use agentgate_core::canonical::CanonicalJson;
 use agentgate_core::decide::{
-    check_layer_lease, check_row_lease, decide_tool_claim, RowLeaseFacts, ToolDecision,
+    self, check_layer_lease, check_row_lease, decide_tool_claim, RowLeaseFacts, ToolDecision,
 };
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{ExecutionId, Fence};
 use agentgate_core::limits::FAST_ATTEMPTS;
 use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
 use agentgate_core::model::{
-    idempotency_key, Ending, LeaseRef, PreviousOutcome, ToolCall, ToolClaim, TurnView,
+    idempotency_key, Ending, ExecutionEnding, LeaseRef, PreviousOutcome, ToolCall, ToolClaim,
+    TurnView,
 };
 use agentgate_core::store::{Completion, LeaseStatus, SqlEffect};
 use serde_json::Value;
 use sqlx::query::Query;
 use sqlx::sqlite::SqliteArguments;
 use sqlx::{Row, Sqlite, SqliteConnection, Transaction};
+
+use agentgate_store_sql::tool::{self, ToolEndingSql};
 
 use crate::error::{corrupt, map_sqlx};
 use crate::rows::{execution_snapshot, turn_view, EXECUTION_COLUMNS, TURN_COLUMNS};
@@ -436,23 +439,11 @@ async fn check_execution(
     .fetch_optional(conn)
     .await
     .map_err(map_sqlx)?;
-    match row {
-        None => Err(Error::not_found(format!("tool execution {execution_id}"))),
-        Some((state, fence)) if state == "running" && fence == live.fence.0 => Ok(()),
-        Some((state, _)) if state != "running" => Err(Error::LeaseLost {
-            reason: "tool execution already ended",
-        }),
-        Some(_) => Err(Error::LeaseLost {
-            reason: "tool execution claimed by a newer lease",
-        }),
-    }
-}
-
-/// How a running execution ends: its state and the column its JSON goes in.
-#[derive(Clone, Copy)]
-enum Finish {
-    Succeeded,
-    Failed,
+    decide::check_execution(
+        execution_id.as_str(),
+        row.as_ref().map(|(state, fence)| (state.as_str(), *fence)),
+        live.fence.0,
+    )
 }
 
 /// Ends a running execution under a live lease in one autocommit statement;
@@ -462,13 +453,9 @@ async fn finish_execution(
     store: &SqliteStore,
     lease: &LeaseRef,
     execution_id: &ExecutionId,
-    finish: Finish,
-    json: &CanonicalJson,
+    ending: ExecutionEnding<'_>,
 ) -> Result<()> {
-    let (state, column) = match finish {
-        Finish::Succeeded => ("succeeded", "result"),
-        Finish::Failed => ("failed", "error"),
-    };
+    let (state, column, json) = ending.columns();
     for _ in 0..FAST_ATTEMPTS {
         if let Some(proof) = Proof::of(store, lease).await? {
             let sql = format!(
@@ -501,16 +488,33 @@ pub(crate) async fn complete_tool(
     execution_id: &ExecutionId,
     completion: Completion<'_>,
 ) -> Result<Value> {
-    let result = match completion {
-        Completion::Result(json) => {
-            finish_execution(store, lease, execution_id, Finish::Succeeded, &json).await?;
-            json
-        }
-        Completion::Effect(effect) => {
-            effect_then_complete(store, lease, execution_id, effect).await?
-        }
-    };
-    serde_json::from_str(result.as_str()).map_err(|e| corrupt(format!("tool result: {e}")))
+    tool::complete_tool(&Sql(store), lease, execution_id, completion).await
+}
+
+/// The store as the shared tool ending sees it. SQLite marks no error a
+/// conflict, so the shared step never runs one of these again.
+struct Sql<'a>(&'a SqliteStore);
+
+#[async_trait::async_trait]
+impl ToolEndingSql for Sql<'_> {
+    async fn end_tool_once(
+        &self,
+        lease: &LeaseRef,
+        execution_id: &ExecutionId,
+        ending: ExecutionEnding<'_>,
+    ) -> Result<()> {
+        finish_execution(self.0, lease, execution_id, ending).await
+    }
+
+    async fn complete_with_effect_once(
+        &self,
+        lease: &LeaseRef,
+        execution_id: &ExecutionId,
+        effect: &mut dyn SqlEffect,
+        applied: &mut bool,
+    ) -> Result<CanonicalJson> {
+        effect_then_complete(self.0, lease, execution_id, effect, applied).await
+    }
 }
 
 /// The same-transaction case: the lease and the execution are checked, the
@@ -521,9 +525,11 @@ async fn effect_then_complete(
     lease: &LeaseRef,
     execution_id: &ExecutionId,
     effect: &mut dyn SqlEffect,
+    applied: &mut bool,
 ) -> Result<CanonicalJson> {
     let (mut tx, live) = locked_step(store, lease).await?;
     check_execution(&mut tx, lease, execution_id, &live).await?;
+    *applied = true;
     let connection: &mut SqliteConnection = &mut tx;
     let value = effect.apply(connection).await.map_err(Error::Effect)?;
     let result = CanonicalJson::new("result", &value)?;
@@ -550,7 +556,7 @@ pub(crate) async fn fail_tool(
     execution_id: &ExecutionId,
     error: &CanonicalJson,
 ) -> Result<()> {
-    finish_execution(store, lease, execution_id, Finish::Failed, error).await
+    tool::fail_tool(&Sql(store), lease, execution_id, error).await
 }
 
 pub(crate) async fn end_turn(

@@ -1094,3 +1094,22 @@ fn a_reserved_fence_must_be_newer_than_the_sessions() {
         assert!(error.is_conflict(), "{error}");
     }
 }
+
+#[test]
+fn an_execution_is_the_callers_to_end_only_while_running_under_its_fence() {
+    assert!(check_execution("exec-1", Some(("running", 4)), 4).is_ok());
+    let missing = check_execution("exec-1", None, 4).expect_err("no row");
+    assert_eq!(missing.kind(), ErrorKind::NotFound);
+    for (row, reason) in [
+        (("succeeded", 4), "tool execution already ended"),
+        (("failed", 4), "tool execution already ended"),
+        (("running", 5), "tool execution claimed by a newer lease"),
+        (("running", 3), "tool execution claimed by a newer lease"),
+    ] {
+        let error = check_execution("exec-1", Some(row), 4).expect_err("refused");
+        assert!(
+            matches!(error, Error::LeaseLost { reason: r } if r == reason),
+            "{row:?}: {error}"
+        );
+    }
+}
