@@ -22,7 +22,7 @@
 use std::str::FromStr;
 
 use agentgate_core::error::{Error, Result};
-use agentgate_core::limits::MAX_TLS_FILE_BYTES;
+use agentgate_store_sql::tls::SslModes;
 use sqlx::mysql::{MySqlConnectOptions, MySqlSslMode};
 
 /// Query parameters sqlx reads itself; passed on untouched.
@@ -63,6 +63,28 @@ impl SslMode {
         })
     }
 
+    fn to_sqlx(self) -> MySqlSslMode {
+        match self {
+            Self::Disabled => MySqlSslMode::Disabled,
+            Self::Preferred => MySqlSslMode::Preferred,
+            Self::Required => MySqlSslMode::Required,
+            Self::VerifyCa => MySqlSslMode::VerifyCa,
+            Self::VerifyIdentity => MySqlSslMode::VerifyIdentity,
+        }
+    }
+}
+
+impl SslModes for SslMode {
+    const STORE: &'static str = "mysql";
+    const MODE_OPTION: &'static str = "ssl-mode";
+    const CA_OPTION: &'static str = "ssl-ca";
+    const CERT_OPTION: &'static str = "ssl-cert";
+    const KEY_OPTION: &'static str = "ssl-key";
+    const DISABLED: Self = Self::Disabled;
+    const REQUIRED: Self = Self::Required;
+    const VERIFY_CA: Self = Self::VerifyCa;
+    const VERIFY_FULL: Self = Self::VerifyIdentity;
+
     /// The MySQL client's spelling.
     fn name(self) -> &'static str {
         match self {
@@ -78,29 +100,10 @@ impl SslMode {
     fn insists_on_tls(self) -> bool {
         matches!(self, Self::Required | Self::VerifyCa | Self::VerifyIdentity)
     }
-
-    fn to_sqlx(self) -> MySqlSslMode {
-        match self {
-            Self::Disabled => MySqlSslMode::Disabled,
-            Self::Preferred => MySqlSslMode::Preferred,
-            Self::Required => MySqlSslMode::Required,
-            Self::VerifyCa => MySqlSslMode::VerifyCa,
-            Self::VerifyIdentity => MySqlSslMode::VerifyIdentity,
-        }
-    }
 }
 
-/// The TLS parameters of one URL. Paths only, never file contents, so the
-/// derived `Debug` holds no secret.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct Tls {
-    /// `ssl-mode` as resolved against the CA file; `None` leaves sqlx's
-    /// default (`PREFERRED`).
-    pub(crate) mode: Option<SslMode>,
-    pub(crate) ca: Option<String>,
-    pub(crate) client_cert: Option<String>,
-    pub(crate) client_key: Option<String>,
-}
+/// The TLS parameters of one URL.
+pub(crate) type Tls = agentgate_store_sql::tls::Tls<SslMode>;
 
 /// Parses a `mysql://` or `mariadb://` URL into sqlx's connect options, with
 /// the session settings every connection needs (utf8mb4, UTC).
@@ -116,21 +119,7 @@ pub(crate) fn connect_options(url: &str) -> Result<MySqlConnectOptions> {
         None => url.to_owned(),
     };
     let tls = tls_parameters(&url)?;
-    for (option, path, pem) in [
-        ("ssl-ca", &tls.ca, Pem::Certificate),
-        ("ssl-cert", &tls.client_cert, Pem::Certificate),
-        ("ssl-key", &tls.client_key, Pem::PrivateKey),
-    ] {
-        if let Some(path) = path {
-            check_pem_file(option, path, pem)?;
-        }
-    }
-    let mode = tls.mode.unwrap_or(SslMode::Preferred);
-    if !cfg!(feature = "tls") && (mode.insists_on_tls() || tls.ca.is_some()) {
-        return Err(Error::invalid(
-            "mysql ssl-mode needs TLS, which this build leaves out (cargo feature `tls`)",
-        ));
-    }
+    tls.check(SslMode::Preferred, cfg!(feature = "tls"))?;
     let mut options = MySqlConnectOptions::from_str(&url)
         .map_err(|e| Error::invalid(format!("bad mysql url: {e}")))?
         .charset("utf8mb4")
@@ -161,60 +150,7 @@ pub(crate) fn tls_parameters(url: &str) -> Result<Tls> {
             }
         }
     }
-    if tls.client_cert.is_some() != tls.client_key.is_some() {
-        return Err(Error::invalid(
-            "mysql ssl-cert and ssl-key go together: give both or neither",
-        ));
-    }
-    tls.mode = match (tls.mode, tls.ca.is_some()) {
-        (None, true) => Some(SslMode::VerifyIdentity),
-        (Some(SslMode::Required), true) => Some(SslMode::VerifyCa),
-        (Some(mode), true) if !mode.insists_on_tls() => {
-            return Err(Error::invalid(format!(
-                "mysql ssl-ca needs ssl-mode=REQUIRED, VERIFY_CA or VERIFY_IDENTITY: \
-                 with ssl-mode={} the server is never checked against it",
-                mode.name()
-            )))
-        }
-        (mode, _) => mode,
-    };
-    if tls.client_cert.is_some() && tls.mode == Some(SslMode::Disabled) {
-        return Err(Error::invalid(
-            "mysql ssl-cert needs TLS, but ssl-mode=DISABLED turns it off",
-        ));
-    }
-    Ok(tls)
-}
-
-/// What a TLS file must hold.
-#[derive(Clone, Copy)]
-enum Pem {
-    Certificate,
-    PrivateKey,
-}
-
-/// Checks that `path` is a readable PEM file of the expected kind.
-///
-/// Synchronous: it runs once, when the store opens, on a file of at most
-/// [`MAX_TLS_FILE_BYTES`].
-fn check_pem_file(option: &str, path: &str, pem: Pem) -> Result<()> {
-    let bad = |why: String| Error::invalid(format!("mysql {option} {path:?}: {why}"));
-    let bytes = std::fs::metadata(path)
-        .map_err(|e| bad(e.to_string()))?
-        .len();
-    if bytes > MAX_TLS_FILE_BYTES {
-        return Err(bad(format!("larger than {MAX_TLS_FILE_BYTES} bytes")));
-    }
-    let text = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
-    let text = String::from_utf8_lossy(&text);
-    let (marker, what) = match pem {
-        Pem::Certificate => ("-----BEGIN CERTIFICATE-----", "certificate"),
-        Pem::PrivateKey => ("PRIVATE KEY-----", "private key"),
-    };
-    if !text.contains(marker) {
-        return Err(bad(format!("no PEM {what} in the file")));
-    }
-    Ok(())
+    tls.resolve()
 }
 
 #[cfg(test)]

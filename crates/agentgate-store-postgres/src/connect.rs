@@ -20,7 +20,7 @@
 use std::str::FromStr;
 
 use agentgate_core::error::{Error, Result};
-use agentgate_core::limits::MAX_TLS_FILE_BYTES;
+use agentgate_store_sql::tls::SslModes;
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
 
 /// Query parameters sqlx reads itself; passed on untouched. (`options[...]`
@@ -66,6 +66,29 @@ impl SslMode {
         })
     }
 
+    fn to_sqlx(self) -> PgSslMode {
+        match self {
+            Self::Disable => PgSslMode::Disable,
+            Self::Allow => PgSslMode::Allow,
+            Self::Prefer => PgSslMode::Prefer,
+            Self::Require => PgSslMode::Require,
+            Self::VerifyCa => PgSslMode::VerifyCa,
+            Self::VerifyFull => PgSslMode::VerifyFull,
+        }
+    }
+}
+
+impl SslModes for SslMode {
+    const STORE: &'static str = "postgres";
+    const MODE_OPTION: &'static str = "sslmode";
+    const CA_OPTION: &'static str = "sslrootcert";
+    const CERT_OPTION: &'static str = "sslcert";
+    const KEY_OPTION: &'static str = "sslkey";
+    const DISABLED: Self = Self::Disable;
+    const REQUIRED: Self = Self::Require;
+    const VERIFY_CA: Self = Self::VerifyCa;
+    const VERIFY_FULL: Self = Self::VerifyFull;
+
     /// libpq's spelling.
     fn name(self) -> &'static str {
         match self {
@@ -82,30 +105,10 @@ impl SslMode {
     fn insists_on_tls(self) -> bool {
         matches!(self, Self::Require | Self::VerifyCa | Self::VerifyFull)
     }
-
-    fn to_sqlx(self) -> PgSslMode {
-        match self {
-            Self::Disable => PgSslMode::Disable,
-            Self::Allow => PgSslMode::Allow,
-            Self::Prefer => PgSslMode::Prefer,
-            Self::Require => PgSslMode::Require,
-            Self::VerifyCa => PgSslMode::VerifyCa,
-            Self::VerifyFull => PgSslMode::VerifyFull,
-        }
-    }
 }
 
-/// The TLS parameters of one URL. Paths only, never file contents, so the
-/// derived `Debug` holds no secret.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct Tls {
-    /// `sslmode` as resolved against the CA file; `None` leaves sqlx's
-    /// default (`PGSSLMODE`, else `prefer`).
-    pub(crate) mode: Option<SslMode>,
-    pub(crate) root_cert: Option<String>,
-    pub(crate) client_cert: Option<String>,
-    pub(crate) client_key: Option<String>,
-}
+/// The TLS parameters of one URL.
+pub(crate) type Tls = agentgate_store_sql::tls::Tls<SslMode>;
 
 /// Parses a `postgres://` URL into sqlx's connect options.
 ///
@@ -116,21 +119,7 @@ pub(crate) struct Tls {
 /// file, TLS asked of a build without the `tls` feature, or a malformed URL.
 pub(crate) fn connect_options(url: &str) -> Result<PgConnectOptions> {
     let tls = tls_parameters(url)?;
-    for (option, path, pem) in [
-        ("sslrootcert", &tls.root_cert, Pem::Certificate),
-        ("sslcert", &tls.client_cert, Pem::Certificate),
-        ("sslkey", &tls.client_key, Pem::PrivateKey),
-    ] {
-        if let Some(path) = path {
-            check_pem_file(option, path, pem)?;
-        }
-    }
-    let mode = tls.mode.unwrap_or(SslMode::Prefer);
-    if !cfg!(feature = "tls") && (mode.insists_on_tls() || tls.root_cert.is_some()) {
-        return Err(Error::invalid(
-            "postgres sslmode needs TLS, which this build leaves out (cargo feature `tls`)",
-        ));
-    }
+    tls.check(SslMode::Prefer, cfg!(feature = "tls"))?;
     let mut options = PgConnectOptions::from_str(url)
         .map_err(|e| Error::invalid(format!("bad postgres url: {e}")))?;
     if let Some(mode) = tls.mode {
@@ -148,7 +137,7 @@ pub(crate) fn tls_parameters(url: &str) -> Result<Tls> {
         let value = value.into_owned();
         match key.as_ref() {
             "sslmode" | "ssl-mode" => tls.mode = Some(SslMode::parse(&value)?),
-            "sslrootcert" | "ssl-root-cert" | "ssl-ca" => tls.root_cert = Some(value),
+            "sslrootcert" | "ssl-root-cert" | "ssl-ca" => tls.ca = Some(value),
             "sslcert" | "ssl-cert" => tls.client_cert = Some(value),
             "sslkey" | "ssl-key" => tls.client_key = Some(value),
             known if SQLX_PARAMETERS.contains(&known) || known.starts_with("options[") => {}
@@ -160,60 +149,7 @@ pub(crate) fn tls_parameters(url: &str) -> Result<Tls> {
             }
         }
     }
-    if tls.client_cert.is_some() != tls.client_key.is_some() {
-        return Err(Error::invalid(
-            "postgres sslcert and sslkey go together: give both or neither",
-        ));
-    }
-    tls.mode = match (tls.mode, tls.root_cert.is_some()) {
-        (None, true) => Some(SslMode::VerifyFull),
-        (Some(SslMode::Require), true) => Some(SslMode::VerifyCa),
-        (Some(mode), true) if !mode.insists_on_tls() => {
-            return Err(Error::invalid(format!(
-                "postgres sslrootcert needs sslmode=require, verify-ca or verify-full: \
-                 with sslmode={} the server is never checked against it",
-                mode.name()
-            )))
-        }
-        (mode, _) => mode,
-    };
-    if tls.client_cert.is_some() && tls.mode == Some(SslMode::Disable) {
-        return Err(Error::invalid(
-            "postgres sslcert needs TLS, but sslmode=disable turns it off",
-        ));
-    }
-    Ok(tls)
-}
-
-/// What a TLS file must hold.
-#[derive(Clone, Copy)]
-enum Pem {
-    Certificate,
-    PrivateKey,
-}
-
-/// Checks that `path` is a readable PEM file of the expected kind.
-///
-/// Synchronous: it runs once, when the store opens, on a file of at most
-/// [`MAX_TLS_FILE_BYTES`].
-fn check_pem_file(option: &str, path: &str, pem: Pem) -> Result<()> {
-    let bad = |why: String| Error::invalid(format!("postgres {option} {path:?}: {why}"));
-    let bytes = std::fs::metadata(path)
-        .map_err(|e| bad(e.to_string()))?
-        .len();
-    if bytes > MAX_TLS_FILE_BYTES {
-        return Err(bad(format!("larger than {MAX_TLS_FILE_BYTES} bytes")));
-    }
-    let text = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
-    let text = String::from_utf8_lossy(&text);
-    let (marker, what) = match pem {
-        Pem::Certificate => ("-----BEGIN CERTIFICATE-----", "certificate"),
-        Pem::PrivateKey => ("PRIVATE KEY-----", "private key"),
-    };
-    if !text.contains(marker) {
-        return Err(bad(format!("no PEM {what} in the file")));
-    }
-    Ok(())
+    tls.resolve()
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 //! - [`begin`]: a begin's decision applied inside the store's transaction
 //!   ([`begin::begin_in`]), over the dialect's [`begin::BeginSql`].
 //!
+//! - [`tls`]: the TLS rules of a store URL (modes, CA and client files).
 //! - [`tool`]: a tool execution's ending (a result, a failure, an effect in
 //!   the same transaction), over the dialect's [`tool::ToolEndingSql`].
 //!
@@ -16,6 +17,7 @@
 
 pub mod begin;
 pub mod retry;
+pub mod tls;
 pub mod tool;
 
 pub use retry::Retry;

@@ -1,0 +1,182 @@
+//! The TLS rules of a SQL store's URL, written once: what a CA file without
+//! a mode means, which modes a CA file or a client certificate needs, and
+//! that every named file is a readable PEM file of the right kind.
+//!
+//! A store parses its own URL parameters (their names and aliases, and the
+//! ones its driver reads itself) into a [`Tls`] and names its vocabulary
+//! through [`SslModes`]; [`Tls::resolve`] then applies the rules the same
+//! way for every store:
+//!
+//! - a CA file with no mode verifies the server fully (libpq's and the
+//!   MySQL client's rule); with the plain "require TLS" mode it verifies the
+//!   CA only; with a mode that does not insist on TLS the URL is refused,
+//!   since the server would never be checked against it;
+//! - a client certificate and its key go together, and need TLS on.
+//!
+//! Messages name the option, its value or its file path, never the URL (it
+//! may hold a password).
+
+use agentgate_core::error::{Error, Result};
+use agentgate_core::limits::MAX_TLS_FILE_BYTES;
+
+/// A store's TLS modes and the names of its TLS options.
+pub trait SslModes: Copy + PartialEq + std::fmt::Debug {
+    /// The store, as messages name it (`postgres`, `mysql`).
+    const STORE: &'static str;
+    /// The mode option's name (`sslmode`, `ssl-mode`).
+    const MODE_OPTION: &'static str;
+    /// The CA file option's name.
+    const CA_OPTION: &'static str;
+    /// The client certificate option's name.
+    const CERT_OPTION: &'static str;
+    /// The client key option's name.
+    const KEY_OPTION: &'static str;
+    /// TLS off.
+    const DISABLED: Self;
+    /// TLS required, the server not verified.
+    const REQUIRED: Self;
+    /// TLS required, the server's certificate verified against the CA.
+    const VERIFY_CA: Self;
+    /// TLS required, the CA and the server's name verified.
+    const VERIFY_FULL: Self;
+
+    /// The mode as the store's own clients spell it.
+    fn name(self) -> &'static str;
+
+    /// Whether the connection fails rather than run without TLS.
+    fn insists_on_tls(self) -> bool;
+
+    /// The modes that insist on TLS, for messages.
+    fn insisting() -> String {
+        format!(
+            "{}={}, {} or {}",
+            Self::MODE_OPTION,
+            Self::REQUIRED.name(),
+            Self::VERIFY_CA.name(),
+            Self::VERIFY_FULL.name()
+        )
+    }
+}
+
+/// The TLS parameters of one URL. Paths only, never file contents, so the
+/// derived `Debug` holds no secret.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Tls<M> {
+    /// The mode; `None` leaves the driver's default.
+    pub mode: Option<M>,
+    /// The CA file to verify the server against.
+    pub ca: Option<String>,
+    /// The client certificate file.
+    pub client_cert: Option<String>,
+    /// The client certificate's key file.
+    pub client_key: Option<String>,
+}
+
+impl<M> Default for Tls<M> {
+    fn default() -> Self {
+        Self {
+            mode: None,
+            ca: None,
+            client_cert: None,
+            client_key: None,
+        }
+    }
+}
+
+/// What a TLS file must hold.
+#[derive(Clone, Copy, Debug)]
+enum Pem {
+    Certificate,
+    PrivateKey,
+}
+
+impl<M: SslModes> Tls<M> {
+    /// Applies the rules to the parameters as parsed: the mode a CA file
+    /// implies, and the combinations that are refused.
+    ///
+    /// # Errors
+    /// `invalid_request` naming the options.
+    pub fn resolve(mut self) -> Result<Self> {
+        if self.client_cert.is_some() != self.client_key.is_some() {
+            return Err(Error::invalid(format!(
+                "{} {} and {} go together: give both or neither",
+                M::STORE,
+                M::CERT_OPTION,
+                M::KEY_OPTION
+            )));
+        }
+        self.mode = match (self.mode, self.ca.is_some()) {
+            (None, true) => Some(M::VERIFY_FULL),
+            (Some(mode), true) if mode == M::REQUIRED => Some(M::VERIFY_CA),
+            (Some(mode), true) if !mode.insists_on_tls() => {
+                return Err(Error::invalid(format!(
+                    "{} {} needs {}: with {}={} the server is never checked against it",
+                    M::STORE,
+                    M::CA_OPTION,
+                    M::insisting(),
+                    M::MODE_OPTION,
+                    mode.name()
+                )))
+            }
+            (mode, _) => mode,
+        };
+        if self.client_cert.is_some() && self.mode == Some(M::DISABLED) {
+            return Err(Error::invalid(format!(
+                "{} {} needs TLS, but {}={} turns it off",
+                M::STORE,
+                M::CERT_OPTION,
+                M::MODE_OPTION,
+                M::DISABLED.name()
+            )));
+        }
+        Ok(self)
+    }
+
+    /// Checks that every named file is a readable PEM file of its kind, and
+    /// that a build without TLS is not asked for it. Synchronous: it runs
+    /// once, when the store opens, on files of at most
+    /// [`MAX_TLS_FILE_BYTES`].
+    ///
+    /// # Errors
+    /// `invalid_request` naming the option and the path.
+    pub fn check(&self, default_mode: M, built_with_tls: bool) -> Result<()> {
+        for (option, path, pem) in [
+            (M::CA_OPTION, &self.ca, Pem::Certificate),
+            (M::CERT_OPTION, &self.client_cert, Pem::Certificate),
+            (M::KEY_OPTION, &self.client_key, Pem::PrivateKey),
+        ] {
+            if let Some(path) = path {
+                check_pem_file::<M>(option, path, pem)?;
+            }
+        }
+        let mode = self.mode.unwrap_or(default_mode);
+        if !built_with_tls && (mode.insists_on_tls() || self.ca.is_some()) {
+            return Err(Error::invalid(format!(
+                "{} {} needs TLS, which this build leaves out (cargo feature `tls`)",
+                M::STORE,
+                M::MODE_OPTION
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn check_pem_file<M: SslModes>(option: &str, path: &str, pem: Pem) -> Result<()> {
+    let bad = |why: String| Error::invalid(format!("{} {option} {path:?}: {why}", M::STORE));
+    let bytes = std::fs::metadata(path)
+        .map_err(|e| bad(e.to_string()))?
+        .len();
+    if bytes > MAX_TLS_FILE_BYTES {
+        return Err(bad(format!("larger than {MAX_TLS_FILE_BYTES} bytes")));
+    }
+    let text = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+    let text = String::from_utf8_lossy(&text);
+    let (marker, what) = match pem {
+        Pem::Certificate => ("-----BEGIN CERTIFICATE-----", "certificate"),
+        Pem::PrivateKey => ("PRIVATE KEY-----", "private key"),
+    };
+    if !text.contains(marker) {
+        return Err(bad(format!("no PEM {what} in the file")));
+    }
+    Ok(())
+}
