@@ -12,7 +12,8 @@
 #      openapi.snapshot.json (its own tests, test_openapi_diff.py, run first).
 # `--update-snapshot` rewrites the snapshot from the served document instead
 # of comparing (after an intended change). Idempotent; fails loudly.
-# Knobs: AGENTGATE_BIN (default /work/bin/agentgate, else the debug build),
+# Knobs: AGENTGATE_BIN (default: the debug build of this tree, whose document
+# is the one under test; else /work/bin/agentgate),
 # CARGO_TARGET_DIR (the venv lives in $CARGO_TARGET_DIR/clients-gen-venv).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -25,10 +26,10 @@ target_dir="$(realpath -m "${CARGO_TARGET_DIR:-target}")"
 venv="$target_dir/clients-gen-venv"
 if [ -n "${AGENTGATE_BIN:-}" ]; then
     bin=$AGENTGATE_BIN
-elif [ -x /work/bin/agentgate ]; then
-    bin=/work/bin/agentgate
-else
+elif [ -x "$target_dir/debug/agentgate" ]; then
     bin=$target_dir/debug/agentgate
+else
+    bin=/work/bin/agentgate
 fi
 update_snapshot=false
 [ "${1:-}" = "--update-snapshot" ] && update_snapshot=true
@@ -119,11 +120,30 @@ mkdir -p "$work/ts"
 "$here/node_modules/.bin/openapi-typescript" "$work/openapi.json" -o "$work/ts/openapi.ts" \
     >"$work/ts-gen.log" 2>&1 || { cat "$work/ts-gen.log" >&2; fatal "openapi-typescript failed on the served document"; }
 cp "$here/use.ts" "$work/ts/use.ts"
-"$here/node_modules/.bin/tsc" --noEmit --strict --exactOptionalPropertyTypes false \
-    --target es2022 --module nodenext --moduleResolution nodenext --skipLibCheck false \
+"$here/node_modules/.bin/tsc" --noEmit --strict --target es2022 --module nodenext --moduleResolution nodenext \
     "$work/ts/openapi.ts" "$work/ts/use.ts" \
     || fatal "use.ts does not type-check against the types generated from the served document"
-say "typescript types generated ($("$here/node_modules/.bin/openapi-typescript" --version 2>/dev/null | tr -d '\n' || true)) and use.ts type-checks"
+# use.ts is not vacuous: against types from the document with one field it
+# reads removed (GrantDto.lease_token), it must fail to type-check.
+mkdir -p "$work/ts-doctored"
+"$venv/bin/python" - "$work/openapi.json" "$work/ts-doctored/openapi.json" <<'PY'
+import json, sys
+document = json.load(open(sys.argv[1], encoding="utf-8"))
+grant = document["components"]["schemas"]["GrantDto"]
+del grant["properties"]["lease_token"]
+grant["required"].remove("lease_token")
+json.dump(document, open(sys.argv[2], "w", encoding="utf-8"))
+PY
+"$here/node_modules/.bin/openapi-typescript" "$work/ts-doctored/openapi.json" -o "$work/ts-doctored/openapi.ts" \
+    >/dev/null 2>&1 || fatal "openapi-typescript failed on the doctored document"
+cp "$here/use.ts" "$work/ts-doctored/use.ts"
+if "$here/node_modules/.bin/tsc" --noEmit --strict --target es2022 --module nodenext --moduleResolution nodenext \
+    "$work/ts-doctored/openapi.ts" "$work/ts-doctored/use.ts" >"$work/ts-doctored/tsc.log" 2>&1; then
+    fatal "use.ts type-checks even without GrantDto.lease_token: it no longer guards the fields it names"
+fi
+grep -q "lease_token" "$work/ts-doctored/tsc.log" \
+    || { cat "$work/ts-doctored/tsc.log" >&2; fatal "use.ts failed on the doctored types, but not on lease_token"; }
+say "typescript types generated ($("$here/node_modules/.bin/openapi-typescript" --version 2>/dev/null | tr -d '\n' || true)) and use.ts type-checks (and fails without GrantDto.lease_token)"
 
 # 3. No breaking change from the committed snapshot (the checker's own tests first).
 (cd "$here" && "$venv/bin/python" -m pytest -q -p no:cacheprovider test_openapi_diff.py) \

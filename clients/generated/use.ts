@@ -32,8 +32,8 @@ export function granted(response: Json<BeginResponses[201]>): {
   heartbeatEveryMs: number;
 } {
   const turn: Schemas["GrantDto"] = response.turn;
-  const running: "running" = turn.state === "running" ? turn.state : "running";
-  void running;
+  const state: Schemas["TurnStateDto"] = turn.state;
+  if (state !== "running") throw new Error(`a grant is running, not ${state}`);
   return {
     turnId: turn.turn_id,
     leaseToken: turn.lease_token,
@@ -45,7 +45,7 @@ export function granted(response: Json<BeginResponses[201]>): {
 }
 
 export function replayed(response: Json<BeginResponses[200]>): unknown {
-  const replay: true | boolean = response.replay;
+  const replay: boolean = response.replay;
   return replay ? response.turn.response : undefined;
 }
 
