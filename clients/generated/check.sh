@@ -97,7 +97,9 @@ PY
 say "served document fetched from $base"
 
 if [ "$update_snapshot" = true ]; then
-    cp "$work/openapi.json" "$here/openapi.snapshot.json"
+    # Keys sorted, so the snapshot's diffs show only what changed.
+    "$venv/bin/python" -c 'import json, sys; json.dump(json.load(open(sys.argv[1], encoding="utf-8")), open(sys.argv[2], "w", encoding="utf-8"), indent=2, sort_keys=True, ensure_ascii=False); open(sys.argv[2], "a").write("\n")' \
+        "$work/openapi.json" "$here/openapi.snapshot.json"
     say "snapshot updated: clients/generated/openapi.snapshot.json"
     exit 0
 fi

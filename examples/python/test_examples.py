@@ -123,9 +123,9 @@ def entries(ledger: Path) -> List:
 def test_langgraph_double_texted_message_books_once_and_the_second_send_gets_the_replay(server, tmp_path):
     ledger = tmp_path / "ledger.db"
     # The same message id sent twice at once (a double click, a retry on a
-    # slow network). The model thinks 500 ms per round, so the sends overlap.
+    # slow network). The model thinks 800 ms per round, so the sends overlap (asserted below).
     first, second = (worker("langgraph_ledger.py", server, ledger, "msg-1", "taxi 18",
-                            "--wait", "30", "--think-ms", "500") for _ in range(2))
+                            "--wait", "30", "--think-ms", "800") for _ in range(2))
     results = [outcome(first), outcome(second)]
     assert sorted(r["replayed"] for r in results) == [False, True], results
     assert results[0]["response"] == results[1]["response"], results

@@ -13,13 +13,13 @@
 
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::OpenApi as Document;
-use utoipa::{Modify, OpenApi, ToSchema};
+use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::error::{ErrorBody, ErrorCode, ErrorDetail};
 use crate::routes::{ops, orphans, tools, turns, views};
-use crate::schema::{json_value_schema, Id, JsonValue, LeaseTokenText};
+use crate::schema::{Id, JsonValue, LeaseTokenText};
 use crate::AppState;
 
 /// The document's fixed parts; paths come from the routes.
@@ -95,57 +95,44 @@ pub(crate) fn ops_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(ops::openapi))
 }
 
-/// The document as utoipa builds it from the routes, before the parts it
-/// cannot express are put in ([`document`]).
-fn built() -> Document {
-    OpenApiRouter::with_openapi(ApiDoc::openapi())
-        .merge(v1_routes())
-        .merge(ops_routes())
-        .into_openapi()
-}
-
 /// The operations whose handler's name is not unique in the document, named
-/// in full. An `operationId` must be unique (OpenAPI 3.1, 4.8.10.1), and it
-/// is the name a generated client gives the operation's function; utoipa
-/// takes the handler's name, which `tools`, `turns` and `orphans` share
-/// (`claim`, `complete`, `fail`).
-const OPERATION_IDS: [(&str, &str, &str); 6] = [
-    ("post", "/v1/orphans/claim", "claim_orphan"),
-    ("post", "/v1/turns/{turn_id}/tools", "claim_tool"),
+/// in full (all are POSTs). An `operationId` must be unique (OpenAPI 3.1,
+/// 4.8.10.1), and it is the name a generated client gives the operation's
+/// function; utoipa takes the handler's name, which `tools`, `turns` and
+/// `orphans` share (`claim`, `complete`, `fail`).
+const POST_OPERATION_IDS: [(&str, &str); 6] = [
+    ("/v1/orphans/claim", "claim_orphan"),
+    ("/v1/turns/{turn_id}/tools", "claim_tool"),
     (
-        "post",
         "/v1/turns/{turn_id}/tools/{execution_id}/complete",
         "complete_tool",
     ),
-    (
-        "post",
-        "/v1/turns/{turn_id}/tools/{execution_id}/fail",
-        "fail_tool",
-    ),
-    ("post", "/v1/turns/{turn_id}/complete", "complete_turn"),
-    ("post", "/v1/turns/{turn_id}/fail", "fail_turn"),
+    ("/v1/turns/{turn_id}/tools/{execution_id}/fail", "fail_tool"),
+    ("/v1/turns/{turn_id}/complete", "complete_turn"),
+    ("/v1/turns/{turn_id}/fail", "fail_turn"),
 ];
 
-/// The OpenAPI 3.1 document of every route, as `/openapi.json` serves it:
-/// utoipa's, with the operation ids of [`OPERATION_IDS`] and the whole
-/// [`JsonValue`] schema ([`crate::schema::json_value_schema`]).
-pub fn document() -> serde_json::Value {
-    let mut document = serde_json::to_value(built())
-        .expect("an OpenAPI document built from static types serialises");
-    for (method, path, id) in OPERATION_IDS {
+/// The OpenAPI 3.1 document of every route.
+pub fn document() -> Document {
+    let mut document = OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(v1_routes())
+        .merge(ops_routes())
+        .into_openapi();
+    for (path, id) in POST_OPERATION_IDS {
         let operation = document
-            .pointer_mut(&format!("/paths/{}/{method}", path.replace('/', "~1")))
-            .unwrap_or_else(|| panic!("{method} {path} is a route"));
-        operation["operationId"] = serde_json::Value::from(id);
+            .paths
+            .paths
+            .get_mut(path)
+            .and_then(|item| item.post.as_mut())
+            .unwrap_or_else(|| panic!("POST {path} is a route"));
+        operation.operation_id = Some(id.to_owned());
     }
-    let schema = document
-        .pointer_mut(&format!("/components/schemas/{}", JsonValue::name()))
-        .expect("JsonValue is a named schema");
-    *schema = json_value_schema();
     document
 }
 
 /// [`document`] as JSON text.
 pub fn document_json() -> String {
-    serde_json::to_string_pretty(&document()).expect("a JSON value serialises")
+    document()
+        .to_pretty_json()
+        .expect("an OpenAPI document built from static types serialises")
 }

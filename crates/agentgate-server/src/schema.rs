@@ -12,6 +12,8 @@ use std::borrow::Cow;
 
 use agentgate::canonical::MAX_SAFE_INTEGER;
 use agentgate::limits::{MAX_ID_CHARS, MAX_JSON_BYTES, MAX_JSON_DEPTH};
+use serde_json::json;
+use utoipa::openapi::extensions::Extensions;
 use utoipa::openapi::schema::{ObjectBuilder, Schema, SchemaType, Type};
 use utoipa::openapi::RefOr;
 use utoipa::{PartialSchema, ToSchema};
@@ -86,8 +88,8 @@ impl ToSchema for LeaseTokenText {
 ///
 /// Written without `type`, `anyOf` or `additionalProperties` at its top, as
 /// keywords that each apply to one kind of value only: `minimum`/`maximum`
-/// to numbers, `items` to arrays, and (under `if` the value is an object)
-/// `additionalProperties` to objects. A validator reads exactly the rule
+/// to numbers, `items` to arrays, and `additionalProperties` (through
+/// `if` the value is an object, `then`) to objects. A validator reads exactly the rule
 /// the engine applies, at every depth; a client generator, which reads
 /// `type` and the composition keywords, sees "any JSON" (Python `Any`,
 /// TypeScript `unknown`). The earlier `anyOf` of the four kinds, each
@@ -98,9 +100,10 @@ impl ToSchema for LeaseTokenText {
 /// that TypeScript rejects as referring to itself (TS2502).
 ///
 /// utoipa's schema types hold neither `items` on an untyped schema nor
-/// `if`/`then`, so [`JsonValue::schema`] is the utoipa-expressible part
-/// (the number bounds and the description) and [`json_value_schema`] the
-/// whole, which [`crate::openapi::document`] puts in its place.
+/// `if`/`then`; they go in through the schema's extensions, whose map (unlike
+/// its builder, which prefixes `x-`) serialises any key as written. (utoipa's
+/// own deserialiser would drop them; nothing reads the document back through
+/// utoipa's types.)
 pub struct JsonValue;
 
 /// The description of [`JsonValue`]: the limits no keyword states.
@@ -123,28 +126,20 @@ fn max_safe_number() -> i64 {
 
 impl PartialSchema for JsonValue {
     fn schema() -> RefOr<Schema> {
+        let itself = json!({ "$ref": format!("#/components/schemas/{}", JsonValue::name()) });
+        let keywords = Extensions::from_iter([
+            ("items", itself.clone()),
+            ("if", json!({ "type": "object" })),
+            ("then", json!({ "additionalProperties": itself })),
+        ]);
         ObjectBuilder::new()
             .schema_type(SchemaType::AnyValue)
             .minimum(Some(-max_safe_number()))
             .maximum(Some(max_safe_number()))
             .description(Some(json_value_description()))
+            .extensions(Some(keywords))
             .into()
     }
-}
-
-/// The whole `JsonValue` schema, as the served document states it (see
-/// [`JsonValue`]).
-pub fn json_value_schema() -> serde_json::Value {
-    let itself =
-        serde_json::json!({ "$ref": format!("#/components/schemas/{}", JsonValue::name()) });
-    serde_json::json!({
-        "description": json_value_description(),
-        "minimum": -max_safe_number(),
-        "maximum": max_safe_number(),
-        "items": itself,
-        "if": { "type": "object" },
-        "then": { "additionalProperties": itself },
-    })
 }
 
 impl ToSchema for JsonValue {
