@@ -1,6 +1,8 @@
 """One full turn through the client openapi-python-client generated from the
-served /openapi.json (check.sh): begin, claim a tool, complete it, complete
-the turn, and a repeat of the begin replays the stored response.
+served /openapi.json (check.sh): begin, a second message refused
+session_busy, heartbeat, claim a tool, complete it, claim it again (the
+stored result), complete the turn, and a repeat of the begin replays the
+stored response.
 
 Usage: full_turn.py BASE_URL API_KEY (the generated package on PYTHONPATH
 as `agentgate_generated`). Exits non-zero, naming the step, on any surprise.
@@ -16,6 +18,8 @@ from agentgate_generated.models import (
     BeginRequest,
     BeginResponse,
     ClaimToolRequest,
+    ErrorBody,
+    ErrorCode,
     CompleteToolRequest,
     CompleteTurnRequest,
     ExecuteResponse,
@@ -44,6 +48,13 @@ def main() -> None:
     grant = expect("begin", begin.sync_detailed(client=client, body=message), 201, BeginResponse).turn
     assert grant.state == TurnStateDto.RUNNING and grant.attempt == 1 and not grant.takeover, grant
     token = grant.lease_token
+
+    # A second message in the busy session: a typed refusal naming the turn.
+    busy = BeginRequest(user_id="alice", session_id=message.session_id,
+                        client_request_id="msg-2", payload={"text": "lunch 35"})
+    refusal = expect("busy begin", begin.sync_detailed(client=client, body=busy), 409, ErrorBody).error
+    assert refusal.code == ErrorCode.SESSION_BUSY and refusal.active_turn_id == grant.turn_id, refusal
+    assert isinstance(refusal.retry_after_ms, int) and refusal.retry_after_ms > 0, refusal
 
     beat = expect("heartbeat", heartbeat.sync_detailed(grant.turn_id, client=client, lease_token=token),
                   200, HeartbeatResponse)
@@ -78,7 +89,7 @@ def main() -> None:
     replay = expect("replay", begin.sync_detailed(client=client, body=message), 200, ReplayResponse)
     assert replay.replay is True and replay.turn.turn_id == grant.turn_id, replay
     assert replay.turn.response == answer, replay.turn.response
-    print(f"full_turn: begin → tool claim → tool complete → turn complete → replay: ok ({grant.turn_id})")
+    print(f"full_turn: begin → session_busy → heartbeat → tool claim → tool complete → turn complete → replay: ok ({grant.turn_id})")
 
 
 if __name__ == "__main__":
