@@ -32,8 +32,11 @@ from ledger import Ledger  # noqa: E402
 SERVER_START_S = 10.0
 WORKER_S = 60.0
 MARKER_S = 30.0
-# A short lease, so a killed worker's turn is taken over within a second.
-SHORT_LEASE_TTL_MS = 1000
+# A short lease for the crash tests, so a killed worker's turn is taken over
+# within seconds; long enough that a live worker's heartbeats (every third of
+# it) survive a loaded machine. The other tests run with the default 30 s.
+SHORT_LEASE_TTL_MS = 2000
+DEFAULT_LEASE_TTL_MS = 30000
 
 
 def agentgate_bin() -> str:
@@ -85,6 +88,13 @@ class Server:
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[Server]:
+    running = Server(tmp_path, DEFAULT_LEASE_TTL_MS)
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def short_lease_server(tmp_path: Path) -> Iterator[Server]:
     running = Server(tmp_path, SHORT_LEASE_TTL_MS)
     yield running
     running.stop()
@@ -149,13 +159,16 @@ def kill_mid_tool(server: Server, tmp_path: Path, ledger: Path, message_id: str)
     assert len(entries(ledger)) == 1, "the killed worker booked before dying"
 
 
-def test_langgraph_worker_killed_mid_tool_is_taken_over_and_the_booking_is_reconciled_not_repeated(server, tmp_path):
+def test_langgraph_worker_killed_mid_tool_is_taken_over_and_the_booking_is_reconciled_not_repeated(
+    short_lease_server, tmp_path
+):
+    server = short_lease_server
     ledger = tmp_path / "ledger.db"
     kill_mid_tool(server, tmp_path, ledger, "msg-1")
     unknown_before = server.metric("agentgate_unknown_tool_outcomes_total")
 
     # The user's retry of the same message, after the dead worker's lease
-    # (1 s) runs out: it waits out request_in_flight, takes the turn over,
+    # (2 s) runs out: it waits out request_in_flight, takes the turn over,
     # and the tool claim says previous_outcome "unknown"; the reconcile hook
     # finds the booking by its idempotency key.
     retry = outcome(worker("langgraph_ledger.py", server, ledger, "msg-1", "taxi 18", "--wait", "15"))
@@ -171,10 +184,11 @@ def test_langgraph_worker_killed_mid_tool_is_taken_over_and_the_booking_is_recon
     assert len(entries(ledger)) == 1
 
 
-def test_without_the_reconcile_hook_the_takeover_books_a_second_time(server, tmp_path):
+def test_without_the_reconcile_hook_the_takeover_books_a_second_time(short_lease_server, tmp_path):
     """The control: what the hook prevents is real. Without it the retry runs
     the tool again (agentgate says execute, previous_outcome "unknown") and
     the ledger, which does not deduplicate by itself, has two rows."""
+    server = short_lease_server
     ledger = tmp_path / "ledger.db"
     kill_mid_tool(server, tmp_path, ledger, "msg-1")
     retry = outcome(worker("langgraph_ledger.py", server, ledger, "msg-1", "taxi 18",
