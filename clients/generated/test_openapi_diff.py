@@ -65,6 +65,20 @@ def test_a_new_required_header_is_breaking(new):
     assert found == ["new required request property POST /v1/turns header parameter x-tenant"], found
 
 
+def test_a_removed_request_field_is_breaking(new):
+    # Begin bodies refuse unknown fields: a client still sending it would get 400.
+    del new["components"]["schemas"]["ClaimToolRequest"]["properties"]["args"]
+    new["components"]["schemas"]["ClaimToolRequest"]["required"].remove("args")
+    assert breaking(new) == ["removed request property POST /v1/turns/{turn_id}/tools body.args"]
+
+
+def test_a_narrowed_request_field_is_breaking(new):
+    new["components"]["schemas"]["ClaimOrphanRequest"]["properties"]["min_orphaned_ms"]["type"] = "string"
+    found = breaking(new)
+    assert len(found) == 1 and found[0].startswith(
+        "retyped request property POST /v1/orphans/claim body.min_orphaned_ms:"), found
+
+
 def test_a_removed_enum_value_is_breaking(new):
     new["components"]["schemas"]["ErrorCode"]["enum"].remove("session_busy")
     found = breaking(new)
