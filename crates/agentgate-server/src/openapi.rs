@@ -95,12 +95,39 @@ pub(crate) fn ops_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(ops::openapi))
 }
 
+/// The operations whose handler's name is not unique in the document, named
+/// in full (all are POSTs). An `operationId` must be unique (OpenAPI 3.1,
+/// 4.8.10.1), and it is the name a generated client gives the operation's
+/// function; utoipa takes the handler's name, which `tools`, `turns` and
+/// `orphans` share (`claim`, `complete`, `fail`).
+const POST_OPERATION_IDS: [(&str, &str); 6] = [
+    ("/v1/orphans/claim", "claim_orphan"),
+    ("/v1/turns/{turn_id}/tools", "claim_tool"),
+    (
+        "/v1/turns/{turn_id}/tools/{execution_id}/complete",
+        "complete_tool",
+    ),
+    ("/v1/turns/{turn_id}/tools/{execution_id}/fail", "fail_tool"),
+    ("/v1/turns/{turn_id}/complete", "complete_turn"),
+    ("/v1/turns/{turn_id}/fail", "fail_turn"),
+];
+
 /// The OpenAPI 3.1 document of every route.
 pub fn document() -> Document {
-    OpenApiRouter::with_openapi(ApiDoc::openapi())
+    let mut document = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(v1_routes())
         .merge(ops_routes())
-        .into_openapi()
+        .into_openapi();
+    for (path, id) in POST_OPERATION_IDS {
+        let operation = document
+            .paths
+            .paths
+            .get_mut(path)
+            .and_then(|item| item.post.as_mut())
+            .unwrap_or_else(|| panic!("POST {path} is a route"));
+        operation.operation_id = Some(id.to_owned());
+    }
+    document
 }
 
 /// [`document`] as JSON text.

@@ -12,10 +12,10 @@ use std::borrow::Cow;
 
 use agentgate::canonical::MAX_SAFE_INTEGER;
 use agentgate::limits::{MAX_ID_CHARS, MAX_JSON_BYTES, MAX_JSON_DEPTH};
-use utoipa::openapi::schema::{
-    AdditionalProperties, AnyOfBuilder, ArrayBuilder, ObjectBuilder, Schema, SchemaType, Type,
-};
-use utoipa::openapi::{Ref, RefOr};
+use serde_json::json;
+use utoipa::openapi::extensions::Extensions;
+use utoipa::openapi::schema::{ObjectBuilder, Schema, SchemaType, Type};
+use utoipa::openapi::RefOr;
 use utoipa::{PartialSchema, ToSchema};
 
 /// The characters of an id as [`agentgate::UserId`] and its siblings check
@@ -85,39 +85,59 @@ impl ToSchema for LeaseTokenText {
 
 /// The OpenAPI schema `JsonValue`: any I-JSON value (RFC 7493) within the
 /// engine's limits, recursively: numbers within ±(2^53−1).
+///
+/// Written without `type`, `anyOf` or `additionalProperties` at its top, as
+/// keywords that each apply to one kind of value only: `minimum`/`maximum`
+/// to numbers, `items` to arrays, and `additionalProperties` (through
+/// `if` the value is an object, `then`) to objects. A validator reads exactly the rule
+/// the engine applies, at every depth; a client generator, which reads
+/// `type` and the composition keywords, sees "any JSON" (Python `Any`,
+/// TypeScript `unknown`). The earlier `anyOf` of the four kinds, each
+/// recursing through a `$ref` to itself, was the same rule but broke both
+/// generators issue 15 names: openapi-python-client cannot build a union
+/// that refers to itself and dropped every operation with a JSON field
+/// (begin, tool claim, the endings), and openapi-typescript wrote a type
+/// that TypeScript rejects as referring to itself (TS2502).
+///
+/// utoipa's schema types hold neither `items` on an untyped schema nor
+/// `if`/`then`; they go in through the schema's extensions, whose map (unlike
+/// its builder, which prefixes `x-`) serialises any key as written. (utoipa's
+/// own deserialiser would drop them; nothing reads the document back through
+/// utoipa's types.)
 pub struct JsonValue;
+
+/// The description of [`JsonValue`]: the limits no keyword states.
+fn json_value_description() -> String {
+    format!(
+        "Any JSON value, as I-JSON (RFC 7493): every number within ±(2^53−1) and exact \
+         as an IEEE 754 double (a literal with more precision than a double, such as \
+         `0.10000000000000000001` or `1e-400`, is refused), no duplicate member names, \
+         no lone surrogates in strings. Limits the schema cannot state: nested at most \
+         {MAX_JSON_DEPTH} arrays and objects deep (a scalar is depth 0, `[]` depth 1), \
+         and at most {MAX_JSON_BYTES} bytes in RFC 8785 canonical form. Breaking any \
+         of these is `invalid_request` naming the member."
+    )
+}
+
+/// The largest magnitude of a JSON number the engine accepts.
+fn max_safe_number() -> i64 {
+    i64::try_from(MAX_SAFE_INTEGER).expect("2^53 - 1 fits an i64")
+}
 
 impl PartialSchema for JsonValue {
     fn schema() -> RefOr<Schema> {
-        let itself = || RefOr::Ref(Ref::from_schema_name(JsonValue::name()));
-        let safe = i64::try_from(MAX_SAFE_INTEGER).expect("2^53 - 1 fits an i64");
-        let scalars = ObjectBuilder::new().schema_type(SchemaType::Array(vec![
-            Type::Null,
-            Type::Boolean,
-            Type::String,
-        ]));
-        let number = ObjectBuilder::new()
-            .schema_type(Type::Number)
-            .minimum(Some(-safe))
-            .maximum(Some(safe));
-        let array = ArrayBuilder::new().items(itself());
-        let object = ObjectBuilder::new()
-            .schema_type(Type::Object)
-            .additional_properties(Some(AdditionalProperties::RefOr(itself())));
-        AnyOfBuilder::new()
-            .item(scalars)
-            .item(number)
-            .item(array)
-            .item(object)
-            .description(Some(format!(
-                "Any JSON value, as I-JSON (RFC 7493): every number within ±(2^53−1) and exact \
-                 as an IEEE 754 double (a literal with more precision than a double, such as \
-                 `0.10000000000000000001` or `1e-400`, is refused), no duplicate member names, \
-                 no lone surrogates in strings. Limits the schema cannot state: nested at most \
-                 {MAX_JSON_DEPTH} arrays and objects deep (a scalar is depth 0, `[]` depth 1), \
-                 and at most {MAX_JSON_BYTES} bytes in RFC 8785 canonical form. Breaking any \
-                 of these is `invalid_request` naming the member."
-            )))
+        let itself = json!({ "$ref": format!("#/components/schemas/{}", JsonValue::name()) });
+        let keywords = Extensions::from_iter([
+            ("items", itself.clone()),
+            ("if", json!({ "type": "object" })),
+            ("then", json!({ "additionalProperties": itself })),
+        ]);
+        ObjectBuilder::new()
+            .schema_type(SchemaType::AnyValue)
+            .minimum(Some(-max_safe_number()))
+            .maximum(Some(max_safe_number()))
+            .description(Some(json_value_description()))
+            .extensions(Some(keywords))
             .into()
     }
 }

@@ -110,6 +110,26 @@ fn the_document_is_valid_openapi_3_1() {
     }
 }
 
+/// An operation id is the name a generated client gives the operation's
+/// function; OpenAPI requires each to be unique.
+#[test]
+fn operation_ids_are_unique() {
+    let doc = document();
+    let mut seen = BTreeSet::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            let id = operation["operationId"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{method} {path}: no operationId"));
+            assert!(
+                seen.insert(id.to_owned()),
+                "{method} {path}: operationId {id} repeated"
+            );
+        }
+    }
+    assert_eq!(seen.len(), SPEC_ROUTES.len());
+}
+
 #[test]
 fn every_spec_route_is_documented_and_nothing_else() {
     let documented = documented_routes(&document());

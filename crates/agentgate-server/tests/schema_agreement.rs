@@ -421,17 +421,19 @@ fn the_document_states_the_engines_limits() {
         token["pattern"],
         agentgate_server::schema::LEASE_TOKEN_PATTERN
     );
-    let number = schemas["JsonValue"]["anyOf"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["type"] == "number")
-        .expect("JsonValue has a number branch");
-    assert_eq!(number["maximum"], json!(MAX_SAFE_INTEGER));
+    // JsonValue bounds numbers at every depth: its bounds, `items` and
+    // (for objects) `additionalProperties` all apply to the value and to
+    // each nested one through the reference to itself.
+    let json_value = &schemas["JsonValue"];
+    let itself = json!({ "$ref": "#/components/schemas/JsonValue" });
+    assert_eq!(json_value["maximum"], json!(MAX_SAFE_INTEGER));
     assert_eq!(
-        number["minimum"],
+        json_value["minimum"],
         json!(-i64::try_from(MAX_SAFE_INTEGER).unwrap())
     );
+    assert_eq!(json_value["items"], itself);
+    assert_eq!(json_value["if"], json!({ "type": "object" }));
+    assert_eq!(json_value["then"]["additionalProperties"], itself);
 
     let orphans = &schemas["ClaimOrphanRequest"]["properties"];
     assert_eq!(
