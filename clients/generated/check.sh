@@ -13,7 +13,7 @@
 # `--update-snapshot` rewrites the snapshot from the served document instead
 # of comparing (after an intended change). Idempotent; fails loudly.
 # Knobs: AGENTGATE_BIN (default: the debug build of this tree, whose document
-# is the one under test; else /work/bin/agentgate),
+# is the one under test),
 # CARGO_TARGET_DIR (the venv lives in $CARGO_TARGET_DIR/clients-gen-venv).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -24,13 +24,7 @@ python_client_version=0.29.1
 pytest_version=9.2.0
 target_dir="$(realpath -m "${CARGO_TARGET_DIR:-target}")"
 venv="$target_dir/clients-gen-venv"
-if [ -n "${AGENTGATE_BIN:-}" ]; then
-    bin=$AGENTGATE_BIN
-elif [ -x "$target_dir/debug/agentgate" ]; then
-    bin=$target_dir/debug/agentgate
-else
-    bin=/work/bin/agentgate
-fi
+bin=${AGENTGATE_BIN:-$target_dir/debug/agentgate}
 update_snapshot=false
 [ "${1:-}" = "--update-snapshot" ] && update_snapshot=true
 

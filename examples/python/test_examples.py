@@ -4,8 +4,7 @@ examples as worker processes (as a backend would), and reads the ledger.
 
     examples/python/test.sh        (or: pytest examples/python)
 
-AGENTGATE_BIN names the binary (default /work/bin/agentgate if present, else
-target/debug/agentgate).
+AGENTGATE_BIN names the binary (default target/debug/agentgate).
 """
 
 from __future__ import annotations
@@ -42,8 +41,6 @@ DEFAULT_LEASE_TTL_MS = 30000
 def agentgate_bin() -> str:
     if os.environ.get("AGENTGATE_BIN"):
         return os.environ["AGENTGATE_BIN"]
-    if os.access("/work/bin/agentgate", os.X_OK):
-        return "/work/bin/agentgate"
     target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
     return str(target / "debug" / "agentgate")
 
