@@ -11,7 +11,8 @@
 #   3. openapi_diff.py finds no breaking change from the committed snapshot
 #      openapi.snapshot.json (its own tests, test_openapi_diff.py, run first).
 # `--update-snapshot` rewrites the snapshot from the served document instead
-# of comparing (after an intended change). Idempotent; fails loudly.
+# of comparing (after an intended change); `--setup` only installs the pinned
+# generators (the venv, `npm ci`) and exits. Idempotent; fails loudly.
 # Knobs: AGENTGATE_BIN (default: the debug build of this tree, whose document
 # is the one under test),
 # CARGO_TARGET_DIR (the venv lives in $CARGO_TARGET_DIR/clients-gen-venv).
@@ -26,7 +27,9 @@ target_dir="$(realpath -m "${CARGO_TARGET_DIR:-target}")"
 venv="$target_dir/clients-gen-venv"
 bin=${AGENTGATE_BIN:-$target_dir/debug/agentgate}
 update_snapshot=false
+setup_only=false
 [ "${1:-}" = "--update-snapshot" ] && update_snapshot=true
+[ "${1:-}" = "--setup" ] && setup_only=true
 
 fatal() { echo "clients/generated: FATAL: $*" >&2; exit 1; }
 say() { echo "clients/generated: $*"; }
@@ -52,6 +55,11 @@ fi
 if ! (cd "$here" && npm ls --depth=0 >/dev/null 2>&1); then
     say "npm ci in clients/generated"
     (cd "$here" && npm ci --no-audit --no-fund --loglevel=error) || fatal "npm ci failed"
+fi
+
+if [ "$setup_only" = true ]; then
+    say "installed (--setup): the generators are ready"
+    exit 0
 fi
 
 work="$(mktemp -d)"

@@ -99,7 +99,7 @@ export interface paths {
          *     workers calling this at once never get the same orphan. 204 when there
          *     is none. An orphan past its attempts is ended `failed` instead.
          */
-        post: operations["claim_post_v1_orphans_claim"];
+        post: operations["claim_orphan"];
         delete?: never;
         options?: never;
         head?: never;
@@ -200,7 +200,7 @@ export interface paths {
          * End the turn with its response, releasing the session and the permit.
          * @description Repeats of the turn's request replay this response.
          */
-        post: operations["complete_post_v1_turns_turn_id_complete"];
+        post: operations["complete_turn"];
         delete?: never;
         options?: never;
         head?: never;
@@ -241,7 +241,7 @@ export interface paths {
          * @description With `retryable: true` a repeat of the request restarts the turn;
          *     otherwise repeats replay this failure.
          */
-        post: operations["fail_post_v1_turns_turn_id_fail"];
+        post: operations["fail_turn"];
         delete?: never;
         options?: never;
         head?: never;
@@ -287,7 +287,7 @@ export interface paths {
          *     `idempotency_key` first. 200 `execute: false`: it already succeeded; use
          *     the stored `result` and do not run the tool.
          */
-        post: operations["claim_post_v1_turns_turn_id_tools"];
+        post: operations["claim_tool"];
         delete?: never;
         options?: never;
         head?: never;
@@ -307,7 +307,7 @@ export interface paths {
          * Mark a claimed execution succeeded with its result.
          * @description Later claims of the same call get this result instead of running the tool.
          */
-        post: operations["complete_post_v1_turns_turn_id_tools_execution_id_complete"];
+        post: operations["complete_tool"];
         delete?: never;
         options?: never;
         head?: never;
@@ -327,7 +327,7 @@ export interface paths {
          * Mark a claimed execution failed; the next claim of the same call runs it
          *     again with `previous_outcome: "failed"`.
          */
-        post: operations["fail_post_v1_turns_turn_id_tools_execution_id_fail"];
+        post: operations["fail_tool"];
         delete?: never;
         options?: never;
         head?: never;
@@ -958,7 +958,7 @@ export interface operations {
             };
         };
     };
-    claim_post_v1_orphans_claim: {
+    claim_orphan: {
         parameters: {
             query?: never;
             header?: never;
@@ -1550,7 +1550,7 @@ export interface operations {
             };
         };
     };
-    complete_post_v1_turns_turn_id_complete: {
+    complete_turn: {
         parameters: {
             query?: never;
             header: {
@@ -1783,7 +1783,7 @@ export interface operations {
             };
         };
     };
-    fail_post_v1_turns_turn_id_fail: {
+    fail_turn: {
         parameters: {
             query?: never;
             header: {
@@ -2010,7 +2010,7 @@ export interface operations {
             };
         };
     };
-    claim_post_v1_turns_turn_id_tools: {
+    claim_tool: {
         parameters: {
             query?: never;
             header: {
@@ -2163,7 +2163,7 @@ export interface operations {
             };
         };
     };
-    complete_post_v1_turns_turn_id_tools_execution_id_complete: {
+    complete_tool: {
         parameters: {
             query?: never;
             header: {
@@ -2297,7 +2297,7 @@ export interface operations {
             };
         };
     };
-    fail_post_v1_turns_turn_id_tools_execution_id_fail: {
+    fail_tool: {
         parameters: {
             query?: never;
             header: {

@@ -1,8 +1,10 @@
-//! The Python and TypeScript clients' own suites (`clients/*/test.sh`), run
-//! against this build's binary, so the README's test command covers them.
+//! The Python and TypeScript clients' own suites (`clients/*/test.sh`), the
+//! generated-client check (`clients/generated/check.sh`) and the Python
+//! framework examples (`examples/python/test.sh`), run against this build's
+//! binary, so the README's test command covers them.
 //!
-//! Each suite needs what its `setup.sh` installs from the package registries
-//! (a venv, `npm ci`). Where that is absent the suite is skipped with the
+//! Each needs what its setup installs from the package registries (a venv,
+//! `npm ci`). Where that is absent the suite is skipped with the
 //! reason printed, unless `AGENTGATE_REQUIRE_SERVICES=1` (CI, whose
 //! `.ci/run` runs the setups first) makes absence a failure.
 
@@ -30,15 +32,15 @@ fn absent(suite: &str, reason: &str) {
     let required = std::env::var(REQUIRE_SERVICES_ENV).is_ok_and(|v| v == "1");
     assert!(
         !required,
-        "the {suite} client suite is required ({REQUIRE_SERVICES_ENV}=1) but {reason}"
+        "the {suite} suite is required ({REQUIRE_SERVICES_ENV}=1) but {reason}"
     );
-    eprintln!("skipped: the {suite} client suite: {reason}; run {suite}'s setup.sh to include it");
+    eprintln!("skipped: the {suite} suite: {reason}; run its setup (see .ci/run) to include it");
 }
 
-/// Runs `clients/<suite>/test.sh` against this build's binary and asserts
-/// it passed.
-fn run_suite(suite: &str) {
-    let script = repo().join("clients").join(suite).join("test.sh");
+/// Runs `script` (relative to the repository) against this build's binary
+/// and asserts it passed.
+fn run_suite(script: &str) {
+    let script = repo().join(script);
     let status = Command::new("bash")
         .arg(&script)
         .env("AGENTGATE_BIN", env!("CARGO_BIN_EXE_agentgate"))
@@ -57,7 +59,7 @@ fn python_client_suite_passes_against_this_binary() {
     if !venv.join("bin/python").exists() {
         return absent("python", &format!("no venv at {}", venv.display()));
     }
-    run_suite("python");
+    run_suite("clients/python/test.sh");
 }
 
 /// The TypeScript client (`clients/typescript`): `node --test` against the
@@ -72,5 +74,32 @@ fn typescript_client_suite_passes_against_this_binary() {
     if !node.is_ok_and(|out| out.status.success()) {
         return absent("typescript", "node is not on PATH");
     }
-    run_suite("typescript");
+    run_suite("clients/typescript/test.sh");
+}
+
+/// The OpenAPI document generates working clients: `openapi-python-client`
+/// runs a full turn, `openapi-typescript` types check, and no breaking change
+/// since the committed snapshot (`clients/generated/check.sh`).
+#[test]
+fn generated_clients_run_a_turn_and_the_document_has_no_breaking_change() {
+    let venv = target_dir().join("clients-gen-venv");
+    let modules = repo().join("clients/generated/node_modules");
+    if !venv.join("bin/python").exists() || !modules.exists() {
+        return absent(
+            "generated",
+            &format!("no {} or {}", venv.display(), modules.display()),
+        );
+    }
+    run_suite("clients/generated/check.sh");
+}
+
+/// The LangGraph and OpenAI Agents SDK examples, double-texted and killed
+/// mid-tool, book once (`examples/python/test.sh`).
+#[test]
+fn python_framework_examples_book_once() {
+    let venv = target_dir().join("examples-python-venv");
+    if !venv.join("bin/python").exists() {
+        return absent("python examples", &format!("no venv at {}", venv.display()));
+    }
+    run_suite("examples/python/test.sh");
 }
