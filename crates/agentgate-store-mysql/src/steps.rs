@@ -467,13 +467,28 @@ struct Sql<'a>(&'a MySqlStore);
 
 #[async_trait::async_trait]
 impl ToolEndingSql for Sql<'_> {
+    /// Completes or fails an execution with a value computed outside the store:
+    /// first the fast path's one statement, then, when it changed no row, the
+    /// locking transaction, which does the step or explains the refusal.
     async fn end_tool_once(
         &self,
         lease: &LeaseRef,
         execution_id: &ExecutionId,
         ending: ExecutionEnding<'_>,
     ) -> Result<()> {
-        end_tool_once(self.0, lease, execution_id, ending).await
+        let store = self.0;
+        if fast::end_execution(store, lease, execution_id, ending).await? {
+            return Ok(());
+        }
+        let mut tx = store.transaction().await?;
+        let live = check_lease(store, &mut tx, lease, true).await?;
+        if end_execution(&mut tx, lease, execution_id, &live, ending).await? != 1 {
+            check_execution(&mut tx, lease, execution_id, &live).await?;
+            return Err(corrupt(format!(
+                "tool execution {execution_id} is running under this lease but was not updated"
+            )));
+        }
+        tx.commit().await.map_err(map_sqlx)
     }
 
     async fn complete_with_effect_once(
@@ -483,62 +498,30 @@ impl ToolEndingSql for Sql<'_> {
         effect: &mut dyn SqlEffect,
         applied: &mut bool,
     ) -> Result<CanonicalJson> {
-        complete_with_effect_once(self.0, lease, execution_id, effect, applied).await
-    }
-}
-
-async fn complete_with_effect_once(
-    store: &MySqlStore,
-    lease: &LeaseRef,
-    execution_id: &ExecutionId,
-    effect: &mut dyn SqlEffect,
-    applied: &mut bool,
-) -> Result<CanonicalJson> {
-    let mut tx = store.transaction().await?;
-    let live = check_lease(store, &mut tx, lease, true).await?;
-    check_execution(&mut tx, lease, execution_id, &live).await?;
-    *applied = true;
-    let connection: &mut MySqlConnection = &mut tx;
-    let value = effect.apply(connection).await.map_err(Error::Effect)?;
-    let result = CanonicalJson::new("result", &value)?;
-    let done = end_execution(
-        &mut tx,
-        lease,
-        execution_id,
-        &live,
-        ExecutionEnding::Succeeded(&result),
-    )
-    .await?;
-    if done != 1 {
-        return Err(corrupt(format!(
-            "tool execution {execution_id} changed under the session lock"
-        )));
-    }
-    tx.commit().await.map_err(map_sqlx)?;
-    Ok(result)
-}
-
-/// Completes or fails an execution with a value computed outside the store:
-/// first the fast path's one statement, then, when it changed no row, the
-/// locking transaction, which does the step or explains the refusal.
-async fn end_tool_once(
-    store: &MySqlStore,
-    lease: &LeaseRef,
-    execution_id: &ExecutionId,
-    ended: ExecutionEnding<'_>,
-) -> Result<()> {
-    if fast::end_execution(store, lease, execution_id, ended).await? {
-        return Ok(());
-    }
-    let mut tx = store.transaction().await?;
-    let live = check_lease(store, &mut tx, lease, true).await?;
-    if end_execution(&mut tx, lease, execution_id, &live, ended).await? != 1 {
+        let store = self.0;
+        let mut tx = store.transaction().await?;
+        let live = check_lease(store, &mut tx, lease, true).await?;
         check_execution(&mut tx, lease, execution_id, &live).await?;
-        return Err(corrupt(format!(
-            "tool execution {execution_id} is running under this lease but was not updated"
-        )));
+        *applied = true;
+        let connection: &mut MySqlConnection = &mut tx;
+        let value = effect.apply(connection).await.map_err(Error::Effect)?;
+        let result = CanonicalJson::new("result", &value)?;
+        let done = end_execution(
+            &mut tx,
+            lease,
+            execution_id,
+            &live,
+            ExecutionEnding::Succeeded(&result),
+        )
+        .await?;
+        if done != 1 {
+            return Err(corrupt(format!(
+                "tool execution {execution_id} changed under the session lock"
+            )));
+        }
+        tx.commit().await.map_err(map_sqlx)?;
+        Ok(result)
     }
-    tx.commit().await.map_err(map_sqlx)
 }
 
 /// Releases session lease and permit (one row) in the ending's transaction;

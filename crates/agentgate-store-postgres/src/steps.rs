@@ -418,13 +418,54 @@ struct Sql<'a>(&'a PostgresStore);
 
 #[async_trait::async_trait]
 impl ToolEndingSql for Sql<'_> {
+    /// Completes or fails an execution with a value computed outside the store,
+    /// in one autocommit statement: the `UPDATE`'s condition is the whole check
+    /// (the execution is running under the live lease's fence), and a miss is
+    /// explained after, read-only.
+    ///
+    /// Why no session lock is needed under READ COMMITTED: the fence subquery is
+    /// read from the statement's snapshot, so it may still show an old holder
+    /// whose lease a takeover is committing at that moment. But a takeover never
+    /// writes an execution; only the new holder's own later steps do, and each of
+    /// them changes the row's `fence` (a reclaim) or its `state` (an ending), or
+    /// is conditioned on the state it read (see `reclaim`). If such a write
+    /// committed before this statement's snapshot, the row's `fence` or `state`
+    /// no longer matches; if it is in flight, this statement waits for its row
+    /// lock and PostgreSQL re-checks `state = 'running' AND fence = …` on the
+    /// newest version, which fails. If this write commits first, it is ordered
+    /// before every write of the new holder, which then sees it (or, having read
+    /// before it, fails its conditional write and runs again). So an old holder's
+    /// write never lands after a new holder's write on the same row.
     async fn end_tool_once(
         &self,
         lease: &LeaseRef,
         execution_id: &ExecutionId,
         ending: ExecutionEnding<'_>,
     ) -> Result<()> {
-        end_tool_once(self.0, lease, execution_id, ending).await
+        let store = self.0;
+        let Some(holder) = Holder::of(store, lease).await? else {
+            return Err(explain_execution(store, lease, execution_id).await);
+        };
+        let (state, column, value) = ending.columns();
+        let query = format!(
+            "UPDATE ag_tool_executions SET state = '{state}', {column} = $1, \
+             updated_at_ms = {NOW_MS} \
+             WHERE execution_id = $2 AND turn_id = $3 AND state = 'running' AND fence = {}",
+            holder.live_fence(3, 4)
+        );
+        let query = sqlx::query(&query)
+            .bind(value.as_str())
+            .bind(execution_id.as_str())
+            .bind(lease.turn_id.as_str());
+        let done = holder
+            .bind(query)
+            .execute(&store.pool)
+            .await
+            .map_err(map_sqlx)?;
+        if done.rows_affected() == 1 {
+            return Ok(());
+        }
+        Err(explain_execution(store, lease, execution_id).await)
     }
 
     async fn complete_with_effect_once(
@@ -434,92 +475,34 @@ impl ToolEndingSql for Sql<'_> {
         effect: &mut dyn SqlEffect,
         applied: &mut bool,
     ) -> Result<CanonicalJson> {
-        complete_with_effect_once(self.0, lease, execution_id, effect, applied).await
-    }
-}
-
-async fn complete_with_effect_once(
-    store: &PostgresStore,
-    lease: &LeaseRef,
-    execution_id: &ExecutionId,
-    effect: &mut dyn SqlEffect,
-    applied: &mut bool,
-) -> Result<CanonicalJson> {
-    let mut tx = store.transaction().await?;
-    let live = check_lease(store, &mut tx, lease, true).await?;
-    check_execution(&mut tx, lease, execution_id, &live).await?;
-    *applied = true;
-    let connection: &mut PgConnection = &mut tx;
-    let value = effect.apply(connection).await.map_err(Error::Effect)?;
-    let result = CanonicalJson::new("result", &value)?;
-    let done = end_execution(
-        &mut tx,
-        lease,
-        execution_id,
-        &live,
-        ExecutionEnding::Succeeded(&result),
-    )
-    .await?;
-    if done != 1 {
-        // The session's lock does not stop this holder's own one-statement
-        // fail or complete of the same execution (it takes no session lock);
-        // dropping `tx` rolls the effect back with the missed mark.
+        let store = self.0;
+        let mut tx = store.transaction().await?;
+        let live = check_lease(store, &mut tx, lease, true).await?;
         check_execution(&mut tx, lease, execution_id, &live).await?;
-        return Err(Error::conflict(format!(
-            "tool execution {execution_id} changed while it was being completed"
-        )));
+        *applied = true;
+        let connection: &mut PgConnection = &mut tx;
+        let value = effect.apply(connection).await.map_err(Error::Effect)?;
+        let result = CanonicalJson::new("result", &value)?;
+        let done = end_execution(
+            &mut tx,
+            lease,
+            execution_id,
+            &live,
+            ExecutionEnding::Succeeded(&result),
+        )
+        .await?;
+        if done != 1 {
+            // The session's lock does not stop this holder's own one-statement
+            // fail or complete of the same execution (it takes no session lock);
+            // dropping `tx` rolls the effect back with the missed mark.
+            check_execution(&mut tx, lease, execution_id, &live).await?;
+            return Err(Error::conflict(format!(
+                "tool execution {execution_id} changed while it was being completed"
+            )));
+        }
+        tx.commit().await.map_err(map_sqlx)?;
+        Ok(result)
     }
-    tx.commit().await.map_err(map_sqlx)?;
-    Ok(result)
-}
-
-/// Completes or fails an execution with a value computed outside the store,
-/// in one autocommit statement: the `UPDATE`'s condition is the whole check
-/// (the execution is running under the live lease's fence), and a miss is
-/// explained after, read-only.
-///
-/// Why no session lock is needed under READ COMMITTED: the fence subquery is
-/// read from the statement's snapshot, so it may still show an old holder
-/// whose lease a takeover is committing at that moment. But a takeover never
-/// writes an execution; only the new holder's own later steps do, and each of
-/// them changes the row's `fence` (a reclaim) or its `state` (an ending), or
-/// is conditioned on the state it read (see `reclaim`). If such a write
-/// committed before this statement's snapshot, the row's `fence` or `state`
-/// no longer matches; if it is in flight, this statement waits for its row
-/// lock and PostgreSQL re-checks `state = 'running' AND fence = …` on the
-/// newest version, which fails. If this write commits first, it is ordered
-/// before every write of the new holder, which then sees it (or, having read
-/// before it, fails its conditional write and runs again). So an old holder's
-/// write never lands after a new holder's write on the same row.
-async fn end_tool_once(
-    store: &PostgresStore,
-    lease: &LeaseRef,
-    execution_id: &ExecutionId,
-    ended: ExecutionEnding<'_>,
-) -> Result<()> {
-    let Some(holder) = Holder::of(store, lease).await? else {
-        return Err(explain_execution(store, lease, execution_id).await);
-    };
-    let (state, column, value) = ended.columns();
-    let query = format!(
-        "UPDATE ag_tool_executions SET state = '{state}', {column} = $1, \
-         updated_at_ms = {NOW_MS} \
-         WHERE execution_id = $2 AND turn_id = $3 AND state = 'running' AND fence = {}",
-        holder.live_fence(3, 4)
-    );
-    let query = sqlx::query(&query)
-        .bind(value.as_str())
-        .bind(execution_id.as_str())
-        .bind(lease.turn_id.as_str());
-    let done = holder
-        .bind(query)
-        .execute(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    if done.rows_affected() == 1 {
-        return Ok(());
-    }
-    Err(explain_execution(store, lease, execution_id).await)
 }
 
 /// Why an execution's ending changed no row: the lease, then the execution,

@@ -446,42 +446,6 @@ async fn check_execution(
     )
 }
 
-/// Ends a running execution under a live lease in one autocommit statement;
-/// when that changes no row, explains why (or, if nothing is wrong any more,
-/// runs it again).
-async fn finish_execution(
-    store: &SqliteStore,
-    lease: &LeaseRef,
-    execution_id: &ExecutionId,
-    ending: ExecutionEnding<'_>,
-) -> Result<()> {
-    let (state, column, json) = ending.columns();
-    for _ in 0..FAST_ATTEMPTS {
-        if let Some(proof) = Proof::of(store, lease).await? {
-            let sql = format!(
-                "UPDATE ag_tool_executions SET state = '{state}', {column} = ?3, \
-                 updated_at_ms = {NOW_MS} WHERE execution_id = ?4 AND turn_id = ?1 \
-                 AND state = 'running' AND fence = {}",
-                proof.live_fence()
-            );
-            let updated = proof
-                .query(&sql, lease)
-                .bind(json.as_str())
-                .bind(execution_id.as_str())
-                .execute(&store.writer)
-                .await
-                .map_err(map_sqlx)?;
-            if updated.rows_affected() == 1 {
-                return Ok(());
-            }
-        }
-        let mut conn = store.reader.acquire().await.map_err(map_sqlx)?;
-        let live = check_lease(store, &mut conn, lease).await?;
-        check_execution(&mut conn, lease, execution_id, &live).await?;
-    }
-    Err(unsettled("tool completion"))
-}
-
 pub(crate) async fn complete_tool(
     store: &SqliteStore,
     lease: &LeaseRef,
@@ -497,15 +461,46 @@ struct Sql<'a>(&'a SqliteStore);
 
 #[async_trait::async_trait]
 impl ToolEndingSql for Sql<'_> {
+    /// Ends a running execution under a live lease in one autocommit statement;
+    /// when that changes no row, explains why (or, if nothing is wrong any more,
+    /// runs it again).
     async fn end_tool_once(
         &self,
         lease: &LeaseRef,
         execution_id: &ExecutionId,
         ending: ExecutionEnding<'_>,
     ) -> Result<()> {
-        finish_execution(self.0, lease, execution_id, ending).await
+        let store = self.0;
+        let (state, column, json) = ending.columns();
+        for _ in 0..FAST_ATTEMPTS {
+            if let Some(proof) = Proof::of(store, lease).await? {
+                let sql = format!(
+                    "UPDATE ag_tool_executions SET state = '{state}', {column} = ?3, \
+                     updated_at_ms = {NOW_MS} WHERE execution_id = ?4 AND turn_id = ?1 \
+                     AND state = 'running' AND fence = {}",
+                    proof.live_fence()
+                );
+                let updated = proof
+                    .query(&sql, lease)
+                    .bind(json.as_str())
+                    .bind(execution_id.as_str())
+                    .execute(&store.writer)
+                    .await
+                    .map_err(map_sqlx)?;
+                if updated.rows_affected() == 1 {
+                    return Ok(());
+                }
+            }
+            let mut conn = store.reader.acquire().await.map_err(map_sqlx)?;
+            let live = check_lease(store, &mut conn, lease).await?;
+            check_execution(&mut conn, lease, execution_id, &live).await?;
+        }
+        Err(unsettled("tool completion"))
     }
 
+    /// The same-transaction case: the lease and the execution are checked, the
+    /// caller's effect runs and the success mark is written in one write
+    /// transaction, so the effect commits exactly when the mark does.
     async fn complete_with_effect_once(
         &self,
         lease: &LeaseRef,
@@ -513,41 +508,29 @@ impl ToolEndingSql for Sql<'_> {
         effect: &mut dyn SqlEffect,
         applied: &mut bool,
     ) -> Result<CanonicalJson> {
-        effect_then_complete(self.0, lease, execution_id, effect, applied).await
+        let store = self.0;
+        let (mut tx, live) = locked_step(store, lease).await?;
+        check_execution(&mut tx, lease, execution_id, &live).await?;
+        *applied = true;
+        let connection: &mut SqliteConnection = &mut tx;
+        let value = effect.apply(connection).await.map_err(Error::Effect)?;
+        let result = CanonicalJson::new("result", &value)?;
+        let completed = sqlx::query(
+            "UPDATE ag_tool_executions SET state = 'succeeded', result = ?1, updated_at_ms = ?2 \
+             WHERE execution_id = ?3 AND state = 'running' AND fence = ?4",
+        )
+        .bind(result.as_str())
+        .bind(live.now_ms)
+        .bind(execution_id.as_str())
+        .bind(live.fence.0)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_sqlx)?;
+        // `check_execution` read it running under this fence, under the writer.
+        Error::expect_rows(completed.rows_affected(), 1, "completing the execution")?;
+        tx.commit().await.map_err(map_sqlx)?;
+        Ok(result)
     }
-}
-
-/// The same-transaction case: the lease and the execution are checked, the
-/// caller's effect runs and the success mark is written in one write
-/// transaction, so the effect commits exactly when the mark does.
-async fn effect_then_complete(
-    store: &SqliteStore,
-    lease: &LeaseRef,
-    execution_id: &ExecutionId,
-    effect: &mut dyn SqlEffect,
-    applied: &mut bool,
-) -> Result<CanonicalJson> {
-    let (mut tx, live) = locked_step(store, lease).await?;
-    check_execution(&mut tx, lease, execution_id, &live).await?;
-    *applied = true;
-    let connection: &mut SqliteConnection = &mut tx;
-    let value = effect.apply(connection).await.map_err(Error::Effect)?;
-    let result = CanonicalJson::new("result", &value)?;
-    let completed = sqlx::query(
-        "UPDATE ag_tool_executions SET state = 'succeeded', result = ?1, updated_at_ms = ?2 \
-         WHERE execution_id = ?3 AND state = 'running' AND fence = ?4",
-    )
-    .bind(result.as_str())
-    .bind(live.now_ms)
-    .bind(execution_id.as_str())
-    .bind(live.fence.0)
-    .execute(&mut *tx)
-    .await
-    .map_err(map_sqlx)?;
-    // `check_execution` read it running under this fence, under the writer.
-    Error::expect_rows(completed.rows_affected(), 1, "completing the execution")?;
-    tx.commit().await.map_err(map_sqlx)?;
-    Ok(result)
 }
 
 pub(crate) async fn fail_tool(
