@@ -232,6 +232,17 @@ public class AgentgateTurn {
     }
 
     public static void main(String[] argv) throws Exception {
+        if (argv.length == 1 && argv[0].equals("--json-roundtrip")) {   // the codec's check in test.sh
+            String input = new String(System.in.readAllBytes(), StandardCharsets.UTF_8);
+            for (String line : input.split("\n")) {   // one document a line: re-encoded, or why it is refused
+                try {
+                    System.out.println(Json.write(Json.read(line)));
+                } catch (IllegalArgumentException e) {
+                    System.out.println("refused: " + e.getMessage());
+                }
+            }
+            return;
+        }
         Map<String, String> flags = new HashMap<>(Map.of("--user", "alice", "--session", "chat-1",
                 "--text", "taxi 18 yesterday", "--think-ms", "0"));
         boolean crashAfterEffect = false;

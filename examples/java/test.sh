@@ -76,6 +76,38 @@ lines_with() { grep -c "^$1	" "$ledger" || true; }
 
 started=$SECONDS
 
+# 0. The example's own JSON codec: escapes, surrogate pairs, numbers beyond a
+# long, nesting; malformed documents refused (the last one holds a literal tab).
+codec_in="$(cat <<'JSON'
+{"s":"\u00e9\ud83d\ude95\"\\\/\b\f\n\r\t\u0001 交通", "n":[-1.5e3, 0, 12345678901234567890, 2.50, true, false, null], "o":{}, "a":[[]]}
+[1,]
+"\x"
+01
+{"a" 1}
+"\u12g4"
+tru
+"tab	in a string"
+JSON
+)"
+codec_want="$(cat <<'JSON'
+{"s":"é🚕\"\\/\b\f\n\r\t\u0001 交通","n":[-1.5E+3,0,12345678901234567890,2.50,true,false,null],"o":{},"a":[[]]}
+refused: JSON: unexpected character ']' at offset 3
+refused: JSON: bad escape \x at offset 3
+refused: JSON: trailing characters at offset 1
+refused: JSON: expected ':' at offset 5
+refused: JSON: bad \u escape at offset 5
+refused: JSON: unexpected character 't' at offset 0
+refused: JSON: control character in a string at offset 5
+JSON
+)"
+codec_got="$(printf '%s\n' "$codec_in" | timeout "$RUN_TIMEOUT_S" java "$here/AgentgateTurn.java" --json-roundtrip)" ||
+    fail "the JSON codec check did not run"
+[ "$codec_got" = "$codec_want" ] || fail "the JSON codec: got
+$codec_got
+want
+$codec_want"
+echo "ok: the JSON codec round-trips escapes and numbers and refuses malformed documents"
+
 # 1. The same message twice at once (a double-click): one booking, one answer.
 # The text carries quotes, a backslash, a tab and non-ASCII through the JSON codec.
 text='taxi 18 "交通" \ 🚕	ok'
