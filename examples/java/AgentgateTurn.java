@@ -53,6 +53,9 @@ public class AgentgateTurn {
     static final Duration REQUEST_TIMEOUT = Duration.ofSeconds(35);
     /** The longest single sleep on a Retry-After, whatever the server says. */
     static final long MAX_RETRY_AFTER_SECONDS = 30;
+    /** The begin errors that mean "repeat it after Retry-After"; session_busy is for the user to see. */
+    static final List<String> RETRYABLE_BEGIN_ERRORS =
+            List.of("request_in_flight", "user_at_capacity", "store_unavailable", "overloaded");
     /** How often the simulated LLM work looks whether the lease is lost. */
     static final long THINK_SLICE_MS = 50;
 
@@ -98,9 +101,10 @@ public class AgentgateTurn {
             Reply r = post("/v1/turns", null, obj("user_id", user, "session_id", session,
                     "client_request_id", messageId, "payload", payload));
             if (r.status == 200 || r.status == 201) return r;
-            String code = r.errorCode();
-            if ("request_in_flight".equals(code) || "user_at_capacity".equals(code)) {
-                Thread.sleep(r.retryAfterSeconds * 1000);   // the holder's remaining lease
+            // request_in_flight, user_at_capacity: the holder's remaining lease; a 503: when the
+            // server looks again. Repeating a begin with the same client_request_id is safe.
+            if (RETRYABLE_BEGIN_ERRORS.contains(r.errorCode())) {
+                Thread.sleep(r.retryAfterSeconds * 1000);
                 continue;
             }
             throw new IllegalStateException("begin: " + r.status + " " + Json.write(r.body)); // session_busy: tell the user
