@@ -1,10 +1,11 @@
 //! The Python and TypeScript clients' own suites (`clients/*/test.sh`), the
-//! generated-client check (`clients/generated/check.sh`) and the Python
-//! framework examples (`examples/python/test.sh`), run against this build's
-//! binary, so the README's test command covers them.
+//! generated-client check (`clients/generated/check.sh`), the Python
+//! framework examples (`examples/python/test.sh`) and the Java example
+//! (`examples/java/test.sh`), run against this build's binary, so the
+//! README's test command covers them.
 //!
 //! Each needs what its setup installs from the package registries (a venv,
-//! `npm ci`). Where that is absent the suite is skipped with the
+//! `npm ci`) or a toolchain (a JDK 17+ for Java). Where that is absent the suite is skipped with the
 //! reason printed, unless `AGENTGATE_REQUIRE_SERVICES=1` (CI, whose
 //! `.ci/run` runs the setups first) makes absence a failure.
 
@@ -102,4 +103,16 @@ fn python_framework_examples_book_once() {
         return absent("python examples", &format!("no venv at {}", venv.display()));
     }
     run_suite("examples/python/test.sh");
+}
+
+/// The Java example (`examples/java/AgentgateTurn.java`, JDK only), double
+/// texted, killed right after booking, paused past its lease, books once
+/// (`examples/java/test.sh`).
+#[test]
+fn java_example_books_once() {
+    let java = Command::new("java").arg("-version").output();
+    if !java.is_ok_and(|out| out.status.success()) {
+        return absent("java example", "java is not on PATH");
+    }
+    run_suite("examples/java/test.sh");
 }
