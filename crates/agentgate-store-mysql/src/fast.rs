@@ -53,7 +53,7 @@ use sqlx::query::Query;
 use sqlx::MySql;
 
 use crate::error::{corrupt, is_duplicate_key, map_sqlx};
-use crate::rows::{get, TurnRow, TURN_COLUMNS};
+use crate::rows::{get, Cols, TurnRow, TURN_COLUMNS};
 use crate::{MySqlStore, NOW_MS};
 
 /// What a fast path's statement must find in the rows for the caller to be
@@ -241,7 +241,7 @@ pub(crate) async fn end_turn(
         return Ok(None);
     };
     let now: i64 = get(&row, "now_ms")?;
-    let mut turn = TurnRow::read(&row)?;
+    let mut turn = TurnRow::read(&Cols(&row))?;
     if turn.state != "running" {
         return Ok(None);
     }

@@ -11,18 +11,16 @@
 //! no expiry, so the layer is asked, and the first listing that finds the
 //! turn unheld records the time on the turn (`orphaned_at_ms`).
 
-use agentgate_core::canonical::{CanonicalJson, Digest};
 use agentgate_core::decide::ABANDONED_ERROR;
 use agentgate_core::error::Result;
-use agentgate_core::ids::{ClientRequestId, Fence, SessionId, TurnId, UserId};
 use agentgate_core::lease::held_by;
 use agentgate_core::limits::MAX_ORPHAN_SCAN;
 use agentgate_core::model::{Orphan, OrphanFilter};
 use sqlx::mysql::MySqlRow;
-use sqlx::{MySql, QueryBuilder, Row};
+use sqlx::{MySql, QueryBuilder};
 
-use crate::error::{corrupt, map_sqlx};
-use crate::rows::{text, text_required};
+use crate::error::map_sqlx;
+use crate::rows::Cols;
 use crate::{MySqlStore, NOW_MS};
 use agentgate_store_sql::Retry;
 
@@ -34,22 +32,7 @@ const ORPHANED_SINCE: &str = "CASE WHEN s.holder_turn_id = t.turn_id \
     ELSE COALESCE(t.orphaned_at_ms, t.updated_at_ms) END";
 
 fn orphan(row: &MySqlRow, now: i64) -> Result<Orphan> {
-    let required = |column: &str| text_required(row, column);
-    let since: i64 = row.try_get("orphaned_since_ms").map_err(map_sqlx)?;
-    let attempt: i64 = row.try_get("attempt").map_err(map_sqlx)?;
-    Ok(Orphan {
-        turn_id: TurnId::new(required("turn_id")?).map_err(corrupt)?,
-        session_id: SessionId::new(required("session_id")?).map_err(corrupt)?,
-        user_id: UserId::new(required("user_id")?).map_err(corrupt)?,
-        client_request_id: ClientRequestId::new(required("client_request_id")?).map_err(corrupt)?,
-        fingerprint: Digest::from_hex(required("fingerprint")?),
-        payload: text(row, "payload")?.map(CanonicalJson::from_stored),
-        fence: Fence(row.try_get("fence").map_err(map_sqlx)?),
-        attempt: u32::try_from(attempt).map_err(|_| corrupt(format!("attempt {attempt}")))?,
-        orphaned_since_ms: since,
-        orphaned_for_ms: now - since,
-        superseded: row.try_get::<i64, _>("superseded").map_err(map_sqlx)? != 0,
-    })
+    agentgate_store_sql::rows::orphan(&Cols(row), now)
 }
 
 /// The running turns `filter` admits, as orphan candidates with their

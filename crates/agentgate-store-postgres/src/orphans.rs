@@ -11,17 +11,16 @@
 //! no expiry, so the layer is asked, and the first listing that finds the
 //! turn unheld records the time on the turn (`orphaned_at_ms`).
 
-use agentgate_core::canonical::{CanonicalJson, Digest};
 use agentgate_core::decide::ABANDONED_ERROR;
 use agentgate_core::error::Result;
-use agentgate_core::ids::{ClientRequestId, Fence, SessionId, TurnId, UserId};
 use agentgate_core::lease::held_by;
 use agentgate_core::limits::MAX_ORPHAN_SCAN;
 use agentgate_core::model::{Orphan, OrphanFilter};
 use sqlx::postgres::PgRow;
-use sqlx::{Postgres, QueryBuilder, Row};
+use sqlx::{Postgres, QueryBuilder};
 
-use crate::error::{corrupt, map_sqlx};
+use crate::error::map_sqlx;
+use crate::rows::Cols;
 use crate::{PostgresStore, NOW_MS};
 use agentgate_store_sql::Retry;
 
@@ -33,25 +32,7 @@ const ORPHANED_SINCE: &str = "CASE WHEN s.holder_turn_id = t.turn_id \
     ELSE COALESCE(t.orphaned_at_ms, t.updated_at_ms) END";
 
 fn orphan(row: &PgRow, now: i64) -> Result<Orphan> {
-    let text = |column: &str| row.try_get::<String, _>(column).map_err(map_sqlx);
-    let since: i64 = row.try_get("orphaned_since_ms").map_err(map_sqlx)?;
-    let attempt: i64 = row.try_get("attempt").map_err(map_sqlx)?;
-    Ok(Orphan {
-        turn_id: TurnId::new(text("turn_id")?).map_err(corrupt)?,
-        session_id: SessionId::new(text("session_id")?).map_err(corrupt)?,
-        user_id: UserId::new(text("user_id")?).map_err(corrupt)?,
-        client_request_id: ClientRequestId::new(text("client_request_id")?).map_err(corrupt)?,
-        fingerprint: Digest::from_hex(text("fingerprint")?),
-        payload: row
-            .try_get::<Option<String>, _>("payload")
-            .map_err(map_sqlx)?
-            .map(CanonicalJson::from_stored),
-        fence: Fence(row.try_get("fence").map_err(map_sqlx)?),
-        attempt: u32::try_from(attempt).map_err(|_| corrupt(format!("attempt {attempt}")))?,
-        orphaned_since_ms: since,
-        orphaned_for_ms: now - since,
-        superseded: row.try_get::<i64, _>("superseded").map_err(map_sqlx)? != 0,
-    })
+    agentgate_store_sql::rows::orphan(&Cols(row), now)
 }
 
 /// The running turns `filter` admits, as orphan candidates with their

@@ -6,6 +6,8 @@
 //! - [`begin`]: a begin's decision applied inside the store's transaction
 //!   ([`begin::begin_in`]), over the dialect's [`begin::BeginSql`].
 //!
+//! - [`rows`]: the columns every store selects, decoded into core snapshots
+//!   and views through the dialect's [`rows::Columns`].
 //! - [`tls`]: the TLS rules of a store URL (modes, CA and client files).
 //! - [`tool`]: a tool execution's ending (a result, a failure, an effect in
 //!   the same transaction), over the dialect's [`tool::ToolEndingSql`].
@@ -17,6 +19,7 @@
 
 pub mod begin;
 pub mod retry;
+pub mod rows;
 pub mod tls;
 pub mod tool;
 

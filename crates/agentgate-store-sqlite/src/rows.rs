@@ -1,151 +1,58 @@
-//! Row decoding: SQL rows into core snapshots and views.
+//! Row decoding: SQLite rows read through the shared decoding
+//! (`agentgate_store_sql::rows`), which owns what each column means.
 
-use agentgate_core::decide::{
-    ExecutionSnapshot, HolderSnapshot, PendingSnapshot, SessionSnapshot, TurnSnapshot,
-};
-use agentgate_core::error::Result;
-use agentgate_core::ids::{
-    ClientRequestId, ExecutionId, Fence, SessionId, ToolName, TurnId, UserId,
-};
-use agentgate_core::model::{ConfirmationContext, ExecutionView, ToolState, TurnState, TurnView};
-use serde_json::Value;
+use agentgate_core::decide::{ExecutionSnapshot, SessionSnapshot, TurnSnapshot};
+use agentgate_core::error::{Error, Result};
+use agentgate_core::model::{ExecutionView, TurnView};
+use agentgate_store_sql::rows::{self, Columns};
 use sqlx::sqlite::SqliteRow;
 use sqlx::Row;
 
-use crate::error::{corrupt, map_sqlx};
+use crate::error::map_sqlx;
 
-/// The columns [`turn_view`] and [`turn_snapshot`] read, in a SELECT list.
-pub(crate) const TURN_COLUMNS: &str = "turn_id, session_id, user_id, client_request_id, \
-    fingerprint, state, attempt, fence, response, error, retryable, pending, \
-    confirms_turn_id, decision, confirmed_by, created_at_ms, updated_at_ms";
+pub(crate) use agentgate_store_sql::rows::{EXECUTION_COLUMNS, TURN_COLUMNS};
 
-/// The columns [`execution_snapshot`] and [`execution_view`] read.
-pub(crate) const EXECUTION_COLUMNS: &str =
-    "execution_id, turn_id, tool, state, attempt, fence, result, error";
+/// A SQLite row's columns: `TEXT`, `INTEGER`, and booleans as `INTEGER` 0/1.
+pub(crate) struct Cols<'a>(pub(crate) &'a SqliteRow);
 
-fn get<'r, T>(row: &'r SqliteRow, column: &str) -> Result<T>
-where
-    T: sqlx::Decode<'r, sqlx::Sqlite> + sqlx::Type<sqlx::Sqlite>,
-{
-    row.try_get(column).map_err(map_sqlx)
+impl Columns for Cols<'_> {
+    fn text(&self, column: &str) -> Result<Option<String>> {
+        self.0.try_get(column).map_err(map_sqlx)
+    }
+
+    fn int(&self, column: &str) -> Result<Option<i64>> {
+        self.0.try_get(column).map_err(map_sqlx)
+    }
+
+    fn flag(&self, column: &str) -> Result<Option<bool>> {
+        match self.int(column)? {
+            None => Ok(None),
+            Some(0) => Ok(Some(false)),
+            Some(1) => Ok(Some(true)),
+            Some(other) => Err(Error::corrupt(format!("{column} is {other}, not 0 or 1"))),
+        }
+    }
 }
 
-fn json(text: Option<String>) -> Result<Option<Value>> {
-    text.map(|t| serde_json::from_str(&t).map_err(|e| corrupt(format!("stored JSON: {e}"))))
-        .transpose()
-}
-
-fn count(value: i64) -> Result<u32> {
-    u32::try_from(value).map_err(|_| corrupt(format!("count {value}")))
-}
-
-fn id<T>(make: fn(String) -> Result<T>, value: String) -> Result<T> {
-    make(value).map_err(|e| corrupt(format!("stored id: {e}")))
-}
-
+/// What `decide` reads of the turn in `row` (its snapshot columns only).
 pub(crate) fn turn_snapshot(row: &SqliteRow) -> Result<TurnSnapshot> {
-    Ok(TurnSnapshot {
-        turn_id: get(row, "turn_id")?,
-        session_id: get(row, "session_id")?,
-        fingerprint: get(row, "fingerprint")?,
-        state: get::<String>(row, "state")?.parse()?,
-        attempt: count(get(row, "attempt")?)?,
-        retryable: get::<Option<bool>>(row, "retryable")?.unwrap_or(false),
-        confirmed_by: get(row, "confirmed_by")?,
-    })
+    rows::turn_snapshot(&Cols(row))
 }
 
 pub(crate) fn turn_view(row: &SqliteRow) -> Result<TurnView> {
-    let pending = json(get(row, "pending")?)?;
-    let confirms: Option<String> = get(row, "confirms_turn_id")?;
-    let confirmation = match confirms {
-        Some(turn_id) => Some(ConfirmationContext {
-            turn_id: id(TurnId::new, turn_id)?,
-            decision: get::<Option<String>>(row, "decision")?
-                .ok_or_else(|| corrupt("confirmation without decision"))?
-                .parse()?,
-            pending: pending.clone().unwrap_or(Value::Null),
-        }),
-        None => None,
-    };
-    let state: TurnState = get::<String>(row, "state")?.parse()?;
-    let failed = state == TurnState::Failed;
-    Ok(TurnView {
-        turn_id: id(TurnId::new, get(row, "turn_id")?)?,
-        session_id: id(SessionId::new, get(row, "session_id")?)?,
-        user_id: id(UserId::new, get(row, "user_id")?)?,
-        client_request_id: id(ClientRequestId::new, get(row, "client_request_id")?)?,
-        state,
-        attempt: count(get(row, "attempt")?)?,
-        fence: Fence(get(row, "fence")?),
-        response: json(get(row, "response")?)?,
-        error: json(get(row, "error")?)?,
-        retryable: if failed {
-            Some(get::<Option<bool>>(row, "retryable")?.unwrap_or(false))
-        } else {
-            None
-        },
-        pending: if confirmation.is_some() {
-            None
-        } else {
-            pending
-        },
-        confirmation,
-        confirmed_by: get::<Option<String>>(row, "confirmed_by")?
-            .map(|t| id(TurnId::new, t))
-            .transpose()?,
-        created_at_ms: get(row, "created_at_ms")?,
-        updated_at_ms: get(row, "updated_at_ms")?,
-    })
+    rows::turn_view(&Cols(row))
 }
 
 pub(crate) fn session_snapshot(row: &SqliteRow) -> Result<SessionSnapshot> {
-    let holder = match (
-        get::<Option<String>>(row, "holder_turn_id")?,
-        get::<Option<i64>>(row, "lease_expires_at_ms")?,
-    ) {
-        (Some(turn_id), Some(lease_expires_at_ms)) => Some(HolderSnapshot {
-            turn_id,
-            lease_expires_at_ms,
-        }),
-        _ => None,
-    };
-    let pending = match (
-        get::<Option<String>>(row, "pending_turn_id")?,
-        get::<Option<i64>>(row, "pending_expires_at_ms")?,
-    ) {
-        (Some(turn_id), Some(expires_at_ms)) => Some(PendingSnapshot {
-            turn_id,
-            expires_at_ms,
-        }),
-        _ => None,
-    };
-    Ok(SessionSnapshot {
-        user_id: get(row, "user_id")?,
-        holder,
-        pending,
-    })
+    rows::session_snapshot(&Cols(row))
 }
 
-pub(crate) fn execution_snapshot(row: &SqliteRow) -> Result<ExecutionSnapshot> {
-    Ok(ExecutionSnapshot {
-        execution_id: get(row, "execution_id")?,
-        state: get::<String>(row, "state")?.parse()?,
-        attempt: count(get(row, "attempt")?)?,
-        fence: Fence(get(row, "fence")?),
-    })
+/// The execution in `row` ([`EXECUTION_COLUMNS`]), or `None` when an outer
+/// join found none.
+pub(crate) fn execution_snapshot(row: &SqliteRow) -> Result<Option<ExecutionSnapshot>> {
+    rows::execution_snapshot(&Cols(row))
 }
 
 pub(crate) fn execution_view(row: &SqliteRow) -> Result<ExecutionView> {
-    let state: ToolState = get::<String>(row, "state")?.parse()?;
-    Ok(ExecutionView {
-        execution_id: id(ExecutionId::new, get(row, "execution_id")?)?,
-        turn_id: id(TurnId::new, get(row, "turn_id")?)?,
-        tool: id(ToolName::new, get(row, "tool")?)?,
-        state,
-        attempt: count(get(row, "attempt")?)?,
-        fence: Fence(get(row, "fence")?),
-        result: json(get(row, "result")?)?,
-        error: json(get(row, "error")?)?,
-    })
+    rows::execution_view(&Cols(row))
 }

@@ -288,7 +288,12 @@ pub(crate) async fn claim_tool(
     .fetch_optional(&mut *tx)
     .await
     .map_err(map_sqlx)?;
-    let snapshot = existing.as_ref().map(execution_snapshot).transpose()?;
+    let snapshot = match &existing {
+        Some(row) => Some(
+            execution_snapshot(row)?.ok_or_else(|| corrupt("an execution row without its id"))?,
+        ),
+        None => None,
+    };
     let key = idempotency_key(&lease.turn_id, call);
     let claim = match decide_tool_claim(
         snapshot.as_ref(),
