@@ -8,6 +8,7 @@
 //!
 //! - [`rows`]: the columns every store selects, decoded into core snapshots
 //!   and views through the dialect's [`rows::Columns`].
+//! - `testing` (feature `testing`): throw-away databases for test suites.
 //! - [`tls`]: the TLS rules of a store URL (modes, CA and client files).
 //! - [`tool`]: a tool execution's ending (a result, a failure, an effect in
 //!   the same transaction), over the dialect's [`tool::ToolEndingSql`].
@@ -20,6 +21,8 @@
 pub mod begin;
 pub mod retry;
 pub mod rows;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod tls;
 pub mod tool;
 

@@ -1,0 +1,160 @@
+//! Throw-away databases for test suites (a store's own tests, the shared
+//! conformance suite, the reference app's), so tests run in parallel and
+//! repeatedly without seeing each other's rows. Behind the `testing`
+//! feature: never in a shipping build.
+//!
+//! A store names its server through [`TestServer`]; the server is found
+//! through the store's environment variable (else its default admin URL), a
+//! URL whose database may be used to create others. When the server cannot
+//! be reached the helpers print why and return `None` so the caller can
+//! skip — unless `AGENTGATE_REQUIRE_SERVICES=1`, in which case they panic:
+//! CI must not pass by skipping.
+
+use std::marker::PhantomData;
+
+use agentgate_core::dburl::{redact_password as redact, with_database};
+
+/// The environment variable that turns a missing server into a failure.
+pub const REQUIRE_SERVICES_ENV: &str = "AGENTGATE_REQUIRE_SERVICES";
+
+/// Prefix of every database these helpers create, so leftovers of crashed
+/// runs are recognisable (`DROP DATABASE` them freely).
+pub const DATABASE_PREFIX: &str = "agentgate_t_";
+
+/// A database server tests can make databases on. Its futures need not be
+/// `Send` (sqlx's admin statements on a borrowed connection are not, for
+/// every lifetime): tests await them in place.
+#[async_trait::async_trait(?Send)]
+pub trait TestServer: Send + Sync + 'static {
+    /// The server's name in messages.
+    const NAME: &'static str;
+    /// The environment variable naming the admin URL.
+    const ADMIN_URL_ENV: &'static str;
+    /// Where the server is looked for when the environment does not say.
+    const DEFAULT_ADMIN_URL: &'static str;
+
+    /// Connects once to `url` and disconnects, or says why it could not.
+    async fn probe(url: &str) -> Result<(), String>;
+    /// Creates the empty database `name`.
+    async fn create(url: &str, name: &str) -> Result<(), String>;
+    /// Drops the database `name`, ending its connections.
+    async fn drop(url: &str, name: &str) -> Result<(), String>;
+}
+
+fn services_required() -> bool {
+    std::env::var(REQUIRE_SERVICES_ENV).is_ok_and(|v| v == "1")
+}
+
+fn admin_url<S: TestServer>() -> String {
+    std::env::var(S::ADMIN_URL_ENV).unwrap_or_else(|_| S::DEFAULT_ADMIN_URL.to_owned())
+}
+
+/// A fresh, random database name with [`DATABASE_PREFIX`].
+fn fresh_name() -> String {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).expect("the operating system's random source is available");
+    format!("{DATABASE_PREFIX}{}", hex::encode(bytes))
+}
+
+/// Creates an empty database and returns its URL; `None` (after printing
+/// why) when the server is absent.
+///
+/// # Panics
+/// When the server is absent and `AGENTGATE_REQUIRE_SERVICES=1`, or when the
+/// server is there but refuses to create a database.
+pub async fn fresh_database_url<S: TestServer>() -> Option<String> {
+    let admin = admin_url::<S>();
+    if let Err(reason) = S::probe(&admin).await {
+        assert!(
+            !services_required(),
+            "{} is required ({REQUIRE_SERVICES_ENV}=1) but {reason}",
+            S::NAME
+        );
+        eprintln!(
+            "skipping: {} not available ({reason}); set {} to point at one",
+            S::NAME,
+            S::ADMIN_URL_ENV
+        );
+        return None;
+    }
+    let name = fresh_name();
+    S::create(&admin, &name)
+        .await
+        .unwrap_or_else(|e| panic!("{} is up but {e}", S::NAME));
+    Some(with_database(&admin, &name))
+}
+
+/// Drops a database made by [`fresh_database_url`]. Best effort: a failure
+/// is printed, not raised, since it only leaves a prefixed database behind.
+pub async fn drop_database<S: TestServer>(url: &str) {
+    let Some(name) = url
+        .split('?')
+        .next()
+        .and_then(|base| base.rsplit('/').next())
+        .filter(|name| name.starts_with(DATABASE_PREFIX))
+    else {
+        eprintln!("not dropping {}: not a test database", redact(url));
+        return;
+    };
+    if let Err(error) = S::drop(&admin_url::<S>(), name).await {
+        eprintln!("could not drop test database {name}: {error}");
+    }
+}
+
+/// A fresh database that is dropped (best effort) when this value is
+/// dropped, even when the test panicked. Keep it alive as long as the store.
+#[derive(Debug)]
+pub struct TestDatabase<S: TestServer> {
+    url: String,
+    server: PhantomData<S>,
+}
+
+impl<S: TestServer> TestDatabase<S> {
+    /// Creates an empty database; `None` (after printing why) when the
+    /// server is absent.
+    ///
+    /// # Panics
+    /// As [`fresh_database_url`].
+    pub async fn create() -> Option<Self> {
+        fresh_database_url::<S>().await.map(|url| Self {
+            url,
+            server: PhantomData,
+        })
+    }
+
+    /// The database's URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+impl<S: TestServer> Drop for TestDatabase<S> {
+    fn drop(&mut self) {
+        let url = std::mem::take(&mut self.url);
+        // Drop may run inside a runtime, which cannot block on itself: drop
+        // the database from a thread with a small runtime of its own.
+        let dropper =
+            std::thread::spawn(move || {
+                match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime.block_on(drop_database::<S>(&url)),
+                    Err(error) => eprintln!("could not drop a test database: {error}"),
+                }
+            });
+        let _ = dropper.join();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_prefixed_and_distinct() {
+        let (a, b) = (fresh_name(), fresh_name());
+        assert!(a.starts_with(DATABASE_PREFIX));
+        assert_ne!(a, b);
+    }
+}
