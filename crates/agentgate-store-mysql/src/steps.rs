@@ -51,6 +51,7 @@ use crate::rows::{
     execution_snapshot, get, json, text, text_required, turn_view, EXECUTION_COLUMNS, TURN_COLUMNS,
 };
 use crate::{MySqlStore, NOW_MS};
+use agentgate_store_sql::heartbeat::{self, HeartbeatSql};
 use agentgate_store_sql::tool::{self, ToolEndingSql};
 use agentgate_store_sql::Retry;
 
@@ -197,73 +198,55 @@ pub(crate) async fn heartbeat(store: &MySqlStore, lease: &LeaseRef) -> Result<Le
 }
 
 async fn heartbeat_once(store: &MySqlStore, lease: &LeaseRef) -> Result<LeaseStatus> {
-    let ttl_ms = store.config.lease_ttl_ms();
-    if let Some(layer) = &store.leases {
-        // The lease lives in the layer, but its key can outlive the turn:
-        // an ending's release in the layer is best effort. So a renewal
-        // counts only while the turn is still running in SQL (one read);
-        // an ended turn's heartbeat is lease_lost (SPEC §5), and its
-        // leftover key is released again so the session frees now.
-        let digest = lease.token.digest_hex();
-        if let Some(remaining) = layer.renew(lease.turn_id.as_str(), &digest, ttl_ms).await? {
-            // VARBINARY, as every text column here (see `rows`).
-            let state: Option<Vec<u8>> =
-                sqlx::query_scalar("SELECT state FROM ag_turns WHERE turn_id = ?")
-                    .bind(lease.turn_id.as_str())
-                    .fetch_optional(&store.pool)
-                    .await
-                    .map_err(map_sqlx)?;
-            match state.as_deref() {
-                Some(b"running") => {
-                    return Ok(LeaseStatus {
-                        lease_expires_in_ms: remaining,
-                    })
-                }
-                None => return Err(Error::not_found(format!("turn {}", lease.turn_id))),
-                Some(_) => {
-                    if let Err(error) = layer.release(lease.turn_id.as_str(), &digest).await {
-                        tracing::debug!(%error, "releasing an ended turn's leftover lease failed");
-                    }
-                    return Err(Error::LeaseLost {
-                        reason: "turn already ended",
-                    });
-                }
-            }
-        }
-        let mut conn = store.pool.acquire().await.map_err(map_sqlx)?;
-        check_lease(store, &mut conn, lease, false).await?;
-        return Err(Error::LeaseLost {
-            reason: "lease expired",
-        });
+    heartbeat::heartbeat_once(&Sql(store), lease).await
+}
+
+#[async_trait::async_trait]
+impl HeartbeatSql for Sql<'_> {
+    fn leases(&self) -> Option<&dyn LeaseLayer> {
+        self.0.leases.as_deref()
     }
-    // One statement, its own transaction: renews session lease and permit
-    // (the same row); the turn needs no write while it runs. sqlx asks for
-    // "found rows", so a renewal within the same millisecond still counts.
-    let renewed = sqlx::query(&format!(
-        "UPDATE ag_sessions SET lease_expires_at_ms = {NOW_MS} + ?, updated_at_ms = {NOW_MS} \
-         WHERE session_id = (SELECT session_id FROM ag_turns WHERE turn_id = ?) \
-         AND holder_turn_id = ? AND lease_token_hash = ? AND lease_expires_at_ms > {NOW_MS}"
-    ))
-    .bind(ttl_ms)
-    .bind(lease.turn_id.as_str())
-    .bind(lease.turn_id.as_str())
-    .bind(lease.token.digest_hex())
-    .execute(&store.pool)
-    .await
-    .map_err(map_sqlx)?
-    .rows_affected()
-        == 1;
-    if !renewed {
-        // Explain the refusal; nothing was written.
-        let mut conn = store.pool.acquire().await.map_err(map_sqlx)?;
-        check_lease(store, &mut conn, lease, false).await?;
-        return Err(Error::LeaseLost {
-            reason: "lease expired",
-        });
+
+    fn lease_ttl_ms(&self) -> i64 {
+        self.0.config.lease_ttl_ms()
     }
-    Ok(LeaseStatus {
-        lease_expires_in_ms: ttl_ms,
-    })
+
+    async fn turn_state(&self, lease: &LeaseRef) -> Result<Option<String>> {
+        // VARBINARY, as every text column here (see `rows`).
+        let state: Option<Vec<u8>> =
+            sqlx::query_scalar("SELECT state FROM ag_turns WHERE turn_id = ?")
+                .bind(lease.turn_id.as_str())
+                .fetch_optional(&self.0.pool)
+                .await
+                .map_err(map_sqlx)?;
+        state
+            .map(|s| String::from_utf8(s).map_err(|_| corrupt("a turn's state is not UTF-8")))
+            .transpose()
+    }
+
+    /// One statement, its own transaction: renews session lease and permit
+    /// (the same row); the turn needs no write while it runs. sqlx asks for
+    /// "found rows", so a renewal within the same millisecond still counts.
+    async fn renew_row_lease(&self, lease: &LeaseRef, ttl_ms: i64) -> Result<bool> {
+        let renewed = sqlx::query(&format!(
+            "UPDATE ag_sessions SET lease_expires_at_ms = {NOW_MS} + ?, updated_at_ms = {NOW_MS} \
+             WHERE session_id = (SELECT session_id FROM ag_turns WHERE turn_id = ?) \
+             AND holder_turn_id = ? AND lease_token_hash = ? AND lease_expires_at_ms > {NOW_MS}"
+        ))
+        .bind(ttl_ms)
+        .bind(lease.turn_id.as_str())
+        .bind(lease.turn_id.as_str())
+        .bind(lease.token.digest_hex())
+        .execute(&self.0.pool)
+        .await
+        .map_err(map_sqlx)?;
+        Ok(renewed.rows_affected() == 1)
+    }
+
+    async fn explain_lease(&self, lease: &LeaseRef) -> Result<()> {
+        let mut conn = self.0.pool.acquire().await.map_err(map_sqlx)?;
+        check_lease(self.0, &mut conn, lease, false).await.map(drop)
+    }
 }
 
 pub(crate) async fn claim_tool(

@@ -54,7 +54,7 @@ mod lease;
 mod orphans;
 mod rows;
 mod steps;
-#[cfg(any(test, feature = "testing"))]
+#[cfg(feature = "testing")]
 pub mod testing;
 mod views;
 

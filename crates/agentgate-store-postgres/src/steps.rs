@@ -37,6 +37,7 @@ use agentgate_core::config::duration_ms;
 use agentgate_core::decide::{self, decide_tool_claim, ExecutionSnapshot, ToolDecision};
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::ExecutionId;
+use agentgate_core::lease::LeaseLayer;
 use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
 use agentgate_core::model::{
     idempotency_key, Ending, ExecutionEnding, LeaseRef, PreviousOutcome, ToolCall, ToolClaim,
@@ -50,6 +51,7 @@ use crate::error::{corrupt, map_sqlx};
 use crate::lease::{check_lease, Holder, LiveLease};
 use crate::rows::{execution_snapshot, get, json, turn_view, EXECUTION_COLUMNS, TURN_COLUMNS};
 use crate::{PostgresStore, NOW_MS};
+use agentgate_store_sql::heartbeat::{self, HeartbeatSql};
 use agentgate_store_sql::tool::{self, ToolEndingSql};
 use agentgate_store_sql::Retry;
 
@@ -64,69 +66,49 @@ pub(crate) async fn heartbeat(store: &PostgresStore, lease: &LeaseRef) -> Result
 }
 
 async fn heartbeat_once(store: &PostgresStore, lease: &LeaseRef) -> Result<LeaseStatus> {
-    let ttl_ms = store.config.lease_ttl_ms();
-    if let Some(layer) = &store.leases {
-        // The lease lives in the layer, but its key can outlive the turn:
-        // an ending's release in the layer is best effort. So a renewal
-        // counts only while the turn is still running in SQL (one read);
-        // an ended turn's heartbeat is lease_lost (SPEC §5), and its
-        // leftover key is released again so the session frees now.
-        let digest = lease.token.digest_hex();
-        if let Some(remaining) = layer.renew(lease.turn_id.as_str(), &digest, ttl_ms).await? {
-            let state: Option<String> =
-                sqlx::query_scalar("SELECT state FROM ag_turns WHERE turn_id = $1")
-                    .bind(lease.turn_id.as_str())
-                    .fetch_optional(&store.pool)
-                    .await
-                    .map_err(map_sqlx)?;
-            match state.as_deref() {
-                Some("running") => {
-                    return Ok(LeaseStatus {
-                        lease_expires_in_ms: remaining,
-                    })
-                }
-                None => return Err(Error::not_found(format!("turn {}", lease.turn_id))),
-                Some(_) => {
-                    if let Err(error) = layer.release(lease.turn_id.as_str(), &digest).await {
-                        tracing::debug!(%error, "releasing an ended turn's leftover lease failed");
-                    }
-                    return Err(Error::LeaseLost {
-                        reason: "turn already ended",
-                    });
-                }
-            }
-        }
-        let mut conn = store.pool.acquire().await.map_err(map_sqlx)?;
-        check_lease(store, &mut conn, lease, false).await?;
-        return Err(Error::LeaseLost {
-            reason: "lease expired",
-        });
+    heartbeat::heartbeat_once(&Sql(store), lease).await
+}
+
+#[async_trait::async_trait]
+impl HeartbeatSql for Sql<'_> {
+    fn leases(&self) -> Option<&dyn LeaseLayer> {
+        self.0.leases.as_deref()
     }
-    // One statement, its own transaction: renews session lease and permit
-    // (the same row); the turn needs no write while it runs.
-    let renewed: Option<i64> = sqlx::query_scalar(&format!(
-        "UPDATE ag_sessions s SET lease_expires_at_ms = {NOW_MS} + $1, updated_at_ms = {NOW_MS} \
-         FROM ag_turns t WHERE t.turn_id = $2 AND s.session_id = t.session_id \
-         AND s.holder_turn_id = $2 AND s.lease_token_hash = $3 AND s.lease_expires_at_ms > {NOW_MS} \
-         RETURNING s.lease_expires_at_ms"
-    ))
-    .bind(ttl_ms)
-    .bind(lease.turn_id.as_str())
-    .bind(lease.token.digest_hex())
-    .fetch_optional(&store.pool)
-    .await
-    .map_err(map_sqlx)?;
-    if renewed.is_none() {
-        // Explain the refusal; nothing was written.
-        let mut conn = store.pool.acquire().await.map_err(map_sqlx)?;
-        check_lease(store, &mut conn, lease, false).await?;
-        return Err(Error::LeaseLost {
-            reason: "lease expired",
-        });
+
+    fn lease_ttl_ms(&self) -> i64 {
+        self.0.config.lease_ttl_ms()
     }
-    Ok(LeaseStatus {
-        lease_expires_in_ms: ttl_ms,
-    })
+
+    async fn turn_state(&self, lease: &LeaseRef) -> Result<Option<String>> {
+        sqlx::query_scalar("SELECT state FROM ag_turns WHERE turn_id = $1")
+            .bind(lease.turn_id.as_str())
+            .fetch_optional(&self.0.pool)
+            .await
+            .map_err(map_sqlx)
+    }
+
+    /// One statement, its own transaction: renews session lease and permit
+    /// (the same row); the turn needs no write while it runs.
+    async fn renew_row_lease(&self, lease: &LeaseRef, ttl_ms: i64) -> Result<bool> {
+        let renewed: Option<i64> = sqlx::query_scalar(&format!(
+            "UPDATE ag_sessions s SET lease_expires_at_ms = {NOW_MS} + $1, updated_at_ms = {NOW_MS} \
+             FROM ag_turns t WHERE t.turn_id = $2 AND s.session_id = t.session_id \
+             AND s.holder_turn_id = $2 AND s.lease_token_hash = $3 AND s.lease_expires_at_ms > {NOW_MS} \
+             RETURNING s.lease_expires_at_ms"
+        ))
+        .bind(ttl_ms)
+        .bind(lease.turn_id.as_str())
+        .bind(lease.token.digest_hex())
+        .fetch_optional(&self.0.pool)
+        .await
+        .map_err(map_sqlx)?;
+        Ok(renewed.is_some())
+    }
+
+    async fn explain_lease(&self, lease: &LeaseRef) -> Result<()> {
+        let mut conn = self.0.pool.acquire().await.map_err(map_sqlx)?;
+        check_lease(self.0, &mut conn, lease, false).await.map(drop)
+    }
 }
 
 pub(crate) async fn claim_tool(

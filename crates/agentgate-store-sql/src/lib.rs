@@ -2,6 +2,8 @@
 //! store (PostgreSQL, MySQL/MariaDB) supplies its SQL, its locking and its
 //! error mapping through a small trait per step.
 //!
+//! - [`heartbeat`]: a lease's renewal, in the rows or in the lease layer,
+//!   over the dialect's [`heartbeat::HeartbeatSql`].
 //! - [`retry`]: the bounded re-run of a step after a transient conflict.
 //! - [`begin`]: a begin's decision applied inside the store's transaction
 //!   ([`begin::begin_in`]), over the dialect's [`begin::BeginSql`].
@@ -19,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 pub mod begin;
+pub mod heartbeat;
 pub mod retry;
 pub mod rows;
 #[cfg(feature = "testing")]

@@ -19,6 +19,7 @@ use agentgate_core::decide::{
 };
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{ExecutionId, Fence};
+use agentgate_core::lease::LeaseLayer;
 use agentgate_core::limits::FAST_ATTEMPTS;
 use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
 use agentgate_core::model::{
@@ -31,6 +32,7 @@ use sqlx::query::Query;
 use sqlx::sqlite::SqliteArguments;
 use sqlx::{Row, Sqlite, SqliteConnection, Transaction};
 
+use agentgate_store_sql::heartbeat::{self, HeartbeatSql};
 use agentgate_store_sql::tool::{self, ToolEndingSql};
 
 use crate::error::{corrupt, map_sqlx};
@@ -203,69 +205,48 @@ async fn check_in_row(conn: &mut SqliteConnection, lease: &LeaseRef) -> Result<L
 }
 
 pub(crate) async fn heartbeat(store: &SqliteStore, lease: &LeaseRef) -> Result<LeaseStatus> {
-    let ttl_ms = store.config.lease_ttl_ms();
-    if let Some(layer) = &store.leases {
-        // The lease lives in the layer, but its key can outlive the turn:
-        // an ending's release in the layer is best effort. So a renewal
-        // counts only while the turn is still running in SQL (one read);
-        // an ended turn's heartbeat is lease_lost (SPEC §5), and its
-        // leftover key is released again so the session frees now.
-        let digest = lease.token.digest_hex();
-        if let Some(remaining) = layer.renew(lease.turn_id.as_str(), &digest, ttl_ms).await? {
-            let state: Option<String> =
-                sqlx::query_scalar("SELECT state FROM ag_turns WHERE turn_id = ?")
-                    .bind(lease.turn_id.as_str())
-                    .fetch_optional(&store.reader)
-                    .await
-                    .map_err(map_sqlx)?;
-            match state.as_deref() {
-                Some("running") => {
-                    return Ok(LeaseStatus {
-                        lease_expires_in_ms: remaining,
-                    })
-                }
-                None => return Err(Error::not_found(format!("turn {}", lease.turn_id))),
-                Some(_) => {
-                    if let Err(error) = layer.release(lease.turn_id.as_str(), &digest).await {
-                        tracing::debug!(%error, "releasing an ended turn's leftover lease failed");
-                    }
-                    return Err(Error::LeaseLost {
-                        reason: "turn already ended",
-                    });
-                }
-            }
-        }
-        let mut conn = store.reader.acquire().await.map_err(map_sqlx)?;
-        check_lease(store, &mut conn, lease).await?;
-        return Err(Error::LeaseLost {
-            reason: "lease expired",
-        });
+    heartbeat::heartbeat_once(&Sql(store), lease).await
+}
+
+#[async_trait::async_trait]
+impl HeartbeatSql for Sql<'_> {
+    fn leases(&self) -> Option<&dyn LeaseLayer> {
+        self.0.leases.as_deref()
     }
-    // One autocommit statement renews session lease, permit (the same row)
-    // and turn.
-    let renewed = sqlx::query(&format!(
-        "UPDATE ag_sessions SET lease_expires_at_ms = {NOW_MS} + ?1, updated_at_ms = {NOW_MS} \
-         WHERE session_id = (SELECT session_id FROM ag_turns WHERE turn_id = ?2) \
-         AND holder_turn_id = ?2 AND lease_token_hash = ?3 AND lease_expires_at_ms > {NOW_MS}"
-    ))
-    .bind(ttl_ms)
-    .bind(lease.turn_id.as_str())
-    .bind(lease.token.digest_hex())
-    .execute(&store.writer)
-    .await
-    .map_err(map_sqlx)?;
-    if renewed.rows_affected() == 0 {
-        // Explain the refusal; nothing was written. A lease that was not live
-        // for the statement cannot have become live since.
-        let mut conn = store.reader.acquire().await.map_err(map_sqlx)?;
-        check_lease(store, &mut conn, lease).await?;
-        return Err(Error::LeaseLost {
-            reason: "lease expired",
-        });
+
+    fn lease_ttl_ms(&self) -> i64 {
+        self.0.config.lease_ttl_ms()
     }
-    Ok(LeaseStatus {
-        lease_expires_in_ms: ttl_ms,
-    })
+
+    async fn turn_state(&self, lease: &LeaseRef) -> Result<Option<String>> {
+        sqlx::query_scalar("SELECT state FROM ag_turns WHERE turn_id = ?")
+            .bind(lease.turn_id.as_str())
+            .fetch_optional(&self.0.reader)
+            .await
+            .map_err(map_sqlx)
+    }
+
+    /// One autocommit statement on the writer renews session lease and
+    /// permit (the same row).
+    async fn renew_row_lease(&self, lease: &LeaseRef, ttl_ms: i64) -> Result<bool> {
+        let renewed = sqlx::query(&format!(
+            "UPDATE ag_sessions SET lease_expires_at_ms = {NOW_MS} + ?1, updated_at_ms = {NOW_MS} \
+             WHERE session_id = (SELECT session_id FROM ag_turns WHERE turn_id = ?2) \
+             AND holder_turn_id = ?2 AND lease_token_hash = ?3 AND lease_expires_at_ms > {NOW_MS}"
+        ))
+        .bind(ttl_ms)
+        .bind(lease.turn_id.as_str())
+        .bind(lease.token.digest_hex())
+        .execute(&self.0.writer)
+        .await
+        .map_err(map_sqlx)?;
+        Ok(renewed.rows_affected() == 1)
+    }
+
+    async fn explain_lease(&self, lease: &LeaseRef) -> Result<()> {
+        let mut conn = self.0.reader.acquire().await.map_err(map_sqlx)?;
+        check_lease(self.0, &mut conn, lease).await.map(drop)
+    }
 }
 
 pub(crate) async fn claim_tool(
