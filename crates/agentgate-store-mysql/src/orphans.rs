@@ -13,8 +13,7 @@
 
 use agentgate_core::decide::ABANDONED_ERROR;
 use agentgate_core::error::Result;
-use agentgate_core::lease::held_by;
-use agentgate_core::limits::MAX_ORPHAN_SCAN;
+use agentgate_core::lease::LeaseLayer;
 use agentgate_core::model::{Orphan, OrphanFilter};
 use sqlx::mysql::MySqlRow;
 use sqlx::{MySql, QueryBuilder};
@@ -22,7 +21,7 @@ use sqlx::{MySql, QueryBuilder};
 use crate::error::map_sqlx;
 use crate::rows::Cols;
 use crate::{MySqlStore, NOW_MS};
-use agentgate_store_sql::Retry;
+use agentgate_store_sql::orphans::{self, OrphanSql};
 
 /// When the turn last had a live lease, as far as the rows tell: the
 /// session's expiry while the row names it, else the recorded orphan time,
@@ -88,36 +87,47 @@ pub(crate) async fn list(
     filter: &OrphanFilter,
     limit: u32,
 ) -> Result<Vec<Orphan>> {
-    filter.validate()?;
-    let limit = limit.min(MAX_ORPHAN_SCAN);
-    let now: i64 = sqlx::query_scalar(&format!("SELECT {NOW_MS}"))
-        .fetch_one(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    let found = candidates(store, filter, limit, now).await?;
-    let Some(layer) = &store.leases else {
-        return Ok(found);
-    };
-    let min_age = i64::try_from(filter.min_orphaned_ms).unwrap_or(i64::MAX);
-    let mut orphans = Vec::with_capacity(found.len());
-    for mut orphan in found {
-        if held_by(
-            layer.as_ref(),
-            orphan.session_id.as_str(),
-            orphan.turn_id.as_str(),
-        )
-        .await?
-        {
-            continue;
-        }
-        // First seen unheld: record since when, unless a grant came between.
+    orphans::list(&Sql(store), filter, limit).await
+}
+
+pub(crate) async fn abandon(store: &MySqlStore, orphan: &Orphan) -> Result<bool> {
+    orphans::abandon(&Sql(store), orphan).await
+}
+
+/// The store as the shared orphan steps see it.
+struct Sql<'a>(&'a MySqlStore);
+
+#[async_trait::async_trait]
+impl OrphanSql for Sql<'_> {
+    fn leases(&self) -> Option<&dyn LeaseLayer> {
+        self.0.leases.as_deref()
+    }
+
+    async fn now_ms(&self) -> Result<i64> {
+        sqlx::query_scalar(&format!("SELECT {NOW_MS}"))
+            .fetch_one(&self.0.pool)
+            .await
+            .map_err(map_sqlx)
+    }
+
+    async fn candidates(
+        &self,
+        filter: &OrphanFilter,
+        limit: u32,
+        now_ms: i64,
+    ) -> Result<Vec<Orphan>> {
+        candidates(self.0, filter, limit, now_ms).await
+    }
+
+    /// First seen unheld: record since when, unless a grant came between.
+    async fn stamp_orphaned(&self, orphan: &Orphan) -> Result<Option<i64>> {
         sqlx::query(&format!(
             "UPDATE ag_turns SET orphaned_at_ms = COALESCE(orphaned_at_ms, {NOW_MS}) \
              WHERE turn_id = ? AND state = 'running' AND fence = ?"
         ))
         .bind(orphan.turn_id.as_str())
         .bind(orphan.fence.0)
-        .execute(&store.pool)
+        .execute(&self.0.pool)
         .await
         .map_err(map_sqlx)?;
         let stamped: Option<Option<i64>> = sqlx::query_scalar(
@@ -126,89 +136,62 @@ pub(crate) async fn list(
         )
         .bind(orphan.turn_id.as_str())
         .bind(orphan.fence.0)
-        .fetch_optional(&store.pool)
+        .fetch_optional(&self.0.pool)
         .await
         .map_err(map_sqlx)?;
-        let stamped = stamped.flatten();
-        let Some(since) = stamped else { continue };
-        orphan.orphaned_since_ms = since;
-        orphan.orphaned_for_ms = now.saturating_sub(since).max(0);
-        if orphan.orphaned_for_ms >= min_age {
-            orphans.push(orphan);
-        }
+        Ok(stamped.flatten())
     }
-    Ok(orphans)
-}
 
-pub(crate) async fn abandon(store: &MySqlStore, orphan: &Orphan) -> Result<bool> {
-    if let Some(layer) = &store.leases {
-        if held_by(
-            layer.as_ref(),
-            orphan.session_id.as_str(),
-            orphan.turn_id.as_str(),
+    /// One transaction that locks the session row first, as a begin does, so
+    /// a concurrent takeover and this step are ordered: the turn ends only if
+    /// it still runs under the orphan's fence with no live row lease (a
+    /// takeover changes the fence), and the session is released only if it
+    /// still names the turn.
+    async fn abandon_once(&self, orphan: &Orphan) -> Result<bool> {
+        let store = self.0;
+        let mut tx = store.transaction().await?;
+        sqlx::query("SELECT session_id FROM ag_sessions WHERE session_id = ? FOR UPDATE")
+            .bind(orphan.session_id.as_str())
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(map_sqlx)?;
+        let now: i64 = sqlx::query_scalar(&format!("SELECT {NOW_MS}"))
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(map_sqlx)?;
+        let ended = sqlx::query(
+            "UPDATE ag_turns t SET t.state = 'abandoned', t.error = ?, t.retryable = NULL, \
+             t.updated_at_ms = ?, t.ended_at_ms = ?, t.orphaned_at_ms = NULL \
+             WHERE t.turn_id = ? AND t.state = 'running' AND t.fence = ? AND NOT EXISTS ( \
+             SELECT 1 FROM ag_sessions s WHERE s.session_id = t.session_id \
+             AND s.holder_turn_id = t.turn_id AND s.lease_expires_at_ms > ?)",
         )
-        .await?
-        {
+        .bind(ABANDONED_ERROR)
+        .bind(now)
+        .bind(now)
+        .bind(orphan.turn_id.as_str())
+        .bind(orphan.fence.0)
+        .bind(now)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_sqlx)?
+        .rows_affected();
+        if ended == 0 {
             return Ok(false);
         }
-    }
-    let mut retry = Retry::new();
-    loop {
-        match abandon_once(store, orphan).await {
-            Err(error) => retry.after(error).await?,
-            done => return done,
-        }
-    }
-}
-
-/// One transaction that locks the session row first, as a begin does, so
-/// a concurrent takeover and this step are ordered: the turn ends only if
-/// it still runs under the orphan's fence with no live row lease (a
-/// takeover changes the fence), and the session is released only if it
-/// still names the turn.
-async fn abandon_once(store: &MySqlStore, orphan: &Orphan) -> Result<bool> {
-    let mut tx = store.transaction().await?;
-    sqlx::query("SELECT session_id FROM ag_sessions WHERE session_id = ? FOR UPDATE")
+        assert_eq!(ended, 1, "turn_id is the primary key");
+        sqlx::query(
+            "UPDATE ag_sessions SET holder_turn_id = NULL, lease_token_hash = NULL, \
+             lease_expires_at_ms = NULL, updated_at_ms = ? \
+             WHERE session_id = ? AND holder_turn_id = ?",
+        )
+        .bind(now)
         .bind(orphan.session_id.as_str())
-        .fetch_optional(&mut *tx)
+        .bind(orphan.turn_id.as_str())
+        .execute(&mut *tx)
         .await
         .map_err(map_sqlx)?;
-    let now: i64 = sqlx::query_scalar(&format!("SELECT {NOW_MS}"))
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(map_sqlx)?;
-    let ended = sqlx::query(
-        "UPDATE ag_turns t SET t.state = 'abandoned', t.error = ?, t.retryable = NULL, \
-         t.updated_at_ms = ?, t.ended_at_ms = ?, t.orphaned_at_ms = NULL \
-         WHERE t.turn_id = ? AND t.state = 'running' AND t.fence = ? AND NOT EXISTS ( \
-         SELECT 1 FROM ag_sessions s WHERE s.session_id = t.session_id \
-         AND s.holder_turn_id = t.turn_id AND s.lease_expires_at_ms > ?)",
-    )
-    .bind(ABANDONED_ERROR)
-    .bind(now)
-    .bind(now)
-    .bind(orphan.turn_id.as_str())
-    .bind(orphan.fence.0)
-    .bind(now)
-    .execute(&mut *tx)
-    .await
-    .map_err(map_sqlx)?
-    .rows_affected();
-    if ended == 0 {
-        return Ok(false);
+        tx.commit().await.map_err(map_sqlx)?;
+        Ok(true)
     }
-    assert_eq!(ended, 1, "turn_id is the primary key");
-    sqlx::query(
-        "UPDATE ag_sessions SET holder_turn_id = NULL, lease_token_hash = NULL, \
-         lease_expires_at_ms = NULL, updated_at_ms = ? \
-         WHERE session_id = ? AND holder_turn_id = ?",
-    )
-    .bind(now)
-    .bind(orphan.session_id.as_str())
-    .bind(orphan.turn_id.as_str())
-    .execute(&mut *tx)
-    .await
-    .map_err(map_sqlx)?;
-    tx.commit().await.map_err(map_sqlx)?;
-    Ok(true)
 }

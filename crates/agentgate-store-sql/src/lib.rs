@@ -4,6 +4,8 @@
 //!
 //! - [`heartbeat`]: a lease's renewal, in the rows or in the lease layer,
 //!   over the dialect's [`heartbeat::HeartbeatSql`].
+//! - [`orphans`]: listing orphans (asking the lease layer) and abandoning
+//!   one, over the dialect's [`orphans::OrphanSql`].
 //! - [`retry`]: the bounded re-run of a step after a transient conflict.
 //! - [`begin`]: a begin's decision applied inside the store's transaction
 //!   ([`begin::begin_in`]), over the dialect's [`begin::BeginSql`].
@@ -22,6 +24,7 @@
 
 pub mod begin;
 pub mod heartbeat;
+pub mod orphans;
 pub mod retry;
 pub mod rows;
 #[cfg(feature = "testing")]
