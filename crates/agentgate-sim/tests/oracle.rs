@@ -20,15 +20,26 @@
 //! they are compared by role: the n-th turn or execution either store shows
 //! is `T<n>` / `E<n>`, and fences by their rank among the fences seen.
 //! Times (`created_at_ms`, remaining lease and retry-after) are not
-//! compared: the two stores read different clocks. The lease TTL is the
-//! longest allowed, so no lease expires within a case (takeovers and
-//! expiry are not covered here: the sim's clock is tokio's, the real
-//! store's is the database's, and nothing drives both together).
+//! compared, only that a remaining lease is positive: the two stores read
+//! different clocks.
 //!
-//! A difference fails with the shrunk step sequence. SQLite always runs;
-//! PostgreSQL, MySQL and the Redis lease layer run when their servers are up
-//! (see `agentgate_conformance::targets`). `AGENTGATE_ORACLE_CASES` (default
-//! 32) sets the cases per store.
+//! Two kinds of cases per store:
+//! - `*_agrees_with_decide`: the longest lease TTL, so no lease expires
+//!   within a case; `AGENTGATE_ORACLE_CASES` (default 32) cases.
+//! - `*_agrees_with_decide_across_lease_expiry`: a 500 ms TTL and sleep
+//!   steps of 650 ms. The oracle's clock is tokio's (unpaused: real time)
+//!   and the store's is the database's, so nothing drives both; instead
+//!   every segment between sleeps must finish within 350 ms, so each lease
+//!   is clearly live within its segment and clearly expired after the next
+//!   sleep on both clocks (a slower segment rejects the case rather than
+//!   fail it). This covers takeovers, expired heartbeats and claims.
+//!   `AGENTGATE_ORACLE_EXPIRY_CASES` (default 8) cases.
+//!
+//! A difference fails with the shrunk step sequence (the steps up to the
+//! first difference). SQLite always runs; PostgreSQL, MySQL and the Redis
+//! lease layer run when their servers are up (see
+//! `agentgate_conformance::targets`). One known difference, a store bug, is
+//! skipped unless `AGENTGATE_ORACLE_STRICT=1`: see [`KNOWN_DIFFERENCE`].
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
@@ -57,6 +68,20 @@ const LEASE_TTL: Duration = agentgate::limits::MAX_LEASE_TTL;
 const DEFAULT_CAP: u32 = 2;
 /// Cases per store unless `AGENTGATE_ORACLE_CASES` says otherwise.
 const DEFAULT_CASES: u32 = 32;
+/// The expiry cases' lease TTL: both stores' clocks run in real time (the
+/// oracle's is tokio's, unpaused), so leases expire by sleeping.
+const SHORT_TTL: Duration = Duration::from_millis(500);
+/// A sleep step: past every lease of the segment before it, on both clocks.
+const SLEEP: Duration = Duration::from_millis(650);
+/// The longest a segment between sleeps may take: every lease granted or
+/// renewed in it is then still live (with 150 ms to spare) at its end and
+/// expired (by 150 ms) after the next sleep, on both stores. A case whose
+/// segment took longer (a loaded machine) proves nothing and is rejected,
+/// not failed.
+const SEGMENT_BOUND: Duration = Duration::from_millis(350);
+/// Expiry cases per store unless `AGENTGATE_ORACLE_EXPIRY_CASES` says
+/// otherwise: each sleeps about 1.3 s.
+const DEFAULT_EXPIRY_CASES: u32 = 8;
 /// Shrinking bound: a failing case on a server store shrinks in seconds.
 const MAX_SHRINK_ITERS: u32 = 512;
 
@@ -77,6 +102,12 @@ enum EndKind {
 enum Op {
     /// No step: what shrinking turns a step that does not matter into.
     Idle,
+    /// Only in the expiry cases: wait [`SLEEP`], past every lease granted
+    /// or renewed so far.
+    Sleep,
+    /// The latest begin (or confirmation) again, as a client's retry: after
+    /// a sleep, the takeover of a turn whose lease expired.
+    Repeat,
     Begin {
         user: u8,
         session: u8,
@@ -136,10 +167,15 @@ fn user() -> impl Strategy<Value = u8> {
 }
 
 /// A case: each user's cap set first (1, 2, or the default 2), then 20–40
-/// steps.
-fn case() -> impl Strategy<Value = Vec<Op>> {
+/// steps; in the expiry cases, some of them sleeps.
+fn case(expiry: bool) -> impl Strategy<Value = Vec<Op>> {
     let cap = prop::option::of(1u32..=2);
-    (cap.clone(), cap, prop::collection::vec(op(), 20..=40)).prop_map(|(cap0, cap1, ops)| {
+    let step = if expiry {
+        prop_oneof![30 => op(), 2 => Just(Op::Sleep)].boxed()
+    } else {
+        op().boxed()
+    };
+    (cap.clone(), cap, prop::collection::vec(step, 20..=40)).prop_map(|(cap0, cap1, ops)| {
         let mut all = vec![
             Op::SetCap { user: 0, cap: cap0 },
             Op::SetCap { user: 1, cap: cap1 },
@@ -163,6 +199,7 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (user(), 0u8..2, 0u8..3, 0u8..2).prop_map(|(user, session, request, payload)| {
             Op::Begin { user, session, request, payload }
         }),
+        3 => Just(Op::Repeat),
         1 => (user(), 0u8..2, 0u8..3, 0u8..6, any::<bool>()).prop_map(
             |(user, session, request, target, approve)| Op::Confirm {
                 user, session, request, target, approve
@@ -180,11 +217,22 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn config() -> Config {
-    Config {
-        lease_ttl: LEASE_TTL,
-        max_turns_per_user: DEFAULT_CAP,
-        ..Config::default()
+fn config(expiry: bool) -> Config {
+    if expiry {
+        Config {
+            lease_ttl: SHORT_TTL,
+            max_turns_per_user: DEFAULT_CAP,
+            // No sweeper may abandon an orphan within a case: the oracle
+            // has none running.
+            orphan_grace: agentgate::limits::MAX_ORPHAN_GRACE,
+            ..Config::default()
+        }
+    } else {
+        Config {
+            lease_ttl: LEASE_TTL,
+            max_turns_per_user: DEFAULT_CAP,
+            ..Config::default()
+        }
     }
 }
 
@@ -214,6 +262,8 @@ struct Side {
     continuations: BTreeSet<TurnId>,
     /// Whether to run the step of the known difference too.
     strict: bool,
+    /// The latest begin command, for [`Op::Repeat`].
+    last_begin: Option<BeginCommand>,
 }
 
 impl Side {
@@ -228,6 +278,7 @@ impl Side {
             grants: Vec::new(),
             continuations: BTreeSet::new(),
             strict,
+            last_begin: None,
         }
     }
 
@@ -375,6 +426,7 @@ impl Names {
 }
 
 async fn begin(side: &mut Side, command: &BeginCommand) -> String {
+    side.last_begin = Some(command.clone());
     match side.store.begin(command).await {
         Ok(BeginOutcome::Started(grant)) => {
             let turn = side.turn(grant.turn_id.as_str());
@@ -408,6 +460,11 @@ const NO_LEASE: &str = "skipped: no lease yet";
 async fn apply(side: &mut Side, names: &Names, op: &Op) -> String {
     match op {
         Op::Idle => "idle".to_owned(),
+        Op::Sleep => "slept".to_owned(),
+        Op::Repeat => match side.last_begin.clone() {
+            Some(command) => begin(side, &command).await,
+            None => "skipped: no begin yet".to_owned(),
+        },
         Op::Begin {
             user,
             session,
@@ -675,7 +732,9 @@ fn kind(answer: &str) -> String {
     let mut words = answer.split([' ', '(']);
     match words.next().unwrap_or_default() {
         "error" => words.next().unwrap_or_default().to_owned(),
+        "started" if answer.contains(" takeover true ") => "takeover".to_owned(),
         "started" if !answer.contains(" attempt 1 ") => "restarted".to_owned(),
+        "execute" if answer.contains("Some(\"unknown\")") => "re-execute unknown".to_owned(),
         "execute" if !answer.contains(" attempt 1 ") => "re-execute".to_owned(),
         "ended" | "replay" => {
             let state = answer
@@ -697,14 +756,24 @@ fn kind(answer: &str) -> String {
     }
 }
 
+/// Why a case did not pass.
+enum Failure {
+    /// The stores differ at this step.
+    Differ(usize, String),
+    /// An expiry case's segment took longer than [`SEGMENT_BOUND`]: its
+    /// comparisons near lease expiry prove nothing.
+    TooSlow(usize),
+}
+
 async fn run_case(
     real: &Arc<dyn Store>,
     prefix: String,
     ops: &[Op],
     strict: bool,
-) -> Result<Vec<String>, (usize, String)> {
+    expiry: bool,
+) -> Result<Vec<String>, Failure> {
     let oracle: Arc<dyn Store> = Arc::new(SimStore::new(
-        config(),
+        config(expiry),
         Clock::start(),
         History::default(),
         Mutation::None,
@@ -713,11 +782,24 @@ async fn run_case(
     let mut want = Side::new(oracle, strict);
     let mut got = Side::new(Arc::clone(real), strict);
     let mut kinds = Vec::new();
+    let mut segment = Instant::now();
+    let in_bound = |segment: Instant, i: usize| {
+        if expiry && segment.elapsed() > SEGMENT_BOUND {
+            Err(Failure::TooSlow(i))
+        } else {
+            Ok(())
+        }
+    };
     for (i, op) in ops.iter().enumerate() {
+        if matches!(op, Op::Sleep) {
+            tokio::time::sleep(SLEEP).await;
+            segment = Instant::now();
+        }
         let expected = apply(&mut want, &names, op).await;
         let actual = apply(&mut got, &names, op).await;
+        in_bound(segment, i)?;
         if expected != actual {
-            return Err((
+            return Err(Failure::Differ(
                 i,
                 format!("step {i} answered differently\n  decide: {expected}\n  store:  {actual}"),
             ));
@@ -731,8 +813,9 @@ async fn run_case(
         }
         let expected = snapshot(&mut want, &names).await;
         let actual = snapshot(&mut got, &names).await;
+        in_bound(segment, i)?;
         if expected != actual {
-            return Err((
+            return Err(Failure::Differ(
                 i,
                 format!(
                     "after step {i} the visible records differ\n--- decide:\n{expected}--- store:\n{actual}"
@@ -760,18 +843,20 @@ fn strict() -> bool {
     std::env::var("AGENTGATE_ORACLE_STRICT").is_ok_and(|v| v == "1")
 }
 
-fn cases() -> u32 {
-    std::env::var("AGENTGATE_ORACLE_CASES")
-        .ok()
-        .map_or(DEFAULT_CASES, |n| {
-            n.parse()
-                .unwrap_or_else(|e| panic!("AGENTGATE_ORACLE_CASES={n:?}: {e}"))
-        })
+fn cases(expiry: bool) -> u32 {
+    let (var, default) = if expiry {
+        ("AGENTGATE_ORACLE_EXPIRY_CASES", DEFAULT_EXPIRY_CASES)
+    } else {
+        ("AGENTGATE_ORACLE_CASES", DEFAULT_CASES)
+    };
+    std::env::var(var).ok().map_or(default, |n| {
+        n.parse().unwrap_or_else(|e| panic!("{var}={n:?}: {e}"))
+    })
 }
 
 /// Runs the generated cases on the store `make` opens (skipping when its
 /// server is absent, as the conformance targets do).
-fn differential<F, Fut>(make: F)
+fn differential<F, Fut>(make: F, expiry: bool)
 where
     F: FnOnce() -> Fut,
     Fut: Future<Output = Option<Target>>,
@@ -784,31 +869,40 @@ where
         return;
     };
     let name = target.name;
-    let gate = runtime.block_on(target.gate(config()));
+    let gate = runtime.block_on(target.gate(config(expiry)));
     let real = Arc::clone(gate.store());
     let mut runner = TestRunner::new(ProptestConfig {
-        cases: cases(),
+        cases: cases(expiry),
         failure_persistence: None,
         max_shrink_iters: MAX_SHRINK_ITERS,
+        // An expiry case sleeps: bound the shrinking by time as well.
+        max_shrink_time: 60_000,
         ..ProptestConfig::default()
     });
     let started = Instant::now();
     let numbered = std::cell::Cell::new(0u32);
     let tally = std::cell::RefCell::new(BTreeMap::<String, u32>::new());
-    let outcome = runner.run(&case(), |ops| {
+    let too_slow = std::cell::Cell::new(0u32);
+    let outcome = runner.run(&case(expiry), |ops| {
         numbered.set(numbered.get() + 1);
         let prefix = format!("oracle{}", numbered.get());
         let kinds = runtime
-            .block_on(run_case(&real, prefix, &ops, strict()))
-            .map_err(|(step, difference)| {
-                // The steps up to the first difference: the rest never ran.
-                let steps: String = ops[..=step]
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, op)| !matches!(op, Op::Idle))
-                    .map(|(i, op)| format!("  {i}: {op:?}\n"))
-                    .collect();
-                TestCaseError::fail(format!("{difference}\nsteps:\n{steps}"))
+            .block_on(run_case(&real, prefix, &ops, strict(), expiry))
+            .map_err(|failure| match failure {
+                Failure::TooSlow(step) => {
+                    too_slow.set(too_slow.get() + 1);
+                    TestCaseError::reject(format!("segment over {SEGMENT_BOUND:?} at step {step}"))
+                }
+                Failure::Differ(step, difference) => {
+                    // The steps up to the first difference: the rest never ran.
+                    let steps: String = ops[..=step]
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, op)| !matches!(op, Op::Idle))
+                        .map(|(i, op)| format!("  {i}: {op:?}\n"))
+                        .collect();
+                    TestCaseError::fail(format!("{difference}\nsteps:\n{steps}"))
+                }
             })?;
         let mut tally = tally.borrow_mut();
         for kind in kinds {
@@ -823,9 +917,11 @@ where
     });
     match outcome {
         Ok(()) => println!(
-            "{name}: {} cases agree with decide in {:.1}s; answers compared: {:?}",
-            cases(),
+            "{name}{}: {} cases agree with decide in {:.1}s ({} rejected as too slow); answers compared: {:?}",
+            if expiry { " (lease expiry)" } else { "" },
+            cases(expiry),
             started.elapsed().as_secs_f64(),
+            too_slow.get(),
             tally.borrow()
         ),
         Err(TestError::Fail(reason, _)) => {
@@ -837,32 +933,62 @@ where
 
 #[test]
 fn sqlite_agrees_with_decide() {
-    differential(targets::sqlite);
+    differential(targets::sqlite, false);
 }
 
 #[test]
 fn sqlite_with_redis_agrees_with_decide() {
-    differential(targets::sqlite_redis);
+    differential(targets::sqlite_redis, false);
 }
 
 #[test]
 fn postgres_agrees_with_decide() {
-    differential(targets::postgres);
+    differential(targets::postgres, false);
 }
 
 #[test]
 fn postgres_with_redis_agrees_with_decide() {
-    differential(targets::postgres_redis);
+    differential(targets::postgres_redis, false);
 }
 
 #[test]
 fn mysql_agrees_with_decide() {
-    differential(targets::mysql);
+    differential(targets::mysql, false);
 }
 
 #[test]
 fn mysql_with_redis_agrees_with_decide() {
-    differential(targets::mysql_redis);
+    differential(targets::mysql_redis, false);
+}
+
+#[test]
+fn sqlite_agrees_with_decide_across_lease_expiry() {
+    differential(targets::sqlite, true);
+}
+
+#[test]
+fn sqlite_with_redis_agrees_with_decide_across_lease_expiry() {
+    differential(targets::sqlite_redis, true);
+}
+
+#[test]
+fn postgres_agrees_with_decide_across_lease_expiry() {
+    differential(targets::postgres, true);
+}
+
+#[test]
+fn postgres_with_redis_agrees_with_decide_across_lease_expiry() {
+    differential(targets::postgres_redis, true);
+}
+
+#[test]
+fn mysql_agrees_with_decide_across_lease_expiry() {
+    differential(targets::mysql, true);
+}
+
+#[test]
+fn mysql_with_redis_agrees_with_decide_across_lease_expiry() {
+    differential(targets::mysql_redis, true);
 }
 
 /// The known difference, as one fixed case on SQLite: begin, await
@@ -904,8 +1030,10 @@ fn a_continuation_awaiting_confirmation_shows_its_own_pending() {
         let target = targets::sqlite()
             .await
             .unwrap_or_else(|| panic!("SQLite is always there"));
-        let gate = target.gate(config()).await;
-        if let Err((_, difference)) = run_case(gate.store(), "fixed".to_owned(), &ops, true).await {
+        let gate = target.gate(config(false)).await;
+        if let Err(Failure::Differ(_, difference)) =
+            run_case(gate.store(), "fixed".to_owned(), &ops, true, false).await
+        {
             panic!("sqlite differs from decide's oracle ({KNOWN_DIFFERENCE}): {difference}");
         }
     });
