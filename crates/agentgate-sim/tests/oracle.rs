@@ -38,8 +38,9 @@
 //! A difference fails with the shrunk step sequence (the steps up to the
 //! first difference). SQLite always runs; PostgreSQL, MySQL and the Redis
 //! lease layer run when their servers are up (see
-//! `agentgate_conformance::targets`). One known difference, a store bug, is
-//! skipped unless `AGENTGATE_ORACLE_STRICT=1`: see [`KNOWN_DIFFERENCE`].
+//! `agentgate_conformance::targets`). The first difference it found, a store
+//! bug now fixed, stays as a fixed case on every store
+//! (`a_continuation_awaiting_confirmation_shows_its_own_pending`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
@@ -258,16 +259,12 @@ struct Side {
     fences: BTreeSet<i64>,
     /// Every lease granted in the case, oldest first.
     grants: Vec<LeaseRef>,
-    /// Turns started as a confirmation's continuation.
-    continuations: BTreeSet<TurnId>,
-    /// Whether to run the step of the known difference too.
-    strict: bool,
     /// The latest begin command, for [`Op::Repeat`].
     last_begin: Option<BeginCommand>,
 }
 
 impl Side {
-    fn new(store: Arc<dyn Store>, strict: bool) -> Self {
+    fn new(store: Arc<dyn Store>) -> Self {
         Self {
             store,
             turns: HashMap::new(),
@@ -276,8 +273,6 @@ impl Side {
             exec_ids: Vec::new(),
             fences: BTreeSet::new(),
             grants: Vec::new(),
-            continuations: BTreeSet::new(),
-            strict,
             last_begin: None,
         }
     }
@@ -435,9 +430,6 @@ async fn begin(side: &mut Side, command: &BeginCommand) -> String {
             let same = grant.session_id == command.session_id
                 && grant.user_id == command.user_id
                 && grant.client_request_id == command.client_request_id;
-            if grant.confirmation.is_some() {
-                side.continuations.insert(grant.turn_id.clone());
-            }
             side.grants.push(LeaseRef {
                 turn_id: grant.turn_id.clone(),
                 token: grant.lease_token.clone(),
@@ -590,15 +582,6 @@ async fn apply(side: &mut Side, names: &Names, op: &Op) -> String {
             let Some(lease) = side.lease(*lease, None) else {
                 return NO_LEASE.to_owned();
             };
-            if matches!(how, EndKind::AwaitConfirmation(_))
-                && side.continuations.contains(&lease.turn_id)
-                && !side.strict
-            {
-                // The known difference (see `KNOWN_DIFFERENCE`): skipped
-                // on both sides alike, so the cases go on comparing the rest.
-                return "skipped: a continuation awaiting confirmation (known difference)"
-                    .to_owned();
-            }
             let ending = match how {
                 EndKind::Succeed(n) => Ending::Succeed {
                     response: valid(CanonicalJson::new("response", &json!({ "reply": n }))),
@@ -769,7 +752,6 @@ async fn run_case(
     real: &Arc<dyn Store>,
     prefix: String,
     ops: &[Op],
-    strict: bool,
     expiry: bool,
 ) -> Result<Vec<String>, Failure> {
     let oracle: Arc<dyn Store> = Arc::new(SimStore::new(
@@ -779,8 +761,8 @@ async fn run_case(
         Mutation::None,
     ));
     let names = Names { prefix };
-    let mut want = Side::new(oracle, strict);
-    let mut got = Side::new(Arc::clone(real), strict);
+    let mut want = Side::new(oracle);
+    let mut got = Side::new(Arc::clone(real));
     let mut kinds = Vec::new();
     let mut segment = Instant::now();
     let in_bound = |segment: Instant, i: usize| {
@@ -824,23 +806,6 @@ async fn run_case(
         }
     }
     Ok(kinds)
-}
-
-/// The one difference known when this test was written, a store bug:
-/// a continuation turn (one begun by a confirmation) that itself ends
-/// awaiting confirmation. Every SQL store keeps the carried-over pending
-/// action and the turn's own pending action in the same `pending` column:
-/// `end_turn` overwrites the carried one (`pending = COALESCE(?, pending)`)
-/// and the turn view hides `pending` whenever `confirmation` is set, so
-/// the view shows no pending action for a turn awaiting confirmation, and
-/// `confirmation.pending` turns into the new action. `decide`'s oracle
-/// keeps both. The property cases skip that one step (on both stores)
-/// unless `AGENTGATE_ORACLE_STRICT=1`; the ignored test
-/// `a_continuation_awaiting_confirmation_shows_its_own_pending` shows it.
-const KNOWN_DIFFERENCE: &str = "continuation awaiting confirmation";
-
-fn strict() -> bool {
-    std::env::var("AGENTGATE_ORACLE_STRICT").is_ok_and(|v| v == "1")
 }
 
 fn cases(expiry: bool) -> u32 {
@@ -887,7 +852,7 @@ where
         numbered.set(numbered.get() + 1);
         let prefix = format!("oracle{}", numbered.get());
         let kinds = runtime
-            .block_on(run_case(&real, prefix, &ops, strict(), expiry))
+            .block_on(run_case(&real, prefix, &ops, expiry))
             .map_err(|failure| match failure {
                 Failure::TooSlow(step) => {
                     too_slow.set(too_slow.get() + 1);
@@ -991,13 +956,13 @@ fn mysql_with_redis_agrees_with_decide_across_lease_expiry() {
     differential(targets::mysql_redis, true);
 }
 
-/// The known difference, as one fixed case on SQLite: begin, await
-/// confirmation of action 0, confirm it (reject), and have the
-/// continuation await confirmation of action 1. The oracle's ended view
-/// shows `pending` {"action":1} and `confirmation.pending` {"action":0};
-/// the stores show no `pending` and `confirmation.pending` {"action":1}.
+/// The first difference this test found (a store bug, fixed by keeping a
+/// continuation's carried action in `confirms_pending`), as one fixed case
+/// on every store: begin, await confirmation of action 0, confirm it
+/// (reject), and have the continuation await confirmation of action 1. The
+/// ended view must show `pending` {"action":1} and `confirmation.pending`
+/// {"action":0}, as decide's oracle does.
 #[test]
-#[ignore = "store bug (see KNOWN_DIFFERENCE): fails until the SQL stores keep a continuation's own pending action"]
 fn a_continuation_awaiting_confirmation_shows_its_own_pending() {
     let ops = vec![
         Op::Begin {
@@ -1027,14 +992,21 @@ fn a_continuation_awaiting_confirmation_shows_its_own_pending() {
         .build()
         .unwrap_or_else(|e| panic!("runtime: {e}"));
     runtime.block_on(async {
-        let target = targets::sqlite()
-            .await
-            .unwrap_or_else(|| panic!("SQLite is always there"));
-        let gate = target.gate(config(false)).await;
-        if let Err(Failure::Differ(_, difference)) =
-            run_case(gate.store(), "fixed".to_owned(), &ops, true, false).await
-        {
-            panic!("sqlite differs from decide's oracle ({KNOWN_DIFFERENCE}): {difference}");
+        let all = [
+            targets::sqlite().await,
+            targets::sqlite_redis().await,
+            targets::postgres().await,
+            targets::postgres_redis().await,
+            targets::mysql().await,
+            targets::mysql_redis().await,
+        ];
+        for target in all.into_iter().flatten() {
+            let gate = target.gate(config(false)).await;
+            if let Err(Failure::Differ(_, difference)) =
+                run_case(gate.store(), "fixed".to_owned(), &ops, false).await
+            {
+                panic!("{} differs from decide's oracle: {difference}", target.name);
+            }
         }
     });
 }

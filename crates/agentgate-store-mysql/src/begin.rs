@@ -475,7 +475,7 @@ async fn insert_turn(
     let confirmation = command.confirmation.as_ref();
     sqlx::query(
         "INSERT INTO ag_turns (turn_id, session_id, user_id, client_request_id, fingerprint, \
-         state, attempt, fence, pending, confirms_turn_id, decision, created_at_ms, updated_at_ms, \
+         state, attempt, fence, confirms_pending, confirms_turn_id, decision, created_at_ms, updated_at_ms, \
          payload) VALUES (?, ?, ?, ?, ?, 'running', 1, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(turn_id.as_str())

@@ -131,6 +131,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (2, include_str!("../migrations/0002_overview.sql")),
     (3, include_str!("../migrations/0003_orphans.sql")),
     (4, include_str!("../migrations/0004_id_chars.sql")),
+    (5, include_str!("../migrations/0005_confirms_pending.sql")),
 ];
 
 /// agentgate on a MySQL or MariaDB database.

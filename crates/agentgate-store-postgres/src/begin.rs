@@ -343,7 +343,7 @@ async fn grant(
     } else {
         format!(
             "{GRANT_SESSION} INSERT INTO ag_turns (turn_id, session_id, user_id, \
-             client_request_id, fingerprint, state, attempt, fence, pending, confirms_turn_id, \
+             client_request_id, fingerprint, state, attempt, fence, confirms_pending, confirms_turn_id, \
              decision, created_at_ms, updated_at_ms, payload) \
              SELECT $2, $1, $8, $9, $10, 'running', $7, g.fence, $11, $12, $13, $5, $5, $14 \
              FROM g RETURNING fence"

@@ -24,7 +24,7 @@ use serde_json::Value;
 /// clause.
 pub const TURN_COLUMNS: &str = "turn_id, session_id, user_id, client_request_id, \
     fingerprint, state, attempt, fence, response, error, retryable, pending, \
-    confirms_turn_id, decision, confirmed_by, created_at_ms, updated_at_ms";
+    confirms_turn_id, confirms_pending, decision, confirmed_by, created_at_ms, updated_at_ms";
 
 /// The columns [`execution_snapshot`] and [`execution_view`] read.
 pub const EXECUTION_COLUMNS: &str =
@@ -127,10 +127,14 @@ pub struct TurnRow {
     pub error: Option<String>,
     #[allow(missing_docs)]
     pub retryable: Option<bool>,
-    /// The `pending` column as stored (a confirmation copies it verbatim).
+    /// The turn's own pending action, once it awaited confirmation (a
+    /// confirmation copies it verbatim to the turn it begins).
     pub pending: Option<String>,
     #[allow(missing_docs)]
     pub confirms_turn_id: Option<String>,
+    /// The action carried from the confirmed turn, for a turn a
+    /// confirmation began.
+    pub confirms_pending: Option<String>,
     #[allow(missing_docs)]
     pub decision: Option<String>,
     #[allow(missing_docs)]
@@ -173,6 +177,7 @@ impl TurnRow {
             retryable: row.flag("retryable")?,
             pending: row.text("pending")?,
             confirms_turn_id: row.text("confirms_turn_id")?,
+            confirms_pending: row.text("confirms_pending")?,
             decision: row.text("decision")?,
             confirmed_by: row.text("confirmed_by")?,
             created_at_ms: row.int_required("created_at_ms")?,
@@ -201,7 +206,6 @@ impl TurnRow {
     /// # Errors
     /// `corrupt` for a value the engine never writes.
     pub fn view(self) -> Result<TurnView> {
-        let pending = json(self.pending)?;
         let confirmation = match self.confirms_turn_id {
             Some(turn_id) => Some(ConfirmationContext {
                 turn_id: id(TurnId::new, turn_id)?,
@@ -209,7 +213,8 @@ impl TurnRow {
                     .decision
                     .ok_or_else(|| Error::corrupt("confirmation without decision"))?
                     .parse()?,
-                pending: pending.clone().unwrap_or(Value::Null),
+                pending: json(self.confirms_pending)?
+                    .ok_or_else(|| Error::corrupt("confirmation without its action"))?,
             }),
             None => None,
         };
@@ -226,11 +231,7 @@ impl TurnRow {
             response: json(self.response)?,
             error: json(self.error)?,
             retryable: failed.then_some(self.retryable.unwrap_or(false)),
-            pending: if confirmation.is_some() {
-                None
-            } else {
-                pending
-            },
+            pending: json(self.pending)?,
             confirmation,
             confirmed_by: self.confirmed_by.map(|t| id(TurnId::new, t)).transpose()?,
             created_at_ms: self.created_at_ms,

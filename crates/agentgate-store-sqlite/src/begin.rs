@@ -573,7 +573,7 @@ async fn insert_turn(
     };
     let inserted = sqlx::query(
         "INSERT INTO ag_turns (turn_id, session_id, user_id, client_request_id, fingerprint, \
-         state, attempt, fence, pending, confirms_turn_id, decision, created_at_ms, updated_at_ms, \
+         state, attempt, fence, confirms_pending, confirms_turn_id, decision, created_at_ms, updated_at_ms, \
          payload) VALUES (?1, ?2, ?3, ?4, ?5, 'running', 1, ?6, ?7, ?8, ?9, ?10, ?10, ?11)",
     )
     .bind(turn_id.as_str())

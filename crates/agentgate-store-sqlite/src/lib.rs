@@ -76,6 +76,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../migrations/0001_init.sql")),
     (2, include_str!("../migrations/0002_overview.sql")),
     (3, include_str!("../migrations/0003_orphans.sql")),
+    (4, include_str!("../migrations/0004_confirms_pending.sql")),
 ];
 
 /// agentgate on an embedded SQLite file.
