@@ -34,7 +34,6 @@ setup_only=false
 fatal() { echo "clients/generated: FATAL: $*" >&2; exit 1; }
 say() { echo "clients/generated: $*"; }
 
-[ -x "$bin" ] || fatal "no agentgate binary at $bin (set AGENTGATE_BIN or cargo build -p agentgate-cli)"
 command -v node >/dev/null || fatal "node is not installed (Node 20+)"
 command -v npm >/dev/null || fatal "npm is not installed"
 
@@ -61,6 +60,8 @@ if [ "$setup_only" = true ]; then
     say "installed (--setup): the generators are ready"
     exit 0
 fi
+
+[ -x "$bin" ] || fatal "no agentgate binary at $bin (set AGENTGATE_BIN or cargo build -p agentgate-cli)"
 
 work="$(mktemp -d)"
 server_pid=""
