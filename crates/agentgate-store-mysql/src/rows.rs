@@ -34,11 +34,6 @@ pub(crate) fn text(row: &MySqlRow, column: &str) -> Result<Option<String>> {
         .transpose()
 }
 
-/// A NOT NULL text column.
-pub(crate) fn text_required(row: &MySqlRow, column: &str) -> Result<String> {
-    text(row, column)?.ok_or_else(|| Error::corrupt(format!("{column} is NULL")))
-}
-
 /// A MySQL row's columns: text as checked bytes, `BIGINT`, `BOOLEAN`
 /// (`TINYINT(1)`).
 pub(crate) struct Cols<'a>(pub(crate) &'a MySqlRow);

@@ -48,10 +48,11 @@ use sqlx::MySqlConnection;
 use crate::error::{corrupt, map_sqlx};
 use crate::fast;
 use crate::rows::{
-    execution_snapshot, get, json, text, text_required, turn_view, EXECUTION_COLUMNS, TURN_COLUMNS,
+    execution_snapshot, get, json, text, turn_view, Cols, EXECUTION_COLUMNS, TURN_COLUMNS,
 };
 use crate::{MySqlStore, NOW_MS};
 use agentgate_store_sql::heartbeat::{self, HeartbeatSql};
+use agentgate_store_sql::rows::Columns;
 use agentgate_store_sql::tool::{self, ToolEndingSql};
 use agentgate_store_sql::Retry;
 
@@ -67,7 +68,7 @@ impl LiveLease {
     /// The lease core's verdict accepted, with the session `row` names.
     fn new(row: &MySqlRow, checked: CheckedLease) -> Result<Self> {
         Ok(Self {
-            session_id: text_required(row, "session_id")?,
+            session_id: Cols(row).text_required("session_id")?,
             fence: checked.fence,
             lease_expires_at_ms: checked.lease_expires_at_ms,
             now_ms: checked.now_ms,
@@ -297,7 +298,7 @@ async fn claim_once(store: &MySqlStore, lease: &LeaseRef, call: &ToolCall) -> Re
             let result = text(&row, "result")?;
             // Nothing written: dropping `tx` rolls back.
             return Ok(ToolClaim::Cached {
-                execution_id: ExecutionId::new(text_required(&row, "execution_id")?)?,
+                execution_id: ExecutionId::new(Cols(&row).text_required("execution_id")?)?,
                 result: json(result)?.unwrap_or(Value::Null),
             });
         }
