@@ -451,6 +451,24 @@ pub fn check_execution(
     }
 }
 
+/// Whether a turn that has `executions` tool executions may insert one more
+/// (its first claim of a new call): at most
+/// [`MAX_EXECUTIONS_PER_TURN`](crate::limits::MAX_EXECUTIONS_PER_TURN) per
+/// turn. The SQL stores' one-statement first claims state the same bound in
+/// their `WHERE`; change them with it.
+///
+/// # Errors
+/// `invalid` once the turn is at the bound.
+pub fn check_execution_room(turn_id: &str, executions: i64) -> Result<(), Error> {
+    let limit = crate::limits::MAX_EXECUTIONS_PER_TURN;
+    if executions >= i64::from(limit) {
+        return Err(Error::invalid(format!(
+            "turn {turn_id} has {executions} tool executions, the limit is {limit}"
+        )));
+    }
+    Ok(())
+}
+
 /// The error an orphan ended `abandoned` by the sweeper records, the same
 /// on every store.
 pub const ABANDONED_ERROR: &str = r#"{"code":"abandoned","message":"the turn's holder stopped without an ending and no one resumed it within the orphan grace"}"#;

@@ -17,15 +17,15 @@ use std::sync::{Mutex, MutexGuard};
 use agentgate_core::canonical::CanonicalJson;
 use agentgate_core::config::Config;
 use agentgate_core::decide::{
-    check_row_lease, decide_begin, decide_tool_claim, BeginDecision, BeginFacts, CheckedLease,
-    ExecutionSnapshot, HolderSnapshot, PendingSnapshot, RowLeaseFacts, SessionSnapshot, StartKind,
-    ToolDecision, TurnSnapshot, UserLoad,
+    check_execution_room, check_row_lease, decide_begin, decide_tool_claim, BeginDecision,
+    BeginFacts, CheckedLease, ExecutionSnapshot, HolderSnapshot, PendingSnapshot, RowLeaseFacts,
+    SessionSnapshot, StartKind, ToolDecision, TurnSnapshot, UserLoad,
 };
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{
     ClientRequestId, ExecutionId, Fence, LeaseToken, SessionId, ToolName, TurnId, UserId,
 };
-use agentgate_core::limits::{MAX_EXECUTIONS_PER_TURN, MAX_ORPHAN_SCAN, MAX_OVERVIEW_ROWS};
+use agentgate_core::limits::{MAX_ORPHAN_SCAN, MAX_OVERVIEW_ROWS};
 use agentgate_core::model::{
     idempotency_key, BeginCommand, BeginOutcome, ConfirmationContext, Ending, ExecutionView, Grant,
     HolderView, LeaseRef, LiveTurn, Orphan, OrphanFilter, Overview, SessionView, SweepReport,
@@ -574,65 +574,57 @@ impl SimStore {
         });
         let key = idempotency_key(&lease.turn_id, call);
         let caller = Self::caller_fence(state, lease);
-        let (execution_id, attempt, previous) = match decide_tool_claim(
-            snapshot.as_ref(),
-            live.fence,
-            live.lease_expires_at_ms,
-            now,
-        ) {
-            ToolDecision::Reject(error) => return Err(error),
-            ToolDecision::Cached => {
-                let execution_id = existing_id.unwrap_or_default();
-                let result = state
-                    .executions
-                    .get(&execution_id)
-                    .and_then(|row| row.result.as_deref())
-                    .map_or(Value::Null, parse);
-                return Ok(ToolClaim::Cached {
-                    execution_id: id(ExecutionId::new(execution_id)),
-                    result,
-                });
-            }
-            ToolDecision::Insert => {
-                let count = state
-                    .executions
-                    .values()
-                    .filter(|e| e.turn_id == lease.turn_id.as_str())
-                    .count();
-                if count >= MAX_EXECUTIONS_PER_TURN as usize {
-                    return Err(Error::invalid(format!(
-                            "turn {} has {count} tool executions, the limit is {MAX_EXECUTIONS_PER_TURN}",
-                            lease.turn_id
-                        )));
+        let (execution_id, attempt, previous) =
+            match decide_tool_claim(snapshot.as_ref(), live.fence, live.lease_expires_at_ms, now) {
+                ToolDecision::Reject(error) => return Err(error),
+                ToolDecision::Cached => {
+                    let execution_id = existing_id.unwrap_or_default();
+                    let result = state
+                        .executions
+                        .get(&execution_id)
+                        .and_then(|row| row.result.as_deref())
+                        .map_or(Value::Null, parse);
+                    return Ok(ToolClaim::Cached {
+                        execution_id: id(ExecutionId::new(execution_id)),
+                        result,
+                    });
                 }
-                let execution_id = Self::mint(state, "exec");
-                state.by_call.insert(call_key, execution_id.clone());
-                state.executions.insert(
-                    execution_id.clone(),
-                    ExecutionRow {
-                        turn_id: lease.turn_id.as_str().to_owned(),
-                        tool: call.tool.as_str().to_owned(),
-                        key: key.clone(),
-                        state: ToolState::Running,
-                        attempt: 1,
-                        fence: live.fence.0,
-                        result: None,
-                        error: None,
-                    },
-                );
-                (execution_id, 1, None)
-            }
-            ToolDecision::Reclaim { attempt, previous } => {
-                let execution_id = existing_id.unwrap_or_default();
-                if let Some(row) = state.executions.get_mut(&execution_id) {
-                    row.state = ToolState::Running;
-                    row.attempt = attempt;
-                    row.fence = live.fence.0;
-                    row.error = None;
+                ToolDecision::Insert => {
+                    let count = state
+                        .executions
+                        .values()
+                        .filter(|e| e.turn_id == lease.turn_id.as_str())
+                        .count();
+                    let count = i64::try_from(count).expect("a turn's executions fit in i64");
+                    check_execution_room(lease.turn_id.as_str(), count)?;
+                    let execution_id = Self::mint(state, "exec");
+                    state.by_call.insert(call_key, execution_id.clone());
+                    state.executions.insert(
+                        execution_id.clone(),
+                        ExecutionRow {
+                            turn_id: lease.turn_id.as_str().to_owned(),
+                            tool: call.tool.as_str().to_owned(),
+                            key: key.clone(),
+                            state: ToolState::Running,
+                            attempt: 1,
+                            fence: live.fence.0,
+                            result: None,
+                            error: None,
+                        },
+                    );
+                    (execution_id, 1, None)
                 }
-                (execution_id, attempt, Some(previous))
-            }
-        };
+                ToolDecision::Reclaim { attempt, previous } => {
+                    let execution_id = existing_id.unwrap_or_default();
+                    if let Some(row) = state.executions.get_mut(&execution_id) {
+                        row.state = ToolState::Running;
+                        row.attempt = attempt;
+                        row.fence = live.fence.0;
+                        row.error = None;
+                    }
+                    (execution_id, attempt, Some(previous))
+                }
+            };
         self.record(
             now,
             Event::Write {

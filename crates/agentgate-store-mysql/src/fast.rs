@@ -45,9 +45,7 @@
 use agentgate_core::error::Result;
 use agentgate_core::ids::ExecutionId;
 use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
-use agentgate_core::model::{
-    idempotency_key, Ending, ExecutionEnding, LeaseRef, ToolCall, ToolClaim, TurnView,
-};
+use agentgate_core::model::{Ending, ExecutionEnding, LeaseRef, ToolCall, TurnView};
 use sqlx::mysql::MySqlArguments;
 use sqlx::query::Query;
 use sqlx::MySql;
@@ -116,7 +114,7 @@ impl Holder {
 /// A first claim of `call`: inserts the execution as running under the
 /// session's fence when the caller holds the lease, the turn has no
 /// execution of this call and fewer than `MAX_EXECUTIONS_PER_TURN` in all.
-/// `None` when any of that is not so.
+/// `false` when any of that is not so.
 ///
 /// `FOR UPDATE` locks the turn and the session exclusively: without it an
 /// `INSERT … SELECT` at READ COMMITTED reads a snapshot and locks nothing.
@@ -130,12 +128,12 @@ pub(crate) async fn claim(
     store: &MySqlStore,
     lease: &LeaseRef,
     call: &ToolCall,
-) -> Result<Option<ToolClaim>> {
+    execution_id: &ExecutionId,
+    key: &str,
+) -> Result<bool> {
     let Some(holder) = Holder::of(store, lease).await? else {
-        return Ok(None);
+        return Ok(false);
     };
-    let execution_id = ExecutionId::generate();
-    let key = idempotency_key(&lease.turn_id, call);
     let sql = format!(
         "INSERT INTO ag_tool_executions (execution_id, turn_id, tool, args_hash, \
          idempotency_key, state, attempt, fence, created_at_ms, updated_at_ms) \
@@ -150,7 +148,7 @@ pub(crate) async fn claim(
         .bind(execution_id.as_str())
         .bind(call.tool.as_str())
         .bind(call.args_hash.as_hex())
-        .bind(key.as_str());
+        .bind(key);
     let inserted = holder
         .bind(query, lease)
         .bind(i64::from(MAX_EXECUTIONS_PER_TURN))
@@ -158,15 +156,9 @@ pub(crate) async fn claim(
         .await;
     match inserted {
         // The call was claimed before: cached, in flight or to reclaim.
-        Err(error) if is_duplicate_key(&error) => Ok(None),
+        Err(error) if is_duplicate_key(&error) => Ok(false),
         Err(error) => Err(map_sqlx(error)),
-        Ok(done) if done.rows_affected() == 0 => Ok(None),
-        Ok(done) if done.rows_affected() == 1 => Ok(Some(ToolClaim::Execute {
-            execution_id,
-            idempotency_key: key,
-            attempt: 1,
-            previous_outcome: None,
-        })),
+        Ok(done) if done.rows_affected() <= 1 => Ok(done.rows_affected() == 1),
         Ok(done) => Err(corrupt(format!(
             "a first claim inserted {} executions",
             done.rows_affected()

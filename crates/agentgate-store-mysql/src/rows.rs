@@ -4,7 +4,7 @@
 //! Text is read as bytes and checked as UTF-8: identifiers are VARBINARY,
 //! and sqlx refuses to decode binary-flagged columns as strings.
 
-use agentgate_core::decide::{ExecutionSnapshot, SessionSnapshot, TurnSnapshot};
+use agentgate_core::decide::{SessionSnapshot, TurnSnapshot};
 use agentgate_core::error::{Error, Result};
 use agentgate_core::model::{ExecutionView, TurnView};
 use agentgate_store_sql::rows::{self, Columns};
@@ -90,12 +90,6 @@ pub(crate) fn turn_view(row: &MySqlRow) -> Result<TurnView> {
 
 pub(crate) fn session_snapshot(row: &MySqlRow) -> Result<SessionSnapshot> {
     rows::session_snapshot(&Cols(row))
-}
-
-/// The execution in `row` ([`EXECUTION_COLUMNS`]), or `None` when an outer
-/// join found none.
-pub(crate) fn execution_snapshot(row: &MySqlRow) -> Result<Option<ExecutionSnapshot>> {
-    rows::execution_snapshot(&Cols(row))
 }
 
 pub(crate) fn execution_view(row: &MySqlRow) -> Result<ExecutionView> {

@@ -28,35 +28,26 @@
 
 use agentgate_core::canonical::CanonicalJson;
 use agentgate_core::config::duration_ms;
-use agentgate_core::decide::{
-    self, check_layer_lease, check_row_lease, decide_tool_claim, CheckedLease, RowLeaseFacts,
-    ToolDecision,
-};
+use agentgate_core::decide::{self, CheckedLease, ExecutionSnapshot};
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{ExecutionId, Fence};
 use agentgate_core::lease::LeaseLayer;
-use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
-use agentgate_core::model::{
-    idempotency_key, Ending, ExecutionEnding, LeaseRef, PreviousOutcome, ToolCall, ToolClaim,
-    TurnView,
-};
+use agentgate_core::model::{Ending, ExecutionEnding, LeaseRef, ToolCall, ToolClaim, TurnView};
 use agentgate_core::store::{Completion, LeaseStatus, SqlEffect};
 use serde_json::Value;
-use sqlx::mysql::MySqlRow;
-use sqlx::MySqlConnection;
+use sqlx::{MySql, MySqlConnection, Transaction};
 
 use crate::error::{corrupt, map_sqlx};
 use crate::fast;
-use crate::rows::{
-    execution_snapshot, get, json, text, turn_view, Cols, EXECUTION_COLUMNS, TURN_COLUMNS,
-};
+use crate::rows::{turn_view, Cols, EXECUTION_COLUMNS, TURN_COLUMNS};
 use crate::{MySqlStore, NOW_MS};
+use agentgate_store_sql::claim::{self, ClaimSql, Lookup};
 use agentgate_store_sql::heartbeat::{self, HeartbeatSql};
-use agentgate_store_sql::rows::Columns;
+use agentgate_store_sql::lease::{self, Authority, LeaseRow, LeaseSql};
 use agentgate_store_sql::tool::{self, ToolEndingSql};
 use agentgate_store_sql::Retry;
 
-/// A live lease, as checked inside a step's transaction.
+/// A live lease, as checked inside a step's transaction, and its session.
 pub(crate) struct LiveLease {
     pub session_id: String,
     pub fence: Fence,
@@ -65,14 +56,13 @@ pub(crate) struct LiveLease {
 }
 
 impl LiveLease {
-    /// The lease core's verdict accepted, with the session `row` names.
-    fn new(row: &MySqlRow, checked: CheckedLease) -> Result<Self> {
-        Ok(Self {
-            session_id: Cols(row).text_required("session_id")?,
-            fence: checked.fence,
-            lease_expires_at_ms: checked.lease_expires_at_ms,
-            now_ms: checked.now_ms,
-        })
+    /// The core's verdict this lease was built from.
+    fn checked(&self) -> CheckedLease {
+        CheckedLease {
+            fence: self.fence,
+            lease_expires_at_ms: self.lease_expires_at_ms,
+            now_ms: self.now_ms,
+        }
     }
 }
 
@@ -84,108 +74,57 @@ pub(crate) async fn check_lease(
     lease: &LeaseRef,
     lock: bool,
 ) -> Result<LiveLease> {
-    match &store.leases {
-        Some(layer) => check_external(layer.as_ref(), conn, lease, lock).await,
-        None => check_in_row(conn, lease, lock).await,
-    }
+    let authority = Authority::ask(store.leases.as_deref(), lease).await?;
+    let (checked, row) = lease::check_lease(&Rows, conn, lease, &authority, lock).await?;
+    Ok(LiveLease {
+        session_id: row.session_id,
+        fence: checked.fence,
+        lease_expires_at_ms: checked.lease_expires_at_ms,
+        now_ms: checked.now_ms,
+    })
 }
 
-/// With an external lease layer: the layer must hold the lease, and the SQL
-/// rows (the session's row locked, so no newer grant commits meanwhile) must
-/// agree that its fence is the session's newest. The second check is what
-/// stops a holder whose layer lease vanished (Redis restarted) after a newer
-/// turn was granted.
-async fn check_external(
-    layer: &dyn LeaseLayer,
-    conn: &mut MySqlConnection,
-    lease: &LeaseRef,
-    lock: bool,
-) -> Result<LiveLease> {
-    let held = layer
-        .holds(lease.turn_id.as_str(), &lease.token.digest_hex())
-        .await?;
-    let row = sqlx::query(&format!(
-        "SELECT s.session_id, (SELECT state FROM ag_turns WHERE turn_id = ?) AS state, \
-         (SELECT fence FROM ag_turns WHERE turn_id = ?) AS turn_fence, \
-         s.fence AS session_fence, {NOW_MS} AS now_ms FROM ag_sessions s \
-         WHERE s.session_id = (SELECT session_id FROM ag_turns WHERE turn_id = ?) {}",
-        if lock { "FOR UPDATE" } else { "" }
-    ))
-    .bind(lease.turn_id.as_str())
-    .bind(lease.turn_id.as_str())
-    .bind(lease.turn_id.as_str())
-    .fetch_optional(&mut *conn)
-    .await
-    .map_err(map_sqlx)?;
-    let Some(row) = row else {
-        return Err(missing_turn(conn, lease).await);
-    };
-    let state = text(&row, "state")?;
-    let checked = check_layer_lease(
-        held.as_ref(),
-        state.as_deref() == Some("running"),
-        get(&row, "turn_fence")?,
-        Some(get(&row, "session_fence")?),
-        get(&row, "now_ms")?,
-    )?;
-    LiveLease::new(&row, checked)
-}
+/// The lease check's SQL.
+struct Rows;
 
-/// Leases in the session rows: the row must name this turn, this token's
-/// digest, and an expiry after the store's now.
-async fn check_in_row(
-    conn: &mut MySqlConnection,
-    lease: &LeaseRef,
-    lock: bool,
-) -> Result<LiveLease> {
-    let row = sqlx::query(&format!(
-        "SELECT s.session_id, (SELECT state FROM ag_turns WHERE turn_id = ?) AS state, \
-         s.holder_turn_id, s.lease_token_hash, s.fence, s.lease_expires_at_ms, {NOW_MS} AS now_ms \
-         FROM ag_sessions s \
-         WHERE s.session_id = (SELECT session_id FROM ag_turns WHERE turn_id = ?) {}",
-        if lock { "FOR UPDATE" } else { "" }
-    ))
-    .bind(lease.turn_id.as_str())
-    .bind(lease.turn_id.as_str())
-    .fetch_optional(&mut *conn)
-    .await
-    .map_err(map_sqlx)?;
-    let Some(row) = row else {
-        return Err(missing_turn(conn, lease).await);
-    };
-    judge(&row, lease)
-}
+#[async_trait::async_trait]
+impl LeaseSql for Rows {
+    type Conn = MySqlConnection;
 
-/// Why a turn has no session row: it does not exist (or the session was
-/// swept, which only happens once the turn is gone too).
-async fn missing_turn(conn: &mut MySqlConnection, lease: &LeaseRef) -> Error {
-    let exists = sqlx::query_scalar::<_, i64>("SELECT 1 FROM ag_turns WHERE turn_id = ?")
-        .bind(lease.turn_id.as_str())
+    /// Locks the session's row alone: the turn is read by subqueries, which
+    /// InnoDB does not lock, so a step never holds a turn's row while
+    /// waiting for its session's (the reverse of a begin's order).
+    async fn read_lease(
+        &self,
+        conn: &mut MySqlConnection,
+        turn_id: &str,
+        lock: bool,
+    ) -> Result<Option<LeaseRow>> {
+        let row = sqlx::query(&format!(
+            "SELECT s.session_id, (SELECT state FROM ag_turns WHERE turn_id = ?) AS state, \
+             (SELECT fence FROM ag_turns WHERE turn_id = ?) AS turn_fence, \
+             s.holder_turn_id, s.lease_token_hash, s.fence AS session_fence, \
+             s.lease_expires_at_ms, {NOW_MS} AS now_ms FROM ag_sessions s \
+             WHERE s.session_id = (SELECT session_id FROM ag_turns WHERE turn_id = ?) {}",
+            if lock { "FOR UPDATE" } else { "" }
+        ))
+        .bind(turn_id)
+        .bind(turn_id)
+        .bind(turn_id)
         .fetch_optional(conn)
-        .await;
-    match exists {
-        Ok(Some(_)) => Error::LeaseLost {
-            reason: "taken over or released",
-        },
-        Ok(None) => Error::not_found(format!("turn {}", lease.turn_id)),
-        Err(error) => map_sqlx(error),
+        .await
+        .map_err(map_sqlx)?;
+        row.map(|row| LeaseRow::read(&Cols(&row))).transpose()
     }
-}
 
-fn judge(row: &MySqlRow, lease: &LeaseRef) -> Result<LiveLease> {
-    let state = text(row, "state")?;
-    let holder = text(row, "holder_turn_id")?;
-    let token_hash = text(row, "lease_token_hash")?;
-    let facts = RowLeaseFacts {
-        turn_running: state.as_deref() == Some("running"),
-        holder_turn_id: holder.as_deref(),
-        lease_token_hash: token_hash.as_deref(),
-        fence: get(row, "fence")?,
-        lease_expires_at_ms: get(row, "lease_expires_at_ms")?,
-        now_ms: get(row, "now_ms")?,
-    };
-    let checked = check_row_lease(&facts, lease.turn_id.as_str(), &lease.token.digest_hex())?;
-    LiveLease::new(row, checked)
+    async fn turn_exists(&self, conn: &mut MySqlConnection, turn_id: &str) -> Result<bool> {
+        let exists = sqlx::query_scalar::<_, i64>("SELECT 1 FROM ag_turns WHERE turn_id = ?")
+            .bind(turn_id)
+            .fetch_optional(conn)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(exists.is_some())
+    }
 }
 
 pub(crate) async fn heartbeat(store: &MySqlStore, lease: &LeaseRef) -> Result<LeaseStatus> {
@@ -250,130 +189,110 @@ impl HeartbeatSql for Sql<'_> {
     }
 }
 
+/// Claims a tool call (the shared step over this store's SQL).
 pub(crate) async fn claim_tool(
     store: &MySqlStore,
     lease: &LeaseRef,
     call: &ToolCall,
 ) -> Result<ToolClaim> {
-    let mut retry = Retry::new();
-    loop {
-        let claim = match fast::claim(store, lease, call).await {
-            Ok(Some(claim)) => Ok(claim),
-            Ok(None) => claim_once(store, lease, call).await,
-            Err(error) => Err(error),
-        };
-        match claim {
-            Err(error) => retry.after(error).await?,
-            claim => return claim,
-        }
+    claim::claim_tool(&Sql(store), lease, call).await
+}
+
+#[async_trait::async_trait]
+impl ClaimSql for Sql<'_> {
+    type Tx = Transaction<'static, MySql>;
+
+    async fn first_claim(
+        &self,
+        lease: &LeaseRef,
+        call: &ToolCall,
+        execution_id: &ExecutionId,
+        key: &str,
+    ) -> Result<bool> {
+        fast::claim(self.0, lease, call, execution_id, key).await
     }
-}
 
-async fn claim_once(store: &MySqlStore, lease: &LeaseRef, call: &ToolCall) -> Result<ToolClaim> {
-    let mut tx = store.transaction().await?;
-    let live = check_lease(store, &mut tx, lease, true).await?;
-    // The execution, if any, and how many the turn has, in one read.
-    let row = sqlx::query(&format!(
-        "SELECT (SELECT COUNT(*) FROM ag_tool_executions WHERE turn_id = ?) AS executions, \
-         {EXECUTION_COLUMNS} FROM (SELECT 1) AS one \
-         LEFT JOIN ag_tool_executions e ON e.turn_id = ? AND e.tool = ? AND e.args_hash = ?"
-    ))
-    .bind(lease.turn_id.as_str())
-    .bind(lease.turn_id.as_str())
-    .bind(call.tool.as_str())
-    .bind(call.args_hash.as_hex())
-    .fetch_one(&mut *tx)
-    .await
-    .map_err(map_sqlx)?;
-    let snapshot = execution_snapshot(&row)?;
-    let key = idempotency_key(&lease.turn_id, call);
-    let claim = match decide_tool_claim(
-        snapshot.as_ref(),
-        live.fence,
-        live.lease_expires_at_ms,
-        live.now_ms,
-    ) {
-        ToolDecision::Reject(error) => return Err(error),
-        ToolDecision::Cached => {
-            let result = text(&row, "result")?;
-            // Nothing written: dropping `tx` rolls back.
-            return Ok(ToolClaim::Cached {
-                execution_id: ExecutionId::new(Cols(&row).text_required("execution_id")?)?,
-                result: json(result)?.unwrap_or(Value::Null),
-            });
-        }
-        ToolDecision::Insert => {
-            let executions: i64 = get(&row, "executions")?;
-            insert_execution(&mut tx, lease, call, &key, &live, executions).await?
-        }
-        ToolDecision::Reclaim { attempt, previous } => {
-            let execution_id = snapshot
-                .map(|s| s.execution_id)
-                .ok_or_else(|| corrupt("reclaiming an execution the step did not read"))?;
-            sqlx::query(
-                "UPDATE ag_tool_executions SET state = 'running', attempt = ?, fence = ?, \
-                 error = NULL, updated_at_ms = ? WHERE execution_id = ?",
-            )
-            .bind(i64::from(attempt))
-            .bind(live.fence.0)
-            .bind(live.now_ms)
-            .bind(&execution_id)
-            .execute(&mut *tx)
-            .await
-            .map_err(map_sqlx)?;
-            execute(execution_id, key, attempt, Some(previous))?
-        }
-    };
-    tx.commit().await.map_err(map_sqlx)?;
-    Ok(claim)
-}
-
-fn execute(
-    execution_id: String,
-    key: String,
-    attempt: u32,
-    previous: Option<PreviousOutcome>,
-) -> Result<ToolClaim> {
-    Ok(ToolClaim::Execute {
-        execution_id: ExecutionId::new(execution_id)?,
-        idempotency_key: key,
-        attempt,
-        previous_outcome: previous,
-    })
-}
-
-async fn insert_execution(
-    tx: &mut MySqlConnection,
-    lease: &LeaseRef,
-    call: &ToolCall,
-    key: &str,
-    live: &LiveLease,
-    existing: i64,
-) -> Result<ToolClaim> {
-    if existing >= i64::from(MAX_EXECUTIONS_PER_TURN) {
-        return Err(Error::invalid(format!(
-            "turn {} has {existing} tool executions, the limit is {MAX_EXECUTIONS_PER_TURN}",
-            lease.turn_id
-        )));
+    async fn open(&self, lease: &LeaseRef) -> Result<(Self::Tx, CheckedLease)> {
+        let mut tx = self.0.transaction().await?;
+        let live = check_lease(self.0, &mut tx, lease, true).await?;
+        Ok((tx, live.checked()))
     }
-    let execution_id = ExecutionId::generate();
-    sqlx::query(
-        "INSERT INTO ag_tool_executions (execution_id, turn_id, tool, args_hash, idempotency_key, \
-         state, attempt, fence, created_at_ms, updated_at_ms) \
-         VALUES (?, ?, ?, ?, ?, 'running', 1, ?, ?, ?)",
-    )
-    .bind(execution_id.as_str())
-    .bind(lease.turn_id.as_str())
-    .bind(call.tool.as_str())
-    .bind(call.args_hash.as_hex())
-    .bind(key)
-    .bind(live.fence.0)
-    .bind(live.now_ms)
-    .bind(live.now_ms)
-    .execute(tx)
-    .await
-    .map_err(map_sqlx)?;
-    execute(execution_id.as_str().to_owned(), key.to_owned(), 1, None)
+
+    async fn lookup(&self, tx: &mut Self::Tx, lease: &LeaseRef, call: &ToolCall) -> Result<Lookup> {
+        let row = sqlx::query(&format!(
+            "SELECT (SELECT COUNT(*) FROM ag_tool_executions WHERE turn_id = ?) AS executions, \
+             {EXECUTION_COLUMNS} FROM (SELECT 1) AS one \
+             LEFT JOIN ag_tool_executions e ON e.turn_id = ? AND e.tool = ? AND e.args_hash = ?"
+        ))
+        .bind(lease.turn_id.as_str())
+        .bind(lease.turn_id.as_str())
+        .bind(call.tool.as_str())
+        .bind(call.args_hash.as_hex())
+        .fetch_one(&mut **tx)
+        .await
+        .map_err(map_sqlx)?;
+        Lookup::read(&Cols(&row))
+    }
+
+    /// MySQL keeps no claim number: the session's row lock, held by every
+    /// full-path claim and taken by the one-statement claim's `FOR UPDATE`,
+    /// keeps the bound exact.
+    async fn insert(
+        &self,
+        tx: &mut Self::Tx,
+        lease: &LeaseRef,
+        call: &ToolCall,
+        (execution_id, key): (&ExecutionId, &str),
+        live: &CheckedLease,
+        _seq: i64,
+    ) -> Result<u64> {
+        let done = sqlx::query(
+            "INSERT INTO ag_tool_executions (execution_id, turn_id, tool, args_hash, idempotency_key, \
+             state, attempt, fence, created_at_ms, updated_at_ms) \
+             VALUES (?, ?, ?, ?, ?, 'running', 1, ?, ?, ?)",
+        )
+        .bind(execution_id.as_str())
+        .bind(lease.turn_id.as_str())
+        .bind(call.tool.as_str())
+        .bind(call.args_hash.as_hex())
+        .bind(key)
+        .bind(live.fence.0)
+        .bind(live.now_ms)
+        .bind(live.now_ms)
+        .execute(&mut **tx)
+        .await
+        .map_err(map_sqlx)?;
+        Ok(done.rows_affected())
+    }
+
+    async fn reclaim(
+        &self,
+        tx: &mut Self::Tx,
+        read: &ExecutionSnapshot,
+        live: &CheckedLease,
+        attempt: u32,
+    ) -> Result<u64> {
+        let done = sqlx::query(
+            "UPDATE ag_tool_executions SET state = 'running', attempt = ?, fence = ?, \
+             error = NULL, updated_at_ms = ? \
+             WHERE execution_id = ? AND state = ? AND fence = ? AND attempt = ?",
+        )
+        .bind(i64::from(attempt))
+        .bind(live.fence.0)
+        .bind(live.now_ms)
+        .bind(&read.execution_id)
+        .bind(read.state.as_str())
+        .bind(read.fence.0)
+        .bind(i64::from(read.attempt))
+        .execute(&mut **tx)
+        .await
+        .map_err(map_sqlx)?;
+        Ok(done.rows_affected())
+    }
+
+    async fn commit(&self, tx: Self::Tx) -> Result<()> {
+        tx.commit().await.map_err(map_sqlx)
+    }
 }
 
 /// Checks that `execution_id` belongs to the turn and runs under `live`'s

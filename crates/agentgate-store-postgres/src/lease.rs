@@ -11,18 +11,17 @@
 //! With an external lease layer both ask the layer first (one layer call) and
 //! then require the SQL rows to agree that its fence is the session's newest.
 
-use agentgate_core::decide::{check_layer_lease, check_row_lease, RowLeaseFacts};
-use agentgate_core::error::{Error, Result};
+use agentgate_core::error::Result;
 use agentgate_core::ids::Fence;
-use agentgate_core::lease::LeaseLayer;
 use agentgate_core::model::LeaseRef;
-use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::postgres::PgArguments;
 use sqlx::query::Query;
 use sqlx::{PgConnection, Postgres};
 
 use crate::error::map_sqlx;
-use crate::rows::get;
+use crate::rows::Cols;
 use crate::{PostgresStore, NOW_MS};
+use agentgate_store_sql::lease::{self, Authority, LeaseRow, LeaseSql, LEASE_COLUMNS};
 
 /// The caller's credential as a fast-path statement checks it: the token's
 /// digest against the session's row, or, with a lease layer, the fence the
@@ -98,97 +97,43 @@ pub(crate) async fn check_lease(
     lease: &LeaseRef,
     lock: bool,
 ) -> Result<LiveLease> {
-    match &store.leases {
-        Some(layer) => check_external(layer.as_ref(), conn, lease, lock).await,
-        None => check_in_row(conn, lease, lock).await,
-    }
+    let authority = Authority::ask(store.leases.as_deref(), lease).await?;
+    let (checked, _) = lease::check_lease(&Rows, conn, lease, &authority, lock).await?;
+    Ok(checked)
 }
 
-/// With an external lease layer: the layer must hold the lease, and the SQL
-/// rows (the session's row locked, so no newer grant commits meanwhile) must
-/// agree that its fence is the session's newest. The second check is what
-/// stops a holder whose layer lease vanished (Redis restarted) after a newer
-/// turn was granted.
-async fn check_external(
-    layer: &dyn LeaseLayer,
-    conn: &mut PgConnection,
-    lease: &LeaseRef,
-    lock: bool,
-) -> Result<LiveLease> {
-    let held = layer
-        .holds(lease.turn_id.as_str(), &lease.token.digest_hex())
-        .await?;
-    let row = sqlx::query(&format!(
-        "SELECT t.state, t.fence AS turn_fence, s.fence AS session_fence, \
-         {NOW_MS} AS now_ms \
-         FROM ag_turns t JOIN ag_sessions s ON s.session_id = t.session_id \
-         WHERE t.turn_id = $1 {}",
-        if lock { "FOR UPDATE OF s" } else { "" }
-    ))
-    .bind(lease.turn_id.as_str())
-    .fetch_optional(&mut *conn)
-    .await
-    .map_err(map_sqlx)?;
-    let Some(row) = row else {
-        return Err(missing_turn(conn, lease).await);
-    };
-    let state: String = get(&row, "state")?;
-    check_layer_lease(
-        held.as_ref(),
-        state == "running",
-        get(&row, "turn_fence")?,
-        Some(get(&row, "session_fence")?),
-        get(&row, "now_ms")?,
-    )
-}
+/// The lease check's SQL.
+struct Rows;
 
-/// Leases in the session rows: the row must name this turn, this token's
-/// digest, and an expiry after the store's now.
-async fn check_in_row(conn: &mut PgConnection, lease: &LeaseRef, lock: bool) -> Result<LiveLease> {
-    let row = sqlx::query(&format!(
-        "SELECT t.state, s.holder_turn_id, s.lease_token_hash, s.fence, \
-         s.lease_expires_at_ms, {NOW_MS} AS now_ms \
-         FROM ag_turns t JOIN ag_sessions s ON s.session_id = t.session_id \
-         WHERE t.turn_id = $1 {}",
-        if lock { "FOR UPDATE OF s" } else { "" }
-    ))
-    .bind(lease.turn_id.as_str())
-    .fetch_optional(&mut *conn)
-    .await
-    .map_err(map_sqlx)?;
-    let Some(row) = row else {
-        return Err(missing_turn(conn, lease).await);
-    };
-    judge(&row, lease)
-}
+#[async_trait::async_trait]
+impl LeaseSql for Rows {
+    type Conn = PgConnection;
 
-/// Why a turn has no session row: it does not exist (or the session was
-/// swept, which only happens once the turn is gone too).
-async fn missing_turn(conn: &mut PgConnection, lease: &LeaseRef) -> Error {
-    let exists = sqlx::query_scalar::<_, i32>("SELECT 1 FROM ag_turns WHERE turn_id = $1")
-        .bind(lease.turn_id.as_str())
+    async fn read_lease(
+        &self,
+        conn: &mut PgConnection,
+        turn_id: &str,
+        lock: bool,
+    ) -> Result<Option<LeaseRow>> {
+        let row = sqlx::query(&format!(
+            "SELECT {LEASE_COLUMNS}, {NOW_MS} AS now_ms \
+             FROM ag_turns t JOIN ag_sessions s ON s.session_id = t.session_id \
+             WHERE t.turn_id = $1 {}",
+            if lock { "FOR UPDATE OF s" } else { "" }
+        ))
+        .bind(turn_id)
         .fetch_optional(conn)
-        .await;
-    match exists {
-        Ok(Some(_)) => Error::LeaseLost {
-            reason: "taken over or released",
-        },
-        Ok(None) => Error::not_found(format!("turn {}", lease.turn_id)),
-        Err(error) => map_sqlx(error),
+        .await
+        .map_err(map_sqlx)?;
+        row.map(|row| LeaseRow::read(&Cols(&row))).transpose()
     }
-}
 
-fn judge(row: &PgRow, lease: &LeaseRef) -> Result<LiveLease> {
-    let state: String = get(row, "state")?;
-    let holder: Option<String> = get(row, "holder_turn_id")?;
-    let token_hash: Option<String> = get(row, "lease_token_hash")?;
-    let facts = RowLeaseFacts {
-        turn_running: state == "running",
-        holder_turn_id: holder.as_deref(),
-        lease_token_hash: token_hash.as_deref(),
-        fence: Some(get(row, "fence")?),
-        lease_expires_at_ms: get(row, "lease_expires_at_ms")?,
-        now_ms: get(row, "now_ms")?,
-    };
-    check_row_lease(&facts, lease.turn_id.as_str(), &lease.token.digest_hex())
+    async fn turn_exists(&self, conn: &mut PgConnection, turn_id: &str) -> Result<bool> {
+        let exists = sqlx::query_scalar::<_, i32>("SELECT 1 FROM ag_turns WHERE turn_id = $1")
+            .bind(turn_id)
+            .fetch_optional(conn)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(exists.is_some())
+    }
 }

@@ -1,7 +1,7 @@
 //! Row decoding: PostgreSQL rows read through the shared decoding
 //! (`agentgate_store_sql::rows`), which owns what each column means.
 
-use agentgate_core::decide::{ExecutionSnapshot, SessionSnapshot, TurnSnapshot};
+use agentgate_core::decide::{SessionSnapshot, TurnSnapshot};
 use agentgate_core::error::Result;
 use agentgate_core::model::{ExecutionView, TurnView};
 use agentgate_store_sql::rows::{self, Columns, TurnRow};
@@ -73,12 +73,6 @@ pub(crate) fn turn_view(row: &PgRow) -> Result<TurnView> {
 
 pub(crate) fn session_snapshot(row: &PgRow) -> Result<SessionSnapshot> {
     rows::session_snapshot(&Cols(row))
-}
-
-/// The execution in `row` ([`EXECUTION_COLUMNS`]), or `None` when an outer
-/// join found none.
-pub(crate) fn execution_snapshot(row: &PgRow) -> Result<Option<ExecutionSnapshot>> {
-    rows::execution_snapshot(&Cols(row))
 }
 
 pub(crate) fn execution_view(row: &PgRow) -> Result<ExecutionView> {

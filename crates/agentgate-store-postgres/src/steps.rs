@@ -34,23 +34,21 @@
 
 use agentgate_core::canonical::CanonicalJson;
 use agentgate_core::config::duration_ms;
-use agentgate_core::decide::{self, decide_tool_claim, ExecutionSnapshot, ToolDecision};
+use agentgate_core::decide::{self, ExecutionSnapshot};
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::ExecutionId;
 use agentgate_core::lease::LeaseLayer;
 use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
-use agentgate_core::model::{
-    idempotency_key, Ending, ExecutionEnding, LeaseRef, PreviousOutcome, ToolCall, ToolClaim,
-    TurnView,
-};
+use agentgate_core::model::{Ending, ExecutionEnding, LeaseRef, ToolCall, ToolClaim, TurnView};
 use agentgate_core::store::{Completion, LeaseStatus, SqlEffect};
 use serde_json::Value;
-use sqlx::PgConnection;
+use sqlx::{PgConnection, Postgres, Transaction};
 
-use crate::error::{corrupt, map_sqlx};
+use crate::error::map_sqlx;
 use crate::lease::{check_lease, Holder, LiveLease};
-use crate::rows::{execution_snapshot, get, json, turn_view, EXECUTION_COLUMNS, TURN_COLUMNS};
+use crate::rows::{turn_view, Cols, EXECUTION_COLUMNS, TURN_COLUMNS};
 use crate::{PostgresStore, NOW_MS};
+use agentgate_store_sql::claim::{self, ClaimSql, Lookup};
 use agentgate_store_sql::heartbeat::{self, HeartbeatSql};
 use agentgate_store_sql::tool::{self, ToolEndingSql};
 use agentgate_store_sql::Retry;
@@ -111,220 +109,143 @@ impl HeartbeatSql for Sql<'_> {
     }
 }
 
+/// Claims a tool call (the shared step over this store's SQL).
 pub(crate) async fn claim_tool(
     store: &PostgresStore,
     lease: &LeaseRef,
     call: &ToolCall,
 ) -> Result<ToolClaim> {
-    let mut retry = Retry::new();
-    loop {
-        match first_claim(store, lease, call).await {
-            Ok(Some(claim)) => return Ok(claim),
-            Ok(None) => {}
-            Err(error) => {
-                retry.after(error).await?;
-                continue;
-            }
-        }
-        match claim_once(store, lease, call).await {
-            Err(error) => retry.after(error).await?,
-            claim => return claim,
-        }
-    }
+    claim::claim_tool(&Sql(store), lease, call).await
 }
 
-/// The fast path of a claim, for the common case that SQL can decide alone:
-/// the call has no execution yet, so `decide_tool_claim` would say `Insert`.
-/// One autocommit `INSERT … SELECT` that writes only under the live lease and
-/// below the turn's bound of executions, and `ON CONFLICT DO NOTHING`: an
-/// existing execution of the call, or another claim of the turn numbered
-/// from the same count (`claim_seq`, which keeps the bound exact without the
-/// session's lock), leaves no row, and then `None` sends the claim down the
-/// full path, which reads, decides and explains.
-///
-/// An old holder's insert that races a takeover is ordered before it: the
-/// new holder's claim of the same call either sees the row (an execution left
-/// `running` under an older fence: `previous_outcome: unknown`) or inserts
-/// too and fails on the unique key, and runs again to see it.
-async fn first_claim(
-    store: &PostgresStore,
-    lease: &LeaseRef,
-    call: &ToolCall,
-) -> Result<Option<ToolClaim>> {
-    let Some(holder) = Holder::of(store, lease).await? else {
-        return Ok(None);
-    };
-    let key = idempotency_key(&lease.turn_id, call);
-    let execution_id = ExecutionId::generate();
-    let query = format!(
-        "INSERT INTO ag_tool_executions (execution_id, turn_id, tool, args_hash, \
-         idempotency_key, state, attempt, fence, claim_seq, created_at_ms, updated_at_ms) \
-         SELECT $1, $2, $3, $4, $5, 'running', 1, live.fence, live.executions + 1, \
-           {NOW_MS}, {NOW_MS} \
-         FROM (SELECT s.fence, \
-                 (SELECT COUNT(*) FROM ag_tool_executions e WHERE e.turn_id = $2) AS executions \
-               FROM ag_sessions s JOIN ag_turns t ON t.session_id = s.session_id WHERE {}) AS live \
-         WHERE live.executions < {MAX_EXECUTIONS_PER_TURN} \
-         ON CONFLICT DO NOTHING RETURNING execution_id",
-        holder.condition(2, 6)
-    );
-    let query = sqlx::query(&query)
+#[async_trait::async_trait]
+impl ClaimSql for Sql<'_> {
+    type Tx = Transaction<'static, Postgres>;
+
+    /// One autocommit `INSERT … SELECT` that writes only under the live
+    /// lease and below the turn's bound of executions, and `ON CONFLICT DO
+    /// NOTHING`: an existing execution of the call, or another claim of the
+    /// turn numbered from the same count (`claim_seq`, which keeps the bound
+    /// exact without the session's lock), leaves no row.
+    ///
+    /// An old holder's insert that races a takeover is ordered before it:
+    /// the new holder's claim of the same call either sees the row (an
+    /// execution left `running` under an older fence: `previous_outcome:
+    /// unknown`) or inserts too and fails on the unique key, and runs again
+    /// to see it.
+    async fn first_claim(
+        &self,
+        lease: &LeaseRef,
+        call: &ToolCall,
+        execution_id: &ExecutionId,
+        key: &str,
+    ) -> Result<bool> {
+        let Some(holder) = Holder::of(self.0, lease).await? else {
+            return Ok(false);
+        };
+        let query = format!(
+            "INSERT INTO ag_tool_executions (execution_id, turn_id, tool, args_hash, \
+             idempotency_key, state, attempt, fence, claim_seq, created_at_ms, updated_at_ms) \
+             SELECT $1, $2, $3, $4, $5, 'running', 1, live.fence, live.executions + 1, \
+               {NOW_MS}, {NOW_MS} \
+             FROM (SELECT s.fence, \
+                     (SELECT COUNT(*) FROM ag_tool_executions e WHERE e.turn_id = $2) AS executions \
+                   FROM ag_sessions s JOIN ag_turns t ON t.session_id = s.session_id WHERE {}) AS live \
+             WHERE live.executions < {MAX_EXECUTIONS_PER_TURN} \
+             ON CONFLICT DO NOTHING",
+            holder.condition(2, 6)
+        );
+        let query = sqlx::query(&query)
+            .bind(execution_id.as_str())
+            .bind(lease.turn_id.as_str())
+            .bind(call.tool.as_str())
+            .bind(call.args_hash.as_hex())
+            .bind(key);
+        let inserted = holder
+            .bind(query)
+            .execute(&self.0.pool)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(inserted.rows_affected() == 1)
+    }
+
+    async fn open(&self, lease: &LeaseRef) -> Result<(Self::Tx, LiveLease)> {
+        let mut tx = self.0.transaction().await?;
+        let live = check_lease(self.0, &mut tx, lease, true).await?;
+        Ok((tx, live))
+    }
+
+    async fn lookup(&self, tx: &mut Self::Tx, lease: &LeaseRef, call: &ToolCall) -> Result<Lookup> {
+        let row = sqlx::query(&format!(
+            "SELECT (SELECT COUNT(*) FROM ag_tool_executions WHERE turn_id = $1) AS executions, \
+             {EXECUTION_COLUMNS} FROM (SELECT 1) AS one \
+             LEFT JOIN ag_tool_executions e ON e.turn_id = $1 AND e.tool = $2 AND e.args_hash = $3"
+        ))
+        .bind(lease.turn_id.as_str())
+        .bind(call.tool.as_str())
+        .bind(call.args_hash.as_hex())
+        .fetch_one(&mut **tx)
+        .await
+        .map_err(map_sqlx)?;
+        Lookup::read(&Cols(&row))
+    }
+
+    async fn insert(
+        &self,
+        tx: &mut Self::Tx,
+        lease: &LeaseRef,
+        call: &ToolCall,
+        (execution_id, key): (&ExecutionId, &str),
+        live: &LiveLease,
+        seq: i64,
+    ) -> Result<u64> {
+        let done = sqlx::query(
+            "INSERT INTO ag_tool_executions (execution_id, turn_id, tool, args_hash, idempotency_key, \
+             state, attempt, fence, claim_seq, created_at_ms, updated_at_ms) \
+             VALUES ($1, $2, $3, $4, $5, 'running', 1, $6, $7, $8, $8)",
+        )
         .bind(execution_id.as_str())
         .bind(lease.turn_id.as_str())
         .bind(call.tool.as_str())
         .bind(call.args_hash.as_hex())
-        .bind(key.as_str());
-    let inserted = holder
-        .bind(query)
-        .fetch_optional(&store.pool)
+        .bind(key)
+        .bind(live.fence.0)
+        .bind(seq)
+        .bind(live.now_ms)
+        .execute(&mut **tx)
         .await
         .map_err(map_sqlx)?;
-    match inserted {
-        Some(_) => Ok(Some(execute(
-            execution_id.as_str().to_owned(),
-            key,
-            1,
-            None,
-        )?)),
-        None => Ok(None),
+        Ok(done.rows_affected())
     }
-}
 
-/// The full path of a claim: lock the session's row, read the execution and
-/// the turn's count, decide, apply.
-async fn claim_once(store: &PostgresStore, lease: &LeaseRef, call: &ToolCall) -> Result<ToolClaim> {
-    let mut tx = store.transaction().await?;
-    let live = check_lease(store, &mut tx, lease, true).await?;
-    // The execution, if any, and how many the turn has, in one read.
-    let row = sqlx::query(&format!(
-        "SELECT (SELECT COUNT(*) FROM ag_tool_executions WHERE turn_id = $1) AS executions, \
-         {EXECUTION_COLUMNS} FROM (SELECT 1) AS one \
-         LEFT JOIN ag_tool_executions e ON e.turn_id = $1 AND e.tool = $2 AND e.args_hash = $3"
-    ))
-    .bind(lease.turn_id.as_str())
-    .bind(call.tool.as_str())
-    .bind(call.args_hash.as_hex())
-    .fetch_one(&mut *tx)
-    .await
-    .map_err(map_sqlx)?;
-    let snapshot = execution_snapshot(&row)?;
-    let key = idempotency_key(&lease.turn_id, call);
-    let claim = match decide_tool_claim(
-        snapshot.as_ref(),
-        live.fence,
-        live.lease_expires_at_ms,
-        live.now_ms,
-    ) {
-        ToolDecision::Reject(error) => return Err(error),
-        ToolDecision::Cached => {
-            let result: Option<String> = get(&row, "result")?;
-            // Nothing written: dropping `tx` rolls back.
-            return Ok(ToolClaim::Cached {
-                execution_id: ExecutionId::new(get::<String>(&row, "execution_id")?)?,
-                result: json(result)?.unwrap_or(Value::Null),
-            });
-        }
-        ToolDecision::Insert => {
-            let executions: i64 = get(&row, "executions")?;
-            insert_execution(&mut tx, lease, call, &key, &live, executions).await?
-        }
-        ToolDecision::Reclaim { attempt, previous } => {
-            let Some(read) = snapshot else {
-                return Err(corrupt("a reclaim decided without an execution"));
-            };
-            reclaim(&mut tx, &read, &live, attempt).await?;
-            execute(read.execution_id, key, attempt, Some(previous))?
-        }
-    };
-    tx.commit().await.map_err(map_sqlx)?;
-    Ok(claim)
-}
-
-/// Runs `read` again under `live`'s fence, on the condition that the row is
-/// still as it was read. The session's lock does not cover executions against
-/// one-statement endings (they take no session lock): an old holder's ending
-/// that was in flight at the takeover may commit after this step read the
-/// row, and must not be overwritten, or a succeeded execution would run
-/// again. Such a change fails the condition and the step runs again.
-async fn reclaim(
-    tx: &mut PgConnection,
-    read: &ExecutionSnapshot,
-    live: &LiveLease,
-    attempt: u32,
-) -> Result<()> {
-    let done = sqlx::query(
-        "UPDATE ag_tool_executions SET state = 'running', attempt = $1, fence = $2, \
-         error = NULL, updated_at_ms = $3 \
-         WHERE execution_id = $4 AND state = $5 AND fence = $6 AND attempt = $7",
-    )
-    .bind(i64::from(attempt))
-    .bind(live.fence.0)
-    .bind(live.now_ms)
-    .bind(&read.execution_id)
-    .bind(read.state.as_str())
-    .bind(read.fence.0)
-    .bind(i64::from(read.attempt))
-    .execute(tx)
-    .await
-    .map_err(map_sqlx)?;
-    if done.rows_affected() != 1 {
-        return Err(Error::conflict(format!(
-            "tool execution {} changed while it was being claimed",
-            read.execution_id
-        )));
+    async fn reclaim(
+        &self,
+        tx: &mut Self::Tx,
+        read: &ExecutionSnapshot,
+        live: &LiveLease,
+        attempt: u32,
+    ) -> Result<u64> {
+        let done = sqlx::query(
+            "UPDATE ag_tool_executions SET state = 'running', attempt = $1, fence = $2, \
+             error = NULL, updated_at_ms = $3 \
+             WHERE execution_id = $4 AND state = $5 AND fence = $6 AND attempt = $7",
+        )
+        .bind(i64::from(attempt))
+        .bind(live.fence.0)
+        .bind(live.now_ms)
+        .bind(&read.execution_id)
+        .bind(read.state.as_str())
+        .bind(read.fence.0)
+        .bind(i64::from(read.attempt))
+        .execute(&mut **tx)
+        .await
+        .map_err(map_sqlx)?;
+        Ok(done.rows_affected())
     }
-    Ok(())
-}
 
-fn execute(
-    execution_id: String,
-    key: String,
-    attempt: u32,
-    previous: Option<PreviousOutcome>,
-) -> Result<ToolClaim> {
-    Ok(ToolClaim::Execute {
-        execution_id: ExecutionId::new(execution_id)?,
-        idempotency_key: key,
-        attempt,
-        previous_outcome: previous,
-    })
-}
-
-async fn insert_execution(
-    tx: &mut PgConnection,
-    lease: &LeaseRef,
-    call: &ToolCall,
-    key: &str,
-    live: &LiveLease,
-    existing: i64,
-) -> Result<ToolClaim> {
-    if existing >= i64::from(MAX_EXECUTIONS_PER_TURN) {
-        return Err(Error::invalid(format!(
-            "turn {} has {existing} tool executions, the limit is {MAX_EXECUTIONS_PER_TURN}",
-            lease.turn_id
-        )));
+    async fn commit(&self, tx: Self::Tx) -> Result<()> {
+        tx.commit().await.map_err(map_sqlx)
     }
-    let execution_id = ExecutionId::generate();
-    sqlx::query(
-        "INSERT INTO ag_tool_executions (execution_id, turn_id, tool, args_hash, idempotency_key, \
-         state, attempt, fence, claim_seq, created_at_ms, updated_at_ms) \
-         VALUES ($1, $2, $3, $4, $5, 'running', 1, $6, $7, $8, $8)",
-    )
-    .bind(execution_id.as_str())
-    .bind(lease.turn_id.as_str())
-    .bind(call.tool.as_str())
-    .bind(call.args_hash.as_hex())
-    .bind(key)
-    .bind(live.fence.0)
-    // Numbered after the executions counted: a one-statement claim of the
-    // same turn that counted the same number collides (unique violation,
-    // the step runs again) instead of both passing the bound.
-    .bind(existing + 1)
-    .bind(live.now_ms)
-    .execute(tx)
-    .await
-    .map_err(map_sqlx)?;
-    execute(execution_id.as_str().to_owned(), key.to_owned(), 1, None)
 }
 
 /// Checks that `execution_id` belongs to the turn and runs under `live`'s

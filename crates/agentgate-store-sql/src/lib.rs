@@ -4,12 +4,17 @@
 //!
 //! - [`heartbeat`]: a lease's renewal, in the rows or in the lease layer,
 //!   over the dialect's [`heartbeat::HeartbeatSql`].
+//! - [`lease`]: the caller's lease checked inside a step's transaction,
+//!   in the rows or against the lease layer, over the dialect's
+//!   [`lease::LeaseSql`].
 //! - [`orphans`]: listing orphans (asking the lease layer) and abandoning
 //!   one, over the dialect's [`orphans::OrphanSql`].
 //! - [`retry`]: the bounded re-run of a step after a transient conflict.
 //! - [`begin`]: a begin's decision applied inside the store's transaction
 //!   ([`begin::begin_in`]), over the dialect's [`begin::BeginSql`].
 //!
+//! - [`claim`]: a tool claim, the one-statement first claim and the full
+//!   read-decide-write path, over the dialect's [`claim::ClaimSql`].
 //! - [`rows`]: the columns every store selects, decoded into core snapshots
 //!   and views through the dialect's [`rows::Columns`].
 //! - `testing` (feature `testing`): throw-away databases for test suites.
@@ -23,7 +28,9 @@
 #![forbid(unsafe_code)]
 
 pub mod begin;
+pub mod claim;
 pub mod heartbeat;
+pub mod lease;
 pub mod orphans;
 pub mod retry;
 pub mod rows;

@@ -14,29 +14,26 @@
 //! single statement's check and write see the same state.
 
 use agentgate_core::canonical::CanonicalJson;
-use agentgate_core::decide::{
-    self, check_layer_lease, check_row_lease, decide_tool_claim, RowLeaseFacts, ToolDecision,
-};
+use agentgate_core::decide::{self, ExecutionSnapshot};
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{ExecutionId, Fence};
 use agentgate_core::lease::LeaseLayer;
 use agentgate_core::limits::FAST_ATTEMPTS;
 use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
-use agentgate_core::model::{
-    idempotency_key, Ending, ExecutionEnding, LeaseRef, PreviousOutcome, ToolCall, ToolClaim,
-    TurnView,
-};
+use agentgate_core::model::{Ending, ExecutionEnding, LeaseRef, ToolCall, ToolClaim, TurnView};
 use agentgate_core::store::{Completion, LeaseStatus, SqlEffect};
 use serde_json::Value;
 use sqlx::query::Query;
 use sqlx::sqlite::SqliteArguments;
-use sqlx::{Row, Sqlite, SqliteConnection, Transaction};
+use sqlx::{Sqlite, SqliteConnection, Transaction};
 
+use agentgate_store_sql::claim::{self, ClaimSql, Lookup};
 use agentgate_store_sql::heartbeat::{self, HeartbeatSql};
+use agentgate_store_sql::lease::{self, Authority, LeaseRow, LeaseSql, LEASE_COLUMNS};
 use agentgate_store_sql::tool::{self, ToolEndingSql};
 
-use crate::error::{corrupt, map_sqlx};
-use crate::rows::{execution_snapshot, turn_view, EXECUTION_COLUMNS, TURN_COLUMNS};
+use crate::error::map_sqlx;
+use crate::rows::{turn_view, Cols, EXECUTION_COLUMNS, TURN_COLUMNS};
 use crate::{SqliteStore, NOW_MS};
 
 /// A live lease, as checked inside a step's transaction.
@@ -48,14 +45,53 @@ pub(crate) async fn check_lease(
     conn: &mut SqliteConnection,
     lease: &LeaseRef,
 ) -> Result<LiveLease> {
-    match &store.leases {
-        Some(layer) => {
-            let held = layer
-                .holds(lease.turn_id.as_str(), &lease.token.digest_hex())
-                .await?;
-            check_external(held, conn, lease).await
-        }
-        None => check_in_row(conn, lease).await,
+    let authority = Authority::ask(store.leases.as_deref(), lease).await?;
+    check_as(conn, lease, &authority).await
+}
+
+/// [`check_lease`] as `authority` says. SQLite locks no rows: a step's write
+/// transaction holds the single writer.
+async fn check_as(
+    conn: &mut SqliteConnection,
+    lease: &LeaseRef,
+    authority: &Authority,
+) -> Result<LiveLease> {
+    let (checked, _) = lease::check_lease(&Rows, conn, lease, authority, false).await?;
+    Ok(checked)
+}
+
+/// The lease check's SQL.
+struct Rows;
+
+#[async_trait::async_trait]
+impl LeaseSql for Rows {
+    type Conn = SqliteConnection;
+
+    async fn read_lease(
+        &self,
+        conn: &mut SqliteConnection,
+        turn_id: &str,
+        _lock: bool,
+    ) -> Result<Option<LeaseRow>> {
+        let row = sqlx::query(&format!(
+            "SELECT {LEASE_COLUMNS}, {NOW_MS} AS now_ms \
+             FROM ag_turns t JOIN ag_sessions s ON s.session_id = t.session_id \
+             WHERE t.turn_id = ?"
+        ))
+        .bind(turn_id)
+        .fetch_optional(conn)
+        .await
+        .map_err(map_sqlx)?;
+        row.map(|row| LeaseRow::read(&Cols(&row))).transpose()
+    }
+
+    async fn turn_exists(&self, conn: &mut SqliteConnection, turn_id: &str) -> Result<bool> {
+        let exists = sqlx::query_scalar::<_, i64>("SELECT 1 FROM ag_turns WHERE turn_id = ?")
+            .bind(turn_id)
+            .fetch_optional(conn)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(exists.is_some())
     }
 }
 
@@ -129,79 +165,10 @@ pub(crate) async fn locked_step(
     store: &SqliteStore,
     lease: &LeaseRef,
 ) -> Result<(Transaction<'static, Sqlite>, LiveLease)> {
-    let held = match &store.leases {
-        Some(layer) => Some(
-            layer
-                .holds(lease.turn_id.as_str(), &lease.token.digest_hex())
-                .await?,
-        ),
-        None => None,
-    };
+    let authority = Authority::ask(store.leases.as_deref(), lease).await?;
     let mut tx = store.write().await?;
-    let live = match held {
-        Some(held) => check_external(held, &mut tx, lease).await?,
-        None => check_in_row(&mut tx, lease).await?,
-    };
+    let live = check_as(&mut tx, lease, &authority).await?;
     Ok((tx, live))
-}
-
-/// With an external lease layer: the layer must hold the lease, and the
-/// SQL rows must agree that its fence is the session's newest. The second
-/// check is what stops a holder whose layer lease vanished (Redis restarted)
-/// after a newer turn was granted.
-async fn check_external(
-    held: Option<agentgate_core::lease::LiveLease>,
-    conn: &mut SqliteConnection,
-    lease: &LeaseRef,
-) -> Result<LiveLease> {
-    let row: Option<(String, i64, Option<i64>, i64)> = sqlx::query_as(&format!(
-        "SELECT t.state, t.fence, s.fence, {NOW_MS} FROM ag_turns t \
-         LEFT JOIN ag_sessions s ON s.session_id = t.session_id WHERE t.turn_id = ?"
-    ))
-    .bind(lease.turn_id.as_str())
-    .fetch_optional(&mut *conn)
-    .await
-    .map_err(map_sqlx)?;
-    let (state, turn_fence, session_fence, now) =
-        row.ok_or_else(|| Error::not_found(format!("turn {}", lease.turn_id)))?;
-    check_layer_lease(
-        held.as_ref(),
-        state == "running",
-        turn_fence,
-        session_fence,
-        now,
-    )
-}
-
-/// Leases in the session rows: the row must name this turn, this token's
-/// digest, and an expiry after the store's now.
-async fn check_in_row(conn: &mut SqliteConnection, lease: &LeaseRef) -> Result<LiveLease> {
-    let row = sqlx::query(&format!(
-        "SELECT t.state, s.holder_turn_id, s.lease_token_hash, s.fence, \
-         s.lease_expires_at_ms, {NOW_MS} AS now_ms FROM ag_turns t \
-         LEFT JOIN ag_sessions s ON s.session_id = t.session_id WHERE t.turn_id = ?"
-    ))
-    .bind(lease.turn_id.as_str())
-    .fetch_optional(&mut *conn)
-    .await
-    .map_err(map_sqlx)?
-    .ok_or_else(|| Error::not_found(format!("turn {}", lease.turn_id)))?;
-    let get = |column: &str| row.try_get::<Option<String>, _>(column).map_err(map_sqlx);
-    let number = |column: &str| row.try_get::<Option<i64>, _>(column).map_err(map_sqlx);
-    let (state, holder, token_hash) = (
-        get("state")?,
-        get("holder_turn_id")?,
-        get("lease_token_hash")?,
-    );
-    let facts = RowLeaseFacts {
-        turn_running: state.as_deref() == Some("running"),
-        holder_turn_id: holder.as_deref(),
-        lease_token_hash: token_hash.as_deref(),
-        fence: number("fence")?,
-        lease_expires_at_ms: number("lease_expires_at_ms")?,
-        now_ms: number("now_ms")?.ok_or_else(|| corrupt("the store's clock read NULL"))?,
-    };
-    check_row_lease(&facts, lease.turn_id.as_str(), &lease.token.digest_hex())
 }
 
 pub(crate) async fn heartbeat(store: &SqliteStore, lease: &LeaseRef) -> Result<LeaseStatus> {
@@ -249,165 +216,129 @@ impl HeartbeatSql for Sql<'_> {
     }
 }
 
+/// Claims a tool call (the shared step over this store's SQL).
 pub(crate) async fn claim_tool(
     store: &SqliteStore,
     lease: &LeaseRef,
     call: &ToolCall,
 ) -> Result<ToolClaim> {
-    if let Some(claim) = first_claim(store, lease, call).await? {
-        return Ok(claim);
-    }
-    // Not a first claim (or a lost lease, or the turn's execution limit):
-    // read the execution and let `decide_tool_claim` say.
-    let (mut tx, live) = locked_step(store, lease).await?;
-    let existing = sqlx::query(&format!(
-        "SELECT {EXECUTION_COLUMNS} FROM ag_tool_executions WHERE turn_id = ? AND tool = ? AND args_hash = ?"
-    ))
-    .bind(lease.turn_id.as_str())
-    .bind(call.tool.as_str())
-    .bind(call.args_hash.as_hex())
-    .fetch_optional(&mut *tx)
-    .await
-    .map_err(map_sqlx)?;
-    let snapshot = match &existing {
-        Some(row) => Some(
-            execution_snapshot(row)?.ok_or_else(|| corrupt("an execution row without its id"))?,
-        ),
-        None => None,
-    };
-    let key = idempotency_key(&lease.turn_id, call);
-    let claim = match decide_tool_claim(
-        snapshot.as_ref(),
-        live.fence,
-        live.lease_expires_at_ms,
-        live.now_ms,
-    ) {
-        ToolDecision::Reject(error) => return Err(error),
-        ToolDecision::Cached => {
-            let row = existing.ok_or_else(|| corrupt("cached without row"))?;
-            let result: Option<String> = row.try_get("result").map_err(map_sqlx)?;
-            ToolClaim::Cached {
-                execution_id: ExecutionId::new(
-                    row.try_get::<String, _>("execution_id").map_err(map_sqlx)?,
-                )?,
-                result: serde_json::from_str(result.as_deref().unwrap_or("null"))
-                    .map_err(|e| corrupt(format!("tool result: {e}")))?,
-            }
-        }
-        ToolDecision::Insert => insert_execution(&mut tx, lease, call, &key, &live).await?,
-        ToolDecision::Reclaim { attempt, previous } => {
-            let execution_id = snapshot
-                .map(|s| s.execution_id)
-                .ok_or_else(|| corrupt("reclaiming an execution the step did not read"))?;
-            let reclaimed = sqlx::query(
-                "UPDATE ag_tool_executions SET state = 'running', attempt = ?1, fence = ?2, \
-                 error = NULL, updated_at_ms = ?3 WHERE execution_id = ?4",
-            )
-            .bind(attempt)
-            .bind(live.fence.0)
-            .bind(live.now_ms)
-            .bind(&execution_id)
-            .execute(&mut *tx)
-            .await
-            .map_err(map_sqlx)?;
-            Error::expect_rows(reclaimed.rows_affected(), 1, "reclaiming the execution")?;
-            execute(execution_id, key, attempt, Some(previous))?
-        }
-    };
-    tx.commit().await.map_err(map_sqlx)?;
-    Ok(claim)
+    claim::claim_tool(&Sql(store), lease, call).await
 }
 
-/// A first claim of a call, in one statement: inserts the execution when
-/// the lease is live, the call has no execution yet and the turn is under its
-/// execution limit — exactly the case where `decide_tool_claim` says
-/// `Insert`. `None` when it inserted nothing.
-async fn first_claim(
-    store: &SqliteStore,
-    lease: &LeaseRef,
-    call: &ToolCall,
-) -> Result<Option<ToolClaim>> {
-    let Some(proof) = Proof::of(store, lease).await? else {
-        return Ok(None);
-    };
-    let execution_id = ExecutionId::generate();
-    let key = idempotency_key(&lease.turn_id, call);
-    let sql = format!(
-        "INSERT INTO ag_tool_executions (execution_id, turn_id, tool, args_hash, \
-         idempotency_key, state, attempt, fence, created_at_ms, updated_at_ms) \
-         SELECT ?3, ?1, ?4, ?5, ?6, 'running', 1, live.fence, {NOW_MS}, {NOW_MS} \
-         FROM (SELECT {} AS fence) live WHERE live.fence IS NOT NULL \
-         AND (SELECT COUNT(*) FROM ag_tool_executions WHERE turn_id = ?1) < ?7 \
-         ON CONFLICT DO NOTHING",
-        proof.live_fence()
-    );
-    let inserted = proof
-        .query(&sql, lease)
-        .bind(execution_id.as_str())
+#[async_trait::async_trait]
+impl ClaimSql for Sql<'_> {
+    type Tx = Transaction<'static, Sqlite>;
+
+    /// One autocommit statement: inserts when the lease is live, the call
+    /// has no execution yet and the turn is below its bound. SQLite has one
+    /// writer, so the statement's check and write see the same state.
+    async fn first_claim(
+        &self,
+        lease: &LeaseRef,
+        call: &ToolCall,
+        execution_id: &ExecutionId,
+        key: &str,
+    ) -> Result<bool> {
+        let Some(proof) = Proof::of(self.0, lease).await? else {
+            return Ok(false);
+        };
+        let sql = format!(
+            "INSERT INTO ag_tool_executions (execution_id, turn_id, tool, args_hash, \
+             idempotency_key, state, attempt, fence, created_at_ms, updated_at_ms) \
+             SELECT ?3, ?1, ?4, ?5, ?6, 'running', 1, live.fence, {NOW_MS}, {NOW_MS} \
+             FROM (SELECT {} AS fence) live WHERE live.fence IS NOT NULL \
+             AND (SELECT COUNT(*) FROM ag_tool_executions WHERE turn_id = ?1) < ?7 \
+             ON CONFLICT DO NOTHING",
+            proof.live_fence()
+        );
+        let inserted = proof
+            .query(&sql, lease)
+            .bind(execution_id.as_str())
+            .bind(call.tool.as_str())
+            .bind(call.args_hash.as_hex())
+            .bind(key)
+            .bind(i64::from(MAX_EXECUTIONS_PER_TURN))
+            .execute(&self.0.writer)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(inserted.rows_affected() == 1)
+    }
+
+    async fn open(&self, lease: &LeaseRef) -> Result<(Self::Tx, LiveLease)> {
+        locked_step(self.0, lease).await
+    }
+
+    async fn lookup(&self, tx: &mut Self::Tx, lease: &LeaseRef, call: &ToolCall) -> Result<Lookup> {
+        let row = sqlx::query(&format!(
+            "SELECT (SELECT COUNT(*) FROM ag_tool_executions WHERE turn_id = ?1) AS executions, \
+             {EXECUTION_COLUMNS} FROM (SELECT 1) AS one \
+             LEFT JOIN ag_tool_executions e ON e.turn_id = ?1 AND e.tool = ?2 AND e.args_hash = ?3"
+        ))
+        .bind(lease.turn_id.as_str())
         .bind(call.tool.as_str())
         .bind(call.args_hash.as_hex())
-        .bind(key.as_str())
-        .bind(i64::from(MAX_EXECUTIONS_PER_TURN))
-        .execute(&store.writer)
+        .fetch_one(&mut **tx)
         .await
         .map_err(map_sqlx)?;
-    if inserted.rows_affected() == 0 {
-        return Ok(None);
+        Lookup::read(&Cols(&row))
     }
-    execute(execution_id.as_str().to_owned(), key, 1, None).map(Some)
-}
 
-fn execute(
-    execution_id: String,
-    key: String,
-    attempt: u32,
-    previous: Option<PreviousOutcome>,
-) -> Result<ToolClaim> {
-    Ok(ToolClaim::Execute {
-        execution_id: ExecutionId::new(execution_id)?,
-        idempotency_key: key,
-        attempt,
-        previous_outcome: previous,
-    })
-}
-
-async fn insert_execution(
-    tx: &mut SqliteConnection,
-    lease: &LeaseRef,
-    call: &ToolCall,
-    key: &str,
-    live: &LiveLease,
-) -> Result<ToolClaim> {
-    let existing: i64 =
-        sqlx::query_scalar("SELECT COUNT(*) FROM ag_tool_executions WHERE turn_id = ?")
-            .bind(lease.turn_id.as_str())
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(map_sqlx)?;
-    if existing >= i64::from(MAX_EXECUTIONS_PER_TURN) {
-        return Err(Error::invalid(format!(
-            "turn {} has {existing} tool executions, the limit is {MAX_EXECUTIONS_PER_TURN}",
-            lease.turn_id
-        )));
+    /// SQLite keeps no claim number: its single writer keeps the bound exact.
+    async fn insert(
+        &self,
+        tx: &mut Self::Tx,
+        lease: &LeaseRef,
+        call: &ToolCall,
+        (execution_id, key): (&ExecutionId, &str),
+        live: &LiveLease,
+        _seq: i64,
+    ) -> Result<u64> {
+        let done = sqlx::query(
+            "INSERT INTO ag_tool_executions (execution_id, turn_id, tool, args_hash, idempotency_key, \
+             state, attempt, fence, created_at_ms, updated_at_ms) \
+             VALUES (?1, ?2, ?3, ?4, ?5, 'running', 1, ?6, ?7, ?7)",
+        )
+        .bind(execution_id.as_str())
+        .bind(lease.turn_id.as_str())
+        .bind(call.tool.as_str())
+        .bind(call.args_hash.as_hex())
+        .bind(key)
+        .bind(live.fence.0)
+        .bind(live.now_ms)
+        .execute(&mut **tx)
+        .await
+        .map_err(map_sqlx)?;
+        Ok(done.rows_affected())
     }
-    let execution_id = ExecutionId::generate();
-    let inserted = sqlx::query(
-        "INSERT INTO ag_tool_executions (execution_id, turn_id, tool, args_hash, idempotency_key, \
-         state, attempt, fence, created_at_ms, updated_at_ms) \
-         VALUES (?1, ?2, ?3, ?4, ?5, 'running', 1, ?6, ?7, ?7)",
-    )
-    .bind(execution_id.as_str())
-    .bind(lease.turn_id.as_str())
-    .bind(call.tool.as_str())
-    .bind(call.args_hash.as_hex())
-    .bind(key)
-    .bind(live.fence.0)
-    .bind(live.now_ms)
-    .execute(&mut *tx)
-    .await
-    .map_err(map_sqlx)?;
-    Error::expect_rows(inserted.rows_affected(), 1, "the new execution")?;
-    execute(execution_id.as_str().to_owned(), key.to_owned(), 1, None)
+
+    async fn reclaim(
+        &self,
+        tx: &mut Self::Tx,
+        read: &ExecutionSnapshot,
+        live: &LiveLease,
+        attempt: u32,
+    ) -> Result<u64> {
+        let done = sqlx::query(
+            "UPDATE ag_tool_executions SET state = 'running', attempt = ?1, fence = ?2, \
+             error = NULL, updated_at_ms = ?3 \
+             WHERE execution_id = ?4 AND state = ?5 AND fence = ?6 AND attempt = ?7",
+        )
+        .bind(i64::from(attempt))
+        .bind(live.fence.0)
+        .bind(live.now_ms)
+        .bind(&read.execution_id)
+        .bind(read.state.as_str())
+        .bind(read.fence.0)
+        .bind(i64::from(read.attempt))
+        .execute(&mut **tx)
+        .await
+        .map_err(map_sqlx)?;
+        Ok(done.rows_affected())
+    }
+
+    async fn commit(&self, tx: Self::Tx) -> Result<()> {
+        tx.commit().await.map_err(map_sqlx)
+    }
 }
 
 /// Checks that `execution_id` belongs to the turn and runs under `live`'s fence.

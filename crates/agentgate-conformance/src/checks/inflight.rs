@@ -204,6 +204,43 @@ async fn take_over(gate: agentgate::Gate, session: String, round: usize) -> Take
     }
 }
 
+/// The old holder's setup: claims the round's tools and renews its lease
+/// once; the executions and when the renewal was sent, or `None` when the
+/// lease ran out first (only `lease_lost` is tolerated).
+async fn set_up(
+    store: &dyn Store,
+    old: &LeaseRef,
+    round: usize,
+) -> Option<(Vec<ExecutionId>, Instant)> {
+    let lost = |error: agentgate_core::error::Error| {
+        assert_eq!(error.kind(), ErrorKind::LeaseLost, "setup: {error}");
+    };
+    let mut executions = Vec::new();
+    for e in 0..EXECUTIONS {
+        let call = ToolCall::new(
+            ToolName::new(tool_name(e)).expect("name"),
+            &tool_args(round, e),
+        )
+        .expect("call");
+        match store.claim_tool(old, &call).await {
+            Ok(ToolClaim::Execute { execution_id, .. }) => executions.push(execution_id),
+            Ok(other) => panic!("a first claim executes, got {other:?}"),
+            Err(error) => {
+                lost(error);
+                return None;
+            }
+        }
+    }
+    let renewed = Instant::now();
+    match store.heartbeat(old).await {
+        Ok(_) => Some((executions, renewed)),
+        Err(error) => {
+            lost(error);
+            None
+        }
+    }
+}
+
 /// 30 rounds. Each: a holder begins straight on the store, claims six
 /// tools, heartbeats once and stops. Behind a barrier, a retry polls
 /// `begin` every millisecond from just before the lease can expire, and
@@ -241,8 +278,14 @@ pub async fn old_writes_in_flight_during_takeover(target: &Target) {
     let store = Arc::clone(gate.store());
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     let mut after_takeover: Vec<String> = Vec::new();
-    for round in 0..ROUNDS {
-        let session = format!("inflight-session-{round}");
+    // A round whose holder lost its 300 ms lease before its setup was done
+    // (a claim or the heartbeat refused on a loaded machine) attacks
+    // nothing, so it is set up again on a fresh session, at most
+    // `ROUNDS` times in all.
+    let mut redone = 0;
+    let mut round = 0;
+    while round < ROUNDS {
+        let session = format!("inflight-session-{round}-{redone}");
         let command = BeginCommand::new(
             UserId::new("inflight-user").expect("id"),
             SessionId::new(&session).expect("id"),
@@ -258,22 +301,11 @@ pub async fn old_writes_in_flight_during_takeover(target: &Target) {
             turn_id: grant.turn_id.clone(),
             token: grant.lease_token.clone(),
         };
-        let mut executions = Vec::new();
-        for e in 0..EXECUTIONS {
-            let call = ToolCall::new(
-                ToolName::new(tool_name(e)).expect("name"),
-                &tool_args(round, e),
-            )
-            .expect("call");
-            let ToolClaim::Execute { execution_id, .. } =
-                store.claim_tool(&old, &call).await.expect("claim")
-            else {
-                panic!("a first claim executes");
-            };
-            executions.push(execution_id);
-        }
-        let renewed = Instant::now();
-        store.heartbeat(&old).await.expect("a live heartbeat");
+        let Some((executions, renewed)) = set_up(store.as_ref(), &old, round).await else {
+            redone += 1;
+            assert!(redone <= ROUNDS, "{redone} rounds lost their lease during setup");
+            continue;
+        };
         // The lease expires no sooner than this.
         let expiry = renewed + TTL;
         let shift = (i64::try_from(round % 7).expect("small") - 3) * 8;
@@ -444,7 +476,9 @@ pub async fn old_writes_in_flight_during_takeover(target: &Target) {
             }
         }
         *counts.entry("rounds".to_owned()).or_insert(0) += 1;
+        round += 1;
     }
+    counts.insert("setups_redone".to_owned(), redone);
     counts.insert("landed_after_takeover".to_owned(), after_takeover.len());
     assert!(
         after_takeover.is_empty(),

@@ -1,0 +1,218 @@
+//! A tool claim, written once: the one-statement first claim, and the full
+//! path that reads the call's execution under the session's lock, asks
+//! `decide_tool_claim`, and writes what it says.
+//!
+//! The store supplies the SQL ([`ClaimSql`]): its first-claim statement
+//! (whose `WHERE` states the live lease and
+//! [`check_execution_room`]'s bound, so it inserts exactly when the full
+//! path would say `Insert`), how it opens a step's write transaction with
+//! the lease checked, and the lookup, insert and reclaim statements. A
+//! transient conflict (a unique violation between two first claims, a
+//! deadlock) runs the claim again within [`Retry`]'s budget.
+
+use agentgate_core::decide::{
+    check_execution_room, decide_tool_claim, CheckedLease, ExecutionSnapshot, ToolDecision,
+};
+use agentgate_core::error::{Error, Result};
+use agentgate_core::ids::ExecutionId;
+use agentgate_core::model::{idempotency_key, LeaseRef, PreviousOutcome, ToolCall, ToolClaim};
+use serde_json::Value;
+
+use crate::rows::{execution_snapshot, json, Columns};
+use crate::Retry;
+
+/// What a claim's full path reads in one statement: the call's execution,
+/// if any, with its stored result, and how many executions the turn has.
+#[derive(Debug)]
+pub struct Lookup {
+    /// The call's execution.
+    pub execution: Option<ExecutionSnapshot>,
+    /// Its stored result, as the canonical text it was written as.
+    pub result: Option<String>,
+    /// The turn's executions, the call's own included.
+    pub executions: i64,
+}
+
+impl Lookup {
+    /// Decodes a row of `executions` and the execution's
+    /// [`EXECUTION_COLUMNS`](crate::rows::EXECUTION_COLUMNS) (all `NULL`
+    /// when the call has none).
+    ///
+    /// # Errors
+    /// As [`Columns`].
+    pub fn read(row: &impl Columns) -> Result<Self> {
+        Ok(Self {
+            execution: execution_snapshot(row)?,
+            result: row.text("result")?,
+            executions: row.int_required("executions")?,
+        })
+    }
+}
+
+/// The SQL a store supplies for a tool claim.
+#[async_trait::async_trait]
+pub trait ClaimSql: Sync {
+    /// A step's write transaction, the lease checked (and the session's row
+    /// locked, where the store locks rows) inside it.
+    type Tx: Send;
+
+    /// The first claim of a call in one autocommit statement: inserts
+    /// `execution_id` running under the live lease's fence, attempt 1, when
+    /// the lease is live, the call has no execution and the turn is below
+    /// its bound; `false` when it inserted nothing.
+    async fn first_claim(
+        &self,
+        lease: &LeaseRef,
+        call: &ToolCall,
+        execution_id: &ExecutionId,
+        key: &str,
+    ) -> Result<bool>;
+
+    /// Opens the step's write transaction and checks the lease in it.
+    async fn open(&self, lease: &LeaseRef) -> Result<(Self::Tx, CheckedLease)>;
+
+    /// Reads the call's execution and the turn's count.
+    async fn lookup(&self, tx: &mut Self::Tx, lease: &LeaseRef, call: &ToolCall) -> Result<Lookup>;
+
+    /// Inserts `execution_id` running under `live`'s fence, attempt 1,
+    /// numbered `seq` among the turn's executions; the rows written.
+    async fn insert(
+        &self,
+        tx: &mut Self::Tx,
+        lease: &LeaseRef,
+        call: &ToolCall,
+        execution: (&ExecutionId, &str),
+        live: &CheckedLease,
+        seq: i64,
+    ) -> Result<u64>;
+
+    /// Claims `read` again under `live`'s fence as attempt `attempt`, on the
+    /// condition that its row is still as read (state, fence, attempt); the
+    /// rows written.
+    async fn reclaim(
+        &self,
+        tx: &mut Self::Tx,
+        read: &ExecutionSnapshot,
+        live: &CheckedLease,
+        attempt: u32,
+    ) -> Result<u64>;
+
+    /// Commits the step's transaction.
+    async fn commit(&self, tx: Self::Tx) -> Result<()>;
+}
+
+/// Claims a tool call: the first claim in one statement, else the full
+/// path; run again after a transient conflict.
+///
+/// # Errors
+/// The decision's refusal (`lease_lost`, `tool_in_flight`,
+/// `attempts_exhausted`, `invalid` at the turn's bound) or the store's error.
+pub async fn claim_tool<S: ClaimSql>(
+    sql: &S,
+    lease: &LeaseRef,
+    call: &ToolCall,
+) -> Result<ToolClaim> {
+    let mut retry = Retry::new();
+    loop {
+        let claim = match first_claim(sql, lease, call).await {
+            Ok(Some(claim)) => Ok(claim),
+            Ok(None) => claim_once(sql, lease, call).await,
+            Err(error) => Err(error),
+        };
+        match claim {
+            Err(error) => retry.after(error).await?,
+            claim => return claim,
+        }
+    }
+}
+
+async fn first_claim<S: ClaimSql>(
+    sql: &S,
+    lease: &LeaseRef,
+    call: &ToolCall,
+) -> Result<Option<ToolClaim>> {
+    let execution_id = ExecutionId::generate();
+    let key = idempotency_key(&lease.turn_id, call);
+    if !sql.first_claim(lease, call, &execution_id, &key).await? {
+        return Ok(None);
+    }
+    Ok(Some(execute(execution_id, key, 1, None)))
+}
+
+/// The full path: lock, read, decide, apply, commit. A refusal or a cached
+/// answer writes nothing: dropping the transaction rolls it back.
+async fn claim_once<S: ClaimSql>(sql: &S, lease: &LeaseRef, call: &ToolCall) -> Result<ToolClaim> {
+    let (mut tx, live) = sql.open(lease).await?;
+    let lookup = sql.lookup(&mut tx, lease, call).await?;
+    let key = idempotency_key(&lease.turn_id, call);
+    let decision = decide_tool_claim(
+        lookup.execution.as_ref(),
+        live.fence,
+        live.lease_expires_at_ms,
+        live.now_ms,
+    );
+    let claim = match decision {
+        ToolDecision::Reject(error) => return Err(error),
+        ToolDecision::Cached => {
+            let execution = lookup
+                .execution
+                .ok_or_else(|| Error::corrupt("a cached claim without its execution"))?;
+            return Ok(ToolClaim::Cached {
+                execution_id: ExecutionId::new(execution.execution_id)?,
+                result: json(lookup.result)?.unwrap_or(Value::Null),
+            });
+        }
+        ToolDecision::Insert => {
+            check_execution_room(lease.turn_id.as_str(), lookup.executions)?;
+            let execution_id = ExecutionId::generate();
+            // Numbered after the executions counted: a one-statement claim
+            // of the same turn that counted the same number collides (where
+            // the store keeps the number unique) instead of both passing the
+            // bound.
+            let seq = lookup.executions + 1;
+            let written = sql
+                .insert(&mut tx, lease, call, (&execution_id, &key), &live, seq)
+                .await?;
+            Error::expect_rows(written, 1, "the new execution")?;
+            execute(execution_id, key, 1, None)
+        }
+        ToolDecision::Reclaim { attempt, previous } => {
+            let read = lookup
+                .execution
+                .ok_or_else(|| Error::corrupt("a reclaim decided without an execution"))?;
+            // An old holder's one-statement ending that was in flight at the
+            // takeover may have committed after the lookup; it must not be
+            // overwritten (a succeeded execution would run again), so the
+            // write is conditioned on the row as read and a miss runs the
+            // step again.
+            if sql.reclaim(&mut tx, &read, &live, attempt).await? != 1 {
+                return Err(Error::conflict(format!(
+                    "tool execution {} changed while it was being claimed",
+                    read.execution_id
+                )));
+            }
+            execute(
+                ExecutionId::new(read.execution_id)?,
+                key,
+                attempt,
+                Some(previous),
+            )
+        }
+    };
+    sql.commit(tx).await?;
+    Ok(claim)
+}
+
+fn execute(
+    execution_id: ExecutionId,
+    key: String,
+    attempt: u32,
+    previous: Option<PreviousOutcome>,
+) -> ToolClaim {
+    ToolClaim::Execute {
+        execution_id,
+        idempotency_key: key,
+        attempt,
+        previous_outcome: previous,
+    }
+}
