@@ -26,14 +26,16 @@
 //! a same-transaction effect 5 plus the effect's own; end 2, else 2 + 6 (no
 //! `UPDATE … RETURNING`: the view is read back).
 
+use std::any::Any;
+
 use agentgate_core::canonical::CanonicalJson;
 use agentgate_core::config::duration_ms;
-use agentgate_core::decide::{self, CheckedLease, ExecutionSnapshot};
-use agentgate_core::error::{Error, Result};
+use agentgate_core::decide::{CheckedLease, ExecutionSnapshot};
+use agentgate_core::error::Result;
 use agentgate_core::ids::{ExecutionId, Fence};
 use agentgate_core::lease::LeaseLayer;
 use agentgate_core::model::{Ending, ExecutionEnding, LeaseRef, ToolCall, ToolClaim, TurnView};
-use agentgate_core::store::{Completion, LeaseStatus, SqlEffect};
+use agentgate_core::store::{Completion, LeaseStatus};
 use serde_json::Value;
 use sqlx::{MySql, MySqlConnection, Transaction};
 
@@ -44,8 +46,9 @@ use crate::{MySqlStore, NOW_MS};
 use agentgate_store_sql::claim::{self, ClaimSql, Lookup};
 use agentgate_store_sql::heartbeat::{self, HeartbeatSql};
 use agentgate_store_sql::lease::{self, Authority, LeaseRow, LeaseSql};
+use agentgate_store_sql::rows::Columns;
 use agentgate_store_sql::tool::{self, ToolEndingSql};
-use agentgate_store_sql::Retry;
+use agentgate_store_sql::{Retry, StepTx};
 
 /// A live lease, as checked inside a step's transaction, and its session.
 pub(crate) struct LiveLease {
@@ -199,9 +202,22 @@ pub(crate) async fn claim_tool(
 }
 
 #[async_trait::async_trait]
-impl ClaimSql for Sql<'_> {
+impl StepTx for Sql<'_> {
     type Tx = Transaction<'static, MySql>;
 
+    async fn open(&self, lease: &LeaseRef) -> Result<(Self::Tx, CheckedLease)> {
+        let mut tx = self.0.transaction().await?;
+        let live = check_lease(self.0, &mut tx, lease, true).await?;
+        Ok((tx, live.checked()))
+    }
+
+    async fn commit(&self, tx: Self::Tx) -> Result<()> {
+        tx.commit().await.map_err(map_sqlx)
+    }
+}
+
+#[async_trait::async_trait]
+impl ClaimSql for Sql<'_> {
     async fn first_claim(
         &self,
         lease: &LeaseRef,
@@ -210,12 +226,6 @@ impl ClaimSql for Sql<'_> {
         key: &str,
     ) -> Result<bool> {
         fast::claim(self.0, lease, call, execution_id, key).await
-    }
-
-    async fn open(&self, lease: &LeaseRef) -> Result<(Self::Tx, CheckedLease)> {
-        let mut tx = self.0.transaction().await?;
-        let live = check_lease(self.0, &mut tx, lease, true).await?;
-        Ok((tx, live.checked()))
     }
 
     async fn lookup(&self, tx: &mut Self::Tx, lease: &LeaseRef, call: &ToolCall) -> Result<Lookup> {
@@ -289,62 +299,6 @@ impl ClaimSql for Sql<'_> {
         .map_err(map_sqlx)?;
         Ok(done.rows_affected())
     }
-
-    async fn commit(&self, tx: Self::Tx) -> Result<()> {
-        tx.commit().await.map_err(map_sqlx)
-    }
-}
-
-/// Checks that `execution_id` belongs to the turn and runs under `live`'s
-/// fence; explains why not.
-async fn check_execution(
-    conn: &mut MySqlConnection,
-    lease: &LeaseRef,
-    execution_id: &ExecutionId,
-    live: &LiveLease,
-) -> Result<()> {
-    let row: Option<(Vec<u8>, i64)> = sqlx::query_as(
-        "SELECT state, fence FROM ag_tool_executions WHERE execution_id = ? AND turn_id = ?",
-    )
-    .bind(execution_id.as_str())
-    .bind(lease.turn_id.as_str())
-    .fetch_optional(conn)
-    .await
-    .map_err(map_sqlx)?;
-    let row = match &row {
-        Some((state, fence)) => Some((
-            std::str::from_utf8(state).map_err(|_| corrupt("an execution's state is not UTF-8"))?,
-            *fence,
-        )),
-        None => None,
-    };
-    decide::check_execution(execution_id.as_str(), row, live.fence.0)
-}
-
-/// Ends a running execution under `live`'s fence with `state` and `column`
-/// set to `value`. Zero rows means the execution is not ours to end; the
-/// caller explains why with [`check_execution`].
-async fn end_execution(
-    conn: &mut MySqlConnection,
-    lease: &LeaseRef,
-    execution_id: &ExecutionId,
-    live: &LiveLease,
-    ended: ExecutionEnding<'_>,
-) -> Result<u64> {
-    let (state, column, value) = ended.columns();
-    let done = sqlx::query(&format!(
-        "UPDATE ag_tool_executions SET state = '{state}', {column} = ?, updated_at_ms = ? \
-         WHERE execution_id = ? AND turn_id = ? AND state = 'running' AND fence = ?"
-    ))
-    .bind(value.as_str())
-    .bind(live.now_ms)
-    .bind(execution_id.as_str())
-    .bind(lease.turn_id.as_str())
-    .bind(live.fence.0)
-    .execute(conn)
-    .await
-    .map_err(map_sqlx)?;
-    Ok(done.rows_affected())
 }
 
 pub(crate) async fn complete_tool(
@@ -370,60 +324,63 @@ struct Sql<'a>(&'a MySqlStore);
 
 #[async_trait::async_trait]
 impl ToolEndingSql for Sql<'_> {
-    /// Completes or fails an execution with a value computed outside the store:
-    /// first the fast path's one statement, then, when it changed no row, the
-    /// locking transaction, which does the step or explains the refusal.
-    async fn end_tool_once(
+    async fn end_fast(
         &self,
         lease: &LeaseRef,
         execution_id: &ExecutionId,
         ending: ExecutionEnding<'_>,
-    ) -> Result<()> {
-        let store = self.0;
-        if fast::end_execution(store, lease, execution_id, ending).await? {
-            return Ok(());
-        }
-        let mut tx = store.transaction().await?;
-        let live = check_lease(store, &mut tx, lease, true).await?;
-        if end_execution(&mut tx, lease, execution_id, &live, ending).await? != 1 {
-            check_execution(&mut tx, lease, execution_id, &live).await?;
-            return Err(corrupt(format!(
-                "tool execution {execution_id} is running under this lease but was not updated"
-            )));
-        }
-        tx.commit().await.map_err(map_sqlx)
+    ) -> Result<bool> {
+        fast::end_execution(self.0, lease, execution_id, ending).await
     }
 
-    async fn complete_with_effect_once(
+    async fn execution_row(
         &self,
+        tx: &mut Self::Tx,
         lease: &LeaseRef,
         execution_id: &ExecutionId,
-        effect: &mut dyn SqlEffect,
-        applied: &mut bool,
-    ) -> Result<CanonicalJson> {
-        let store = self.0;
-        let mut tx = store.transaction().await?;
-        let live = check_lease(store, &mut tx, lease, true).await?;
-        check_execution(&mut tx, lease, execution_id, &live).await?;
-        *applied = true;
-        let connection: &mut MySqlConnection = &mut tx;
-        let value = effect.apply(connection).await.map_err(Error::Effect)?;
-        let result = CanonicalJson::new("result", &value)?;
-        let done = end_execution(
-            &mut tx,
-            lease,
-            execution_id,
-            &live,
-            ExecutionEnding::Succeeded(&result),
+    ) -> Result<Option<(String, i64)>> {
+        let row = sqlx::query(
+            "SELECT state, fence FROM ag_tool_executions WHERE execution_id = ? AND turn_id = ?",
         )
-        .await?;
-        if done != 1 {
-            return Err(corrupt(format!(
-                "tool execution {execution_id} changed under the session lock"
-            )));
-        }
-        tx.commit().await.map_err(map_sqlx)?;
-        Ok(result)
+        .bind(execution_id.as_str())
+        .bind(lease.turn_id.as_str())
+        .fetch_optional(&mut **tx)
+        .await
+        .map_err(map_sqlx)?;
+        row.map(|row| {
+            let row = Cols(&row);
+            Ok((row.text_required("state")?, row.int_required("fence")?))
+        })
+        .transpose()
+    }
+
+    async fn end_in(
+        &self,
+        tx: &mut Self::Tx,
+        lease: &LeaseRef,
+        execution_id: &ExecutionId,
+        live: &CheckedLease,
+        ending: ExecutionEnding<'_>,
+    ) -> Result<u64> {
+        let (state, column, value) = ending.columns();
+        let done = sqlx::query(&format!(
+            "UPDATE ag_tool_executions SET state = '{state}', {column} = ?, updated_at_ms = ? \
+             WHERE execution_id = ? AND turn_id = ? AND state = 'running' AND fence = ?"
+        ))
+        .bind(value.as_str())
+        .bind(live.now_ms)
+        .bind(execution_id.as_str())
+        .bind(lease.turn_id.as_str())
+        .bind(live.fence.0)
+        .execute(&mut **tx)
+        .await
+        .map_err(map_sqlx)?;
+        Ok(done.rows_affected())
+    }
+
+    fn connection<'t>(&self, tx: &'t mut Self::Tx) -> &'t mut (dyn Any + Send) {
+        let connection: &mut MySqlConnection = tx;
+        connection
     }
 }
 

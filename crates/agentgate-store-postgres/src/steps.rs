@@ -32,15 +32,17 @@
 //! step but the heartbeat adds one layer call first, and an ending one more
 //! after (the release).
 
+use std::any::Any;
+
 use agentgate_core::canonical::CanonicalJson;
 use agentgate_core::config::duration_ms;
-use agentgate_core::decide::{self, ExecutionSnapshot};
+use agentgate_core::decide::ExecutionSnapshot;
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::ExecutionId;
 use agentgate_core::lease::LeaseLayer;
 use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
 use agentgate_core::model::{Ending, ExecutionEnding, LeaseRef, ToolCall, ToolClaim, TurnView};
-use agentgate_core::store::{Completion, LeaseStatus, SqlEffect};
+use agentgate_core::store::{Completion, LeaseStatus};
 use serde_json::Value;
 use sqlx::{PgConnection, Postgres, Transaction};
 
@@ -51,7 +53,7 @@ use crate::{PostgresStore, NOW_MS};
 use agentgate_store_sql::claim::{self, ClaimSql, Lookup};
 use agentgate_store_sql::heartbeat::{self, HeartbeatSql};
 use agentgate_store_sql::tool::{self, ToolEndingSql};
-use agentgate_store_sql::Retry;
+use agentgate_store_sql::{Retry, StepTx};
 
 pub(crate) async fn heartbeat(store: &PostgresStore, lease: &LeaseRef) -> Result<LeaseStatus> {
     let mut retry = Retry::new();
@@ -119,9 +121,22 @@ pub(crate) async fn claim_tool(
 }
 
 #[async_trait::async_trait]
-impl ClaimSql for Sql<'_> {
+impl StepTx for Sql<'_> {
     type Tx = Transaction<'static, Postgres>;
 
+    async fn open(&self, lease: &LeaseRef) -> Result<(Self::Tx, LiveLease)> {
+        let mut tx = self.0.transaction().await?;
+        let live = check_lease(self.0, &mut tx, lease, true).await?;
+        Ok((tx, live))
+    }
+
+    async fn commit(&self, tx: Self::Tx) -> Result<()> {
+        tx.commit().await.map_err(map_sqlx)
+    }
+}
+
+#[async_trait::async_trait]
+impl ClaimSql for Sql<'_> {
     /// One autocommit `INSERT … SELECT` that writes only under the live
     /// lease and below the turn's bound of executions, and `ON CONFLICT DO
     /// NOTHING`: an existing execution of the call, or another claim of the
@@ -167,12 +182,6 @@ impl ClaimSql for Sql<'_> {
             .await
             .map_err(map_sqlx)?;
         Ok(inserted.rows_affected() == 1)
-    }
-
-    async fn open(&self, lease: &LeaseRef) -> Result<(Self::Tx, LiveLease)> {
-        let mut tx = self.0.transaction().await?;
-        let live = check_lease(self.0, &mut tx, lease, true).await?;
-        Ok((tx, live))
     }
 
     async fn lookup(&self, tx: &mut Self::Tx, lease: &LeaseRef, call: &ToolCall) -> Result<Lookup> {
@@ -242,59 +251,6 @@ impl ClaimSql for Sql<'_> {
         .map_err(map_sqlx)?;
         Ok(done.rows_affected())
     }
-
-    async fn commit(&self, tx: Self::Tx) -> Result<()> {
-        tx.commit().await.map_err(map_sqlx)
-    }
-}
-
-/// Checks that `execution_id` belongs to the turn and runs under `live`'s
-/// fence; explains why not.
-async fn check_execution(
-    conn: &mut PgConnection,
-    lease: &LeaseRef,
-    execution_id: &ExecutionId,
-    live: &LiveLease,
-) -> Result<()> {
-    let row: Option<(String, i64)> = sqlx::query_as(
-        "SELECT state, fence FROM ag_tool_executions WHERE execution_id = $1 AND turn_id = $2",
-    )
-    .bind(execution_id.as_str())
-    .bind(lease.turn_id.as_str())
-    .fetch_optional(conn)
-    .await
-    .map_err(map_sqlx)?;
-    decide::check_execution(
-        execution_id.as_str(),
-        row.as_ref().map(|(state, fence)| (state.as_str(), *fence)),
-        live.fence.0,
-    )
-}
-
-/// Ends a running execution under `live`'s fence with `state` and `column`
-/// set to `value`. Zero rows means the execution is not ours to end; the
-/// caller explains why with [`check_execution`].
-async fn end_execution(
-    conn: &mut PgConnection,
-    lease: &LeaseRef,
-    execution_id: &ExecutionId,
-    live: &LiveLease,
-    ended: ExecutionEnding<'_>,
-) -> Result<u64> {
-    let (state, column, value) = ended.columns();
-    let done = sqlx::query(&format!(
-        "UPDATE ag_tool_executions SET state = '{state}', {column} = $1, updated_at_ms = $2 \
-         WHERE execution_id = $3 AND turn_id = $4 AND state = 'running' AND fence = $5"
-    ))
-    .bind(value.as_str())
-    .bind(live.now_ms)
-    .bind(execution_id.as_str())
-    .bind(lease.turn_id.as_str())
-    .bind(live.fence.0)
-    .execute(conn)
-    .await
-    .map_err(map_sqlx)?;
-    Ok(done.rows_affected())
 }
 
 /// Completes an execution (the shared step over this store's SQL).
@@ -321,33 +277,29 @@ struct Sql<'a>(&'a PostgresStore);
 
 #[async_trait::async_trait]
 impl ToolEndingSql for Sql<'_> {
-    /// Completes or fails an execution with a value computed outside the store,
-    /// in one autocommit statement: the `UPDATE`'s condition is the whole check
-    /// (the execution is running under the live lease's fence), and a miss is
-    /// explained after, read-only.
-    ///
-    /// Why no session lock is needed under READ COMMITTED: the fence subquery is
-    /// read from the statement's snapshot, so it may still show an old holder
-    /// whose lease a takeover is committing at that moment. But a takeover never
-    /// writes an execution; only the new holder's own later steps do, and each of
-    /// them changes the row's `fence` (a reclaim) or its `state` (an ending), or
-    /// is conditioned on the state it read (see `reclaim`). If such a write
-    /// committed before this statement's snapshot, the row's `fence` or `state`
-    /// no longer matches; if it is in flight, this statement waits for its row
-    /// lock and PostgreSQL re-checks `state = 'running' AND fence = …` on the
-    /// newest version, which fails. If this write commits first, it is ordered
-    /// before every write of the new holder, which then sees it (or, having read
-    /// before it, fails its conditional write and runs again). So an old holder's
-    /// write never lands after a new holder's write on the same row.
-    async fn end_tool_once(
+    /// Why no session lock is needed under READ COMMITTED: the fence
+    /// subquery is read from the statement's snapshot, so it may still show
+    /// an old holder whose lease a takeover is committing at that moment.
+    /// But a takeover never writes an execution; only the new holder's own
+    /// later steps do, and each of them changes the row's `fence` (a
+    /// reclaim) or its `state` (an ending), or is conditioned on the state
+    /// it read (the shared claim's reclaim). If such a write committed before
+    /// this statement's snapshot, the row's `fence` or `state` no longer
+    /// matches; if it is in flight, this statement waits for its row lock
+    /// and PostgreSQL re-checks `state = 'running' AND fence = …` on the
+    /// newest version, which fails. If this write commits first, it is
+    /// ordered before every write of the new holder, which then sees it (or,
+    /// having read before it, fails its conditional write and runs again).
+    /// So an old holder's write never lands after a new holder's write on
+    /// the same row.
+    async fn end_fast(
         &self,
         lease: &LeaseRef,
         execution_id: &ExecutionId,
         ending: ExecutionEnding<'_>,
-    ) -> Result<()> {
-        let store = self.0;
-        let Some(holder) = Holder::of(store, lease).await? else {
-            return Err(explain_execution(store, lease, execution_id).await);
+    ) -> Result<bool> {
+        let Some(holder) = Holder::of(self.0, lease).await? else {
+            return Ok(false);
         };
         let (state, column, value) = ending.columns();
         let query = format!(
@@ -362,73 +314,55 @@ impl ToolEndingSql for Sql<'_> {
             .bind(lease.turn_id.as_str());
         let done = holder
             .bind(query)
-            .execute(&store.pool)
+            .execute(&self.0.pool)
             .await
             .map_err(map_sqlx)?;
-        if done.rows_affected() == 1 {
-            return Ok(());
-        }
-        Err(explain_execution(store, lease, execution_id).await)
+        Ok(done.rows_affected() == 1)
     }
 
-    async fn complete_with_effect_once(
+    async fn execution_row(
         &self,
+        tx: &mut Self::Tx,
         lease: &LeaseRef,
         execution_id: &ExecutionId,
-        effect: &mut dyn SqlEffect,
-        applied: &mut bool,
-    ) -> Result<CanonicalJson> {
-        let store = self.0;
-        let mut tx = store.transaction().await?;
-        let live = check_lease(store, &mut tx, lease, true).await?;
-        check_execution(&mut tx, lease, execution_id, &live).await?;
-        *applied = true;
-        let connection: &mut PgConnection = &mut tx;
-        let value = effect.apply(connection).await.map_err(Error::Effect)?;
-        let result = CanonicalJson::new("result", &value)?;
-        let done = end_execution(
-            &mut tx,
-            lease,
-            execution_id,
-            &live,
-            ExecutionEnding::Succeeded(&result),
+    ) -> Result<Option<(String, i64)>> {
+        sqlx::query_as(
+            "SELECT state, fence FROM ag_tool_executions WHERE execution_id = $1 AND turn_id = $2",
         )
-        .await?;
-        if done != 1 {
-            // The session's lock does not stop this holder's own one-statement
-            // fail or complete of the same execution (it takes no session lock);
-            // dropping `tx` rolls the effect back with the missed mark.
-            check_execution(&mut tx, lease, execution_id, &live).await?;
-            return Err(Error::conflict(format!(
-                "tool execution {execution_id} changed while it was being completed"
-            )));
-        }
-        tx.commit().await.map_err(map_sqlx)?;
-        Ok(result)
+        .bind(execution_id.as_str())
+        .bind(lease.turn_id.as_str())
+        .fetch_optional(&mut **tx)
+        .await
+        .map_err(map_sqlx)
     }
-}
 
-/// Why an execution's ending changed no row: the lease, then the execution,
-/// read without locks. When both now pass, the miss raced a change these
-/// reads no longer see, and the step runs again.
-async fn explain_execution(
-    store: &PostgresStore,
-    lease: &LeaseRef,
-    execution_id: &ExecutionId,
-) -> Error {
-    let mut conn = match store.pool.acquire().await {
-        Ok(conn) => conn,
-        Err(error) => return map_sqlx(error),
-    };
-    let checked = match check_lease(store, &mut conn, lease, false).await {
-        Ok(live) => check_execution(&mut conn, lease, execution_id, &live).await,
-        Err(error) => Err(error),
-    };
-    match checked {
-        Err(error) => error,
-        Ok(()) => Error::conflict(format!(
-            "tool execution {execution_id} changed while it was being ended"
-        )),
+    async fn end_in(
+        &self,
+        tx: &mut Self::Tx,
+        lease: &LeaseRef,
+        execution_id: &ExecutionId,
+        live: &LiveLease,
+        ending: ExecutionEnding<'_>,
+    ) -> Result<u64> {
+        let (state, column, value) = ending.columns();
+        let done = sqlx::query(&format!(
+            "UPDATE ag_tool_executions SET state = '{state}', {column} = $1, updated_at_ms = $2 \
+             WHERE execution_id = $3 AND turn_id = $4 AND state = 'running' AND fence = $5"
+        ))
+        .bind(value.as_str())
+        .bind(live.now_ms)
+        .bind(execution_id.as_str())
+        .bind(lease.turn_id.as_str())
+        .bind(live.fence.0)
+        .execute(&mut **tx)
+        .await
+        .map_err(map_sqlx)?;
+        Ok(done.rows_affected())
+    }
+
+    fn connection<'t>(&self, tx: &'t mut Self::Tx) -> &'t mut (dyn Any + Send) {
+        let connection: &mut PgConnection = tx;
+        connection
     }
 }
 

@@ -19,7 +19,7 @@ use agentgate_core::model::{idempotency_key, LeaseRef, PreviousOutcome, ToolCall
 use serde_json::Value;
 
 use crate::rows::{execution_snapshot, json, Columns};
-use crate::Retry;
+use crate::{Retry, StepTx};
 
 /// What a claim's full path reads in one statement: the call's execution,
 /// if any, with its stored result, and how many executions the turn has.
@@ -51,11 +51,7 @@ impl Lookup {
 
 /// The SQL a store supplies for a tool claim.
 #[async_trait::async_trait]
-pub trait ClaimSql: Sync {
-    /// A step's write transaction, the lease checked (and the session's row
-    /// locked, where the store locks rows) inside it.
-    type Tx: Send;
-
+pub trait ClaimSql: StepTx {
     /// The first claim of a call in one autocommit statement: inserts
     /// `execution_id` running under the live lease's fence, attempt 1, when
     /// the lease is live, the call has no execution and the turn is below
@@ -67,9 +63,6 @@ pub trait ClaimSql: Sync {
         execution_id: &ExecutionId,
         key: &str,
     ) -> Result<bool>;
-
-    /// Opens the step's write transaction and checks the lease in it.
-    async fn open(&self, lease: &LeaseRef) -> Result<(Self::Tx, CheckedLease)>;
 
     /// Reads the call's execution and the turn's count.
     async fn lookup(&self, tx: &mut Self::Tx, lease: &LeaseRef, call: &ToolCall) -> Result<Lookup>;
@@ -96,9 +89,6 @@ pub trait ClaimSql: Sync {
         live: &CheckedLease,
         attempt: u32,
     ) -> Result<u64>;
-
-    /// Commits the step's transaction.
-    async fn commit(&self, tx: Self::Tx) -> Result<()>;
 }
 
 /// Claims a tool call: the first claim in one statement, else the full

@@ -40,3 +40,22 @@ pub mod tls;
 pub mod tool;
 
 pub use retry::Retry;
+
+use agentgate_core::decide::CheckedLease;
+use agentgate_core::error::Result;
+use agentgate_core::model::LeaseRef;
+
+/// A step's write transaction as a store opens it: the lease checked inside
+/// it ([`lease::check_lease`]), the session's row locked where the store
+/// locks rows (SQLite's transaction holds its single writer).
+#[async_trait::async_trait]
+pub trait StepTx: Sync {
+    /// The open transaction.
+    type Tx: Send;
+
+    /// Opens the transaction and checks the caller's lease in it.
+    async fn open(&self, lease: &LeaseRef) -> Result<(Self::Tx, CheckedLease)>;
+
+    /// Commits it.
+    async fn commit(&self, tx: Self::Tx) -> Result<()>;
+}

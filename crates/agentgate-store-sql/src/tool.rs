@@ -2,41 +2,143 @@
 //! store, a failure, or a side effect run in the same transaction as the
 //! success mark.
 //!
-//! The store supplies one run of each ([`ToolEndingSql`]); this module runs
-//! them again after a transient conflict, except an effect that already
-//! ran: its transaction failed after the effect was applied, so running the
-//! step again could apply it twice (the caller learns the error instead).
+//! The store supplies the statements ([`ToolEndingSql`]): the one-statement
+//! ending of the common case, and the reads and writes of the step's
+//! transaction, which ends the execution when the fast path could not, runs
+//! a same-transaction effect, or explains a refusal through
+//! `decide::check_execution`. This module runs a step again after a
+//! transient conflict, except an effect that already ran: its transaction
+//! failed after the effect was applied, so running the step again could
+//! apply it twice (the caller learns the error instead).
+
+use std::any::Any;
 
 use agentgate_core::canonical::CanonicalJson;
-use agentgate_core::error::Result;
+use agentgate_core::decide::{check_execution, CheckedLease};
+use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::ExecutionId;
 use agentgate_core::model::{ExecutionEnding, LeaseRef};
 use agentgate_core::store::{Completion, SqlEffect};
 use serde_json::Value;
 
-use crate::Retry;
+use crate::{Retry, StepTx};
 
 /// The SQL a store supplies for an execution's ending.
 #[async_trait::async_trait]
-pub trait ToolEndingSql: Sync {
-    /// Ends the caller's running execution with `ending`, once, under its
-    /// live lease; an error explains a miss (`lease_lost`, `not_found`).
-    async fn end_tool_once(
+pub trait ToolEndingSql: StepTx {
+    /// Ends the caller's running execution with `ending` in one autocommit
+    /// statement whose condition is the whole check (the execution is
+    /// running under the live lease's fence); `false` when it changed no
+    /// row.
+    async fn end_fast(
         &self,
         lease: &LeaseRef,
         execution_id: &ExecutionId,
         ending: ExecutionEnding<'_>,
-    ) -> Result<()>;
+    ) -> Result<bool>;
 
-    /// Runs `effect` and marks the execution succeeded with its value, in
-    /// one transaction, once. Sets `applied` before the effect runs.
-    async fn complete_with_effect_once(
+    /// The execution's `(state, fence)` if it is one of the caller's turn.
+    async fn execution_row(
         &self,
+        tx: &mut Self::Tx,
         lease: &LeaseRef,
         execution_id: &ExecutionId,
-        effect: &mut dyn SqlEffect,
-        applied: &mut bool,
-    ) -> Result<CanonicalJson>;
+    ) -> Result<Option<(String, i64)>>;
+
+    /// Ends the execution, running under `live`'s fence, with `ending`
+    /// inside `tx`; the rows written.
+    async fn end_in(
+        &self,
+        tx: &mut Self::Tx,
+        lease: &LeaseRef,
+        execution_id: &ExecutionId,
+        live: &CheckedLease,
+        ending: ExecutionEnding<'_>,
+    ) -> Result<u64>;
+
+    /// The driver's connection inside `tx`, for a same-transaction effect.
+    fn connection<'t>(&self, tx: &'t mut Self::Tx) -> &'t mut (dyn Any + Send);
+}
+
+/// Checks that the execution is the caller's to end (running under `live`'s
+/// fence); explains why not.
+async fn check<S: ToolEndingSql>(
+    sql: &S,
+    tx: &mut S::Tx,
+    lease: &LeaseRef,
+    execution_id: &ExecutionId,
+    live: &CheckedLease,
+) -> Result<()> {
+    let row = sql.execution_row(tx, lease, execution_id).await?;
+    check_execution(
+        execution_id.as_str(),
+        row.as_ref().map(|(state, fence)| (state.as_str(), *fence)),
+        live.fence.0,
+    )
+}
+
+/// Ends the execution inside `tx` after [`check`] passed; a row that
+/// changed meanwhile (this holder's own one-statement ending, which takes
+/// no session lock on every store) is explained, or is a conflict that runs
+/// the step again.
+async fn end_checked<S: ToolEndingSql>(
+    sql: &S,
+    tx: &mut S::Tx,
+    lease: &LeaseRef,
+    execution_id: &ExecutionId,
+    live: &CheckedLease,
+    ending: ExecutionEnding<'_>,
+) -> Result<()> {
+    if sql.end_in(tx, lease, execution_id, live, ending).await? == 1 {
+        return Ok(());
+    }
+    check(sql, tx, lease, execution_id, live).await?;
+    Err(Error::conflict(format!(
+        "tool execution {execution_id} changed while it was being ended"
+    )))
+}
+
+/// One run of an ending with a value computed outside the store: the
+/// one-statement fast path, else the step's transaction, which ends the
+/// execution or explains the refusal (`lease_lost`, `not_found`).
+async fn end_tool_once<S: ToolEndingSql>(
+    sql: &S,
+    lease: &LeaseRef,
+    execution_id: &ExecutionId,
+    ending: ExecutionEnding<'_>,
+) -> Result<()> {
+    if sql.end_fast(lease, execution_id, ending).await? {
+        return Ok(());
+    }
+    let (mut tx, live) = sql.open(lease).await?;
+    check(sql, &mut tx, lease, execution_id, &live).await?;
+    end_checked(sql, &mut tx, lease, execution_id, &live, ending).await?;
+    sql.commit(tx).await
+}
+
+/// One run of a completion whose effect runs in the step's transaction, so
+/// the effect commits exactly when the success mark does. Sets `applied`
+/// before the effect runs.
+async fn complete_with_effect_once<S: ToolEndingSql>(
+    sql: &S,
+    lease: &LeaseRef,
+    execution_id: &ExecutionId,
+    effect: &mut dyn SqlEffect,
+    applied: &mut bool,
+) -> Result<CanonicalJson> {
+    let (mut tx, live) = sql.open(lease).await?;
+    check(sql, &mut tx, lease, execution_id, &live).await?;
+    *applied = true;
+    let value = effect
+        .apply(sql.connection(&mut tx))
+        .await
+        .map_err(Error::Effect)?;
+    let result = CanonicalJson::new("result", &value)?;
+    let ending = ExecutionEnding::Succeeded(&result);
+    // A miss drops `tx`, which rolls the effect back with the mark.
+    end_checked(sql, &mut tx, lease, execution_id, &live, ending).await?;
+    sql.commit(tx).await?;
+    Ok(result)
 }
 
 /// Completes an execution; its stored result back.
@@ -53,15 +155,14 @@ pub async fn complete_tool<S: ToolEndingSql>(
     match completion {
         Completion::Result(result) => loop {
             let ending = ExecutionEnding::Succeeded(&result);
-            match sql.end_tool_once(lease, execution_id, ending).await {
+            match end_tool_once(sql, lease, execution_id, ending).await {
                 Err(error) => retry.after(error).await?,
                 Ok(()) => return result.to_value("tool result"),
             }
         },
         Completion::Effect(effect) => loop {
             let mut applied = false;
-            match sql
-                .complete_with_effect_once(lease, execution_id, &mut *effect, &mut applied)
+            match complete_with_effect_once(sql, lease, execution_id, &mut *effect, &mut applied)
                 .await
             {
                 Err(error) if applied => return Err(error),
@@ -85,7 +186,7 @@ pub async fn fail_tool<S: ToolEndingSql>(
     let mut retry = Retry::new();
     loop {
         let ending = ExecutionEnding::Failed(error);
-        match sql.end_tool_once(lease, execution_id, ending).await {
+        match end_tool_once(sql, lease, execution_id, ending).await {
             Err(error) => retry.after(error).await?,
             done => return done,
         }

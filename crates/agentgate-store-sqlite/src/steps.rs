@@ -13,15 +13,17 @@
 //! (a reclaim, a same-transaction effect). SQLite has one writer, so a
 //! single statement's check and write see the same state.
 
+use std::any::Any;
+
 use agentgate_core::canonical::CanonicalJson;
-use agentgate_core::decide::{self, ExecutionSnapshot};
+use agentgate_core::decide::ExecutionSnapshot;
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{ExecutionId, Fence};
 use agentgate_core::lease::LeaseLayer;
 use agentgate_core::limits::FAST_ATTEMPTS;
 use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
 use agentgate_core::model::{Ending, ExecutionEnding, LeaseRef, ToolCall, ToolClaim, TurnView};
-use agentgate_core::store::{Completion, LeaseStatus, SqlEffect};
+use agentgate_core::store::{Completion, LeaseStatus};
 use serde_json::Value;
 use sqlx::query::Query;
 use sqlx::sqlite::SqliteArguments;
@@ -31,6 +33,7 @@ use agentgate_store_sql::claim::{self, ClaimSql, Lookup};
 use agentgate_store_sql::heartbeat::{self, HeartbeatSql};
 use agentgate_store_sql::lease::{self, Authority, LeaseRow, LeaseSql, LEASE_COLUMNS};
 use agentgate_store_sql::tool::{self, ToolEndingSql};
+use agentgate_store_sql::StepTx;
 
 use crate::error::map_sqlx;
 use crate::rows::{turn_view, Cols, EXECUTION_COLUMNS, TURN_COLUMNS};
@@ -226,9 +229,20 @@ pub(crate) async fn claim_tool(
 }
 
 #[async_trait::async_trait]
-impl ClaimSql for Sql<'_> {
+impl StepTx for Sql<'_> {
     type Tx = Transaction<'static, Sqlite>;
 
+    async fn open(&self, lease: &LeaseRef) -> Result<(Self::Tx, LiveLease)> {
+        locked_step(self.0, lease).await
+    }
+
+    async fn commit(&self, tx: Self::Tx) -> Result<()> {
+        tx.commit().await.map_err(map_sqlx)
+    }
+}
+
+#[async_trait::async_trait]
+impl ClaimSql for Sql<'_> {
     /// One autocommit statement: inserts when the lease is live, the call
     /// has no execution yet and the turn is below its bound. SQLite has one
     /// writer, so the statement's check and write see the same state.
@@ -262,10 +276,6 @@ impl ClaimSql for Sql<'_> {
             .await
             .map_err(map_sqlx)?;
         Ok(inserted.rows_affected() == 1)
-    }
-
-    async fn open(&self, lease: &LeaseRef) -> Result<(Self::Tx, LiveLease)> {
-        locked_step(self.0, lease).await
     }
 
     async fn lookup(&self, tx: &mut Self::Tx, lease: &LeaseRef, call: &ToolCall) -> Result<Lookup> {
@@ -335,32 +345,6 @@ impl ClaimSql for Sql<'_> {
         .map_err(map_sqlx)?;
         Ok(done.rows_affected())
     }
-
-    async fn commit(&self, tx: Self::Tx) -> Result<()> {
-        tx.commit().await.map_err(map_sqlx)
-    }
-}
-
-/// Checks that `execution_id` belongs to the turn and runs under `live`'s fence.
-async fn check_execution(
-    conn: &mut SqliteConnection,
-    lease: &LeaseRef,
-    execution_id: &ExecutionId,
-    live: &LiveLease,
-) -> Result<()> {
-    let row: Option<(String, i64)> = sqlx::query_as(
-        "SELECT state, fence FROM ag_tool_executions WHERE execution_id = ? AND turn_id = ?",
-    )
-    .bind(execution_id.as_str())
-    .bind(lease.turn_id.as_str())
-    .fetch_optional(conn)
-    .await
-    .map_err(map_sqlx)?;
-    decide::check_execution(
-        execution_id.as_str(),
-        row.as_ref().map(|(state, fence)| (state.as_str(), *fence)),
-        live.fence.0,
-    )
 }
 
 pub(crate) async fn complete_tool(
@@ -378,75 +362,75 @@ struct Sql<'a>(&'a SqliteStore);
 
 #[async_trait::async_trait]
 impl ToolEndingSql for Sql<'_> {
-    /// Ends a running execution under a live lease in one autocommit statement;
-    /// when that changes no row, explains why (or, if nothing is wrong any more,
-    /// runs it again).
-    async fn end_tool_once(
+    async fn end_fast(
         &self,
         lease: &LeaseRef,
         execution_id: &ExecutionId,
         ending: ExecutionEnding<'_>,
-    ) -> Result<()> {
-        let store = self.0;
+    ) -> Result<bool> {
+        let Some(proof) = Proof::of(self.0, lease).await? else {
+            return Ok(false);
+        };
         let (state, column, json) = ending.columns();
-        for _ in 0..FAST_ATTEMPTS {
-            if let Some(proof) = Proof::of(store, lease).await? {
-                let sql = format!(
-                    "UPDATE ag_tool_executions SET state = '{state}', {column} = ?3, \
-                     updated_at_ms = {NOW_MS} WHERE execution_id = ?4 AND turn_id = ?1 \
-                     AND state = 'running' AND fence = {}",
-                    proof.live_fence()
-                );
-                let updated = proof
-                    .query(&sql, lease)
-                    .bind(json.as_str())
-                    .bind(execution_id.as_str())
-                    .execute(&store.writer)
-                    .await
-                    .map_err(map_sqlx)?;
-                if updated.rows_affected() == 1 {
-                    return Ok(());
-                }
-            }
-            let mut conn = store.reader.acquire().await.map_err(map_sqlx)?;
-            let live = check_lease(store, &mut conn, lease).await?;
-            check_execution(&mut conn, lease, execution_id, &live).await?;
-        }
-        Err(unsettled("tool completion"))
+        let sql = format!(
+            "UPDATE ag_tool_executions SET state = '{state}', {column} = ?3, \
+             updated_at_ms = {NOW_MS} WHERE execution_id = ?4 AND turn_id = ?1 \
+             AND state = 'running' AND fence = {}",
+            proof.live_fence()
+        );
+        let updated = proof
+            .query(&sql, lease)
+            .bind(json.as_str())
+            .bind(execution_id.as_str())
+            .execute(&self.0.writer)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(updated.rows_affected() == 1)
     }
 
-    /// The same-transaction case: the lease and the execution are checked, the
-    /// caller's effect runs and the success mark is written in one write
-    /// transaction, so the effect commits exactly when the mark does.
-    async fn complete_with_effect_once(
+    async fn execution_row(
         &self,
+        tx: &mut Self::Tx,
         lease: &LeaseRef,
         execution_id: &ExecutionId,
-        effect: &mut dyn SqlEffect,
-        applied: &mut bool,
-    ) -> Result<CanonicalJson> {
-        let store = self.0;
-        let (mut tx, live) = locked_step(store, lease).await?;
-        check_execution(&mut tx, lease, execution_id, &live).await?;
-        *applied = true;
-        let connection: &mut SqliteConnection = &mut tx;
-        let value = effect.apply(connection).await.map_err(Error::Effect)?;
-        let result = CanonicalJson::new("result", &value)?;
-        let completed = sqlx::query(
-            "UPDATE ag_tool_executions SET state = 'succeeded', result = ?1, updated_at_ms = ?2 \
-             WHERE execution_id = ?3 AND state = 'running' AND fence = ?4",
+    ) -> Result<Option<(String, i64)>> {
+        sqlx::query_as(
+            "SELECT state, fence FROM ag_tool_executions WHERE execution_id = ? AND turn_id = ?",
         )
-        .bind(result.as_str())
+        .bind(execution_id.as_str())
+        .bind(lease.turn_id.as_str())
+        .fetch_optional(&mut **tx)
+        .await
+        .map_err(map_sqlx)
+    }
+
+    async fn end_in(
+        &self,
+        tx: &mut Self::Tx,
+        lease: &LeaseRef,
+        execution_id: &ExecutionId,
+        live: &LiveLease,
+        ending: ExecutionEnding<'_>,
+    ) -> Result<u64> {
+        let (state, column, value) = ending.columns();
+        let done = sqlx::query(&format!(
+            "UPDATE ag_tool_executions SET state = '{state}', {column} = ?1, updated_at_ms = ?2 \
+             WHERE execution_id = ?3 AND turn_id = ?4 AND state = 'running' AND fence = ?5"
+        ))
+        .bind(value.as_str())
         .bind(live.now_ms)
         .bind(execution_id.as_str())
+        .bind(lease.turn_id.as_str())
         .bind(live.fence.0)
-        .execute(&mut *tx)
+        .execute(&mut **tx)
         .await
         .map_err(map_sqlx)?;
-        // `check_execution` read it running under this fence, under the writer.
-        Error::expect_rows(completed.rows_affected(), 1, "completing the execution")?;
-        tx.commit().await.map_err(map_sqlx)?;
-        Ok(result)
+        Ok(done.rows_affected())
+    }
+
+    fn connection<'t>(&self, tx: &'t mut Self::Tx) -> &'t mut (dyn Any + Send) {
+        let connection: &mut SqliteConnection = tx;
+        connection
     }
 }
 

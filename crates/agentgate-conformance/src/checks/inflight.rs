@@ -303,7 +303,10 @@ pub async fn old_writes_in_flight_during_takeover(target: &Target) {
         };
         let Some((executions, renewed)) = set_up(store.as_ref(), &old, round).await else {
             redone += 1;
-            assert!(redone <= ROUNDS, "{redone} rounds lost their lease during setup");
+            assert!(
+                redone <= ROUNDS,
+                "{redone} rounds lost their lease during setup"
+            );
             continue;
         };
         // The lease expires no sooner than this.
