@@ -343,15 +343,15 @@ impl Store for MySqlStore {
         turn_id: &TurnId,
         page: &ExecutionPageRequest,
     ) -> Result<ExecutionPage> {
-        views::executions(&self.pool, turn_id, page).await
+        agentgate_store_sql::views::executions(&views::Views(self), turn_id, page).await
     }
 
     async fn session(&self, session_id: &SessionId) -> Result<Option<SessionView>> {
-        views::session(self, session_id).await
+        agentgate_store_sql::views::session(&views::Views(self), session_id).await
     }
 
     async fn user(&self, user_id: &UserId) -> Result<UserView> {
-        views::user(self, user_id).await
+        agentgate_store_sql::views::user(&views::Views(self), user_id).await
     }
 
     async fn set_user_cap(&self, user_id: &UserId, cap: Option<u32>) -> Result<()> {
@@ -359,7 +359,7 @@ impl Store for MySqlStore {
     }
 
     async fn overview(&self, limit: u32) -> Result<agentgate_core::model::Overview> {
-        views::overview(self, limit).await
+        agentgate_store_sql::views::overview(&views::Views(self), limit).await
     }
 
     async fn sweep(&self) -> Result<SweepReport> {

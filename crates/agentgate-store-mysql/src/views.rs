@@ -10,18 +10,19 @@
 //! conditions on the newest row version, so a row a step is changing is left
 //! for the next sweep and a row a step changed is not deleted.
 
-use agentgate_core::config::{check_cap, duration_ms};
+use agentgate_core::config::{check_cap, Config};
 use agentgate_core::error::Result;
-use agentgate_core::ids::{Fence, SessionId, TurnId, UserId};
-use agentgate_core::limits::MAX_OVERVIEW_ROWS;
-use agentgate_core::model::{
-    HolderView, LiveTurn, Overview, PendingView, SessionView, SweepReport, TurnView, UserView,
+use agentgate_core::ids::{TurnId, UserId};
+use agentgate_core::lease::LeaseLayer;
+use agentgate_core::model::{ExecutionView, SweepReport, TurnView};
+use agentgate_store_sql::rows::Columns;
+use agentgate_store_sql::views::{
+    Cutoffs, HolderRow, SessionRow, UserRows, ViewSql, SESSION_VIEW_COLUMNS,
 };
-use agentgate_core::page::{assemble, plan, ExecutionPage, ExecutionPageRequest};
 use sqlx::{MySqlConnection, MySqlPool};
 
 use crate::error::{corrupt, map_sqlx};
-use crate::rows::{execution_view, get, text, turn_view, EXECUTION_COLUMNS, TURN_COLUMNS};
+use crate::rows::{execution_view, turn_view, Cols, EXECUTION_COLUMNS, TURN_COLUMNS};
 use crate::{MySqlStore, NOW_MS};
 use agentgate_store_sql::Retry;
 
@@ -36,175 +37,192 @@ pub(crate) async fn turn(pool: &MySqlPool, turn_id: &TurnId) -> Result<Option<Tu
     row.as_ref().map(turn_view).transpose()
 }
 
-pub(crate) async fn executions(
-    pool: &MySqlPool,
-    turn_id: &TurnId,
-    page: &ExecutionPageRequest,
-) -> Result<ExecutionPage> {
-    // A keyset page in two reads: the ordering keys and sizes of up to
-    // limit + 1 rows after the cursor (no result is read), then the full
-    // rows of the ones the page takes, so a page never reads more results
-    // than it returns.
-    let (after_ms, after_id) = page.after.as_ref().map_or((i64::MIN, ""), |c| {
-        (c.created_at_ms, c.execution_id.as_str())
-    });
-    // execution_id is VARBINARY: it decodes as bytes.
-    let keyed: Vec<(Vec<u8>, i64, i64)> = sqlx::query_as(
-        "SELECT execution_id, created_at_ms, \
-           CAST(COALESCE(LENGTH(result), 0) + COALESCE(LENGTH(error), 0) AS SIGNED) \
-         FROM ag_tool_executions WHERE turn_id = ? \
-           AND (created_at_ms > ? OR (created_at_ms = ? AND execution_id > ?)) \
-         ORDER BY created_at_ms, execution_id LIMIT ?",
-    )
-    .bind(turn_id.as_str())
-    .bind(after_ms)
-    .bind(after_ms)
-    .bind(after_id)
-    .bind(i64::from(page.fetch()))
-    .fetch_all(pool)
-    .await
-    .map_err(map_sqlx)?;
-    let keyed = keyed
-        .into_iter()
-        .map(|(id, at, bytes)| Ok((String::from_utf8(id).map_err(corrupt)?, at, bytes)))
-        .collect::<Result<Vec<_>>>()?;
-    let (keys, more) = plan(keyed, page)?;
-    let Some(last) = keys.last() else {
-        return Ok(ExecutionPage::default());
-    };
-    let rows = sqlx::query(&format!(
-        "SELECT {EXECUTION_COLUMNS} FROM ag_tool_executions WHERE turn_id = ? \
-           AND (created_at_ms > ? OR (created_at_ms = ? AND execution_id > ?)) \
-           AND (created_at_ms < ? OR (created_at_ms = ? AND execution_id <= ?)) \
-         ORDER BY created_at_ms, execution_id LIMIT ?"
-    ))
-    .bind(turn_id.as_str())
-    .bind(after_ms)
-    .bind(after_ms)
-    .bind(after_id)
-    .bind(last.created_at_ms)
-    .bind(last.created_at_ms)
-    .bind(last.execution_id.as_str())
-    .bind(i64::try_from(keys.len()).unwrap_or(i64::MAX))
-    .fetch_all(pool)
-    .await
-    .map_err(map_sqlx)?;
-    let rows = rows
-        .iter()
-        .map(execution_view)
-        .collect::<Result<Vec<_>>>()?;
-    assemble(rows, &keys, more, page)
-}
+/// The store as the shared views see it.
+pub(crate) struct Views<'a>(pub(crate) &'a MySqlStore);
 
-fn holder(
-    session_id: String,
-    turn_id: String,
-    fence: i64,
-    expires_at_ms: i64,
-    now_ms: i64,
-) -> Result<HolderView> {
-    Ok(HolderView {
-        session_id: SessionId::new(session_id).map_err(corrupt)?,
-        turn_id: TurnId::new(turn_id).map_err(corrupt)?,
-        fence: Fence(fence),
-        lease_expires_in_ms: expires_at_ms - now_ms,
-    })
-}
+#[async_trait::async_trait]
+impl ViewSql for Views<'_> {
+    fn leases(&self) -> Option<&dyn LeaseLayer> {
+        self.0.leases.as_deref()
+    }
 
-pub(crate) async fn session(
-    store: &MySqlStore,
-    session_id: &SessionId,
-) -> Result<Option<SessionView>> {
-    let pool = &store.pool;
-    let row = sqlx::query(&format!(
-        "SELECT user_id, holder_turn_id, fence, lease_expires_at_ms, pending_turn_id, \
-         pending_expires_at_ms, {NOW_MS} AS now_ms FROM ag_sessions WHERE session_id = ?"
-    ))
-    .bind(session_id.as_str())
-    .fetch_optional(pool)
-    .await
-    .map_err(map_sqlx)?;
-    let Some(row) = row else { return Ok(None) };
-    let now: i64 = get(&row, "now_ms")?;
-    let fence: i64 = get(&row, "fence")?;
-    let holder = match (
-        &store.leases,
-        text(&row, "holder_turn_id")?,
-        get::<Option<i64>>(&row, "lease_expires_at_ms")?,
-    ) {
-        (Some(layer), _, _) => layer.holder(session_id.as_str()).await?,
-        (None, Some(turn_id), Some(expires)) if expires > now => Some(holder(
-            session_id.as_str().to_owned(),
-            turn_id,
-            fence,
-            expires,
-            now,
-        )?),
-        _ => None,
-    };
-    let pending_confirmation = match (
-        text(&row, "pending_turn_id")?,
-        get::<Option<i64>>(&row, "pending_expires_at_ms")?,
-    ) {
-        (Some(turn_id), Some(expires)) if expires > now => Some(PendingView {
-            turn_id: TurnId::new(turn_id).map_err(corrupt)?,
-            expires_in_ms: expires - now,
-        }),
-        _ => None,
-    };
-    Ok(Some(SessionView {
-        session_id: session_id.clone(),
-        user_id: UserId::new(
-            text(&row, "user_id")?.ok_or_else(|| corrupt("a session without a user"))?,
+    fn config(&self) -> &Config {
+        &self.0.config
+    }
+
+    async fn execution_keys(
+        &self,
+        turn_id: &str,
+        (after_ms, after_id): (i64, &str),
+        fetch: i64,
+    ) -> Result<Vec<(String, i64, i64)>> {
+        let rows = sqlx::query(
+            "SELECT execution_id, created_at_ms, \
+               CAST(COALESCE(OCTET_LENGTH(result), 0) + COALESCE(OCTET_LENGTH(error), 0) AS SIGNED) \
+               AS stored_bytes \
+             FROM ag_tool_executions WHERE turn_id = ? \
+               AND (created_at_ms > ? OR (created_at_ms = ? AND execution_id > ?)) \
+             ORDER BY created_at_ms, execution_id LIMIT ?",
         )
-        .map_err(corrupt)?,
-        holder,
-        pending_confirmation,
-        fence: Fence(fence),
-    }))
-}
+        .bind(turn_id)
+        .bind(after_ms)
+        .bind(after_ms)
+        .bind(after_id)
+        .bind(fetch)
+        .fetch_all(&self.0.pool)
+        .await
+        .map_err(map_sqlx)?;
+        rows.iter()
+            .map(|row| {
+                let row = Cols(row);
+                Ok((
+                    row.text_required("execution_id")?,
+                    row.int_required("created_at_ms")?,
+                    row.int_required("stored_bytes")?,
+                ))
+            })
+            .collect()
+    }
 
-pub(crate) async fn user(store: &MySqlStore, user_id: &UserId) -> Result<UserView> {
-    let (pool, config) = (&store.pool, &store.config);
-    // One statement: the cap, the clock and the live holders (if any) agree.
-    let rows = sqlx::query(&format!(
-        "SELECT (SELECT max_turns FROM ag_users WHERE user_id = ?) AS cap, {NOW_MS} AS now_ms, \
-         s.session_id, s.holder_turn_id, s.fence, s.lease_expires_at_ms \
-         FROM (SELECT 1) AS one LEFT JOIN ag_sessions s \
-         ON s.user_id = ? AND s.lease_expires_at_ms > {NOW_MS} \
-         ORDER BY s.lease_expires_at_ms"
-    ))
-    .bind(user_id.as_str())
-    .bind(user_id.as_str())
-    .fetch_all(pool)
-    .await
-    .map_err(map_sqlx)?;
-    let mut cap = None;
-    let mut holders = Vec::with_capacity(rows.len());
-    for row in &rows {
-        cap = get::<Option<i64>>(row, "cap")?;
-        let now: i64 = get(row, "now_ms")?;
-        if let (Some(session_id), Some(turn_id), Some(fence), Some(expires)) = (
-            text(row, "session_id")?,
-            text(row, "holder_turn_id")?,
-            get::<Option<i64>>(row, "fence")?,
-            get::<Option<i64>>(row, "lease_expires_at_ms")?,
-        ) {
-            holders.push(holder(session_id, turn_id, fence, expires, now)?);
+    async fn execution_rows(
+        &self,
+        turn_id: &str,
+        (after_ms, after_id): (i64, &str),
+        (last_ms, last_id): (i64, &str),
+        limit: i64,
+    ) -> Result<Vec<ExecutionView>> {
+        let rows = sqlx::query(&format!(
+            "SELECT {EXECUTION_COLUMNS} FROM ag_tool_executions WHERE turn_id = ? \
+               AND (created_at_ms > ? OR (created_at_ms = ? AND execution_id > ?)) \
+               AND (created_at_ms < ? OR (created_at_ms = ? AND execution_id <= ?)) \
+             ORDER BY created_at_ms, execution_id LIMIT ?"
+        ))
+        .bind(turn_id)
+        .bind(after_ms)
+        .bind(after_ms)
+        .bind(after_id)
+        .bind(last_ms)
+        .bind(last_ms)
+        .bind(last_id)
+        .bind(limit)
+        .fetch_all(&self.0.pool)
+        .await
+        .map_err(map_sqlx)?;
+        rows.iter().map(execution_view).collect()
+    }
+
+    async fn session_row(&self, session_id: &str) -> Result<Option<SessionRow>> {
+        let row = sqlx::query(&format!(
+            "SELECT {SESSION_VIEW_COLUMNS}, {NOW_MS} AS now_ms FROM ag_sessions \
+             WHERE session_id = ?"
+        ))
+        .bind(session_id)
+        .fetch_optional(&self.0.pool)
+        .await
+        .map_err(map_sqlx)?;
+        row.map(|row| SessionRow::read(&Cols(&row))).transpose()
+    }
+
+    /// One statement, so the cap, the clock and the live holders agree.
+    async fn user_rows(&self, user_id: &str) -> Result<UserRows> {
+        let rows = sqlx::query(&format!(
+            "SELECT (SELECT max_turns FROM ag_users WHERE user_id = ?) AS max_turns, \
+               {NOW_MS} AS now_ms, s.session_id, s.holder_turn_id, s.fence, s.lease_expires_at_ms \
+             FROM (SELECT 1) AS one LEFT JOIN ag_sessions s \
+               ON s.user_id = ? AND s.lease_expires_at_ms > {NOW_MS} \
+             ORDER BY s.lease_expires_at_ms"
+        ))
+        .bind(user_id)
+        .bind(user_id)
+        .fetch_all(&self.0.pool)
+        .await
+        .map_err(map_sqlx)?;
+        let first = Cols(
+            rows.first()
+                .ok_or_else(|| corrupt("a user's view read no row"))?,
+        );
+        let mut holders = Vec::with_capacity(rows.len());
+        for row in &rows {
+            if Cols(row).text("session_id")?.is_some() {
+                holders.push(HolderRow::read(&Cols(row))?);
+            }
         }
+        Ok(UserRows {
+            cap: first.int("max_turns")?,
+            now_ms: first.int_required("now_ms")?,
+            holders,
+        })
     }
-    if let Some(layer) = &store.leases {
-        // The rows keep no expiry then: the layer knows the live holders.
-        holders = layer.user_holders(user_id.as_str()).await?;
+
+    async fn live_rows(&self, limit: i64) -> Result<(i64, Vec<(String, HolderRow)>)> {
+        let mut conn = self.0.pool.acquire().await.map_err(map_sqlx)?;
+        let now: i64 = sqlx::query_scalar(&format!("SELECT {NOW_MS}"))
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(map_sqlx)?;
+        let rows = sqlx::query(
+            "SELECT user_id, session_id, holder_turn_id, fence, lease_expires_at_ms \
+             FROM ag_sessions WHERE lease_expires_at_ms > ? \
+             ORDER BY lease_expires_at_ms DESC LIMIT ?",
+        )
+        .bind(now)
+        .bind(limit)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(map_sqlx)?;
+        let rows = rows
+            .iter()
+            .map(|row| {
+                let row = Cols(row);
+                Ok((row.text_required("user_id")?, HolderRow::read(&row)?))
+            })
+            .collect::<Result<_>>()?;
+        Ok((now, rows))
     }
-    Ok(UserView {
-        user_id: user_id.clone(),
-        max_turns_per_user: cap
-            .and_then(|c| u32::try_from(c).ok())
-            .unwrap_or(config.max_turns_per_user),
-        live_turns: u32::try_from(holders.len()).unwrap_or(u32::MAX),
-        holders,
-    })
+
+    async fn holding_sessions(&self, limit: i64) -> Result<Vec<(String, String)>> {
+        let rows = sqlx::query(
+            "SELECT user_id, session_id FROM ag_sessions WHERE holder_turn_id IS NOT NULL \
+             ORDER BY updated_at_ms DESC LIMIT ?",
+        )
+        .bind(limit)
+        .fetch_all(&self.0.pool)
+        .await
+        .map_err(map_sqlx)?;
+        rows.iter()
+            .map(|row| {
+                let row = Cols(row);
+                Ok((
+                    row.text_required("user_id")?,
+                    row.text_required("session_id")?,
+                ))
+            })
+            .collect()
+    }
+
+    async fn recent(&self, limit: i64) -> Result<(Vec<TurnView>, Vec<ExecutionView>)> {
+        let turns = sqlx::query(&format!(
+            "SELECT {TURN_COLUMNS} FROM ag_turns ORDER BY updated_at_ms DESC LIMIT ?"
+        ))
+        .bind(limit)
+        .fetch_all(&self.0.pool)
+        .await
+        .map_err(map_sqlx)?;
+        let executions = sqlx::query(&format!(
+            "SELECT {EXECUTION_COLUMNS} FROM ag_tool_executions ORDER BY updated_at_ms DESC LIMIT ?"
+        ))
+        .bind(limit)
+        .fetch_all(&self.0.pool)
+        .await
+        .map_err(map_sqlx)?;
+        Ok((
+            turns.iter().map(turn_view).collect::<Result<_>>()?,
+            executions
+                .iter()
+                .map(execution_view)
+                .collect::<Result<_>>()?,
+        ))
+    }
 }
 
 pub(crate) async fn set_user_cap(
@@ -256,28 +274,12 @@ const SWEEPABLE_SESSIONS: &str = "(s.updated_at_ms < ? \
 const SWEEPABLE_USERS: &str = "(u.max_turns IS NULL \
     AND NOT EXISTS (SELECT 1 FROM ag_sessions s WHERE s.user_id = u.user_id))";
 
-/// The time bounds one sweep judges by.
-#[derive(Clone, Copy)]
-struct Cutoffs {
-    now: i64,
-    cutoff: i64,
-    pending_cutoff: i64,
-    batch: i64,
-}
-
 pub(crate) async fn sweep(store: &MySqlStore) -> Result<SweepReport> {
-    let config = &store.config;
     let now: i64 = sqlx::query_scalar(&format!("SELECT {NOW_MS}"))
         .fetch_one(&store.pool)
         .await
         .map_err(map_sqlx)?;
-    let cutoff = now - duration_ms(config.result_retention);
-    let cutoffs = Cutoffs {
-        now,
-        cutoff,
-        pending_cutoff: cutoff - duration_ms(config.confirmation_ttl),
-        batch: i64::from(config.sweep_batch),
-    };
+    let cutoffs = Cutoffs::new(now, &store.config);
     let (turns, executions) = sweep_turns(store, cutoffs).await?;
     let sessions = sweep_sessions(store, cutoffs).await?;
     sweep_users(store, cutoffs).await?;
@@ -347,8 +349,8 @@ async fn sweep_turns(store: &MySqlStore, at: Cutoffs) -> Result<(u64, u64)> {
     let candidates: Vec<Vec<u8>> = sqlx::query_scalar(&format!(
         "SELECT t.turn_id FROM ag_turns t WHERE {SWEEPABLE_TURNS} ORDER BY t.turn_id LIMIT ?"
     ))
-    .bind(at.cutoff)
-    .bind(at.pending_cutoff)
+    .bind(at.cutoff_ms)
+    .bind(at.pending_cutoff_ms)
     .bind(at.batch)
     .fetch_all(&store.pool)
     .await
@@ -363,7 +365,7 @@ async fn sweep_turns(store: &MySqlStore, at: Cutoffs) -> Result<(u64, u64)> {
         "t.turn_id",
         SWEEPABLE_TURNS,
         &candidates,
-        &[at.cutoff, at.pending_cutoff],
+        &[at.cutoff_ms, at.pending_cutoff_ms],
     )
     .await?;
     let executions = delete_in(&mut tx, "ag_tool_executions", "turn_id", &doomed).await?;
@@ -376,9 +378,9 @@ async fn sweep_sessions(store: &MySqlStore, at: Cutoffs) -> Result<u64> {
     let candidates: Vec<Vec<u8>> = sqlx::query_scalar(&format!(
         "SELECT s.session_id FROM ag_sessions s WHERE {SWEEPABLE_SESSIONS} LIMIT ?"
     ))
-    .bind(at.cutoff)
-    .bind(at.now)
-    .bind(at.now)
+    .bind(at.cutoff_ms)
+    .bind(at.now_ms)
+    .bind(at.now_ms)
     .bind(at.batch)
     .fetch_all(&store.pool)
     .await
@@ -393,7 +395,7 @@ async fn sweep_sessions(store: &MySqlStore, at: Cutoffs) -> Result<u64> {
         "s.session_id",
         SWEEPABLE_SESSIONS,
         &candidates,
-        &[at.cutoff, at.now, at.now],
+        &[at.cutoff_ms, at.now_ms, at.now_ms],
     )
     .await?;
     let sessions = delete_in(&mut tx, "ag_sessions", "session_id", &doomed).await?;
@@ -425,85 +427,4 @@ async fn sweep_users(store: &MySqlStore, at: Cutoffs) -> Result<u64> {
     let users = delete_in(&mut tx, "ag_users", "user_id", &doomed).await?;
     tx.commit().await.map_err(map_sqlx)?;
     Ok(users)
-}
-
-pub(crate) async fn overview(store: &MySqlStore, limit: u32) -> Result<Overview> {
-    let limit = i64::from(limit.min(MAX_OVERVIEW_ROWS));
-    let pool = &store.pool;
-    let mut live = Vec::new();
-    if let Some(layer) = &store.leases {
-        // The rows name the last holder; the layer says who is live.
-        let rows = sqlx::query(
-            "SELECT user_id, session_id FROM ag_sessions WHERE holder_turn_id IS NOT NULL \
-             ORDER BY updated_at_ms DESC LIMIT ?",
-        )
-        .bind(limit)
-        .fetch_all(pool)
-        .await
-        .map_err(map_sqlx)?;
-        for row in &rows {
-            let (Some(user_id), Some(session_id)) =
-                (text(row, "user_id")?, text(row, "session_id")?)
-            else {
-                continue;
-            };
-            if let Some(holder) = layer.holder(&session_id).await? {
-                live.push(LiveTurn {
-                    user_id: UserId::new(user_id).map_err(corrupt)?,
-                    holder,
-                });
-            }
-        }
-    } else {
-        let rows = sqlx::query(&format!(
-            "SELECT user_id, session_id, holder_turn_id, fence, lease_expires_at_ms, \
-             {NOW_MS} AS now_ms FROM ag_sessions WHERE lease_expires_at_ms > {NOW_MS} \
-             ORDER BY lease_expires_at_ms DESC LIMIT ?"
-        ))
-        .bind(limit)
-        .fetch_all(pool)
-        .await
-        .map_err(map_sqlx)?;
-        for row in &rows {
-            if let (Some(user_id), Some(session_id), Some(turn_id), Some(expires)) = (
-                text(row, "user_id")?,
-                text(row, "session_id")?,
-                text(row, "holder_turn_id")?,
-                get::<Option<i64>>(row, "lease_expires_at_ms")?,
-            ) {
-                live.push(LiveTurn {
-                    user_id: UserId::new(user_id).map_err(corrupt)?,
-                    holder: holder(
-                        session_id,
-                        turn_id,
-                        get(row, "fence")?,
-                        expires,
-                        get(row, "now_ms")?,
-                    )?,
-                });
-            }
-        }
-    }
-    let turns = sqlx::query(&format!(
-        "SELECT {TURN_COLUMNS} FROM ag_turns ORDER BY updated_at_ms DESC LIMIT ?"
-    ))
-    .bind(limit)
-    .fetch_all(pool)
-    .await
-    .map_err(map_sqlx)?;
-    let executions = sqlx::query(&format!(
-        "SELECT {EXECUTION_COLUMNS} FROM ag_tool_executions ORDER BY updated_at_ms DESC LIMIT ?"
-    ))
-    .bind(limit)
-    .fetch_all(pool)
-    .await
-    .map_err(map_sqlx)?;
-    Ok(Overview {
-        live,
-        recent_turns: turns.iter().map(turn_view).collect::<Result<_>>()?,
-        recent_executions: executions
-            .iter()
-            .map(execution_view)
-            .collect::<Result<_>>()?,
-    })
 }

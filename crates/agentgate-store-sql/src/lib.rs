@@ -21,6 +21,8 @@
 //! - [`tls`]: the TLS rules of a store URL (modes, CA and client files).
 //! - [`tool`]: a tool execution's ending (a result, a failure, an effect in
 //!   the same transaction), over the dialect's [`tool::ToolEndingSql`].
+//! - [`views`]: the read-only views and the sweeper's cutoffs, over the
+//!   dialect's [`views::ViewSql`].
 //!
 //! Decisions stay in `agentgate_core::decide`; this crate sequences the
 //! reads a decision needs and the writes it asks for, so every store makes
@@ -38,6 +40,7 @@ pub mod rows;
 pub mod testing;
 pub mod tls;
 pub mod tool;
+pub mod views;
 
 pub use retry::Retry;
 

@@ -1,18 +1,19 @@
 //! Read-only views (never a lease token) and the retention sweeper.
 
-use agentgate_core::config::{check_cap, duration_ms};
+use agentgate_core::config::{check_cap, Config};
 use agentgate_core::error::Result;
-use agentgate_core::ids::{Fence, SessionId, TurnId, UserId};
-use agentgate_core::limits::MAX_OVERVIEW_ROWS;
-use agentgate_core::model::{
-    HolderView, LiveTurn, Overview, PendingView, SessionView, SweepReport, TurnView, UserView,
+use agentgate_core::ids::UserId;
+use agentgate_core::lease::LeaseLayer;
+use agentgate_core::model::{ExecutionView, SweepReport, TurnView};
+use agentgate_store_sql::rows::Columns;
+use agentgate_store_sql::views::{
+    Cutoffs, HolderRow, SessionRow, UserRows, ViewSql, SESSION_VIEW_COLUMNS,
 };
-use agentgate_core::page::{assemble, plan, ExecutionPage, ExecutionPageRequest};
-use sqlx::{Row, SqliteConnection, SqlitePool};
+use sqlx::SqliteConnection;
 
 use crate::begin::now_ms;
-use crate::error::{corrupt, map_sqlx};
-use crate::rows::{execution_view, turn_view, EXECUTION_COLUMNS, TURN_COLUMNS};
+use crate::error::map_sqlx;
+use crate::rows::{execution_view, turn_view, Cols, EXECUTION_COLUMNS, TURN_COLUMNS};
 use crate::{SqliteStore, NOW_MS};
 
 pub(crate) async fn turn(conn: &mut SqliteConnection, turn_id: &str) -> Result<Option<TurnView>> {
@@ -26,166 +27,163 @@ pub(crate) async fn turn(conn: &mut SqliteConnection, turn_id: &str) -> Result<O
     row.as_ref().map(turn_view).transpose()
 }
 
-pub(crate) async fn executions(
-    pool: &SqlitePool,
-    turn_id: &TurnId,
-    page: &ExecutionPageRequest,
-) -> Result<ExecutionPage> {
-    // A keyset page in two reads: the ordering keys and sizes of up to
-    // limit + 1 rows after the cursor (no result is read), then the full
-    // rows of the ones the page takes, so a page never reads more results
-    // than it returns.
-    let (after_ms, after_id) = page.after.as_ref().map_or((i64::MIN, ""), |c| {
-        (c.created_at_ms, c.execution_id.as_str())
-    });
-    let keyed: Vec<(String, i64, i64)> = sqlx::query_as(
-        "SELECT execution_id, created_at_ms, \
-           COALESCE(LENGTH(CAST(result AS BLOB)), 0) + COALESCE(LENGTH(CAST(error AS BLOB)), 0) \
-         FROM ag_tool_executions WHERE turn_id = ?1 \
-           AND (created_at_ms > ?2 OR (created_at_ms = ?2 AND execution_id > ?3)) \
-         ORDER BY created_at_ms, execution_id LIMIT ?4",
-    )
-    .bind(turn_id.as_str())
-    .bind(after_ms)
-    .bind(after_id)
-    .bind(i64::from(page.fetch()))
-    .fetch_all(pool)
-    .await
-    .map_err(map_sqlx)?;
-    let (keys, more) = plan(keyed, page)?;
-    let Some(last) = keys.last() else {
-        return Ok(ExecutionPage::default());
-    };
-    let rows = sqlx::query(&format!(
-        "SELECT {EXECUTION_COLUMNS} FROM ag_tool_executions WHERE turn_id = ?1 \
-           AND (created_at_ms > ?2 OR (created_at_ms = ?2 AND execution_id > ?3)) \
-           AND (created_at_ms < ?5 OR (created_at_ms = ?5 AND execution_id <= ?6)) \
-         ORDER BY created_at_ms, execution_id LIMIT ?4"
-    ))
-    .bind(turn_id.as_str())
-    .bind(after_ms)
-    .bind(after_id)
-    .bind(i64::try_from(keys.len()).unwrap_or(i64::MAX))
-    .bind(last.created_at_ms)
-    .bind(last.execution_id.as_str())
-    .fetch_all(pool)
-    .await
-    .map_err(map_sqlx)?;
-    let rows = rows
-        .iter()
-        .map(execution_view)
-        .collect::<Result<Vec<_>>>()?;
-    assemble(rows, &keys, more, page)
-}
+/// The store as the shared views see it: every read on the reader pool.
+pub(crate) struct Views<'a>(pub(crate) &'a SqliteStore);
 
-fn holder(
-    session_id: &str,
-    turn_id: String,
-    fence: i64,
-    expires_at_ms: i64,
-    now_ms: i64,
-) -> Result<HolderView> {
-    Ok(HolderView {
-        session_id: SessionId::new(session_id).map_err(corrupt)?,
-        turn_id: TurnId::new(turn_id).map_err(corrupt)?,
-        fence: Fence(fence),
-        lease_expires_in_ms: expires_at_ms - now_ms,
-    })
-}
+#[async_trait::async_trait]
+impl ViewSql for Views<'_> {
+    fn leases(&self) -> Option<&dyn LeaseLayer> {
+        self.0.leases.as_deref()
+    }
 
-pub(crate) async fn session(
-    store: &SqliteStore,
-    session_id: &SessionId,
-) -> Result<Option<SessionView>> {
-    let pool = &store.reader;
-    let row = sqlx::query(&format!(
-        "SELECT user_id, holder_turn_id, fence, lease_expires_at_ms, pending_turn_id, \
-         pending_expires_at_ms, {NOW_MS} AS now_ms FROM ag_sessions WHERE session_id = ?"
-    ))
-    .bind(session_id.as_str())
-    .fetch_optional(pool)
-    .await
-    .map_err(map_sqlx)?;
-    let Some(row) = row else { return Ok(None) };
-    let get_i64 = |c: &str| row.try_get::<Option<i64>, _>(c).map_err(map_sqlx);
-    let get_text = |c: &str| row.try_get::<Option<String>, _>(c).map_err(map_sqlx);
-    let now = get_i64("now_ms")?.ok_or_else(|| corrupt("the store's clock read NULL"))?;
-    let fence = get_i64("fence")?.ok_or_else(|| corrupt("a session without a fence"))?;
-    let holder = match (
-        &store.leases,
-        get_text("holder_turn_id")?,
-        get_i64("lease_expires_at_ms")?,
-    ) {
-        (Some(layer), _, _) => layer.holder(session_id.as_str()).await?,
-        (None, Some(turn_id), Some(expires)) if expires > now => {
-            Some(holder(session_id.as_str(), turn_id, fence, expires, now)?)
-        }
-        _ => None,
-    };
-    let pending_confirmation = match (
-        get_text("pending_turn_id")?,
-        get_i64("pending_expires_at_ms")?,
-    ) {
-        (Some(turn_id), Some(expires)) if expires > now => Some(PendingView {
-            turn_id: TurnId::new(turn_id).map_err(corrupt)?,
-            expires_in_ms: expires - now,
-        }),
-        _ => None,
-    };
-    Ok(Some(SessionView {
-        session_id: session_id.clone(),
-        user_id: UserId::new(
-            get_text("user_id")?.ok_or_else(|| corrupt("a session without a user"))?,
+    fn config(&self) -> &Config {
+        &self.0.config
+    }
+
+    async fn execution_keys(
+        &self,
+        turn_id: &str,
+        (after_ms, after_id): (i64, &str),
+        fetch: i64,
+    ) -> Result<Vec<(String, i64, i64)>> {
+        sqlx::query_as(
+            "SELECT execution_id, created_at_ms, \
+               COALESCE(LENGTH(CAST(result AS BLOB)), 0) + COALESCE(LENGTH(CAST(error AS BLOB)), 0) \
+             FROM ag_tool_executions WHERE turn_id = ?1 \
+               AND (created_at_ms > ?2 OR (created_at_ms = ?2 AND execution_id > ?3)) \
+             ORDER BY created_at_ms, execution_id LIMIT ?4",
         )
-        .map_err(corrupt)?,
-        holder,
-        pending_confirmation,
-        fence: Fence(fence),
-    }))
-}
+        .bind(turn_id)
+        .bind(after_ms)
+        .bind(after_id)
+        .bind(fetch)
+        .fetch_all(&self.0.reader)
+        .await
+        .map_err(map_sqlx)
+    }
 
-pub(crate) async fn user(store: &SqliteStore, user_id: &UserId) -> Result<UserView> {
-    let config = &store.config;
-    let mut conn = store.reader.acquire().await.map_err(map_sqlx)?;
-    let now = now_ms(&mut conn).await?;
-    let cap: Option<i64> = sqlx::query_scalar("SELECT max_turns FROM ag_users WHERE user_id = ?")
-        .bind(user_id.as_str())
-        .fetch_optional(&mut *conn)
+    async fn execution_rows(
+        &self,
+        turn_id: &str,
+        (after_ms, after_id): (i64, &str),
+        (last_ms, last_id): (i64, &str),
+        limit: i64,
+    ) -> Result<Vec<ExecutionView>> {
+        let rows = sqlx::query(&format!(
+            "SELECT {EXECUTION_COLUMNS} FROM ag_tool_executions WHERE turn_id = ?1 \
+               AND (created_at_ms > ?2 OR (created_at_ms = ?2 AND execution_id > ?3)) \
+               AND (created_at_ms < ?5 OR (created_at_ms = ?5 AND execution_id <= ?6)) \
+             ORDER BY created_at_ms, execution_id LIMIT ?4"
+        ))
+        .bind(turn_id)
+        .bind(after_ms)
+        .bind(after_id)
+        .bind(limit)
+        .bind(last_ms)
+        .bind(last_id)
+        .fetch_all(&self.0.reader)
         .await
         .map_err(map_sqlx)?;
-    let holders = match &store.leases {
-        Some(layer) => layer.user_holders(user_id.as_str()).await?,
-        None => live_holders(&mut conn, user_id, now).await?,
-    };
-    Ok(UserView {
-        user_id: user_id.clone(),
-        max_turns_per_user: cap
-            .and_then(|c| u32::try_from(c).ok())
-            .unwrap_or(config.max_turns_per_user),
-        live_turns: u32::try_from(holders.len()).unwrap_or(u32::MAX),
-        holders,
-    })
-}
+        rows.iter().map(execution_view).collect()
+    }
 
-async fn live_holders(
-    conn: &mut SqliteConnection,
-    user_id: &UserId,
-    now: i64,
-) -> Result<Vec<HolderView>> {
-    let rows: Vec<(String, String, i64, i64)> = sqlx::query_as(
-        "SELECT session_id, holder_turn_id, fence, lease_expires_at_ms FROM ag_sessions \
-         WHERE user_id = ? AND lease_expires_at_ms > ? ORDER BY lease_expires_at_ms",
-    )
-    .bind(user_id.as_str())
-    .bind(now)
-    .fetch_all(conn)
-    .await
-    .map_err(map_sqlx)?;
-    rows.into_iter()
-        .map(|(session_id, turn_id, fence, expires)| {
-            holder(&session_id, turn_id, fence, expires, now)
+    async fn session_row(&self, session_id: &str) -> Result<Option<SessionRow>> {
+        let row = sqlx::query(&format!(
+            "SELECT {SESSION_VIEW_COLUMNS}, {NOW_MS} AS now_ms FROM ag_sessions \
+             WHERE session_id = ?"
+        ))
+        .bind(session_id)
+        .fetch_optional(&self.0.reader)
+        .await
+        .map_err(map_sqlx)?;
+        row.map(|row| SessionRow::read(&Cols(&row))).transpose()
+    }
+
+    async fn user_rows(&self, user_id: &str) -> Result<UserRows> {
+        let mut conn = self.0.reader.acquire().await.map_err(map_sqlx)?;
+        let now_ms = now_ms(&mut conn).await?;
+        let cap: Option<i64> =
+            sqlx::query_scalar("SELECT max_turns FROM ag_users WHERE user_id = ?")
+                .bind(user_id)
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(map_sqlx)?;
+        let rows = sqlx::query(
+            "SELECT session_id, holder_turn_id, fence, lease_expires_at_ms FROM ag_sessions \
+             WHERE user_id = ? AND lease_expires_at_ms > ? ORDER BY lease_expires_at_ms",
+        )
+        .bind(user_id)
+        .bind(now_ms)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(map_sqlx)?;
+        Ok(UserRows {
+            cap,
+            now_ms,
+            holders: rows
+                .iter()
+                .map(|row| HolderRow::read(&Cols(row)))
+                .collect::<Result<_>>()?,
         })
-        .collect()
+    }
+
+    async fn live_rows(&self, limit: i64) -> Result<(i64, Vec<(String, HolderRow)>)> {
+        let mut conn = self.0.reader.acquire().await.map_err(map_sqlx)?;
+        let now = now_ms(&mut conn).await?;
+        let rows = sqlx::query(
+            "SELECT user_id, session_id, holder_turn_id, fence, lease_expires_at_ms \
+             FROM ag_sessions WHERE lease_expires_at_ms > ? \
+             ORDER BY lease_expires_at_ms DESC LIMIT ?",
+        )
+        .bind(now)
+        .bind(limit)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(map_sqlx)?;
+        let rows = rows
+            .iter()
+            .map(|row| {
+                let row = Cols(row);
+                Ok((row.text_required("user_id")?, HolderRow::read(&row)?))
+            })
+            .collect::<Result<_>>()?;
+        Ok((now, rows))
+    }
+
+    async fn holding_sessions(&self, limit: i64) -> Result<Vec<(String, String)>> {
+        sqlx::query_as(
+            "SELECT user_id, session_id FROM ag_sessions WHERE holder_turn_id IS NOT NULL \
+             ORDER BY updated_at_ms DESC LIMIT ?",
+        )
+        .bind(limit)
+        .fetch_all(&self.0.reader)
+        .await
+        .map_err(map_sqlx)
+    }
+
+    async fn recent(&self, limit: i64) -> Result<(Vec<TurnView>, Vec<ExecutionView>)> {
+        let turns = sqlx::query(&format!(
+            "SELECT {TURN_COLUMNS} FROM ag_turns ORDER BY updated_at_ms DESC LIMIT ?"
+        ))
+        .bind(limit)
+        .fetch_all(&self.0.reader)
+        .await
+        .map_err(map_sqlx)?;
+        let executions = sqlx::query(&format!(
+            "SELECT {EXECUTION_COLUMNS} FROM ag_tool_executions ORDER BY updated_at_ms DESC LIMIT ?"
+        ))
+        .bind(limit)
+        .fetch_all(&self.0.reader)
+        .await
+        .map_err(map_sqlx)?;
+        Ok((
+            turns.iter().map(turn_view).collect::<Result<_>>()?,
+            executions
+                .iter()
+                .map(execution_view)
+                .collect::<Result<_>>()?,
+        ))
+    }
 }
 
 pub(crate) async fn set_user_cap(
@@ -223,12 +221,10 @@ const SWEEPABLE_TURNS: &str = "SELECT turn_id FROM ag_turns t WHERE \
     LIMIT ?3";
 
 pub(crate) async fn sweep(store: &SqliteStore) -> Result<SweepReport> {
-    let config = &store.config;
     let mut tx = store.write().await?;
-    let now = now_ms(&mut tx).await?;
-    let cutoff = now - duration_ms(config.result_retention);
-    let pending_cutoff = cutoff - duration_ms(config.confirmation_ttl);
-    let batch = i64::from(config.sweep_batch);
+    let at = Cutoffs::new(now_ms(&mut tx).await?, &store.config);
+    let (cutoff, pending_cutoff, now, batch) =
+        (at.cutoff_ms, at.pending_cutoff_ms, at.now_ms, at.batch);
     let executions = sqlx::query(&format!(
         "DELETE FROM ag_tool_executions WHERE turn_id IN ({SWEEPABLE_TURNS})"
     ))
@@ -269,76 +265,5 @@ pub(crate) async fn sweep(store: &SqliteStore) -> Result<SweepReport> {
         turns,
         executions,
         sessions,
-    })
-}
-
-pub(crate) async fn overview(store: &SqliteStore, limit: u32) -> Result<Overview> {
-    let limit = i64::from(limit.min(MAX_OVERVIEW_ROWS));
-    let mut conn = store.reader.acquire().await.map_err(map_sqlx)?;
-    let now = now_ms(&mut conn).await?;
-    let live = match &store.leases {
-        Some(layer) => {
-            // The rows name the last holder; the layer says who is live.
-            let rows: Vec<(String, String)> = sqlx::query_as(
-                "SELECT user_id, session_id FROM ag_sessions WHERE holder_turn_id IS NOT NULL \
-                 ORDER BY updated_at_ms DESC LIMIT ?",
-            )
-            .bind(limit)
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(map_sqlx)?;
-            let mut live = Vec::with_capacity(rows.len());
-            for (user_id, session_id) in rows {
-                if let Some(holder) = layer.holder(&session_id).await? {
-                    live.push(LiveTurn {
-                        user_id: UserId::new(user_id).map_err(corrupt)?,
-                        holder,
-                    });
-                }
-            }
-            live
-        }
-        None => {
-            let rows: Vec<(String, String, String, i64, i64)> = sqlx::query_as(
-                "SELECT user_id, session_id, holder_turn_id, fence, lease_expires_at_ms \
-                 FROM ag_sessions WHERE lease_expires_at_ms > ? \
-                 ORDER BY lease_expires_at_ms DESC LIMIT ?",
-            )
-            .bind(now)
-            .bind(limit)
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(map_sqlx)?;
-            rows.into_iter()
-                .map(|(user_id, session_id, turn_id, fence, expires)| {
-                    Ok(LiveTurn {
-                        user_id: UserId::new(user_id).map_err(corrupt)?,
-                        holder: holder(&session_id, turn_id, fence, expires, now)?,
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?
-        }
-    };
-    let turns = sqlx::query(&format!(
-        "SELECT {TURN_COLUMNS} FROM ag_turns ORDER BY updated_at_ms DESC LIMIT ?"
-    ))
-    .bind(limit)
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(map_sqlx)?;
-    let executions = sqlx::query(&format!(
-        "SELECT {EXECUTION_COLUMNS} FROM ag_tool_executions ORDER BY updated_at_ms DESC LIMIT ?"
-    ))
-    .bind(limit)
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(map_sqlx)?;
-    Ok(Overview {
-        live,
-        recent_turns: turns.iter().map(turn_view).collect::<Result<_>>()?,
-        recent_executions: executions
-            .iter()
-            .map(execution_view)
-            .collect::<Result<_>>()?,
     })
 }

@@ -1,0 +1,320 @@
+//! The read-only views (never a lease token) and the sweeper's cutoffs,
+//! written once: what a view shows, given the rows a store reads.
+//!
+//! The store supplies its statements ([`ViewSql`]); this module decides
+//! what they mean. A lease is live when its row's expiry is after the
+//! store's clock, or, with an external lease layer, when the layer says so
+//! (the rows then keep no expiry). A pending confirmation shows until it
+//! expires. A user's cap is its override, else the configured default. An
+//! execution page is a keyset page planned by `agentgate_core::page`.
+
+use agentgate_core::config::{duration_ms, Config};
+use agentgate_core::error::Result;
+use agentgate_core::ids::{Fence, SessionId, TurnId, UserId};
+use agentgate_core::lease::LeaseLayer;
+use agentgate_core::limits::MAX_OVERVIEW_ROWS;
+use agentgate_core::model::{
+    ExecutionView, HolderView, LiveTurn, Overview, PendingView, SessionView, TurnView, UserView,
+};
+use agentgate_core::page::{assemble, plan, ExecutionPage, ExecutionPageRequest};
+
+use crate::rows::{count, id, Columns};
+
+/// The columns a session's view reads, under these names.
+pub const SESSION_VIEW_COLUMNS: &str = "user_id, holder_turn_id, fence, lease_expires_at_ms, \
+    pending_turn_id, pending_expires_at_ms";
+
+/// A session's live holder as its row names it.
+#[derive(Debug)]
+pub struct HolderRow {
+    /// The session.
+    pub session_id: String,
+    /// The holding turn.
+    pub turn_id: String,
+    /// The grant's fence.
+    pub fence: i64,
+    /// The lease's expiry on the store's clock.
+    pub expires_at_ms: i64,
+}
+
+impl HolderRow {
+    /// Decodes `session_id`, `holder_turn_id`, `fence` and
+    /// `lease_expires_at_ms` of a row that holds a lease.
+    ///
+    /// # Errors
+    /// As [`Columns`]; `corrupt` for a NULL.
+    pub fn read(row: &impl Columns) -> Result<Self> {
+        Ok(Self {
+            session_id: row.text_required("session_id")?,
+            turn_id: row.text_required("holder_turn_id")?,
+            fence: row.int_required("fence")?,
+            expires_at_ms: row.int_required("lease_expires_at_ms")?,
+        })
+    }
+
+    fn view(self, now_ms: i64) -> Result<HolderView> {
+        Ok(HolderView {
+            session_id: id(SessionId::new, self.session_id)?,
+            turn_id: id(TurnId::new, self.turn_id)?,
+            fence: Fence(self.fence),
+            lease_expires_in_ms: self.expires_at_ms - now_ms,
+        })
+    }
+}
+
+/// A session's row as its view reads it ([`SESSION_VIEW_COLUMNS`] and the
+/// clock as `now_ms`).
+#[derive(Debug)]
+pub struct SessionRow {
+    user_id: String,
+    holder_turn_id: Option<String>,
+    fence: i64,
+    lease_expires_at_ms: Option<i64>,
+    pending_turn_id: Option<String>,
+    pending_expires_at_ms: Option<i64>,
+    now_ms: i64,
+}
+
+impl SessionRow {
+    /// Decodes the row.
+    ///
+    /// # Errors
+    /// As [`Columns`]; `corrupt` for a NULL the schema forbids.
+    pub fn read(row: &impl Columns) -> Result<Self> {
+        Ok(Self {
+            user_id: row.text_required("user_id")?,
+            holder_turn_id: row.text("holder_turn_id")?,
+            fence: row.int_required("fence")?,
+            lease_expires_at_ms: row.int("lease_expires_at_ms")?,
+            pending_turn_id: row.text("pending_turn_id")?,
+            pending_expires_at_ms: row.int("pending_expires_at_ms")?,
+            now_ms: row.int_required("now_ms")?,
+        })
+    }
+}
+
+/// What a user's view reads: the cap override, the clock, and the live
+/// holders in the rows (empty with a lease layer, whose rows keep no expiry).
+#[derive(Debug)]
+pub struct UserRows {
+    /// The user's cap override.
+    pub cap: Option<i64>,
+    /// The store's clock.
+    pub now_ms: i64,
+    /// The sessions whose row lease is live, soonest expiry first.
+    pub holders: Vec<HolderRow>,
+}
+
+/// The SQL a store supplies for the views.
+#[async_trait::async_trait]
+pub trait ViewSql: Sync {
+    /// The external lease layer, if the store has one.
+    fn leases(&self) -> Option<&dyn LeaseLayer>;
+
+    /// The store's configuration.
+    fn config(&self) -> &Config;
+
+    /// Ordering keys and stored sizes (`execution_id`, `created_at_ms`,
+    /// result + error bytes) of up to `fetch` executions of the turn after
+    /// the key `after`, in key order.
+    async fn execution_keys(
+        &self,
+        turn_id: &str,
+        after: (i64, &str),
+        fetch: i64,
+    ) -> Result<Vec<(String, i64, i64)>>;
+
+    /// The executions of the turn after `after` up to and including
+    /// `through`, at most `limit`, in key order.
+    async fn execution_rows(
+        &self,
+        turn_id: &str,
+        after: (i64, &str),
+        through: (i64, &str),
+        limit: i64,
+    ) -> Result<Vec<ExecutionView>>;
+
+    /// The session's row, if any.
+    async fn session_row(&self, session_id: &str) -> Result<Option<SessionRow>>;
+
+    /// The user's cap override, the clock and its live row leases.
+    async fn user_rows(&self, user_id: &str) -> Result<UserRows>;
+
+    /// The clock and up to `limit` live row leases (with their user), the
+    /// latest expiry first.
+    async fn live_rows(&self, limit: i64) -> Result<(i64, Vec<(String, HolderRow)>)>;
+
+    /// Up to `limit` sessions whose row names a holder (`user_id`,
+    /// `session_id`), most recently updated first: with a lease layer, the
+    /// candidates it is asked about.
+    async fn holding_sessions(&self, limit: i64) -> Result<Vec<(String, String)>>;
+
+    /// Up to `limit` most recently updated turns and executions.
+    async fn recent(&self, limit: i64) -> Result<(Vec<TurnView>, Vec<ExecutionView>)>;
+}
+
+/// A keyset page of a turn's executions in two reads: the ordering keys and
+/// sizes of up to limit + 1 rows after the cursor (no result is read), then
+/// the full rows of the ones the page takes, so a page never reads more
+/// results than it returns.
+///
+/// # Errors
+/// The store's error; the page's own limits.
+pub async fn executions<S: ViewSql>(
+    sql: &S,
+    turn_id: &TurnId,
+    page: &ExecutionPageRequest,
+) -> Result<ExecutionPage> {
+    let after = page.after.as_ref().map_or((i64::MIN, ""), |c| {
+        (c.created_at_ms, c.execution_id.as_str())
+    });
+    let keyed = sql
+        .execution_keys(turn_id.as_str(), after, i64::from(page.fetch()))
+        .await?;
+    let (keys, more) = plan(keyed, page)?;
+    let Some(last) = keys.last() else {
+        return Ok(ExecutionPage::default());
+    };
+    let through = (last.created_at_ms, last.execution_id.as_str());
+    let limit = i64::try_from(keys.len()).expect("a page's length fits in i64");
+    let rows = sql
+        .execution_rows(turn_id.as_str(), after, through, limit)
+        .await?;
+    assemble(rows, &keys, more, page)
+}
+
+/// A session's view: its holder (asked of the layer when there is one), its
+/// pending confirmation while it lasts, its newest fence.
+///
+/// # Errors
+/// The store's or the layer's error; `corrupt` for a row the engine never
+/// writes.
+pub async fn session<S: ViewSql>(sql: &S, session_id: &SessionId) -> Result<Option<SessionView>> {
+    let Some(row) = sql.session_row(session_id.as_str()).await? else {
+        return Ok(None);
+    };
+    let now = row.now_ms;
+    let holder = match (sql.leases(), row.holder_turn_id, row.lease_expires_at_ms) {
+        (Some(layer), _, _) => layer.holder(session_id.as_str()).await?,
+        (None, Some(turn_id), Some(expires_at_ms)) if expires_at_ms > now => Some(
+            HolderRow {
+                session_id: session_id.as_str().to_owned(),
+                turn_id,
+                fence: row.fence,
+                expires_at_ms,
+            }
+            .view(now)?,
+        ),
+        _ => None,
+    };
+    let pending_confirmation = match (row.pending_turn_id, row.pending_expires_at_ms) {
+        (Some(turn_id), Some(expires)) if expires > now => Some(PendingView {
+            turn_id: id(TurnId::new, turn_id)?,
+            expires_in_ms: expires - now,
+        }),
+        _ => None,
+    };
+    Ok(Some(SessionView {
+        session_id: session_id.clone(),
+        user_id: id(UserId::new, row.user_id)?,
+        holder,
+        pending_confirmation,
+        fence: Fence(row.fence),
+    }))
+}
+
+/// A user's view: its cap and its live holders.
+///
+/// # Errors
+/// The store's or the layer's error; `corrupt` for a stored cap outside
+/// `u32`.
+pub async fn user<S: ViewSql>(sql: &S, user_id: &UserId) -> Result<UserView> {
+    let rows = sql.user_rows(user_id.as_str()).await?;
+    let holders = match sql.leases() {
+        Some(layer) => layer.user_holders(user_id.as_str()).await?,
+        None => rows
+            .holders
+            .into_iter()
+            .map(|holder| holder.view(rows.now_ms))
+            .collect::<Result<Vec<_>>>()?,
+    };
+    let live_turns = u32::try_from(holders.len()).expect("holders are bounded by the user's cap");
+    Ok(UserView {
+        user_id: user_id.clone(),
+        max_turns_per_user: match rows.cap {
+            Some(cap) => count(cap)?,
+            None => sql.config().max_turns_per_user,
+        },
+        live_turns,
+        holders,
+    })
+}
+
+/// The dashboard's overview: live holders, the latest turns and executions,
+/// at most [`MAX_OVERVIEW_ROWS`] of each.
+///
+/// # Errors
+/// The store's or the layer's error.
+pub async fn overview<S: ViewSql>(sql: &S, limit: u32) -> Result<Overview> {
+    let limit = i64::from(limit.min(MAX_OVERVIEW_ROWS));
+    let live = match sql.leases() {
+        Some(layer) => {
+            // The rows name the last holder; the layer says who is live.
+            let mut live = Vec::new();
+            for (user_id, session_id) in sql.holding_sessions(limit).await? {
+                if let Some(holder) = layer.holder(&session_id).await? {
+                    live.push(LiveTurn {
+                        user_id: id(UserId::new, user_id)?,
+                        holder,
+                    });
+                }
+            }
+            live
+        }
+        None => {
+            let (now, rows) = sql.live_rows(limit).await?;
+            rows.into_iter()
+                .map(|(user_id, holder)| {
+                    Ok(LiveTurn {
+                        user_id: id(UserId::new, user_id)?,
+                        holder: holder.view(now)?,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?
+        }
+    };
+    let (recent_turns, recent_executions) = sql.recent(limit).await?;
+    Ok(Overview {
+        live,
+        recent_turns,
+        recent_executions,
+    })
+}
+
+/// What a sweep may delete, from the store's clock: rows ended before
+/// `cutoff` (the results' retention), turns awaiting a confirmation once it
+/// expired before that too (`pending_cutoff`), at most `batch` of each.
+#[derive(Clone, Copy, Debug)]
+pub struct Cutoffs {
+    /// The store's clock.
+    pub now_ms: i64,
+    /// Ended before this: past retention.
+    pub cutoff_ms: i64,
+    /// Awaiting since before this: its confirmation expired past retention.
+    pub pending_cutoff_ms: i64,
+    /// Rows per statement.
+    pub batch: i64,
+}
+
+impl Cutoffs {
+    /// The cutoffs at `now_ms` under `config`.
+    pub fn new(now_ms: i64, config: &Config) -> Self {
+        let cutoff_ms = now_ms - duration_ms(config.result_retention);
+        Self {
+            now_ms,
+            cutoff_ms,
+            pending_cutoff_ms: cutoff_ms - duration_ms(config.confirmation_ttl),
+            batch: i64::from(config.sweep_batch),
+        }
+    }
+}
