@@ -54,7 +54,7 @@ mod lease;
 mod orphans;
 mod rows;
 mod steps;
-#[cfg(feature = "testing")]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod views;
 
@@ -109,6 +109,11 @@ const MAX_CONNECTIONS: u32 = 10;
 const BEGIN_STEP: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '5s'; \
     SET LOCAL idle_in_transaction_session_timeout = '60s'";
 
+/// [`BEGIN_STEP`]'s `lock_timeout`, for a step that takes its row locks in
+/// one autocommit statement and sets it for that statement alone (the
+/// one-statement begin).
+pub(crate) const STEP_LOCK_TIMEOUT: &str = "5s";
+
 /// Opens the migration transaction. Its lock wait is longer than a step's:
 /// another node may be applying the schema, which takes a few seconds at most.
 const BEGIN_MIGRATION: &str = "BEGIN; SET LOCAL lock_timeout = '60s'";
@@ -132,6 +137,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (3, include_str!("../migrations/0003_claim_seq.sql")),
     (4, include_str!("../migrations/0004_orphans.sql")),
     (5, include_str!("../migrations/0005_confirms_pending.sql")),
+    (6, include_str!("../migrations/0006_begin_new.sql")),
 ];
 
 /// agentgate on a PostgreSQL database.
@@ -344,5 +350,15 @@ impl Store for PostgresStore {
 
     async fn abandon(&self, orphan: &Orphan) -> Result<bool> {
         orphans::abandon(self, orphan).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_one_statement_begin_waits_for_locks_as_long_as_a_step() {
+        assert!(BEGIN_STEP.contains(&format!("SET LOCAL lock_timeout = '{STEP_LOCK_TIMEOUT}'")));
     }
 }
