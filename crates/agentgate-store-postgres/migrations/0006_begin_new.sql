@@ -65,6 +65,20 @@ DECLARE
     v_now_ms BIGINT;
     v_fence BIGINT;
 BEGIN
+    -- A begin the rows already refuse the common case (a repeat of a
+    -- request, a held session: a storm of them) falls back before taking
+    -- any lock, so it neither queues for the user's row twice nor commits
+    -- a transaction. Read without locks, this only ever falls back; the
+    -- grant rests on the same checks repeated under the locks.
+    IF EXISTS (SELECT 1 FROM ag_turns
+               WHERE session_id = p_session_id AND client_request_id = p_client_request_id)
+        OR EXISTS (SELECT 1 FROM ag_sessions
+                   WHERE session_id = p_session_id AND (user_id <> p_user_id
+                     OR holder_turn_id IS NOT NULL OR pending_turn_id IS NOT NULL))
+    THEN
+        RETURN NULL;
+    END IF;
+
     PERFORM set_config('lock_timeout', p_lock_timeout, TRUE);
 
     -- The user's row, locked (created on first use).
@@ -72,7 +86,9 @@ BEGIN
     IF NOT FOUND THEN
         INSERT INTO ag_users (user_id) VALUES (p_user_id) ON CONFLICT (user_id) DO NOTHING;
         IF NOT FOUND THEN
-            -- Another begin created it meanwhile: no lock held, nothing written.
+            -- Another begin created it meanwhile: no lock held, nothing
+            -- written (the commit need not wait, as below).
+            PERFORM set_config('synchronous_commit', 'off', TRUE);
             RETURN NULL;
         END IF;
         v_user_created := TRUE;
@@ -113,6 +129,11 @@ BEGIN
         IF v_user_created THEN
             DELETE FROM ag_users WHERE user_id = p_user_id;
         END IF;
+        -- Nothing of this transaction matters (its row locks, an insert
+        -- deleted again), so its commit need not wait for the WAL flush
+        -- while the user's row stays locked: were it lost in a crash, the
+        -- tables would read the same.
+        PERFORM set_config('synchronous_commit', 'off', TRUE);
         RETURN NULL;
     END IF;
 

@@ -403,11 +403,7 @@ fn one_statement_that_falls_back_writes_nothing() {
                 assert_eq!(server.rows().await, before, "{why}: rows changed");
             }
         };
-        falls_back(
-            command("u1", "s0", "r9"),
-            "another user's session, a new user row",
-        )
-        .await;
+        falls_back(command("u1", "s0", "r9"), "another user's session").await;
         falls_back(command("u0", "s0", "r1"), "a held session").await;
         falls_back(command("u0", "s0", "r0"), "the request's own turn").await;
         store
@@ -440,6 +436,23 @@ fn one_statement_that_falls_back_writes_nothing() {
             }),
         );
         falls_back(confirming, "a confirmation").await;
+        // A first use refused only under the locks, after creating both
+        // rows: a default cap of 0, which no configuration allows, so the
+        // function is called directly.
+        let before = server.rows().await;
+        let fence: Option<i64> = sqlx::query_scalar(
+            "SELECT ag_begin_new('s-first', 'u-first', 'r0', 't-first', 'digest', \
+             'fingerprint', '{}', 1000, 0, '5s')",
+        )
+        .fetch_one(store.pool())
+        .await
+        .unwrap_or_else(|e| panic!("first use at a cap of 0: {e}"));
+        assert_eq!(fence, None, "granted at a cap of 0");
+        assert_eq!(
+            server.rows().await,
+            before,
+            "a first use at a cap of 0: rows changed"
+        );
         server.close().await;
     });
 }
