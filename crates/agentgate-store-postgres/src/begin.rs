@@ -28,6 +28,10 @@
 //! grants only when `decide_begin` would answer `Start { New, attempt 1 }`
 //! on the same facts, and otherwise answers "fall back" having written
 //! nothing; the full path below then makes the decision. It never refuses.
+//! A begin the rows already rule out (a repeat of a request, a held
+//! session) falls back before the function takes any lock; a fallback
+//! decided under the locks commits without waiting for the WAL flush (it
+//! wrote nothing), so no refused begin holds the user's row through a flush.
 //! Each condition it checks, and why `decide_begin` starts on it:
 //!
 //! | `ag_begin_new` checks | fact `decide_begin` reads | why it starts |
