@@ -65,7 +65,7 @@ DECLARE
     v_now_ms BIGINT;
     v_fence BIGINT;
 BEGIN
-    -- A begin the rows already refuse the common case (a repeat of a
+    -- A begin whose rows already rule the common case out (a repeat of a
     -- request, a held session: a storm of them) falls back before taking
     -- any lock, so it neither queues for the user's row twice nor commits
     -- a transaction. Read without locks, this only ever falls back; the

@@ -58,11 +58,13 @@
 //! every grant that committed while this step waited for them), then for a
 //! start one statement that takes the fence and writes the session's grant
 //! and the turn, and `COMMIT`: five, plus the layer's acquire when there is
-//! one. With a lease layer or a confirmation the one statement is not tried,
-//! so those begins cost what they did. A refusal or a replay is the one
-//! statement, `BEGIN`, locks, facts and the rollback. A confirmation adds
-//! one read of its target (and one more when the target was already
-//! confirmed) and one `UPDATE` of it.
+//! one; six with the statement that fell back (a takeover, a restart, a new
+//! turn on a session whose holder or pending confirmation expired). A
+//! refusal or a replay is the one statement, `BEGIN`, locks, facts and the
+//! rollback: five. With a lease layer or a confirmation the one statement is
+//! not tried, so those begins cost what they did. A confirmation adds one
+//! read of its target (and one more when the target was already confirmed)
+//! and one `UPDATE` of it.
 
 use agentgate_core::decide::{SessionSnapshot, StartKind, UserLoad};
 use agentgate_core::error::{Error, Result};
