@@ -18,17 +18,53 @@
 //! capacity: a refusal rolls the grant back, and a grant that then fails to
 //! commit gives the layer's lease straight back.
 //!
-//! Round trips: `BEGIN` (with its `SET LOCAL`s, one simple query), the lock
-//! statement (user upsert, then session upsert), the facts (clock, permit
-//! count, the request's turn; its own statement, so its snapshot is taken
-//! after the locks are held and sees every grant that committed while this
-//! step waited for them), then for a start one statement that takes the
-//! fence and writes the session's grant and the turn, and `COMMIT`: five,
-//! plus the layer's acquire when there is one and sqlx's ping when the
-//! connection goes back to the pool. A refusal or a replay is
-//! `BEGIN`, locks, facts and the rollback. A confirmation adds one read of
-//! its target (and one more when the target was already confirmed) and one
-//! `UPDATE` of it.
+//! The common case is one autocommit statement ([`begin_new`], the
+//! `ag_begin_new` function of migration 0006): a request with no turn yet
+//! and no confirmation, on a free session of the caller (or a new one), by
+//! a user below its cap, without a lease layer. The function takes the same
+//! locks in the same order, reads the same facts after them (each statement
+//! of a VOLATILE PL/pgSQL function takes a fresh snapshot; the migration
+//! cites the manual) and writes what the grant statement below writes. It
+//! grants only when `decide_begin` would answer `Start { New, attempt 1 }`
+//! on the same facts, and otherwise answers "fall back" having written
+//! nothing; the full path below then makes the decision. It never refuses.
+//! A begin the rows already rule out (a repeat of a request, a held
+//! session) falls back before the function takes any lock; a fallback
+//! decided under the locks commits without waiting for the WAL flush (it
+//! wrote nothing), so no refused begin holds the user's row through a flush.
+//! Each condition it checks, and why `decide_begin` starts on it:
+//!
+//! | `ag_begin_new` checks | fact `decide_begin` reads | why it starts |
+//! |---|---|---|
+//! | the command has no confirmation (checked here) | `confirms: None` | with no turn, `(None, None)` goes straight to `gate_start(New, 1)` |
+//! | no lease layer (checked here) | leases in the rows | the row expiry is the lease, as read below |
+//! | no turn for `(session_id, client_request_id)` | `turn: None` | no replay, restart, takeover or exhaustion |
+//! | the session's `user_id` is the caller's (or the row is new) | `session.user_id == user_id` | no `not_found` |
+//! | `holder_turn_id IS NULL` | `session.holder: None` | no `session_busy` (an expired holder falls back) |
+//! | `pending_turn_id IS NULL` | `session.pending: None` | no `awaiting_confirmation` (an expired one falls back) |
+//! | the cap (the row's, else the configured default) is in `0..=u32::MAX` | `UserLoad::read` succeeds | no `corrupt` |
+//! | live leases of the user `<` cap | `load.live < load.cap` | no `user_at_capacity` |
+//!
+//! `resume_only` only matters when the request's turn exists, which falls
+//! back. `fast_path_implies_a_new_start` (the tests below) checks the table
+//! against `decide_begin` over every combination of these facts.
+//!
+//! Round trips: the common case is the one statement (plus sqlx's ping when
+//! the connection goes back to the pool). Anything else is that statement,
+//! answering "fall back", then the full path: `BEGIN` (with its `SET
+//! LOCAL`s, one simple query), the lock statement (user upsert, then session
+//! upsert), the facts (clock, permit count, the request's turn; its own
+//! statement, so its snapshot is taken after the locks are held and sees
+//! every grant that committed while this step waited for them), then for a
+//! start one statement that takes the fence and writes the session's grant
+//! and the turn, and `COMMIT`: five, plus the layer's acquire when there is
+//! one; six with the statement that fell back (a takeover, a restart, a new
+//! turn on a session whose holder or pending confirmation expired). A
+//! refusal or a replay is the one statement, `BEGIN`, locks, facts and the
+//! rollback: five. With a lease layer or a confirmation the one statement is
+//! not tried, so those begins cost what they did. A confirmation adds one
+//! read of its target (and one more when the target was already confirmed)
+//! and one `UPDATE` of it.
 
 use agentgate_core::decide::{SessionSnapshot, StartKind, UserLoad};
 use agentgate_core::error::{Error, Result};
@@ -42,7 +78,7 @@ use crate::error::{corrupt, map_sqlx};
 use crate::rows::{
     get, json, session_snapshot, turn_record, turn_view, TurnRecord, SESSION_COLUMNS, TURN_COLUMNS,
 };
-use crate::{PostgresStore, NOW_MS};
+use crate::{PostgresStore, NOW_MS, STEP_LOCK_TIMEOUT};
 use agentgate_store_sql::begin::{begin_in, give_back, BeginSql, Facts, Locked, Start};
 use agentgate_store_sql::Retry;
 
@@ -57,6 +93,14 @@ pub(crate) async fn begin(store: &PostgresStore, command: &BeginCommand) -> Resu
 }
 
 async fn begin_once(store: &PostgresStore, command: &BeginCommand) -> Result<BeginOutcome> {
+    if let Some(grant) = begin_new(store, command).await? {
+        return Ok(BeginOutcome::Started(grant));
+    }
+    begin_full(store, command).await
+}
+
+/// The full path: lock, read, `decide_begin`, apply, in one transaction.
+async fn begin_full(store: &PostgresStore, command: &BeginCommand) -> Result<BeginOutcome> {
     let mut tx = store.transaction().await?;
     let (outcome, wrote) = begin_in(&Sql(store), &mut tx, command, None).await?;
     if wrote {
@@ -75,6 +119,49 @@ async fn begin_once(store: &PostgresStore, command: &BeginCommand) -> Result<Beg
     // Otherwise dropping `tx` rolls back the no-op lock upserts: a replay or
     // a refusal writes nothing.
     Ok(outcome)
+}
+
+/// The common case in one autocommit statement (the module docs list when
+/// it grants): the grant, or `None` when the full path must decide, in
+/// which case nothing was written. A conflict (deadlock, lock timeout) is
+/// an error for the caller's retry, like the full path's.
+pub(crate) async fn begin_new(
+    store: &PostgresStore,
+    command: &BeginCommand,
+) -> Result<Option<Grant>> {
+    if store.leases.is_some() || command.confirmation.is_some() {
+        return Ok(None);
+    }
+    let turn_id = TurnId::generate();
+    let token = LeaseToken::generate();
+    let ttl_ms = store.config.lease_ttl_ms();
+    let fence: Option<i64> =
+        sqlx::query_scalar("SELECT ag_begin_new($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
+            .bind(command.session_id.as_str())
+            .bind(command.user_id.as_str())
+            .bind(command.client_request_id.as_str())
+            .bind(turn_id.as_str())
+            .bind(token.digest_hex())
+            .bind(command.fingerprint.as_hex())
+            .bind(command.payload.as_str())
+            .bind(ttl_ms)
+            .bind(i64::from(store.config.max_turns_per_user))
+            .bind(STEP_LOCK_TIMEOUT)
+            .fetch_one(&store.pool)
+            .await
+            .map_err(map_sqlx)?;
+    Ok(fence.map(|fence| Grant {
+        turn_id,
+        session_id: command.session_id.clone(),
+        user_id: command.user_id.clone(),
+        client_request_id: command.client_request_id.clone(),
+        lease_token: token,
+        fence: Fence(fence),
+        attempt: 1,
+        takeover: false,
+        lease_expires_in_ms: ttl_ms,
+        confirmation: None,
+    }))
 }
 
 /// The store as the shared begin sees it: its SQL for each part of a begin.
@@ -415,3 +502,6 @@ async fn mark_confirmed(
     };
     Ok((context, pending))
 }
+
+#[cfg(test)]
+mod tests;

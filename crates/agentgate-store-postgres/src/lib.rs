@@ -5,7 +5,8 @@
 //! - `connect`: the URL turned into connect options: `sslmode`,
 //!   `sslrootcert`, client certificates, unknown parameters refused.
 //! - `begin`: the begin step (SPEC §4 table): lock the user's row, then the
-//!   session's row, read, decide, apply.
+//!   session's row, read, decide, apply; the common new turn in one
+//!   statement (`ag_begin_new`, migration 0006) that falls back to that.
 //! - `steps`: heartbeat, tool claims and completions, turn endings.
 //! - `lease`: the caller's lease checked under the session's row lock (and
 //!   refusals explained), or stated as the condition of a one-statement step.
@@ -15,7 +16,8 @@
 //!   [`Error`](agentgate_core::error::Error), and the
 //!   bounded retry of a step after a transient conflict.
 //! - [`admin`]: creating and dropping whole databases (scratch stores).
-//! - `testing` (feature `testing`): fresh throw-away databases for test suites.
+//! - `testing` (feature `testing`, and this crate's own tests): fresh
+//!   throw-away databases for test suites.
 //!
 //! A begin, a claim that finds its call's execution, and a completion with a
 //! same-transaction effect are each one short READ COMMITTED transaction
@@ -27,7 +29,11 @@
 //! whole step again, at most `MAX_STORE_RETRIES` times. A heartbeat, a first
 //! tool claim, a completion with a result, a tool failure and a turn ending
 //! are each one autocommit statement whose condition is the lease check
-//! (`steps` says why that is as safe): one round trip.
+//! (`steps` says why that is as safe): one round trip. So is the common
+//! begin (a new turn on a free session, a permit free, no lease layer): one
+//! call of a PL/pgSQL function that takes the begin's locks in the same
+//! order and grants only where `decide_begin` would (`begin` maps it),
+//! else answers "fall back" having written nothing.
 //!
 //! With an external lease layer (`open_with_leases`, the Redis layer) the
 //! session row keeps the holder and the newest fence but no expiry: the layer
@@ -54,7 +60,7 @@ mod lease;
 mod orphans;
 mod rows;
 mod steps;
-#[cfg(feature = "testing")]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod views;
 
@@ -109,6 +115,11 @@ const MAX_CONNECTIONS: u32 = 10;
 const BEGIN_STEP: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '5s'; \
     SET LOCAL idle_in_transaction_session_timeout = '60s'";
 
+/// [`BEGIN_STEP`]'s `lock_timeout`, for a step that takes its row locks in
+/// one autocommit statement and sets it for that statement alone (the
+/// one-statement begin).
+pub(crate) const STEP_LOCK_TIMEOUT: &str = "5s";
+
 /// Opens the migration transaction. Its lock wait is longer than a step's:
 /// another node may be applying the schema, which takes a few seconds at most.
 const BEGIN_MIGRATION: &str = "BEGIN; SET LOCAL lock_timeout = '60s'";
@@ -132,6 +143,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (3, include_str!("../migrations/0003_claim_seq.sql")),
     (4, include_str!("../migrations/0004_orphans.sql")),
     (5, include_str!("../migrations/0005_confirms_pending.sql")),
+    (6, include_str!("../migrations/0006_begin_new.sql")),
 ];
 
 /// agentgate on a PostgreSQL database.
@@ -344,5 +356,15 @@ impl Store for PostgresStore {
 
     async fn abandon(&self, orphan: &Orphan) -> Result<bool> {
         orphans::abandon(self, orphan).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_one_statement_begin_waits_for_locks_as_long_as_a_step() {
+        assert!(BEGIN_STEP.contains(&format!("SET LOCAL lock_timeout = '{STEP_LOCK_TIMEOUT}'")));
     }
 }
