@@ -319,18 +319,28 @@ fn case(kind: Kind) -> BoxedStrategy<Vec<Op>> {
                 ],
                 10..=16,
             );
+            // Each starts with a listing or a claim, before any sweep
+            // abandons what the sleep orphaned.
             let after = || {
-                prop::collection::vec(
-                    prop_oneof![
-                        3 => recovery_op(),
-                        2 => confirm_op(),
-                        2 => Just(Op::Sweep),
-                        2 => begin_op(),
-                        1 => Just(Op::Repeat),
-                        3 => op(),
-                    ],
-                    8..=14,
+                (
+                    recovery_op(),
+                    prop::collection::vec(
+                        prop_oneof![
+                            3 => recovery_op(),
+                            2 => confirm_op(),
+                            2 => Just(Op::Sweep),
+                            2 => begin_op(),
+                            1 => Just(Op::Repeat),
+                            3 => op(),
+                        ],
+                        8..=14,
+                    ),
                 )
+                    .prop_map(|(first, rest)| {
+                        let mut all = vec![first];
+                        all.extend(rest);
+                        all
+                    })
             };
             (setup, after(), prop::option::weighted(0.25, after()))
                 .prop_map(|(first, second, third)| {
