@@ -508,6 +508,10 @@ struct Side {
     last_begin: Option<BeginCommand>,
     /// The latest orphan listing, by role, for [`Op::Abandon`].
     last_orphans: Vec<Orphan>,
+    /// The fingerprint of the begin that created each turn: what an orphan
+    /// listing must show. (Not compared across stores: a confirmation's
+    /// fingerprint covers the confirmed turn's id, which differs.)
+    fingerprints: HashMap<String, String>,
     /// Where the store's same-transaction effects land.
     ledger: Ledger,
 }
@@ -517,6 +521,7 @@ impl Side {
         Self {
             store,
             last_orphans: Vec::new(),
+            fingerprints: HashMap::new(),
             ledger,
             turns: HashMap::new(),
             turn_ids: Vec::new(),
@@ -632,13 +637,14 @@ impl Side {
             let turn = self.turn(orphan.turn_id.as_str());
             let fence = self.fence(orphan.fence.0);
             let line = format!(
-                "{turn} {}/{}/{} attempt {} {fence} payload {} fingerprint {} superseded {} age_ok {}",
+                "{turn} {}/{}/{} attempt {} {fence} payload {} fingerprint_ok {} superseded {} age_ok {}",
                 orphan.session_id,
                 orphan.user_id,
                 orphan.client_request_id,
                 orphan.attempt,
                 orphan.payload.as_ref().map_or("-", |p| p.as_str()),
-                orphan.fingerprint.as_hex(),
+                self.fingerprints.get(orphan.turn_id.as_str()).map(String::as_str)
+                    == Some(orphan.fingerprint.as_hex()),
                 orphan.superseded,
                 orphan.orphaned_for_ms >= 0,
             );
@@ -825,6 +831,9 @@ async fn begin(side: &mut Side, command: &BeginCommand) -> String {
     side.last_begin = Some(command.clone());
     match side.store.begin(command).await {
         Ok(BeginOutcome::Started(grant)) => {
+            side.fingerprints
+                .entry(grant.turn_id.as_str().to_owned())
+                .or_insert_with(|| command.fingerprint.as_hex().to_owned());
             let turn = side.turn(grant.turn_id.as_str());
             let fence = side.fence(grant.fence.0);
             let confirmation = side.confirmation(grant.confirmation.as_ref());
