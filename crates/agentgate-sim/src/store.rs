@@ -17,8 +17,9 @@ use std::sync::{Mutex, MutexGuard};
 use agentgate_core::canonical::CanonicalJson;
 use agentgate_core::config::Config;
 use agentgate_core::decide::{
-    check_execution_room, check_row_lease, decide_begin, decide_tool_claim, BeginDecision,
-    BeginFacts, CheckedLease, ExecutionSnapshot, HolderSnapshot, PendingSnapshot, RowLeaseFacts,
+    check_execution, check_execution_room, check_row_lease, decide_begin, decide_tool_claim,
+    BeginDecision, BeginFacts, CheckedLease, ExecutionSnapshot, HolderSnapshot, PendingSnapshot,
+    RowLeaseFacts,
     SessionSnapshot, StartKind, ToolDecision, TurnSnapshot, UserLoad,
 };
 use agentgate_core::error::{Error, Result};
@@ -32,7 +33,7 @@ use agentgate_core::model::{
     ToolCall, ToolClaim, ToolState, TurnState, TurnView, UserView,
 };
 use agentgate_core::page::{assemble, ExecutionCursor, ExecutionPage, ExecutionPageRequest};
-use agentgate_core::store::{Completion, LeaseStatus, Store};
+use agentgate_core::store::{Completion, LeaseStatus, SqlEffect, Store};
 use async_trait::async_trait;
 use serde_json::Value;
 
@@ -96,6 +97,9 @@ struct SessionRow {
     fence: i64,
     holder: Option<Holder>,
     pending: Option<PendingSnapshot>,
+    /// Last change of the row (a grant, renewal, release): an idle session
+    /// is swept once this is older than the result retention.
+    updated_at_ms: i64,
 }
 
 #[derive(Clone, Debug)]
@@ -116,6 +120,12 @@ struct TurnRow {
     confirmed_by: Option<String>,
     created_at_ms: i64,
     updated_at_ms: i64,
+    /// When the turn last ended (`None` while it runs): the sweep counts
+    /// the result retention from here.
+    ended_at_ms: Option<i64>,
+    /// With [`OrphanClock::FirstListed`]: when a listing first found the
+    /// running turn without a live lease (cleared by a grant).
+    orphaned_at_ms: Option<i64>,
 }
 
 #[derive(Clone, Debug)]
@@ -143,6 +153,50 @@ struct State {
     /// Which grant each lease token belongs to (turn, fence): how the
     /// history names the caller of a write, whatever the row says.
     tokens: BTreeMap<String, i64>,
+    /// The application's rows written by same-transaction effects
+    /// ([`SimConnection`]), committed with their executions' success marks.
+    effects: Vec<Value>,
+}
+
+/// What the simulated store hands a same-transaction effect
+/// ([`Completion::Effect`]) as its "connection": the effect's writes are
+/// staged here and become visible ([`SimStore::effects`]) only if the
+/// execution's success mark commits in the same step, as in a SQL store.
+#[derive(Debug, Default)]
+pub struct SimConnection {
+    writes: Vec<Value>,
+}
+
+impl SimConnection {
+    /// Stages one application row.
+    pub fn write(&mut self, row: Value) {
+        self.writes.push(row);
+    }
+}
+
+/// Since when a running turn without a live lease counts as an orphan.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OrphanClock {
+    /// Since its lease expired: the SQL stores with the lease in the
+    /// session row.
+    #[default]
+    LeaseExpiry,
+    /// Since a listing first found it unheld: the SQL stores with a lease
+    /// layer that keeps no expiry in the rows (Redis), which record that
+    /// time on the turn (`agentgate_store_sql::orphans`).
+    FirstListed,
+}
+
+/// Runs a future that must not wait (an effect on a [`SimConnection`] has
+/// no I/O) to its end inside a step, which holds the store's lock.
+fn ready<T>(mut future: agentgate_core::store::BoxFuture<'_, T>) -> Result<T> {
+    let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+    match future.as_mut().poll(&mut context) {
+        std::task::Poll::Ready(value) => Ok(value),
+        std::task::Poll::Pending => Err(Error::invalid(
+            "an effect on the simulated store waited: it has no I/O to wait for",
+        )),
+    }
 }
 
 /// The in-memory store.
@@ -152,6 +206,7 @@ pub struct SimStore {
     clock: Clock,
     history: History,
     mutation: Mutation,
+    orphan_clock: OrphanClock,
     state: Mutex<State>,
 }
 
@@ -171,8 +226,22 @@ impl SimStore {
             clock,
             history,
             mutation,
+            orphan_clock: OrphanClock::LeaseExpiry,
             state: Mutex::new(State::default()),
         }
+    }
+
+    /// The same store judging orphan age by `clock` (see [`OrphanClock`]).
+    #[must_use]
+    pub fn with_orphan_clock(mut self, clock: OrphanClock) -> Self {
+        self.orphan_clock = clock;
+        self
+    }
+
+    /// The application rows committed by same-transaction effects, oldest
+    /// first.
+    pub fn effects(&self) -> Vec<Value> {
+        self.lock().effects.clone()
     }
 
     /// Records the turns still `running` once the run is over.
@@ -403,6 +472,8 @@ impl SimStore {
                     row.retryable = Some(false);
                     row.error = Some(r#"{"code":"attempts_exhausted"}"#.to_owned());
                     row.updated_at_ms = now;
+                    row.ended_at_ms = Some(now);
+                    row.orphaned_at_ms = None;
                 }
                 self.record(
                     now,
@@ -458,8 +529,10 @@ impl SimStore {
                 fence: 0,
                 holder: None,
                 pending: None,
+                updated_at_ms: now,
             });
         session.fence = fence;
+        session.updated_at_ms = now;
         session.holder = Some(Holder {
             turn_id: turn_id.clone(),
             token_digest: token.digest_hex(),
@@ -477,6 +550,8 @@ impl SimStore {
             row.error = None;
             row.retryable = None;
             row.updated_at_ms = now;
+            row.ended_at_ms = None;
+            row.orphaned_at_ms = None;
             row.confirmation.clone()
         } else {
             let confirmation = command.confirmation.as_ref().map(|c| {
@@ -519,6 +594,8 @@ impl SimStore {
                     confirmed_by: None,
                     created_at_ms: now,
                     updated_at_ms: now,
+                    ended_at_ms: None,
+                    orphaned_at_ms: None,
                 },
             );
             confirmation
@@ -756,6 +833,7 @@ impl SimStore {
             }
         }
         row.updated_at_ms = now;
+        row.ended_at_ms = Some(now);
         let response = row
             .response
             .clone()
@@ -768,6 +846,7 @@ impl SimStore {
                 .is_some_and(|h| h.turn_id == lease.turn_id.as_str())
             {
                 session.holder = None;
+                session.updated_at_ms = now;
             }
             if let Some(expires_at_ms) = pending_until {
                 session.pending = Some(PendingSnapshot {
@@ -796,6 +875,170 @@ impl SimStore {
         Ok(view)
     }
 
+    /// A running turn's listing as an orphan, unheld since `since`.
+    fn orphan(
+        turn_id: &str,
+        row: &TurnRow,
+        session: Option<&SessionRow>,
+        since: i64,
+        now: i64,
+    ) -> Orphan {
+        Orphan {
+            turn_id: id(TurnId::new(turn_id)),
+            session_id: id(SessionId::new(row.session_id.clone())),
+            user_id: id(UserId::new(row.user_id.clone())),
+            client_request_id: id(ClientRequestId::new(row.client_request_id.clone())),
+            fingerprint: agentgate_core::canonical::Digest::from_hex(row.fingerprint.clone()),
+            payload: Some(CanonicalJson::from_stored(row.payload.clone())),
+            fence: Fence(row.fence),
+            attempt: row.attempt,
+            orphaned_since_ms: since,
+            orphaned_for_ms: now - since,
+            superseded: session.is_some_and(|s| s.fence > row.fence),
+        }
+    }
+
+    /// The orphan listing under [`OrphanClock::FirstListed`], as the SQL
+    /// stores list with a lease layer: every running turn the filter admits
+    /// whose lease is not live is stamped with the time it was first found
+    /// so (kept until a grant), and its age counts from the stamp.
+    fn first_listed(
+        state: &mut State,
+        filter: &OrphanFilter,
+        limit: usize,
+        now: i64,
+        min_age: i64,
+    ) -> Vec<Orphan> {
+        let candidates: Vec<String> = state
+            .turns
+            .iter()
+            .filter(|(t, row)| {
+                row.state == TurnState::Running
+                    && (filter.user_ids.is_empty()
+                        || filter.user_ids.iter().any(|u| u.as_str() == row.user_id))
+                    && (filter.turn_ids.is_empty()
+                        || filter.turn_ids.iter().any(|f| f.as_str() == t.as_str()))
+            })
+            .map(|(t, _)| t.clone())
+            .collect();
+        let mut found = Vec::new();
+        for turn_id in candidates {
+            let Some(row) = state.turns.get_mut(&turn_id) else {
+                continue;
+            };
+            let session = state.sessions.get(&row.session_id);
+            let held = session
+                .and_then(|s| s.holder.as_ref())
+                .is_some_and(|h| h.turn_id == turn_id && h.expires_at_ms > now);
+            if held {
+                continue;
+            }
+            let since = *row.orphaned_at_ms.get_or_insert(now);
+            if now - since >= min_age {
+                found.push(Self::orphan(&turn_id, row, session, since, now));
+            }
+        }
+        found.sort_by(|a, b| {
+            (a.orphaned_since_ms, a.turn_id.as_str())
+                .cmp(&(b.orphaned_since_ms, b.turn_id.as_str()))
+        });
+        found.truncate(limit);
+        found
+    }
+
+    /// Completes a running execution with a same-transaction effect: the
+    /// checks of [`Self::finish_step`] first (a refused completion runs no
+    /// effect), then the effect on a [`SimConnection`], then the success
+    /// mark with the effect's value; the effect's writes are committed with
+    /// the mark, or dropped with it when the effect fails.
+    fn effect_step(
+        &self,
+        state: &mut State,
+        lease: &LeaseRef,
+        execution_id: &ExecutionId,
+        effect: &mut dyn SqlEffect,
+        now: i64,
+    ) -> Result<CanonicalJson> {
+        let (live, _) = Self::check_lease(state, lease, now)?;
+        let row = state
+            .executions
+            .get(execution_id.as_str())
+            .filter(|row| row.turn_id == lease.turn_id.as_str());
+        check_execution(
+            execution_id.as_str(),
+            row.map(|row| (row.state.as_str(), row.fence)),
+            live.fence.0,
+        )?;
+        let mut connection = SimConnection::default();
+        let value = ready(effect.apply(&mut connection as &mut (dyn std::any::Any + Send)))?
+            .map_err(Error::Effect)?;
+        let result = CanonicalJson::new("result", &value)?;
+        self.finish_step(state, lease, execution_id, Ok(&result), now)?;
+        state.effects.extend(connection.writes);
+        Ok(result)
+    }
+
+    /// Deletes what the SQL stores' sweep deletes (their `SWEEPABLE_TURNS`
+    /// and idle-session statements), at most `sweep_batch` of each: turns
+    /// that ended more than `result_retention` ago (awaiting ones only once
+    /// their confirmation expired too) with their executions, then sessions
+    /// idle that long with no lease, no pending confirmation and no turn.
+    /// A running turn is never deleted.
+    fn sweep_step(&self, state: &mut State, now: i64) -> SweepReport {
+        let cutoff = now - agentgate_core::config::duration_ms(self.config.result_retention);
+        let pending_cutoff =
+            cutoff - agentgate_core::config::duration_ms(self.config.confirmation_ttl);
+        let batch = self.config.sweep_batch as usize;
+        let doomed: Vec<String> = state
+            .turns
+            .iter()
+            .filter(|(_, row)| match (row.state, row.ended_at_ms) {
+                (TurnState::Running, _) | (_, None) => false,
+                (TurnState::AwaitingConfirmation, Some(ended)) => ended < pending_cutoff,
+                (_, Some(ended)) => ended < cutoff,
+            })
+            .map(|(t, _)| t.clone())
+            .take(batch)
+            .collect();
+        let mut report = SweepReport::default();
+        for turn_id in &doomed {
+            if let Some(row) = state.turns.remove(turn_id) {
+                state
+                    .by_request
+                    .remove(&(row.session_id.clone(), row.client_request_id.clone()));
+                report.turns += 1;
+            }
+            let executions: Vec<String> = state
+                .executions
+                .iter()
+                .filter(|(_, e)| e.turn_id == *turn_id)
+                .map(|(e, _)| e.clone())
+                .collect();
+            for execution_id in executions {
+                state.executions.remove(&execution_id);
+                report.executions += 1;
+            }
+            state.by_call.retain(|(t, _, _), _| t != turn_id);
+        }
+        let idle: Vec<String> = state
+            .sessions
+            .iter()
+            .filter(|(session_id, s)| {
+                s.updated_at_ms < cutoff
+                    && s.holder.as_ref().is_none_or(|h| h.expires_at_ms <= now)
+                    && s.pending.as_ref().is_none_or(|p| p.expires_at_ms <= now)
+                    && !state.turns.values().any(|t| t.session_id == **session_id)
+            })
+            .map(|(session_id, _)| session_id.clone())
+            .take(batch)
+            .collect();
+        for session_id in idle {
+            state.sessions.remove(&session_id);
+            report.sessions += 1;
+        }
+        report
+    }
+
     /// Runs one atomic step: lock, read the clock, decide and apply, record
     /// the store's facts if it changed anything.
     fn step<T>(&self, run: impl FnOnce(&Self, &mut State, i64) -> Result<T>) -> Result<T> {
@@ -822,12 +1065,11 @@ impl Store for SimStore {
             let (_, session_id) = Self::check_lease(state, lease, now)?;
             let caller = Self::caller_fence(state, lease);
             let ttl = s.config.lease_ttl_ms();
-            if let Some(h) = state
-                .sessions
-                .get_mut(&session_id)
-                .and_then(|row| row.holder.as_mut())
-            {
-                h.expires_at_ms = now + ttl;
+            if let Some(row) = state.sessions.get_mut(&session_id) {
+                if let Some(h) = row.holder.as_mut() {
+                    h.expires_at_ms = now + ttl;
+                    row.updated_at_ms = now;
+                }
             }
             s.record(
                 now,
@@ -860,13 +1102,19 @@ impl Store for SimStore {
         execution_id: &ExecutionId,
         completion: Completion<'_>,
     ) -> Result<Value> {
-        let Completion::Result(result) = completion else {
-            return Err(Error::invalid(
-                "the simulated store has no SQL connection for an in-transaction effect",
-            ));
-        };
-        self.step(|s, state, now| s.finish_step(state, lease, execution_id, Ok(&result), now))?;
-        Ok(parse(result.as_str()))
+        match completion {
+            Completion::Result(result) => {
+                self.step(|s, state, now| {
+                    s.finish_step(state, lease, execution_id, Ok(&result), now)
+                })?;
+                Ok(parse(result.as_str()))
+            }
+            Completion::Effect(effect) => {
+                let result = self
+                    .step(|s, state, now| s.effect_step(state, lease, execution_id, effect, now))?;
+                Ok(parse(result.as_str()))
+            }
+        }
     }
 
     async fn fail_tool(
@@ -1021,21 +1269,23 @@ impl Store for SimStore {
     }
 
     async fn sweep(&self) -> Result<SweepReport> {
-        // A run is far shorter than the shortest result retention, so the
-        // sweep's only work here is abandoning orphans past their grace.
         let abandoned = self.abandon_orphans().await?;
+        let deleted = self.step(|s, state, now| Ok(s.sweep_step(state, now)))?;
         Ok(SweepReport {
             abandoned,
-            ..SweepReport::default()
+            ..deleted
         })
     }
 
     async fn orphans(&self, filter: &OrphanFilter, limit: u32) -> Result<Vec<Orphan>> {
         filter.validate()?;
         let limit = limit.min(MAX_ORPHAN_SCAN) as usize;
-        let state = self.lock();
+        let mut state = self.lock();
         let now = self.clock.now_ms();
         let min_age = i64::try_from(filter.min_orphaned_ms).unwrap_or(i64::MAX);
+        if self.orphan_clock == OrphanClock::FirstListed {
+            return Ok(Self::first_listed(&mut state, filter, limit, now, min_age));
+        }
         let mut found: Vec<Orphan> = state
             .turns
             .iter()
@@ -1060,21 +1310,7 @@ impl Store for SimStore {
                 if since > now.saturating_sub(min_age) {
                     return None;
                 }
-                Some(Orphan {
-                    turn_id: id(TurnId::new(turn_id.clone())),
-                    session_id: id(SessionId::new(row.session_id.clone())),
-                    user_id: id(UserId::new(row.user_id.clone())),
-                    client_request_id: id(ClientRequestId::new(row.client_request_id.clone())),
-                    fingerprint: agentgate_core::canonical::Digest::from_hex(
-                        row.fingerprint.clone(),
-                    ),
-                    payload: Some(CanonicalJson::from_stored(row.payload.clone())),
-                    fence: Fence(row.fence),
-                    attempt: row.attempt,
-                    orphaned_since_ms: since,
-                    orphaned_for_ms: now - since,
-                    superseded: session.is_some_and(|s| s.fence > row.fence),
-                })
+                Some(Self::orphan(turn_id, row, session, since, now))
             })
             .collect();
         found.sort_by(|a, b| {
@@ -1102,6 +1338,8 @@ impl Store for SimStore {
             row.error = Some(ABANDONED_ERROR.to_owned());
             row.retryable = None;
             row.updated_at_ms = now;
+            row.ended_at_ms = Some(now);
+            row.orphaned_at_ms = None;
             let session_id = row.session_id.clone();
             if let Some(session) = state.sessions.get_mut(&session_id) {
                 if session
@@ -1110,6 +1348,7 @@ impl Store for SimStore {
                     .is_some_and(|h| h.turn_id == orphan.turn_id.as_str())
                 {
                     session.holder = None;
+                    session.updated_at_ms = now;
                 }
             }
             s.record(

@@ -12,9 +12,14 @@
 //!   confirmation) or replayed (the whole turn view), the error code (with
 //!   the turn or execution it names, and the cap), `execute` (attempt,
 //!   previous outcome, idempotency key) or cached (result), stored results,
-//!   ended turn views;
+//!   ended turn views; orphan listings (turn, request, payload, fence,
+//!   attempt, superseded), abandonments, a recovery worker's claims (the
+//!   grant, the payload, the tool journal), sweep reports;
 //! - the writes it made visible: after every step, the view of every turn
-//!   seen so far, its tool executions, both sessions and both users.
+//!   seen so far, its tool executions, both sessions and both users; after
+//!   a completion whose effect writes a ledger row in the store's own
+//!   transaction (`Completion::Effect`), the case's ledger rows (an effect
+//!   that fails after its write must leave none).
 //!
 //! Generated ids (turns, executions, lease tokens) differ between stores, so
 //! they are compared by role: the n-th turn or execution either store shows
@@ -23,7 +28,7 @@
 //! compared, only that a remaining lease is positive: the two stores read
 //! different clocks.
 //!
-//! Two kinds of cases per store:
+//! Three kinds of cases per store:
 //! - `*_agrees_with_decide`: the longest lease TTL, so no lease expires
 //!   within a case; `AGENTGATE_ORACLE_CASES` (default 32) cases.
 //! - `*_agrees_with_decide_across_lease_expiry`: a 500 ms TTL and sleep
@@ -32,8 +37,27 @@
 //!   every segment between sleeps must finish within 350 ms, so each lease
 //!   is clearly live within its segment and clearly expired after the next
 //!   sleep on both clocks (a slower segment rejects the case rather than
-//!   fail it). This covers takeovers, expired heartbeats and claims.
-//!   `AGENTGATE_ORACLE_EXPIRY_CASES` (default 8) cases.
+//!   fail it). This covers takeovers, expired heartbeats and claims,
+//!   orphans listed, abandoned and claimed by a recovery worker, and a turn
+//!   that ran out of attempts. `AGENTGATE_ORACLE_EXPIRY_CASES` (default 8)
+//!   cases.
+//! - `*_agrees_with_decide_across_retention`: the shortest confirmation
+//!   TTL, result retention and orphan grace (1 s each), a 1 s lease TTL,
+//!   and segments of at most 800 ms separated by sleeps of 2.15 s, past
+//!   every one of those (and their sums) begun before the sleep: late
+//!   confirmations, sweeps that delete ended turns, their executions and
+//!   idle sessions and abandon orphans past their grace, what stays (running
+//!   turns, what ended in the current segment). Each case runs on a fresh
+//!   store, so the sweep's counts are the case's alone.
+//!   `AGENTGATE_ORACLE_RETENTION_CASES` (default 2) cases.
+//!
+//! `SimStore` models what the stores do beyond `decide`: the effect's
+//! writes committed with the success mark, the sweep's deletions, and,
+//! where a lease layer keeps no expiry in the rows (the Redis targets), an
+//! orphan's age counted from the listing that first found it unheld
+//! (`OrphanClock::FirstListed`). One fixed timed case on every store
+//! (`expiry_confirmation_orphans_and_sweep_agree_on_every_store`) reaches
+//! for certain what the generated cases reach by chance.
 //!
 //! A difference fails with the shrunk step sequence (the steps up to the
 //! first difference). SQLite always runs; PostgreSQL, MySQL and the Redis
@@ -42,25 +66,27 @@
 //! bug now fixed, stays as a fixed case on every store
 //! (`a_continuation_awaiting_confirmation_shows_its_own_pending`).
 
+use std::any::Any;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentgate::{Config, Error};
+use agentgate::{BoxError, Config, Error};
 use agentgate_conformance::targets::{self, Target};
 use agentgate_core::canonical::{canonicalize, CanonicalJson};
 use agentgate_core::ids::{ClientRequestId, ExecutionId, SessionId, ToolName, TurnId, UserId};
 use agentgate_core::model::{
     idempotency_key, BeginCommand, BeginOutcome, Confirmation, ConfirmationContext, Decision,
-    Ending, ExecutionView, LeaseRef, ToolCall, ToolClaim, TurnView,
+    Ending, ExecutionView, LeaseRef, Orphan, OrphanFilter, ToolCall, ToolClaim, TurnView,
 };
-use agentgate_core::store::{all_executions, Completion, Store};
+use agentgate_core::store::{all_executions, BoxFuture, Completion, SqlEffect, Store};
 use agentgate_sim::history::History;
-use agentgate_sim::store::{Clock, Mutation, SimStore};
+use agentgate_sim::store::{Clock, Mutation, OrphanClock, SimConnection, SimStore};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestError, TestRunner};
 use serde_json::{json, Value};
+use sqlx::Connection;
 
 /// The longest lease TTL allowed: nothing expires within a case.
 const LEASE_TTL: Duration = agentgate::limits::MAX_LEASE_TTL;
@@ -83,6 +109,23 @@ const SEGMENT_BOUND: Duration = Duration::from_millis(350);
 /// Expiry cases per store unless `AGENTGATE_ORACLE_EXPIRY_CASES` says
 /// otherwise: each sleeps about 1.3 s.
 const DEFAULT_EXPIRY_CASES: u32 = 8;
+/// The retention cases' confirmation TTL, result retention and orphan
+/// grace: the shortest each may be (1 s), so a sleep can outlast them.
+const RETENTION_TTLS: Duration = agentgate::limits::MIN_RETENTION;
+/// A retention case's sleep: past everything a segment started, with
+/// 150 ms to spare on both clocks: a lease ([`RETENTION_TTLS`] too), a
+/// pending confirmation (1 s), an orphan's grace counted from its lease's
+/// expiry (1 + 1 s), a turn's retention (1 s), an awaiting turn's
+/// (retention + confirmation TTL, 2 s).
+const LONG_SLEEP: Duration = Duration::from_millis(2150);
+/// The longest a retention case's segment may take: each of those is then
+/// clearly unexpired (by 200 ms) within its own segment, and a segment has
+/// time for the slower steps (running a turn out of its attempts is some
+/// thirty of them).
+const RETENTION_SEGMENT_BOUND: Duration = Duration::from_millis(800);
+/// Retention cases per store unless `AGENTGATE_ORACLE_RETENTION_CASES` says
+/// otherwise: each sleeps 2–4 s on a fresh store.
+const DEFAULT_RETENTION_CASES: u32 = 2;
 /// Shrinking bound: a failing case on a server store shrinks in seconds.
 const MAX_SHRINK_ITERS: u32 = 512;
 
@@ -91,6 +134,48 @@ const MAX_SHRINK_ITERS: u32 = 512;
 /// `k > 0` the `(k - 1) % n`-th grant ever made in the case, which is often
 /// a stale lease (an ended turn, or an earlier attempt).
 type LeaseSel = u8;
+
+/// The three kinds of cases (see the module documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// No lease expires within a case.
+    Steady,
+    /// Leases expire: sleeps of [`SLEEP`].
+    Expiry,
+    /// Leases, pending confirmations, orphan graces and result retention
+    /// run out: sleeps of [`LONG_SLEEP`], sweeps, a fresh store per case.
+    Retention,
+}
+
+impl Kind {
+    /// Whether its steps are bound in time ([`SEGMENT_BOUND`]).
+    fn timed(self) -> bool {
+        self != Self::Steady
+    }
+
+    /// The longest a segment between sleeps may take.
+    fn bound(self) -> Duration {
+        match self {
+            Self::Retention => RETENTION_SEGMENT_BOUND,
+            Self::Steady | Self::Expiry => SEGMENT_BOUND,
+        }
+    }
+
+    fn sleep(self) -> Duration {
+        match self {
+            Self::Retention => LONG_SLEEP,
+            Self::Steady | Self::Expiry => SLEEP,
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Steady => "",
+            Self::Expiry => " (lease expiry)",
+            Self::Retention => " (retention)",
+        }
+    }
+}
 
 #[derive(Clone, Debug)]
 enum EndKind {
@@ -103,8 +188,9 @@ enum EndKind {
 enum Op {
     /// No step: what shrinking turns a step that does not matter into.
     Idle,
-    /// Only in the expiry cases: wait [`SLEEP`], past every lease granted
-    /// or renewed so far.
+    /// Only in the timed cases: wait [`Kind::sleep`], past every lease
+    /// granted or renewed so far (and in the retention cases past every
+    /// confirmation TTL, orphan grace and retention begun so far).
     Sleep,
     /// The latest begin (or confirmation) again, as a client's retry: after
     /// a sleep, the takeover of a turn whose lease expired.
@@ -157,6 +243,36 @@ enum Op {
     ViewUser {
         user: u8,
     },
+    /// `Store::orphans` of the case's users (or of one), of one turn or
+    /// any, of any age or only those orphaned an hour (none).
+    Orphans {
+        user: Option<u8>,
+        turn: Option<u8>,
+        aged: bool,
+    },
+    /// `Store::abandon` of one orphan of the latest listing (it may have
+    /// been taken over or ended since).
+    Abandon {
+        orphan: u8,
+    },
+    /// `Store::claim_orphan` of one turn: a begin that resumes it.
+    ClaimOrphan {
+        turn: u8,
+    },
+    /// A completion whose effect books a ledger row in the store's own
+    /// transaction, failing after the write when `fail` (rolled back).
+    CompleteEffect {
+        lease: LeaseSel,
+        exec: u8,
+        amount: u8,
+        fail: bool,
+    },
+    /// Fails the latest grant's turn retryably and repeats the latest begin,
+    /// again and again, until a step does something else: the turn runs out
+    /// of attempts (`MAX_TURN_ATTEMPTS`), its next repeat is exhausted.
+    RunOutAttempts,
+    /// Only in the retention cases: `Store::sweep`.
+    Sweep,
 }
 
 fn lease_sel() -> impl Strategy<Value = LeaseSel> {
@@ -169,73 +285,201 @@ fn user() -> impl Strategy<Value = u8> {
 
 /// A case: each user's cap set first (1, 2, or the default 2) or, in half
 /// the cases, not at all, so a user's first begin also finds no user row
-/// (the common first use); then 20–40 steps; in the expiry cases, some of
-/// them sleeps.
-fn case(expiry: bool) -> impl Strategy<Value = Vec<Op>> {
+/// (the common first use); then 20–40 steps; in the expiry cases, some of them sleeps. A retention case is two
+/// or three segments of 8–16 steps with one sleep between each two.
+fn case(kind: Kind) -> BoxedStrategy<Vec<Op>> {
     let cap = prop::option::of(prop::option::of(1u32..=2));
-    let step = if expiry {
-        prop_oneof![30 => op(), 2 => Just(Op::Sleep)].boxed()
-    } else {
-        op().boxed()
+    let steps = match kind {
+        Kind::Steady => prop::collection::vec(op(), 20..=40).boxed(),
+        // A sleep is mostly followed by a look for orphans.
+        Kind::Expiry => prop::collection::vec(
+            prop_oneof![
+                30 => op().prop_map(|op| vec![op]),
+                3 => recovery_op().prop_map(|op| vec![op]),
+                1 => Just(vec![Op::Sleep]),
+                1 => recovery_op().prop_map(|op| vec![Op::Sleep, op]),
+            ],
+            20..=40,
+        )
+        .prop_map(|steps| steps.into_iter().flatten().collect())
+        .boxed(),
+        // Turns started, tools claimed, turns ended (some awaiting a
+        // confirmation) before the sleep; after it, what ran out: orphans,
+        // late confirmations, sweeps. A third segment, after a second sleep,
+        // sees orphans first listed in the second (a lease layer counts
+        // their grace from then).
+        Kind::Retention => {
+            let setup = prop::collection::vec(
+                prop_oneof![
+                    4 => begin_op(),
+                    4 => claim_op(),
+                    2 => effect_op(),
+                    2 => complete_op(),
+                    3 => end_op(),
+                    2 => op(),
+                ],
+                10..=16,
+            );
+            // Each starts with a listing or a claim, before any sweep
+            // abandons what the sleep orphaned.
+            let after = || {
+                (
+                    recovery_op(),
+                    prop::collection::vec(
+                        prop_oneof![
+                            3 => recovery_op(),
+                            2 => confirm_op(),
+                            2 => Just(Op::Sweep),
+                            2 => begin_op(),
+                            1 => Just(Op::Repeat),
+                            3 => op(),
+                        ],
+                        8..=14,
+                    ),
+                )
+                    .prop_map(|(first, rest)| {
+                        let mut all = vec![first];
+                        all.extend(rest);
+                        all
+                    })
+            };
+            (setup, after(), prop::option::weighted(0.25, after()))
+                .prop_map(|(first, second, third)| {
+                    let mut all = first;
+                    for next in std::iter::once(second).chain(third) {
+                        all.push(Op::Sleep);
+                        all.extend(next);
+                    }
+                    all
+                })
+                .boxed()
+        }
     };
-    (cap.clone(), cap, prop::collection::vec(step, 20..=40)).prop_map(|(cap0, cap1, ops)| {
-        let mut all: Vec<Op> = [(0, cap0), (1, cap1)]
-            .into_iter()
-            .filter_map(|(user, cap)| cap.map(|cap| Op::SetCap { user, cap }))
-            .collect();
-        all.extend(ops);
-        all
+    (cap.clone(), cap, steps)
+        .prop_map(|(cap0, cap1, ops)| {
+            let mut all: Vec<Op> = [(0, cap0), (1, cap1)]
+                .into_iter()
+                .filter_map(|(user, cap)| cap.map(|cap| Op::SetCap { user, cap }))
+                .collect();
+            all.extend(ops);
+            all
+        })
+        .boxed()
+}
+
+/// The steps that matter once leases have expired: listing, abandoning and
+/// claiming orphans.
+fn recovery_op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (prop::option::of(user()), prop::option::of(0u8..6), prop::bool::weighted(0.1))
+            .prop_map(|(user, turn, aged)| Op::Orphans { user, turn, aged }),
+        2 => (0u8..4).prop_map(|orphan| Op::Abandon { orphan }),
+        2 => (0u8..6).prop_map(|turn| Op::ClaimOrphan { turn }),
+    ]
+}
+
+// Mostly user 0, so one user holds both sessions and meets its cap; user 1
+// mostly finds user 0's sessions not its own.
+fn begin_op() -> impl Strategy<Value = Op> {
+    (user(), 0u8..2, 0u8..3, 0u8..2).prop_map(|(user, session, request, payload)| Op::Begin {
+        user,
+        session,
+        request,
+        payload,
     })
 }
 
-fn op() -> impl Strategy<Value = Op> {
+fn confirm_op() -> impl Strategy<Value = Op> {
+    (user(), 0u8..2, 0u8..3, 0u8..6, any::<bool>()).prop_map(
+        |(user, session, request, target, approve)| Op::Confirm {
+            user,
+            session,
+            request,
+            target,
+            approve,
+        },
+    )
+}
+
+fn claim_op() -> impl Strategy<Value = Op> {
+    (lease_sel(), 0u8..2, 0u8..2).prop_map(|(lease, tool, args)| Op::Claim { lease, tool, args })
+}
+
+fn complete_op() -> impl Strategy<Value = Op> {
+    (lease_sel(), 0u8..6, 0u8..2).prop_map(|(lease, exec, result)| Op::Complete {
+        lease,
+        exec,
+        result,
+    })
+}
+
+fn effect_op() -> impl Strategy<Value = Op> {
+    (lease_sel(), 0u8..6, 0u8..3, prop::bool::weighted(0.3)).prop_map(
+        |(lease, exec, amount, fail)| Op::CompleteEffect {
+            lease,
+            exec,
+            amount,
+            fail,
+        },
+    )
+}
+
+fn end_op() -> impl Strategy<Value = Op> {
     let end = prop_oneof![
         2 => (0u8..2).prop_map(EndKind::Succeed),
         2 => any::<bool>().prop_map(|retryable| EndKind::Fail { retryable }),
         1 => (0u8..2).prop_map(EndKind::AwaitConfirmation),
     ];
+    (lease_sel(), end).prop_map(|(lease, how)| Op::End { lease, how })
+}
+
+fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         // First, so shrinking replaces the steps a failure does not need.
         1 => Just(Op::Idle),
-        // Mostly user 0, so one user holds both sessions and meets its cap;
-        // user 1 mostly finds user 0's sessions not its own.
-        6 => (user(), 0u8..2, 0u8..3, 0u8..2).prop_map(|(user, session, request, payload)| {
-            Op::Begin { user, session, request, payload }
-        }),
+        6 => begin_op(),
         3 => Just(Op::Repeat),
-        1 => (user(), 0u8..2, 0u8..3, 0u8..6, any::<bool>()).prop_map(
-            |(user, session, request, target, approve)| Op::Confirm {
-                user, session, request, target, approve
-            }
-        ),
+        1 => confirm_op(),
         1 => (0u8..2, prop::option::of(1u32..=2)).prop_map(|(user, cap)| Op::SetCap { user, cap }),
         2 => lease_sel().prop_map(|lease| Op::Heartbeat { lease }),
-        5 => (lease_sel(), 0u8..2, 0u8..2).prop_map(|(lease, tool, args)| Op::Claim { lease, tool, args }),
-        4 => (lease_sel(), 0u8..6, 0u8..2).prop_map(|(lease, exec, result)| Op::Complete { lease, exec, result }),
+        5 => claim_op(),
+        4 => complete_op(),
+        2 => effect_op(),
         2 => (lease_sel(), 0u8..6).prop_map(|(lease, exec)| Op::FailTool { lease, exec }),
-        4 => (lease_sel(), end).prop_map(|(lease, how)| Op::End { lease, how }),
+        4 => end_op(),
         1 => (0u8..6).prop_map(|turn| Op::ViewTurn { turn }),
         1 => (0u8..2).prop_map(|session| Op::ViewSession { session }),
         1 => (0u8..2).prop_map(|user| Op::ViewUser { user }),
+        1 => Just(Op::RunOutAttempts),
     ]
 }
 
-fn config(expiry: bool) -> Config {
-    if expiry {
-        Config {
+fn config(kind: Kind) -> Config {
+    match kind {
+        Kind::Steady => Config {
+            lease_ttl: LEASE_TTL,
+            max_turns_per_user: DEFAULT_CAP,
+            ..Config::default()
+        },
+        Kind::Expiry => Config {
             lease_ttl: SHORT_TTL,
             max_turns_per_user: DEFAULT_CAP,
             // No sweeper may abandon an orphan within a case: the oracle
             // has none running.
             orphan_grace: agentgate::limits::MAX_ORPHAN_GRACE,
             ..Config::default()
-        }
-    } else {
-        Config {
-            lease_ttl: LEASE_TTL,
+        },
+        Kind::Retention => Config {
+            lease_ttl: RETENTION_TTLS,
             max_turns_per_user: DEFAULT_CAP,
+            confirmation_ttl: RETENTION_TTLS,
+            result_retention: RETENTION_TTLS,
+            orphan_grace: RETENTION_TTLS,
+            // Sweeps are the case's own steps: the gate's background
+            // sweeper never runs within one.
+            sweep_interval: agentgate::limits::MAX_RETENTION,
             ..Config::default()
-        }
+        },
     }
 }
 
@@ -263,12 +507,23 @@ struct Side {
     grants: Vec<LeaseRef>,
     /// The latest begin command, for [`Op::Repeat`].
     last_begin: Option<BeginCommand>,
+    /// The latest orphan listing, by role, for [`Op::Abandon`].
+    last_orphans: Vec<Orphan>,
+    /// The fingerprint of the begin that created each turn: what an orphan
+    /// listing must show. (Not compared across stores: a confirmation's
+    /// fingerprint covers the confirmed turn's id, which differs.)
+    fingerprints: HashMap<String, String>,
+    /// Where the store's same-transaction effects land.
+    ledger: Ledger,
 }
 
 impl Side {
-    fn new(store: Arc<dyn Store>) -> Self {
+    fn new(store: Arc<dyn Store>, ledger: Ledger) -> Self {
         Self {
             store,
+            last_orphans: Vec::new(),
+            fingerprints: HashMap::new(),
+            ledger,
             turns: HashMap::new(),
             turn_ids: Vec::new(),
             execs: HashMap::new(),
@@ -376,6 +631,36 @@ impl Side {
         )
     }
 
+    /// A listing of orphans, by role; kept for [`Op::Abandon`].
+    fn orphans(&mut self, found: Vec<Orphan>) -> String {
+        let mut listed: Vec<(String, String, Orphan)> = Vec::new();
+        for orphan in found {
+            let turn = self.turn(orphan.turn_id.as_str());
+            let fence = self.fence(orphan.fence.0);
+            let line = format!(
+                "{turn} {}/{}/{} attempt {} {fence} payload {} fingerprint_ok {} superseded {} age_ok {}",
+                orphan.session_id,
+                orphan.user_id,
+                orphan.client_request_id,
+                orphan.attempt,
+                orphan.payload.as_ref().map_or("-", |p| p.as_str()),
+                self.fingerprints.get(orphan.turn_id.as_str()).map(String::as_str)
+                    == Some(orphan.fingerprint.as_hex()),
+                orphan.superseded,
+                orphan.orphaned_for_ms >= 0,
+            );
+            listed.push((turn, line, orphan));
+        }
+        listed.sort_by(|a, b| (a.0.len(), &a.0).cmp(&(b.0.len(), &b.0)));
+        let lines: Vec<String> = listed.iter().map(|(_, line, _)| line.clone()).collect();
+        self.last_orphans = listed.into_iter().map(|(_, _, orphan)| orphan).collect();
+        if lines.is_empty() {
+            "orphans: none".to_owned()
+        } else {
+            format!("orphans: {lines:?}")
+        }
+    }
+
     /// The lease a step carries (see [`LeaseSel`]), `None` before any grant.
     fn lease(&self, sel: LeaseSel, of_turn: Option<&TurnId>) -> Option<LeaseRef> {
         if sel == 0 {
@@ -405,6 +690,127 @@ impl Side {
     }
 }
 
+/// Where a side's same-transaction effects land: the simulated store's
+/// committed effects, or the real store's ledger table
+/// (`agentgate_conformance::ledger`).
+enum Ledger {
+    Sim(Arc<SimStore>),
+    Sql(String),
+}
+
+/// The ledger rows the case `prefix` booked, sorted.
+async fn booked(ledger: &Ledger, prefix: &str) -> Vec<(String, i64)> {
+    let mut rows: Vec<(String, i64)> = match ledger {
+        Ledger::Sim(sim) => sim
+            .effects()
+            .iter()
+            .map(|row| {
+                (
+                    row["entry_key"].as_str().unwrap_or("?").to_owned(),
+                    row["amount"].as_i64().unwrap_or(-1),
+                )
+            })
+            .collect(),
+        Ledger::Sql(url) => sql_booked(url, &format!("{prefix}/%")).await,
+    };
+    rows.sort();
+    rows
+}
+
+async fn sql_booked(url: &str, like: &str) -> Vec<(String, i64)> {
+    let sql = "SELECT entry_key, amount FROM conformance_ledger WHERE entry_key LIKE ?";
+    let rows = match url.split(':').next().unwrap_or_default() {
+        "sqlite" => {
+            let mut conn = sqlx::SqliteConnection::connect(url).await.expect("connect");
+            sqlx::query_as(sql).bind(like).fetch_all(&mut conn).await
+        }
+        "postgres" | "postgresql" => {
+            let mut conn = sqlx::PgConnection::connect(url).await.expect("connect");
+            sqlx::query_as(
+                "SELECT entry_key, amount FROM conformance_ledger WHERE entry_key LIKE $1",
+            )
+            .bind(like)
+            .fetch_all(&mut conn)
+            .await
+        }
+        "mysql" | "mariadb" => {
+            // The test database's default character set is binary: the key
+            // reads back as bytes.
+            let mut conn = sqlx::MySqlConnection::connect(url).await.expect("connect");
+            sqlx::query_as::<_, (Vec<u8>, i64)>(sql)
+                .bind(like)
+                .fetch_all(&mut conn)
+                .await
+                .map(|rows| {
+                    rows.into_iter()
+                        .map(|(key, amount)| (String::from_utf8_lossy(&key).into_owned(), amount))
+                        .collect()
+                })
+        }
+        other => panic!("no ledger for store scheme {other}"),
+    };
+    rows.unwrap_or_else(|e| panic!("read the ledger: {e}"))
+}
+
+/// A tool's effect in the store's own transaction: one ledger row, then,
+/// with `fail_after`, an error (so the row must be rolled back with the
+/// success mark).
+struct Booking {
+    entry_key: String,
+    amount: i64,
+    fail_after: bool,
+}
+
+impl SqlEffect for Booking {
+    fn apply<'a>(
+        &'a mut self,
+        connection: &'a mut (dyn Any + Send),
+    ) -> BoxFuture<'a, Result<Value, BoxError>> {
+        Box::pin(async move {
+            let insert = "INSERT INTO conformance_ledger (entry_key, amount) VALUES (?, ?)";
+            if connection.is::<SimConnection>() {
+                let sim = connection
+                    .downcast_mut::<SimConnection>()
+                    .expect("checked by is::<SimConnection>()");
+                sim.write(json!({ "entry_key": self.entry_key, "amount": self.amount }));
+            } else if connection.is::<sqlx::SqliteConnection>() {
+                let conn = connection
+                    .downcast_mut::<sqlx::SqliteConnection>()
+                    .expect("checked by is::<SqliteConnection>()");
+                sqlx::query(insert)
+                    .bind(&self.entry_key)
+                    .bind(self.amount)
+                    .execute(conn)
+                    .await?;
+            } else if connection.is::<sqlx::PgConnection>() {
+                let conn = connection
+                    .downcast_mut::<sqlx::PgConnection>()
+                    .expect("checked by is::<PgConnection>()");
+                sqlx::query("INSERT INTO conformance_ledger (entry_key, amount) VALUES ($1, $2)")
+                    .bind(&self.entry_key)
+                    .bind(self.amount)
+                    .execute(conn)
+                    .await?;
+            } else if connection.is::<sqlx::MySqlConnection>() {
+                let conn = connection
+                    .downcast_mut::<sqlx::MySqlConnection>()
+                    .expect("checked by is::<MySqlConnection>()");
+                sqlx::query(insert)
+                    .bind(&self.entry_key)
+                    .bind(self.amount)
+                    .execute(conn)
+                    .await?;
+            } else {
+                return Err("a connection the oracle's effect does not know".into());
+            }
+            if self.fail_after {
+                return Err("the effect failed after its write".into());
+            }
+            Ok(json!({ "booked": self.entry_key, "amount": self.amount }))
+        })
+    }
+}
+
 /// A case's ids: its own users and sessions, so cases share one real store.
 struct Names {
     prefix: String,
@@ -426,6 +832,9 @@ async fn begin(side: &mut Side, command: &BeginCommand) -> String {
     side.last_begin = Some(command.clone());
     match side.store.begin(command).await {
         Ok(BeginOutcome::Started(grant)) => {
+            side.fingerprints
+                .entry(grant.turn_id.as_str().to_owned())
+                .or_insert_with(|| command.fingerprint.as_hex().to_owned());
             let turn = side.turn(grant.turn_id.as_str());
             let fence = side.fence(grant.fence.0);
             let confirmation = side.confirmation(grant.confirmation.as_ref());
@@ -616,7 +1025,175 @@ async fn apply(side: &mut Side, names: &Names, op: &Op) -> String {
         }
         Op::ViewSession { session } => session_view(side, &names.session(*session)).await,
         Op::ViewUser { user } => user_view(side, &names.user(*user)).await,
+        Op::Orphans { user, turn, aged } => {
+            Box::pin(list_orphans(side, names, *user, *turn, *aged)).await
+        }
+        Op::Abandon { orphan } => {
+            if side.last_orphans.is_empty() {
+                return "skipped: no orphan listed".to_owned();
+            }
+            let orphan = side.last_orphans[usize::from(*orphan) % side.last_orphans.len()].clone();
+            let turn = side.turn(orphan.turn_id.as_str());
+            match side.store.abandon(&orphan).await {
+                Ok(done) => format!("abandoned {done} {turn}"),
+                Err(error) => side.error(&error),
+            }
+        }
+        Op::ClaimOrphan { turn } => Box::pin(claim_orphan(side, names, *turn)).await,
+        Op::CompleteEffect {
+            lease,
+            exec,
+            amount,
+            fail,
+        } => {
+            let Some((execution_id, turn_id)) = side.exec_by_role(*exec) else {
+                return "skipped: no execution yet".to_owned();
+            };
+            let Some(lease) = side.lease(*lease, Some(&turn_id)) else {
+                return NO_LEASE.to_owned();
+            };
+            let role = side.execs[execution_id.as_str()];
+            let mut booking = Booking {
+                entry_key: format!("{}/E{role}", names.prefix),
+                amount: i64::from(*amount),
+                fail_after: *fail,
+            };
+            let answer = match side
+                .store
+                .complete_tool(&lease, &execution_id, Completion::Effect(&mut booking))
+                .await
+            {
+                Ok(stored) => format!("booked {}", canon(&stored)),
+                Err(error) => side.error(&error),
+            };
+            let ledger = booked(&side.ledger, &names.prefix).await;
+            format!("{answer} ledger {ledger:?}")
+        }
+        Op::RunOutAttempts => Box::pin(run_out_attempts(side)).await,
+        Op::Sweep => match side.store.sweep().await {
+            Ok(report) => format!(
+                "swept abandoned {} turns {} executions {} sessions {}",
+                report.abandoned, report.turns, report.executions, report.sessions
+            ),
+            Err(error) => side.error(&error),
+        },
     }
+}
+
+/// The orphans of the case's users (or of `user`), of one turn or any.
+async fn list_orphans(
+    side: &mut Side,
+    names: &Names,
+    user: Option<u8>,
+    turn: Option<u8>,
+    aged: bool,
+) -> String {
+    let user_ids = match user {
+        Some(user) => vec![names.user(user)],
+        None => vec![names.user(0), names.user(1)],
+    };
+    let turn_ids = match turn {
+        None => Vec::new(),
+        Some(role) => match side.turn_by_role(role) {
+            Some(turn_id) => vec![turn_id],
+            None => return "skipped: no turn yet".to_owned(),
+        },
+    };
+    let filter = OrphanFilter {
+        min_orphaned_ms: if aged { 3_600_000 } else { 0 },
+        user_ids,
+        turn_ids,
+    };
+    match side
+        .store
+        .orphans(&filter, agentgate::limits::MAX_ORPHAN_SCAN)
+        .await
+    {
+        Ok(found) => side.orphans(found),
+        Err(error) => side.error(&error),
+    }
+}
+
+/// A recovery worker's claim of one turn of the case.
+async fn claim_orphan(side: &mut Side, names: &Names, turn: u8) -> String {
+    let Some(turn_id) = side.turn_by_role(turn) else {
+        return "skipped: no turn yet".to_owned();
+    };
+    let filter = OrphanFilter {
+        min_orphaned_ms: 0,
+        user_ids: vec![names.user(0), names.user(1)],
+        turn_ids: vec![turn_id],
+    };
+    let claimed = match side.store.claim_orphan(&filter).await {
+        Ok(None) => return "claimed none".to_owned(),
+        Ok(Some(claimed)) => claimed,
+        Err(error) => return side.error(&error),
+    };
+    let grant = &claimed.grant;
+    let turn = side.turn(grant.turn_id.as_str());
+    let fence = side.fence(grant.fence.0);
+    let confirmation = side.confirmation(grant.confirmation.as_ref());
+    side.grants.push(LeaseRef {
+        turn_id: grant.turn_id.clone(),
+        token: grant.lease_token.clone(),
+    });
+    let mut journal = Vec::new();
+    for entry in &claimed.journal {
+        let exec = side.exec(entry.execution_id.as_str(), &grant.turn_id);
+        let outcome = serde_json::to_string(&entry.outcome).unwrap_or_default();
+        journal.push(format!(
+            "{exec} {} attempt {} {outcome}",
+            entry.tool, entry.attempt
+        ));
+    }
+    journal.sort();
+    format!(
+        "claimed {turn} {fence} attempt {} takeover {} lease_live {} confirmation {confirmation} \
+         payload {} journal {journal:?}",
+        grant.attempt,
+        grant.takeover,
+        grant.lease_expires_in_ms > 0,
+        canon(&claimed.payload),
+    )
+}
+
+/// [`Op::RunOutAttempts`]: fail the latest grant retryably, repeat the
+/// latest begin, until either does something else or the turn runs its
+/// last attempt (`MAX_TURN_ATTEMPTS`): its next repeat, or a recovery
+/// worker's claim once it is orphaned, finds its attempts exhausted.
+async fn run_out_attempts(side: &mut Side) -> String {
+    let mut answers: Vec<String> = Vec::new();
+    for _ in 0..agentgate::limits::MAX_TURN_ATTEMPTS {
+        let (Some(lease), Some(command)) = (side.grants.last().cloned(), side.last_begin.clone())
+        else {
+            answers.push("skipped: no begin yet".to_owned());
+            break;
+        };
+        let ending = Ending::Fail {
+            error: valid(CanonicalJson::new(
+                "error",
+                &json!({ "code": "turn_broke" }),
+            )),
+            retryable: true,
+        };
+        let ended = match side.store.end_turn(&lease, &ending).await {
+            Ok(view) => format!("ended {}", side.turn_view(&view)),
+            Err(error) => side.error(&error),
+        };
+        let go_on = ended.starts_with("ended");
+        answers.push(ended);
+        if !go_on {
+            break;
+        }
+        let again = begin(side, &command).await;
+        let last = format!(" attempt {} ", agentgate::limits::MAX_TURN_ATTEMPTS);
+        let go_on = again.starts_with("started") && !again.contains(&last);
+        answers.push(again);
+        if !go_on {
+            break;
+        }
+    }
+    format!("ran {} steps: {}", answers.len(), answers.join(" | "))
 }
 
 async fn session_view(side: &mut Side, session_id: &SessionId) -> String {
@@ -713,10 +1290,32 @@ async fn snapshot(side: &mut Side, names: &Names) -> String {
 /// Runs `ops` on a fresh oracle and on `real`; the first difference, if any.
 /// What kind of answer `answer` is, for the printed tally of what the cases
 /// covered: `started` (or `restarted`), `replay`, `execute`, an error code…
-fn kind(answer: &str) -> String {
+fn answer_kind(answer: &str) -> String {
     let mut words = answer.split([' ', '(']);
     match words.next().unwrap_or_default() {
         "error" => words.next().unwrap_or_default().to_owned(),
+        "ran" => format!(
+            "ran out: {}",
+            answer_kind(
+                answer
+                    .split_once(" steps: ")
+                    .map_or("", |(_, steps)| steps)
+                    .rsplit(" | ")
+                    .next()
+                    .unwrap_or_default()
+            )
+        ),
+        "orphans:" if answer == "orphans: none" => "orphans none".to_owned(),
+        "orphans:" => "orphans listed".to_owned(),
+        "abandoned" => answer.split(' ').take(2).collect::<Vec<_>>().join(" "),
+        "claimed" if answer == "claimed none" => "claimed none".to_owned(),
+        "swept"
+            if answer.ends_with(" turns 0 executions 0 sessions 0")
+                && answer.contains("abandoned 0 ") =>
+        {
+            "swept nothing".to_owned()
+        }
+        "swept" => "swept".to_owned(),
         "started" if answer.contains(" takeover true ") => "takeover".to_owned(),
         "started" if !answer.contains(" attempt 1 ") => "restarted".to_owned(),
         "execute" if answer.contains("Some(\"unknown\")") => "re-execute unknown".to_owned(),
@@ -750,37 +1349,81 @@ enum Failure {
     TooSlow(usize),
 }
 
+/// A real store opened for the oracle: its gate, its ledger table.
+struct Opened {
+    store: Arc<dyn Store>,
+    ledger_url: String,
+    /// Orphan age on the store: from the lease's expiry, or from the first
+    /// listing where a lease layer keeps no expiry in the rows.
+    orphan_clock: OrphanClock,
+    _gate: agentgate::Gate,
+    _target: Target,
+}
+
+async fn open(target: Target, kind: Kind) -> Opened {
+    let gate = target.gate(config(kind)).await;
+    // After the gate: it creates the SQLite file the ledger goes in.
+    agentgate_conformance::ledger::prepare(&target.store_url).await;
+    Opened {
+        store: Arc::clone(gate.store()),
+        ledger_url: target.store_url.clone(),
+        orphan_clock: if target.redis_url.is_some() {
+            OrphanClock::FirstListed
+        } else {
+            OrphanClock::LeaseExpiry
+        },
+        _gate: gate,
+        _target: target,
+    }
+}
+
+/// Runs `ops` on a fresh oracle and on `real`: each step's answers, or
+/// why not. The first `prelude` steps are not bound in time and the first
+/// segment's clock starts after them: only for a prelude whose one live
+/// lease the next step renews (a turn run out of its attempts, which takes
+/// some thirty steps).
 async fn run_case(
-    real: &Arc<dyn Store>,
+    real: &Opened,
     prefix: String,
     ops: &[Op],
-    expiry: bool,
+    kind: Kind,
+    prelude: usize,
 ) -> Result<Vec<String>, Failure> {
-    let oracle: Arc<dyn Store> = Arc::new(SimStore::new(
-        config(expiry),
-        Clock::start(),
-        History::default(),
-        Mutation::None,
-    ));
+    let sim = Arc::new(
+        SimStore::new(
+            config(kind),
+            Clock::start(),
+            History::default(),
+            Mutation::None,
+        )
+        .with_orphan_clock(real.orphan_clock),
+    );
+    let oracle: Arc<dyn Store> = Arc::clone(&sim) as Arc<dyn Store>;
     let names = Names { prefix };
-    let mut want = Side::new(oracle);
-    let mut got = Side::new(Arc::clone(real));
+    let mut want = Side::new(oracle, Ledger::Sim(sim));
+    let mut got = Side::new(
+        Arc::clone(&real.store),
+        Ledger::Sql(real.ledger_url.clone()),
+    );
     let mut kinds = Vec::new();
     let mut segment = Instant::now();
     let in_bound = |segment: Instant, i: usize| {
-        if expiry && segment.elapsed() > SEGMENT_BOUND {
+        if kind.timed() && i >= prelude && segment.elapsed() > kind.bound() {
             Err(Failure::TooSlow(i))
         } else {
             Ok(())
         }
     };
     for (i, op) in ops.iter().enumerate() {
-        if matches!(op, Op::Sleep) {
-            tokio::time::sleep(SLEEP).await;
+        if i == prelude {
             segment = Instant::now();
         }
-        let expected = apply(&mut want, &names, op).await;
-        let actual = apply(&mut got, &names, op).await;
+        if matches!(op, Op::Sleep) {
+            tokio::time::sleep(kind.sleep()).await;
+            segment = Instant::now();
+        }
+        let expected = Box::pin(apply(&mut want, &names, op)).await;
+        let actual = Box::pin(apply(&mut got, &names, op)).await;
         in_bound(segment, i)?;
         if expected != actual {
             return Err(Failure::Differ(
@@ -788,15 +1431,15 @@ async fn run_case(
                 format!("step {i} answered differently\n  decide: {expected}\n  store:  {actual}"),
             ));
         }
-        kinds.push(kind(&expected));
+        kinds.push(answer_kind(&expected));
         if matches!(
             op,
             Op::Idle | Op::ViewTurn { .. } | Op::ViewSession { .. } | Op::ViewUser { .. }
         ) {
             continue;
         }
-        let expected = snapshot(&mut want, &names).await;
-        let actual = snapshot(&mut got, &names).await;
+        let expected = Box::pin(snapshot(&mut want, &names)).await;
+        let actual = Box::pin(snapshot(&mut got, &names)).await;
         in_bound(segment, i)?;
         if expected != actual {
             return Err(Failure::Differ(
@@ -810,11 +1453,11 @@ async fn run_case(
     Ok(kinds)
 }
 
-fn cases(expiry: bool) -> u32 {
-    let (var, default) = if expiry {
-        ("AGENTGATE_ORACLE_EXPIRY_CASES", DEFAULT_EXPIRY_CASES)
-    } else {
-        ("AGENTGATE_ORACLE_CASES", DEFAULT_CASES)
+fn cases(kind: Kind) -> u32 {
+    let (var, default) = match kind {
+        Kind::Steady => ("AGENTGATE_ORACLE_CASES", DEFAULT_CASES),
+        Kind::Expiry => ("AGENTGATE_ORACLE_EXPIRY_CASES", DEFAULT_EXPIRY_CASES),
+        Kind::Retention => ("AGENTGATE_ORACLE_RETENTION_CASES", DEFAULT_RETENTION_CASES),
     };
     std::env::var(var).ok().map_or(default, |n| {
         n.parse().unwrap_or_else(|e| panic!("{var}={n:?}: {e}"))
@@ -822,10 +1465,12 @@ fn cases(expiry: bool) -> u32 {
 }
 
 /// Runs the generated cases on the store `make` opens (skipping when its
-/// server is absent, as the conformance targets do).
-fn differential<F, Fut>(make: F, expiry: bool)
+/// server is absent, as the conformance targets do): one store for every
+/// case, except that each retention case gets a fresh one (a sweep counts
+/// and deletes every old enough row of the store, not only the case's).
+fn differential<F, Fut>(make: F, kind: Kind)
 where
-    F: FnOnce() -> Fut,
+    F: Fn() -> Fut,
     Fut: Future<Output = Option<Target>>,
 {
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -836,10 +1481,9 @@ where
         return;
     };
     let name = target.name;
-    let gate = runtime.block_on(target.gate(config(expiry)));
-    let real = Arc::clone(gate.store());
+    let shared = runtime.block_on(open(target, kind));
     let mut runner = TestRunner::new(ProptestConfig {
-        cases: cases(expiry),
+        cases: cases(kind),
         failure_persistence: None,
         max_shrink_iters: MAX_SHRINK_ITERS,
         // An expiry case sleeps: bound the shrinking by time as well.
@@ -850,43 +1494,48 @@ where
     let numbered = std::cell::Cell::new(0u32);
     let tally = std::cell::RefCell::new(BTreeMap::<String, u32>::new());
     let too_slow = std::cell::Cell::new(0u32);
-    let outcome = runner.run(&case(expiry), |ops| {
+    let outcome = runner.run(&case(kind), |ops| {
         numbered.set(numbered.get() + 1);
         let prefix = format!("oracle{}", numbered.get());
-        let kinds = runtime
-            .block_on(run_case(&real, prefix, &ops, expiry))
-            .map_err(|failure| match failure {
-                Failure::TooSlow(step) => {
-                    too_slow.set(too_slow.get() + 1);
-                    TestCaseError::reject(format!("segment over {SEGMENT_BOUND:?} at step {step}"))
-                }
-                Failure::Differ(step, difference) => {
-                    // The steps up to the first difference: the rest never ran.
-                    let steps: String = ops[..=step]
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, op)| !matches!(op, Op::Idle))
-                        .map(|(i, op)| format!("  {i}: {op:?}\n"))
-                        .collect();
-                    TestCaseError::fail(format!("{difference}\nsteps:\n{steps}"))
-                }
-            })?;
+        let fresh = (kind == Kind::Retention).then(|| {
+            runtime.block_on(async {
+                let target = make()
+                    .await
+                    .unwrap_or_else(|| panic!("{name} answered a moment ago"));
+                open(target, kind).await
+            })
+        });
+        let real = fresh.as_ref().unwrap_or(&shared);
+        let ran = runtime.block_on(Box::pin(run_case(real, prefix, &ops, kind, 0)));
+        runtime.block_on(async move { drop(fresh) });
+        let kinds = ran.map_err(|failure| match failure {
+            Failure::TooSlow(step) => {
+                too_slow.set(too_slow.get() + 1);
+                TestCaseError::reject(format!("segment over {:?} at step {step}", kind.bound()))
+            }
+            Failure::Differ(step, difference) => {
+                // The steps up to the first difference: the rest never ran.
+                let steps: String = ops[..=step]
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, op)| !matches!(op, Op::Idle))
+                    .map(|(i, op)| format!("  {i}: {op:?}\n"))
+                    .collect();
+                TestCaseError::fail(format!("{difference}\nsteps:\n{steps}"))
+            }
+        })?;
         let mut tally = tally.borrow_mut();
         for kind in kinds {
             *tally.entry(kind).or_default() += 1;
         }
         Ok(())
     });
-    runtime.block_on(async move {
-        drop(real);
-        drop(gate);
-        drop(target);
-    });
+    runtime.block_on(async move { drop(shared) });
     match outcome {
         Ok(()) => println!(
             "{name}{}: {} cases agree with decide in {:.1}s ({} rejected as too slow); answers compared: {:?}",
-            if expiry { " (lease expiry)" } else { "" },
-            cases(expiry),
+            kind.label(),
+            cases(kind),
             started.elapsed().as_secs_f64(),
             too_slow.get(),
             tally.borrow()
@@ -900,62 +1549,92 @@ where
 
 #[test]
 fn sqlite_agrees_with_decide() {
-    differential(targets::sqlite, false);
+    differential(targets::sqlite, Kind::Steady);
 }
 
 #[test]
 fn sqlite_with_redis_agrees_with_decide() {
-    differential(targets::sqlite_redis, false);
+    differential(targets::sqlite_redis, Kind::Steady);
 }
 
 #[test]
 fn postgres_agrees_with_decide() {
-    differential(targets::postgres, false);
+    differential(targets::postgres, Kind::Steady);
 }
 
 #[test]
 fn postgres_with_redis_agrees_with_decide() {
-    differential(targets::postgres_redis, false);
+    differential(targets::postgres_redis, Kind::Steady);
 }
 
 #[test]
 fn mysql_agrees_with_decide() {
-    differential(targets::mysql, false);
+    differential(targets::mysql, Kind::Steady);
 }
 
 #[test]
 fn mysql_with_redis_agrees_with_decide() {
-    differential(targets::mysql_redis, false);
+    differential(targets::mysql_redis, Kind::Steady);
 }
 
 #[test]
 fn sqlite_agrees_with_decide_across_lease_expiry() {
-    differential(targets::sqlite, true);
+    differential(targets::sqlite, Kind::Expiry);
 }
 
 #[test]
 fn sqlite_with_redis_agrees_with_decide_across_lease_expiry() {
-    differential(targets::sqlite_redis, true);
+    differential(targets::sqlite_redis, Kind::Expiry);
 }
 
 #[test]
 fn postgres_agrees_with_decide_across_lease_expiry() {
-    differential(targets::postgres, true);
+    differential(targets::postgres, Kind::Expiry);
 }
 
 #[test]
 fn postgres_with_redis_agrees_with_decide_across_lease_expiry() {
-    differential(targets::postgres_redis, true);
+    differential(targets::postgres_redis, Kind::Expiry);
 }
 
 #[test]
 fn mysql_agrees_with_decide_across_lease_expiry() {
-    differential(targets::mysql, true);
+    differential(targets::mysql, Kind::Expiry);
 }
 
 #[test]
 fn mysql_with_redis_agrees_with_decide_across_lease_expiry() {
-    differential(targets::mysql_redis, true);
+    differential(targets::mysql_redis, Kind::Expiry);
+}
+
+#[test]
+fn sqlite_agrees_with_decide_across_retention() {
+    differential(targets::sqlite, Kind::Retention);
+}
+
+#[test]
+fn sqlite_with_redis_agrees_with_decide_across_retention() {
+    differential(targets::sqlite_redis, Kind::Retention);
+}
+
+#[test]
+fn postgres_agrees_with_decide_across_retention() {
+    differential(targets::postgres, Kind::Retention);
+}
+
+#[test]
+fn postgres_with_redis_agrees_with_decide_across_retention() {
+    differential(targets::postgres_redis, Kind::Retention);
+}
+
+#[test]
+fn mysql_agrees_with_decide_across_retention() {
+    differential(targets::mysql, Kind::Retention);
+}
+
+#[test]
+fn mysql_with_redis_agrees_with_decide_across_retention() {
+    differential(targets::mysql_redis, Kind::Retention);
 }
 
 /// The first difference this test found (a store bug, fixed by keeping a
@@ -1003,12 +1682,184 @@ fn a_continuation_awaiting_confirmation_shows_its_own_pending() {
             targets::mysql_redis().await,
         ];
         for target in all.into_iter().flatten() {
-            let gate = target.gate(config(false)).await;
+            let name = target.name;
+            let opened = open(target, Kind::Steady).await;
             if let Err(Failure::Differ(_, difference)) =
-                run_case(gate.store(), "fixed".to_owned(), &ops, false).await
+                run_case(&opened, "fixed".to_owned(), &ops, Kind::Steady, 0).await
             {
-                panic!("{} differs from decide's oracle: {difference}", target.name);
+                panic!("{name} differs from decide's oracle: {difference}");
             }
         }
+    });
+}
+
+/// The fixed timed case's untimed prelude (see [`run_case`]): T0 begins
+/// and runs out of attempts (its last attempt running).
+const PRELUDE: usize = 2;
+
+/// One timed case, the same on every store (all six at once, each on a
+/// fresh store, so the sleep is paid once), that reaches for certain what
+/// the generated retention cases reach by chance.
+///
+/// Prelude: T0 fails and restarts until it runs its last attempt. Before
+/// the sleep: T0 renews its lease and claims tools, and one effect fails
+/// after its write (rolled back); T1 books a ledger row in its own
+/// transaction and awaits a confirmation; T2 and T3 (another user) start,
+/// T2 claims a tool; then T0, T2, T3 stop heartbeating. No orphan yet, and
+/// a sweep deletes nothing.
+///
+/// After the sleep: the late approval of T1 finds no pending confirmation,
+/// and T1's own repeat replays it; the listing shows T0, T2, T3; claiming
+/// T0 finds its attempts exhausted (recorded failed, nothing claimed);
+/// claiming T2 resumes it (its journal: an interrupted execution);
+/// abandoning T2 from the stale listing does nothing; the sweep deletes T1,
+/// its execution and its idle session, and abandons T3 where its grace ran
+/// out since its lease expired (not where a lease layer first saw it
+/// unheld in this segment); T2 re-executes its interrupted tool and ends;
+/// a new turn starts on the swept session.
+#[test]
+fn expiry_confirmation_orphans_and_sweep_agree_on_every_store() {
+    let begin = |user, session, request, payload| Op::Begin {
+        user,
+        session,
+        request,
+        payload,
+    };
+    let claim = |tool, args| Op::Claim {
+        lease: 0,
+        tool,
+        args,
+    };
+    let listing = Op::Orphans {
+        user: None,
+        turn: None,
+        aged: false,
+    };
+    let ops = vec![
+        begin(0, 1, 1, 0),
+        Op::RunOutAttempts,
+        Op::Heartbeat { lease: 0 },
+        claim(1, 0),
+        claim(0, 1),
+        Op::CompleteEffect {
+            lease: 0,
+            exec: 1,
+            amount: 1,
+            fail: true,
+        },
+        begin(0, 0, 0, 0),
+        claim(0, 0),
+        Op::CompleteEffect {
+            lease: 0,
+            exec: 2,
+            amount: 2,
+            fail: false,
+        },
+        Op::End {
+            lease: 0,
+            how: EndKind::AwaitConfirmation(0),
+        },
+        begin(1, 2, 0, 1),
+        claim(1, 1),
+        begin(1, 3, 1, 1),
+        listing.clone(),
+        Op::Sweep,
+        Op::Sleep,
+        Op::Confirm {
+            user: 0,
+            session: 0,
+            request: 2,
+            target: 1,
+            approve: true,
+        },
+        begin(0, 0, 0, 0),
+        listing,
+        Op::ClaimOrphan { turn: 0 },
+        Op::ClaimOrphan { turn: 2 },
+        Op::Abandon { orphan: 1 },
+        Op::Sweep,
+        claim(1, 1),
+        Op::Complete {
+            lease: 0,
+            exec: 3,
+            result: 1,
+        },
+        Op::End {
+            lease: 0,
+            how: EndKind::Succeed(1),
+        },
+        begin(0, 0, 2, 1),
+    ];
+    let threads: Vec<_> = (0..6)
+        .map(|n| {
+            let ops = ops.clone();
+            std::thread::spawn(move || fixed_timed_case(n, &ops))
+        })
+        .collect();
+    let mut failures = Vec::new();
+    for thread in threads {
+        if let Err(panic) = thread.join() {
+            let message = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_default();
+            failures.push(message);
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// Tries at most this many times a timed fixed case whose segment ran over
+/// [`RETENTION_SEGMENT_BOUND`] (a loaded machine), each on a fresh store.
+const FIXED_TRIES: u32 = 3;
+
+/// Runs `ops` as a retention case on the `n`-th target, on fresh stores.
+fn fixed_timed_case(n: usize, ops: &[Op]) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("runtime: {e}"));
+    runtime.block_on(async {
+        for _ in 0..FIXED_TRIES {
+            let target = match n {
+                0 => targets::sqlite().await,
+                1 => targets::sqlite_redis().await,
+                2 => targets::postgres().await,
+                3 => targets::postgres_redis().await,
+                4 => targets::mysql().await,
+                _ => targets::mysql_redis().await,
+            };
+            let Some(target) = target else {
+                return;
+            };
+            let name = target.name;
+            let opened = open(target, Kind::Retention).await;
+            match Box::pin(run_case(
+                &opened,
+                "fixed".to_owned(),
+                ops,
+                Kind::Retention,
+                PRELUDE,
+            ))
+            .await
+            {
+                Ok(kinds) => {
+                    println!("{name}: the fixed timed case agrees with decide: {kinds:?}");
+                    return;
+                }
+                Err(Failure::TooSlow(step)) => {
+                    eprintln!(
+                        "{name}: segment over {RETENTION_SEGMENT_BOUND:?} at step {step}; again"
+                    );
+                }
+                Err(Failure::Differ(_, difference)) => {
+                    panic!("{name} differs from decide's oracle: {difference}");
+                }
+            }
+        }
+        panic!(
+            "target {n}: every try ran over {RETENTION_SEGMENT_BOUND:?}: the machine is too loaded"
+        );
     });
 }
