@@ -42,6 +42,7 @@ use serde_json::Value;
 use sqlx::{Connection, MySqlConnection};
 
 use crate::error::{corrupt, map_sqlx};
+use crate::fast;
 use crate::rows::{
     get, json, session_snapshot, turn_record, turn_view, TurnRecord, SESSION_COLUMNS, TURN_COLUMNS,
 };
@@ -60,6 +61,9 @@ pub(crate) async fn begin(store: &MySqlStore, command: &BeginCommand) -> Result<
 }
 
 async fn begin_once(store: &MySqlStore, command: &BeginCommand) -> Result<BeginOutcome> {
+    if let Some(grant) = fast::begin(store, command).await? {
+        return Ok(BeginOutcome::Started(grant));
+    }
     let mut conn = store.connection().await?;
     let reserved = match &store.leases {
         Some(_) => Some(next_fence(&mut conn).await?),

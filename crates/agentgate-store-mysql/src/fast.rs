@@ -43,17 +43,19 @@
 //! update), each plus one layer call with an external layer.
 
 use agentgate_core::error::Result;
-use agentgate_core::ids::ExecutionId;
+use agentgate_core::ids::{ExecutionId, Fence, LeaseToken, TurnId};
 use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
 use agentgate_core::model::{
-    idempotency_key, Ending, ExecutionEnding, LeaseRef, ToolCall, ToolClaim, TurnView,
+    idempotency_key, BeginCommand, Ending, ExecutionEnding, Grant, LeaseRef, ToolCall, ToolClaim,
+    TurnView,
 };
+use agentgate_store_sql::rows;
 use sqlx::mysql::MySqlArguments;
 use sqlx::query::Query;
-use sqlx::MySql;
+use sqlx::{MySql, Row};
 
 use crate::error::{corrupt, is_duplicate_key, map_sqlx};
-use crate::rows::{get, Cols, TurnRow, TURN_COLUMNS};
+use crate::rows::{get, Cols, Positional, TurnRow, TURN_COLUMNS};
 use crate::{MySqlStore, NOW_MS};
 
 /// What a fast path's statement must find in the rows for the caller to be
@@ -227,6 +229,9 @@ pub(crate) async fn end_turn(
     let Some(holder) = Holder::of(store, lease).await? else {
         return Ok(None);
     };
+    if let Holder::Row { token_digest } = &holder {
+        return end_turn_in_row(store, lease, token_digest, ending).await;
+    }
     // One connection for both statements: a second checkout costs sqlx's
     // release ping.
     let mut conn = store.pool.acquire().await.map_err(map_sqlx)?;
@@ -293,4 +298,114 @@ pub(crate) async fn end_turn(
     turn.pending = columns.pending.map(str::to_owned).or(turn.pending);
     turn.updated_at_ms = now;
     turn.view().map(Some)
+}
+
+/// A first begin as one `CALL` of `ag_begin_fast` (migration 0006): a new
+/// turn on a free session of the caller's, below the user's cap, no
+/// confirmation. `None` when the procedure wrote nothing (any other case);
+/// the caller then runs the full path. Only without an external lease
+/// layer: with one, the layer's acquire decides busy and capacity.
+///
+/// What the procedure starts is exactly what `decide_begin` starts on the
+/// facts the full path would read under the same locks (user row, session
+/// row, then the fence counter, read after the locks at READ COMMITTED):
+///
+/// | procedure requires | `decide_begin` on those facts |
+/// |---|---|
+/// | the session row's `user_id` is the caller (or the row is new) | not `not_found` |
+/// | no turn for `(session_id, client_request_id)` | `decide_existing` not taken |
+/// | no confirmation in the command (checked here, before the call) | `decide_confirmation` not taken: `gate_start(New, 1)` |
+/// | `pending_turn_id` NULL, or its expiry NULL or ≤ now | `live_pending` is `None`: no `awaiting_confirmation` |
+/// | `holder_turn_id` NULL | `live_holder` is `None`: no `session_busy` |
+/// | cap (`ag_users.max_turns`, else the configured default) in `0..=u32::MAX` | `UserLoad::read` is not `corrupt` |
+/// | live permits < cap | no `user_at_capacity` |
+///
+/// Then `decide_begin` answers `Start { New, attempt: 1 }`, and the
+/// procedure writes what the full path's start writes for it: the next
+/// fence, the session's holder, token digest, expiry (now + TTL) and fence,
+/// and the turn `running`, attempt 1. `resume_only` changes nothing when
+/// there is no turn. A session whose holder's lease expired also decides
+/// `Start` but is left to the full path, like every other case: the
+/// procedure only ever starts or writes nothing, never refuses.
+pub(crate) async fn begin(store: &MySqlStore, command: &BeginCommand) -> Result<Option<Grant>> {
+    if store.leases.is_some() || command.confirmation.is_some() {
+        return Ok(None);
+    }
+    let turn_id = TurnId::generate();
+    let token = LeaseToken::generate();
+    let ttl_ms = store.config.lease_ttl_ms();
+    let rows = sqlx::query("CALL ag_begin_fast(?, ?, ?, ?, ?, ?, ?, ?, ?)")
+        .bind(command.user_id.as_str())
+        .bind(command.session_id.as_str())
+        .bind(command.client_request_id.as_str())
+        .bind(turn_id.as_str())
+        .bind(command.fingerprint.as_hex())
+        .bind(command.payload.as_str())
+        .bind(token.digest_hex())
+        .bind(ttl_ms)
+        .bind(i64::from(store.config.max_turns_per_user))
+        .fetch_all(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    let [row] = rows.as_slice() else {
+        return Err(corrupt(format!(
+            "ag_begin_fast returned {} rows, not one",
+            rows.len()
+        )));
+    };
+    let fence: Option<i64> = row.try_get(0).map_err(map_sqlx)?;
+    let Some(fence) = fence else {
+        return Ok(None);
+    };
+    Ok(Some(Grant {
+        turn_id,
+        session_id: command.session_id.clone(),
+        user_id: command.user_id.clone(),
+        client_request_id: command.client_request_id.clone(),
+        lease_token: token,
+        fence: Fence(fence),
+        attempt: 1,
+        takeover: false,
+        lease_expires_in_ms: ttl_ms,
+        confirmation: None,
+    }))
+}
+
+/// An ending under a lease kept in the session row, as one `CALL` of
+/// `ag_end_turn_fast` (migration 0006): under the session's row lock it
+/// checks what the full path's lease check accepts (`check_row_lease`: the
+/// turn running under the session's fence, this turn the holder, this
+/// token's digest, unexpired on the server clock), ends the turn, releases
+/// the session (recording the pending confirmation when the ending awaits
+/// one) and returns the turn's row as written, read before the commit.
+/// `None` when any check failed; the procedure then wrote nothing, and the
+/// full path explains the refusal.
+async fn end_turn_in_row(
+    store: &MySqlStore,
+    lease: &LeaseRef,
+    token_digest: &str,
+    ending: &Ending,
+) -> Result<Option<TurnView>> {
+    let columns = ending.columns();
+    let confirmation_ttl_ms = agentgate_core::config::duration_ms(store.config.confirmation_ttl);
+    let rows = sqlx::query("CALL ag_end_turn_fast(?, ?, ?, ?, ?, ?, ?, ?)")
+        .bind(lease.turn_id.as_str())
+        .bind(token_digest)
+        .bind(columns.state)
+        .bind(columns.response)
+        .bind(columns.error)
+        .bind(columns.retryable)
+        .bind(columns.pending)
+        .bind(confirmation_ttl_ms)
+        .fetch_all(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    match rows.as_slice() {
+        [] => Ok(None),
+        [row] => rows::turn_view(&Positional::new(row, TURN_COLUMNS)?).map(Some),
+        more => Err(corrupt(format!(
+            "ag_end_turn_fast returned {} rows for one turn",
+            more.len()
+        ))),
+    }
 }
