@@ -834,6 +834,7 @@ where
         return;
     };
     let name = target.name;
+    let store_url = target.store_url.clone();
     let gate = runtime.block_on(target.gate(config(expiry)));
     let real = Arc::clone(gate.store());
     let mut runner = TestRunner::new(ProptestConfig {
@@ -894,6 +895,25 @@ where
         }
         Err(error) => panic!("{name}: {error}"),
     }
+    if name == "mysql" {
+        assert_took_both_mysql_paths(&store_url);
+    }
+}
+
+/// The MySQL store (without a lease layer) begins and ends a turn with one
+/// `CALL` in the common case and falls back to the full read-decide-write
+/// path otherwise; the cases above compared both with decide only if they
+/// took both, on this target's own database.
+fn assert_took_both_mysql_paths(store_url: &str) {
+    let paths = agentgate_store_mysql::testing::fast_paths(store_url);
+    println!("mysql fast paths: {paths:?}");
+    assert!(
+        paths.begins_started > 0
+            && paths.begins_declined > 0
+            && paths.endings_done > 0
+            && paths.endings_declined > 0,
+        "the cases missed a fast path or its fallback: {paths:?}"
+    );
 }
 
 #[test]

@@ -355,8 +355,10 @@ pub(crate) async fn begin(store: &MySqlStore, command: &BeginCommand) -> Result<
     };
     let fence: Option<i64> = row.try_get(0).map_err(map_sqlx)?;
     let Some(fence) = fence else {
+        note(store, Taken::BeginDeclined);
         return Ok(None);
     };
+    note(store, Taken::BeginStarted);
     Ok(Some(Grant {
         turn_id,
         session_id: command.session_id.clone(),
@@ -401,11 +403,41 @@ async fn end_turn_in_row(
         .await
         .map_err(map_sqlx)?;
     match rows.as_slice() {
-        [] => Ok(None),
-        [row] => rows::turn_view(&Positional::new(row, TURN_COLUMNS)?).map(Some),
+        [] => {
+            note(store, Taken::EndDeclined);
+            Ok(None)
+        }
+        [row] => {
+            let view = rows::turn_view(&Positional::new(row, TURN_COLUMNS)?)?;
+            note(store, Taken::EndEnded);
+            Ok(Some(view))
+        }
         more => Err(corrupt(format!(
             "ag_end_turn_fast returned {} rows for one turn",
             more.len()
         ))),
     }
 }
+
+/// Which way a procedure call went, counted for test suites (feature
+/// `testing`) so that they can show that they took both the procedures'
+/// common case and their fallback.
+#[derive(Clone, Copy)]
+pub(crate) enum Taken {
+    /// `ag_begin_fast` started the turn.
+    BeginStarted,
+    /// `ag_begin_fast` wrote nothing; the full begin ran.
+    BeginDeclined,
+    /// `ag_end_turn_fast` ended the turn.
+    EndEnded,
+    /// `ag_end_turn_fast` wrote nothing; the full ending ran.
+    EndDeclined,
+}
+
+#[cfg(feature = "testing")]
+fn note(store: &MySqlStore, taken: Taken) {
+    crate::testing::count(&store.database, taken);
+}
+
+#[cfg(not(feature = "testing"))]
+fn note(_: &MySqlStore, _: Taken) {}

@@ -143,6 +143,9 @@ pub struct MySqlStore {
     /// Where leases and permits live when not in the session rows (Redis).
     /// Fences and every durable record stay here either way.
     leases: Option<Arc<dyn LeaseLayer>>,
+    /// The database's name, which the test suites' path counts are kept by.
+    #[cfg(feature = "testing")]
+    database: String,
 }
 
 impl std::fmt::Debug for MySqlStore {
@@ -186,6 +189,8 @@ impl MySqlStore {
         config.validate()?;
         let options = connect_options(url)?;
         migrate(&options).await?;
+        #[cfg(feature = "testing")]
+        let database = options.get_database().unwrap_or_default().to_owned();
         let pool = MySqlPoolOptions::new()
             .max_connections(MAX_CONNECTIONS)
             .acquire_timeout(STORE_ACQUIRE_TIMEOUT)
@@ -212,6 +217,8 @@ impl MySqlStore {
             pool,
             config,
             leases,
+            #[cfg(feature = "testing")]
+            database,
         })
     }
 
