@@ -37,6 +37,13 @@ BEGIN
         ROLLBACK;
         RESIGNAL;
     END;
+    -- READ COMMITTED as on every pooled connection, said here again so the
+    -- procedure's reads never depend on the caller's session: each
+    -- consistent read takes a fresh snapshot, so the facts read after the
+    -- locks see every grant committed before them (MariaDB and MySQL
+    -- manuals, "READ COMMITTED"/"Consistent Nonlocking Reads"). The clock is
+    -- read per statement inside a procedure, like a statement's own.
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     START TRANSACTION;
     -- The locks of the full path, in its order: the user's row, then the
     -- session's row (each created on first use), the fence counter last.
@@ -108,6 +115,7 @@ BEGIN
     END;
     -- No such live lease: the locking read finds no row, v_session stays NULL.
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_session = NULL;
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
     START TRANSACTION;
     -- The session's row first, as every step locks it (the turn is found by
     -- a subquery, which does not lock), with the lease check of the full

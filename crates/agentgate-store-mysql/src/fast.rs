@@ -1,46 +1,71 @@
-//! Fast paths: the common case of a step as one autocommit statement whose
-//! `WHERE` clause is both the lease check and the decision, so the step needs
-//! no `BEGIN`, no separate locking read and no `COMMIT`.
+//! Fast paths: the common case of a step as one round trip, so the step
+//! needs no `BEGIN`, no separate locking read and no `COMMIT` from the app.
 //!
+//! - a first begin (a new turn on a free session, no confirmation, no
+//!   external lease layer): one `CALL ag_begin_fast` ([`begin`]);
 //! - a first tool claim: `INSERT … SELECT … FOR UPDATE` (SPEC §4: no
 //!   execution yet → Execute);
 //! - a tool completion or failure with a plain result: a multi-table
 //!   `UPDATE` of the execution;
-//! - a turn ending: one multi-table `UPDATE` of the turn and its session,
-//!   after one plain read of the turn for the view.
+//! - a turn ending: one `CALL ag_end_turn_fast` under a lease in the session
+//!   row; with an external layer, one multi-table `UPDATE` of the turn and
+//!   its session after one plain read of the turn for the view.
 //!
-//! Each returns `None` when its statement changed no row (or met an existing
+//! The two procedures come from migration 0006. Each runs its own
+//! transaction inside the `CALL` (sent in autocommit, so it owns the
+//! transaction): it commits the common case, and otherwise rolls back having
+//! written nothing; an error rolls back before it is raised again. Their
+//! answer is a row set: the begin's one row holds the new fence, or NULL for
+//! "wrote nothing"; the ending returns the ended turn's row, or no row.
+//! sqlx reads a `CALL`'s result sets like a multi-statement query's (it
+//! follows `SERVER_MORE_RESULTS_EXISTS` to the final OK packet, so the
+//! connection is left clean and an error raised after the rows, such as a
+//! failed `COMMIT`, still fails the fetch); it names the first result set's
+//! columns from the prepare, which for a `CALL` announces none, so those
+//! rows are read by position (`rows::Positional`).
+//!
+//! Each fast path returns `None` when it changed no row (or met an existing
 //! row), and the caller then runs the step's full read-decide-write path in
-//! `steps`, which either does the step or explains the refusal. A fast path
-//! never refuses by itself, so every answer other than the common case comes
-//! from `agentgate_core::decide` and the full path's checks.
+//! `begin` or `steps`, which either does the step or explains the refusal.
+//! A fast path never refuses by itself, so every answer other than the
+//! common case comes from `agentgate_core::decide` and the full path's
+//! checks; [`begin`] maps each condition of its procedure to
+//! `decide_begin`'s answer.
 //!
 //! Why the old holder can never write after a takeover: InnoDB reads the
-//! joined turn and session rows of these statements with locking reads (the
-//! claim `FOR UPDATE`; a multi-table `UPDATE` takes shared record locks on
-//! the rows it only reads, even at READ COMMITTED, unlike an `INSERT …
-//! SELECT` or a single-table `UPDATE`'s subquery, which read a snapshot), and
-//! holds them until the statement commits. A takeover writes the session row
-//! under an exclusive lock. Either the takeover committed first, and the
-//! locking read sees its holder and fence (a locking read always reads the
-//! newest committed row), so the statement matches no row; or the statement
-//! locked the row first, and the takeover waits for its commit, so the write
-//! is ordered before the takeover and the new holder sees it. As on the full
-//! path, the lease is judged on the server's clock at the statement's start.
+//! joined turn and session rows of the claim and completion statements with
+//! locking reads (the claim `FOR UPDATE`; a multi-table `UPDATE` takes
+//! shared record locks on the rows it only reads, even at READ COMMITTED,
+//! unlike an `INSERT … SELECT` or a single-table `UPDATE`'s subquery, which
+//! read a snapshot), and holds them until the statement commits; the ending
+//! procedure reads the session row `FOR UPDATE` and holds it until its
+//! commit. A takeover writes the session row under an exclusive lock. Either
+//! the takeover committed first, and the locking read sees its holder and
+//! fence (a locking read always reads the newest committed row), so the
+//! step matches no row; or the step locked the row first, and the takeover
+//! waits for its commit, so the write is ordered before the takeover and the
+//! new holder sees it. As on the full path, the lease is judged on the
+//! server's clock at the start of the locking statement.
 //!
-//! The rows are locked in the order the optimizer joins them (the
-//! execution, its turn, the session: primary-key lookups from the bound ids),
-//! which is not a begin's session-then-turn order; a takeover racing its old
-//! holder's statement can therefore deadlock, which InnoDB breaks by rolling
-//! one back, and that step is run again (its retry then refuses the old
-//! holder or goes through).
+//! The claim and completion statements lock rows in the order the optimizer
+//! joins them (the execution, its turn, the session: primary-key lookups
+//! from the bound ids), which is not a begin's session-then-turn order; a
+//! takeover racing its old holder's statement can therefore deadlock, which
+//! InnoDB breaks by rolling one back, and that step is run again (its retry
+//! then refuses the old holder or goes through). The procedures keep the
+//! full paths' order: the begin the user's row, the session's, the fence
+//! counter, then the turn; the ending the session's row, then the turn.
 //!
 //! With an external lease layer the layer is asked first, as on the full
 //! path, and the statements require the turn's fence to be the layer's and
-//! the session's newest.
+//! the session's newest; a begin then always takes the full path (the
+//! layer's acquire decides busy and capacity).
 //!
-//! Round trips: claim 1, complete or fail 1, end 2 (the turn read, the
-//! update), each plus one layer call with an external layer.
+//! Round trips (each step also costs the pool's release ping, as every
+//! checkout does): begin 1, claim 1, complete or fail 1, end 1, so a turn
+//! of one tool call is 4 statements; when a procedure declines, its `CALL`
+//! comes on top of the full path's. With an external layer: no begin fast
+//! path, end 2 (the turn read, the update), each step plus one layer call.
 
 use agentgate_core::error::Result;
 use agentgate_core::ids::{ExecutionId, Fence, LeaseToken, TurnId};
@@ -441,3 +466,22 @@ fn note(store: &MySqlStore, taken: Taken) {
 
 #[cfg(not(feature = "testing"))]
 fn note(_: &MySqlStore, _: Taken) {}
+
+#[cfg(test)]
+mod tests {
+    use super::TURN_COLUMNS;
+
+    /// The ending procedure's row is read by position in `TURN_COLUMNS`, so
+    /// the procedure must select exactly those columns, in that order.
+    #[test]
+    fn the_ending_procedure_selects_the_turn_columns_in_order() {
+        let migration = include_str!("../migrations/0006_fast_procedures.sql");
+        let body = &migration[migration
+            .find("CREATE PROCEDURE ag_end_turn_fast")
+            .expect("the ending procedure")..];
+        let select = &body[body.find("SELECT turn_id").expect("its final SELECT") + 7..];
+        let list = &select[..select.find("FROM ag_turns").expect("its FROM")];
+        let words = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert_eq!(words(list), words(TURN_COLUMNS));
+    }
+}

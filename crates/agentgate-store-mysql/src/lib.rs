@@ -7,8 +7,9 @@
 //! - `begin`: the begin step (SPEC §4 table): lock the user's row, then the
 //!   session's row, read, decide, apply.
 //! - `steps`: heartbeat, tool claims and completions, turn endings.
-//! - `fast`: the one-statement fast paths those steps try first (a first
-//!   claim, a completion with a plain result, an ending).
+//! - `fast`: the one-round-trip fast paths the steps try first (a first
+//!   begin and an ending, each one `CALL` of a stored procedure; a first
+//!   claim, a completion with a plain result).
 //! - `views`: read-only views, cap overrides and the retention sweeper.
 //! - `rows`: rows decoded into core snapshots and views.
 //! - `error`: server error numbers mapped to the engine's portable
@@ -23,13 +24,14 @@
 //! takes its exclusive lock in one statement, unlike `INSERT IGNORE`, whose
 //! shared lock on an existing row deadlocks two upgraders), then the fence
 //! counter; every later step locks only the session's row. Lock order is
-//! always user → session → fence → turn → tool execution (the fast paths'
-//! single statements lock in their join's order instead; `fast` says why
-//! that stays safe). A deadlock, lock
-//! wait timeout or duplicate key anyway runs the whole step again, at most
-//! `MAX_STORE_RETRIES` times. MySQL has no `UPDATE … RETURNING`, so steps
-//! read what they wrote in the same transaction where they need it, or (a
-//! fast ending) read the row first and write only if it is still as read.
+//! always user → session → fence → turn → tool execution, in the stored
+//! procedures of the fast begin and ending too (the claim and completion
+//! fast statements lock in their join's order instead; `fast` says why that
+//! stays safe). A deadlock, lock wait timeout or duplicate key anyway runs
+//! the whole step again, at most `MAX_STORE_RETRIES` times. MySQL has no
+//! `UPDATE … RETURNING`, so steps read what they wrote in the same
+//! transaction where they need it, or (a fast ending with a lease layer)
+//! read the row first and write only if it is still as read.
 //!
 //! With an external lease layer (`open_with_leases`, the Redis layer) the
 //! session row keeps the holder and the newest fence but no expiry: the layer
