@@ -22,7 +22,7 @@ CREATE PROCEDURE ag_begin_fast(
     IN p_token_hash        CHAR(64) CHARACTER SET ascii COLLATE ascii_bin,
     IN p_ttl_ms            BIGINT,
     IN p_default_cap       BIGINT)
-BEGIN
+main: BEGIN
     DECLARE v_session_user VARBINARY(512);
     DECLARE v_holder VARBINARY(512);
     DECLARE v_pending VARBINARY(512);
@@ -37,6 +37,18 @@ BEGIN
         ROLLBACK;
         RESIGNAL;
     END;
+    -- Declining is always safe, so a request whose turn is already recorded
+    -- (a repeat, a duplicate storm) or a session already held declines
+    -- before taking any lock, instead of queueing on the user's and the
+    -- session's row locks twice (here, then on the full path). A stale
+    -- read here only lets the case through to the checks under the locks.
+    IF EXISTS (SELECT 1 FROM ag_turns WHERE session_id = p_session_id
+                   AND client_request_id = p_client_request_id)
+       OR EXISTS (SELECT 1 FROM ag_sessions WHERE session_id = p_session_id
+                      AND holder_turn_id IS NOT NULL) THEN
+        SELECT v_fence AS fence;
+        LEAVE main;
+    END IF;
     -- READ COMMITTED as on every pooled connection, said here again so the
     -- procedure's reads never depend on the caller's session: each
     -- consistent read takes a fresh snapshot, so the facts read after the

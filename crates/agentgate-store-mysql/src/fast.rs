@@ -352,6 +352,12 @@ pub(crate) async fn end_turn(
 /// there is no turn. A session whose holder's lease expired also decides
 /// `Start` but is left to the full path, like every other case: the
 /// procedure only ever starts or writes nothing, never refuses.
+///
+/// Before taking any lock the procedure declines a request whose turn is
+/// already recorded or whose session is held, read plainly: those cases
+/// decline under the locks anyway, so a duplicate storm does not queue on
+/// the user's and session's locks twice. A stale plain read only lets a case
+/// through to the checks under the locks, which decide.
 pub(crate) async fn begin(store: &MySqlStore, command: &BeginCommand) -> Result<Option<Grant>> {
     if store.leases.is_some() || command.confirmation.is_some() {
         return Ok(None);
