@@ -10,7 +10,7 @@
 -- The clock expression is the crate's NOW_MS. Parameters that hold text
 -- carry the columns' character sets, so nothing is converted on the way.
 -- Idempotent if a node dies halfway: each procedure is dropped, then
--- created.
+-- created. Needs CREATE ROUTINE and ALTER ROUTINE; callers need EXECUTE.
 DROP PROCEDURE IF EXISTS ag_begin_fast;
 CREATE PROCEDURE ag_begin_fast(
     IN p_user_id           VARBINARY(512),

@@ -41,7 +41,12 @@
 //! turn.
 //!
 //! Requires InnoDB and `binlog_format` ROW or MIXED (the defaults), since
-//! statement-based binary logging refuses READ COMMITTED writes.
+//! statement-based binary logging refuses READ COMMITTED writes. The schema
+//! includes two stored procedures (migration 0006, the fast begin and
+//! ending), so the user that first opens a database needs `CREATE ROUTINE`
+//! and `ALTER ROUTINE` beside the table privileges, and a user that only
+//! runs steps needs `EXECUTE` on them (MySQL and MariaDB give the creator
+//! both by default; the procedures run with their definer's rights).
 //!
 //! Architecture invariant: the decisions come from `agentgate_core::decide`;
 //! this crate reads snapshots and applies decisions, nothing more. Time is the
