@@ -151,7 +151,10 @@ fn migrations(dialect: Dialect) -> Vec<(i64, String)> {
     files.sort_by_key(|(version, _)| *version);
     let versions: Vec<i64> = files.iter().map(|(v, _)| *v).collect();
     let expected: Vec<i64> = (1..=versions.len() as i64).collect();
-    assert_eq!(versions, expected, "{dialect:?}: migrations are numbered 1, 2, …");
+    assert_eq!(
+        versions, expected,
+        "{dialect:?}: migrations are numbered 1, 2, …"
+    );
     assert!(
         versions.contains(&dialect.newest()),
         "{dialect:?}: migration {} is the one this test upgrades across",

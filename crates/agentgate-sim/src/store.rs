@@ -19,8 +19,7 @@ use agentgate_core::config::Config;
 use agentgate_core::decide::{
     check_execution, check_execution_room, check_row_lease, decide_begin, decide_tool_claim,
     BeginDecision, BeginFacts, CheckedLease, ExecutionSnapshot, HolderSnapshot, PendingSnapshot,
-    RowLeaseFacts,
-    SessionSnapshot, StartKind, ToolDecision, TurnSnapshot, UserLoad,
+    RowLeaseFacts, SessionSnapshot, StartKind, ToolDecision, TurnSnapshot, UserLoad,
 };
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{

@@ -27,11 +27,21 @@
 //! committed between the fence and the lock (its fence is newer) sends this
 //! begin round again.
 //!
-//! Round trips: `BEGIN`, user upsert, session upsert, session lock, facts
-//! (clock, cap, permit count, the request's turn), then for a start the
-//! fence, the session grant and the turn write, and `COMMIT`: nine. A
-//! confirmation adds one read of its target (and one more when the target was
-//! already confirmed) and one `UPDATE` of it.
+//! Without an external lease layer a begin first tries `fast::begin`: one
+//! `CALL` of a stored procedure that takes the same locks in the same
+//! order, reads the same facts after them and starts the turn when the
+//! facts are the common case (a new turn on a free session of the caller's,
+//! below the cap, no confirmation), or writes nothing. Only then does the
+//! full path below run; `fast::begin` says why both always agree with
+//! `decide_begin`.
+//!
+//! Round trips: the common case 1 (the `CALL`). The full path: `BEGIN`,
+//! user upsert, session upsert, session lock, facts (clock, cap, permit
+//! count, the request's turn), then for a start the fence, the session
+//! grant and the turn write, and `COMMIT`: nine, plus the declined `CALL`
+//! before it (none for a confirmation or with a lease layer, which skip
+//! it). A confirmation adds one read of its target (and one more when the
+//! target was already confirmed) and one `UPDATE` of it.
 
 use agentgate_core::decide::{SessionSnapshot, StartKind, UserLoad};
 use agentgate_core::error::{Error, Result};
@@ -42,6 +52,7 @@ use serde_json::Value;
 use sqlx::{Connection, MySqlConnection};
 
 use crate::error::{corrupt, map_sqlx};
+use crate::fast;
 use crate::rows::{
     get, json, session_snapshot, turn_record, turn_view, TurnRecord, SESSION_COLUMNS, TURN_COLUMNS,
 };
@@ -60,6 +71,9 @@ pub(crate) async fn begin(store: &MySqlStore, command: &BeginCommand) -> Result<
 }
 
 async fn begin_once(store: &MySqlStore, command: &BeginCommand) -> Result<BeginOutcome> {
+    if let Some(grant) = fast::begin(store, command).await? {
+        return Ok(BeginOutcome::Started(grant));
+    }
     let mut conn = store.connection().await?;
     let reserved = match &store.leases {
         Some(_) => Some(next_fence(&mut conn).await?),

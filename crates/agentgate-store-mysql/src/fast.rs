@@ -1,57 +1,85 @@
-//! Fast paths: the common case of a step as one autocommit statement whose
-//! `WHERE` clause is both the lease check and the decision, so the step needs
-//! no `BEGIN`, no separate locking read and no `COMMIT`.
+//! Fast paths: the common case of a step as one round trip, so the step
+//! needs no `BEGIN`, no separate locking read and no `COMMIT` from the app.
 //!
+//! - a first begin (a new turn on a free session, no confirmation, no
+//!   external lease layer): one `CALL ag_begin_fast` ([`begin`]);
 //! - a first tool claim: `INSERT … SELECT … FOR UPDATE` (SPEC §4: no
 //!   execution yet → Execute);
 //! - a tool completion or failure with a plain result: a multi-table
 //!   `UPDATE` of the execution;
-//! - a turn ending: one multi-table `UPDATE` of the turn and its session,
-//!   after one plain read of the turn for the view.
+//! - a turn ending: one `CALL ag_end_turn_fast` under a lease in the session
+//!   row; with an external layer, one multi-table `UPDATE` of the turn and
+//!   its session after one plain read of the turn for the view.
 //!
-//! Each returns `None` when its statement changed no row (or met an existing
+//! The two procedures come from migration 0006. Each runs its own
+//! transaction inside the `CALL` (sent in autocommit, so it owns the
+//! transaction): it commits the common case, and otherwise rolls back having
+//! written nothing; an error rolls back before it is raised again. Their
+//! answer is a row set: the begin's one row holds the new fence, or NULL for
+//! "wrote nothing"; the ending returns the ended turn's row, or no row.
+//! sqlx reads a `CALL`'s result sets like a multi-statement query's (it
+//! follows `SERVER_MORE_RESULTS_EXISTS` to the final OK packet, so the
+//! connection is left clean and an error raised after the rows, such as a
+//! failed `COMMIT`, still fails the fetch); it names the first result set's
+//! columns from the prepare, which for a `CALL` announces none, so those
+//! rows are read by position (`rows::Positional`).
+//!
+//! Each fast path returns `None` when it changed no row (or met an existing
 //! row), and the caller then runs the step's full read-decide-write path in
-//! `steps`, which either does the step or explains the refusal. A fast path
-//! never refuses by itself, so every answer other than the common case comes
-//! from `agentgate_core::decide` and the full path's checks.
+//! `begin` or `steps`, which either does the step or explains the refusal.
+//! A fast path never refuses by itself, so every answer other than the
+//! common case comes from `agentgate_core::decide` and the full path's
+//! checks; [`begin`] maps each condition of its procedure to
+//! `decide_begin`'s answer.
 //!
 //! Why the old holder can never write after a takeover: InnoDB reads the
-//! joined turn and session rows of these statements with locking reads (the
-//! claim `FOR UPDATE`; a multi-table `UPDATE` takes shared record locks on
-//! the rows it only reads, even at READ COMMITTED, unlike an `INSERT …
-//! SELECT` or a single-table `UPDATE`'s subquery, which read a snapshot), and
-//! holds them until the statement commits. A takeover writes the session row
-//! under an exclusive lock. Either the takeover committed first, and the
-//! locking read sees its holder and fence (a locking read always reads the
-//! newest committed row), so the statement matches no row; or the statement
-//! locked the row first, and the takeover waits for its commit, so the write
-//! is ordered before the takeover and the new holder sees it. As on the full
-//! path, the lease is judged on the server's clock at the statement's start.
+//! joined turn and session rows of the claim and completion statements with
+//! locking reads (the claim `FOR UPDATE`; a multi-table `UPDATE` takes
+//! shared record locks on the rows it only reads, even at READ COMMITTED,
+//! unlike an `INSERT … SELECT` or a single-table `UPDATE`'s subquery, which
+//! read a snapshot), and holds them until the statement commits; the ending
+//! procedure reads the session row `FOR UPDATE` and holds it until its
+//! commit. A takeover writes the session row under an exclusive lock. Either
+//! the takeover committed first, and the locking read sees its holder and
+//! fence (a locking read always reads the newest committed row), so the
+//! step matches no row; or the step locked the row first, and the takeover
+//! waits for its commit, so the write is ordered before the takeover and the
+//! new holder sees it. As on the full path, the lease is judged on the
+//! server's clock at the start of the locking statement.
 //!
-//! The rows are locked in the order the optimizer joins them (the
-//! execution, its turn, the session: primary-key lookups from the bound ids),
-//! which is not a begin's session-then-turn order; a takeover racing its old
-//! holder's statement can therefore deadlock, which InnoDB breaks by rolling
-//! one back, and that step is run again (its retry then refuses the old
-//! holder or goes through).
+//! The claim and completion statements lock rows in the order the optimizer
+//! joins them (the execution, its turn, the session: primary-key lookups
+//! from the bound ids), which is not a begin's session-then-turn order; a
+//! takeover racing its old holder's statement can therefore deadlock, which
+//! InnoDB breaks by rolling one back, and that step is run again (its retry
+//! then refuses the old holder or goes through). The procedures keep the
+//! full paths' order: the begin the user's row, the session's, the fence
+//! counter, then the turn; the ending the session's row, then the turn.
 //!
 //! With an external lease layer the layer is asked first, as on the full
 //! path, and the statements require the turn's fence to be the layer's and
-//! the session's newest.
+//! the session's newest; a begin then always takes the full path (the
+//! layer's acquire decides busy and capacity).
 //!
-//! Round trips: claim 1, complete or fail 1, end 2 (the turn read, the
-//! update), each plus one layer call with an external layer.
+//! Round trips (each step also costs the pool's release ping, as every
+//! checkout does): begin 1, claim 1, complete or fail 1, end 1, so a turn
+//! of one tool call is 4 statements; when a procedure declines, its `CALL`
+//! comes on top of the full path's. With an external layer: no begin fast
+//! path, end 2 (the turn read, the update), each step plus one layer call.
 
 use agentgate_core::error::Result;
-use agentgate_core::ids::ExecutionId;
+use agentgate_core::ids::{ExecutionId, Fence, LeaseToken, TurnId};
 use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
-use agentgate_core::model::{Ending, ExecutionEnding, LeaseRef, ToolCall, TurnView};
+use agentgate_core::model::{
+    BeginCommand, Ending, ExecutionEnding, Grant, LeaseRef, ToolCall, TurnView,
+};
+use agentgate_store_sql::rows;
 use sqlx::mysql::MySqlArguments;
 use sqlx::query::Query;
-use sqlx::MySql;
+use sqlx::{MySql, Row};
 
 use crate::error::{corrupt, is_duplicate_key, map_sqlx};
-use crate::rows::{get, Cols, TurnRow, TURN_COLUMNS};
+use crate::rows::{get, Cols, Positional, TurnRow, TURN_COLUMNS};
 use crate::{MySqlStore, NOW_MS};
 
 /// What a fast path's statement must find in the rows for the caller to be
@@ -219,6 +247,9 @@ pub(crate) async fn end_turn(
     let Some(holder) = Holder::of(store, lease).await? else {
         return Ok(None);
     };
+    if let Holder::Row { token_digest } = &holder {
+        return end_turn_in_row(store, lease, token_digest, ending).await;
+    }
     // One connection for both statements: a second checkout costs sqlx's
     // release ping.
     let mut conn = store.pool.acquire().await.map_err(map_sqlx)?;
@@ -285,4 +316,171 @@ pub(crate) async fn end_turn(
     turn.pending = columns.pending.map(str::to_owned).or(turn.pending);
     turn.updated_at_ms = now;
     turn.view().map(Some)
+}
+
+/// A first begin as one `CALL` of `ag_begin_fast` (migration 0006): a new
+/// turn on a free session of the caller's, below the user's cap, no
+/// confirmation. `None` when the procedure wrote nothing (any other case);
+/// the caller then runs the full path. Only without an external lease
+/// layer: with one, the layer's acquire decides busy and capacity.
+///
+/// What the procedure starts is exactly what `decide_begin` starts on the
+/// facts the full path would read under the same locks (user row, session
+/// row, then the fence counter, read after the locks at READ COMMITTED):
+///
+/// | procedure requires | `decide_begin` on those facts |
+/// |---|---|
+/// | the session row's `user_id` is the caller (or the row is new) | not `not_found` |
+/// | no turn for `(session_id, client_request_id)` | `decide_existing` not taken |
+/// | no confirmation in the command (checked here, before the call) | `decide_confirmation` not taken: `gate_start(New, 1)` |
+/// | `pending_turn_id` NULL, or its expiry NULL or ≤ now | `live_pending` is `None`: no `awaiting_confirmation` |
+/// | `holder_turn_id` NULL | `live_holder` is `None`: no `session_busy` |
+/// | cap (`ag_users.max_turns`, else the configured default) in `0..=u32::MAX` | `UserLoad::read` is not `corrupt` |
+/// | live permits < cap | no `user_at_capacity` |
+///
+/// Then `decide_begin` answers `Start { New, attempt: 1 }`, and the
+/// procedure writes what the full path's start writes for it: the next
+/// fence, the session's holder, token digest, expiry (now + TTL) and fence,
+/// and the turn `running`, attempt 1. `resume_only` changes nothing when
+/// there is no turn. A session whose holder's lease expired also decides
+/// `Start` but is left to the full path, like every other case: the
+/// procedure only ever starts or writes nothing, never refuses.
+///
+/// Before taking any lock the procedure declines a request whose turn is
+/// already recorded or whose session is held, read plainly: those cases
+/// decline under the locks anyway, so a duplicate storm does not queue on
+/// the user's and session's locks twice. A stale plain read only lets a case
+/// through to the checks under the locks, which decide.
+pub(crate) async fn begin(store: &MySqlStore, command: &BeginCommand) -> Result<Option<Grant>> {
+    if store.leases.is_some() || command.confirmation.is_some() {
+        return Ok(None);
+    }
+    let turn_id = TurnId::generate();
+    let token = LeaseToken::generate();
+    let ttl_ms = store.config.lease_ttl_ms();
+    let rows = sqlx::query("CALL ag_begin_fast(?, ?, ?, ?, ?, ?, ?, ?, ?)")
+        .bind(command.user_id.as_str())
+        .bind(command.session_id.as_str())
+        .bind(command.client_request_id.as_str())
+        .bind(turn_id.as_str())
+        .bind(command.fingerprint.as_hex())
+        .bind(command.payload.as_str())
+        .bind(token.digest_hex())
+        .bind(ttl_ms)
+        .bind(i64::from(store.config.max_turns_per_user))
+        .fetch_all(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    let [row] = rows.as_slice() else {
+        return Err(corrupt(format!(
+            "ag_begin_fast returned {} rows, not one",
+            rows.len()
+        )));
+    };
+    let fence: Option<i64> = row.try_get(0).map_err(map_sqlx)?;
+    let Some(fence) = fence else {
+        note(store, Taken::BeginDeclined);
+        return Ok(None);
+    };
+    note(store, Taken::BeginStarted);
+    Ok(Some(Grant {
+        turn_id,
+        session_id: command.session_id.clone(),
+        user_id: command.user_id.clone(),
+        client_request_id: command.client_request_id.clone(),
+        lease_token: token,
+        fence: Fence(fence),
+        attempt: 1,
+        takeover: false,
+        lease_expires_in_ms: ttl_ms,
+        confirmation: None,
+    }))
+}
+
+/// An ending under a lease kept in the session row, as one `CALL` of
+/// `ag_end_turn_fast` (migration 0006): under the session's row lock it
+/// checks what the full path's lease check accepts (`check_row_lease`: the
+/// turn running under the session's fence, this turn the holder, this
+/// token's digest, unexpired on the server clock), ends the turn, releases
+/// the session (recording the pending confirmation when the ending awaits
+/// one) and returns the turn's row as written, read before the commit.
+/// `None` when any check failed; the procedure then wrote nothing, and the
+/// full path explains the refusal.
+async fn end_turn_in_row(
+    store: &MySqlStore,
+    lease: &LeaseRef,
+    token_digest: &str,
+    ending: &Ending,
+) -> Result<Option<TurnView>> {
+    let columns = ending.columns();
+    let confirmation_ttl_ms = agentgate_core::config::duration_ms(store.config.confirmation_ttl);
+    let rows = sqlx::query("CALL ag_end_turn_fast(?, ?, ?, ?, ?, ?, ?, ?)")
+        .bind(lease.turn_id.as_str())
+        .bind(token_digest)
+        .bind(columns.state)
+        .bind(columns.response)
+        .bind(columns.error)
+        .bind(columns.retryable)
+        .bind(columns.pending)
+        .bind(confirmation_ttl_ms)
+        .fetch_all(&store.pool)
+        .await
+        .map_err(map_sqlx)?;
+    match rows.as_slice() {
+        [] => {
+            note(store, Taken::EndDeclined);
+            Ok(None)
+        }
+        [row] => {
+            let view = rows::turn_view(&Positional::new(row, TURN_COLUMNS)?)?;
+            note(store, Taken::EndEnded);
+            Ok(Some(view))
+        }
+        more => Err(corrupt(format!(
+            "ag_end_turn_fast returned {} rows for one turn",
+            more.len()
+        ))),
+    }
+}
+
+/// Which way a procedure call went, counted for test suites (feature
+/// `testing`) so that they can show that they took both the procedures'
+/// common case and their fallback.
+#[derive(Clone, Copy)]
+pub(crate) enum Taken {
+    /// `ag_begin_fast` started the turn.
+    BeginStarted,
+    /// `ag_begin_fast` wrote nothing; the full begin ran.
+    BeginDeclined,
+    /// `ag_end_turn_fast` ended the turn.
+    EndEnded,
+    /// `ag_end_turn_fast` wrote nothing; the full ending ran.
+    EndDeclined,
+}
+
+#[cfg(feature = "testing")]
+fn note(store: &MySqlStore, taken: Taken) {
+    crate::testing::count(&store.database, taken);
+}
+
+#[cfg(not(feature = "testing"))]
+fn note(_: &MySqlStore, _: Taken) {}
+
+#[cfg(test)]
+mod tests {
+    use super::TURN_COLUMNS;
+
+    /// The ending procedure's row is read by position in `TURN_COLUMNS`, so
+    /// the procedure must select exactly those columns, in that order.
+    #[test]
+    fn the_ending_procedure_selects_the_turn_columns_in_order() {
+        let migration = include_str!("../migrations/0006_fast_procedures.sql");
+        let body = &migration[migration
+            .find("CREATE PROCEDURE ag_end_turn_fast")
+            .expect("the ending procedure")..];
+        let select = &body[body.find("SELECT turn_id").expect("its final SELECT") + 7..];
+        let list = &select[..select.find("FROM ag_turns").expect("its FROM")];
+        let words = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert_eq!(words(list), words(TURN_COLUMNS));
+    }
 }

@@ -7,8 +7,9 @@
 //! - `begin`: the begin step (SPEC §4 table): lock the user's row, then the
 //!   session's row, read, decide, apply.
 //! - `steps`: heartbeat, tool claims and completions, turn endings.
-//! - `fast`: the one-statement fast paths those steps try first (a first
-//!   claim, a completion with a plain result, an ending).
+//! - `fast`: the one-round-trip fast paths the steps try first (a first
+//!   begin and an ending, each one `CALL` of a stored procedure; a first
+//!   claim, a completion with a plain result).
 //! - `views`: read-only views, cap overrides and the retention sweeper.
 //! - `rows`: rows decoded into core snapshots and views.
 //! - `error`: server error numbers mapped to the engine's portable
@@ -23,13 +24,14 @@
 //! takes its exclusive lock in one statement, unlike `INSERT IGNORE`, whose
 //! shared lock on an existing row deadlocks two upgraders), then the fence
 //! counter; every later step locks only the session's row. Lock order is
-//! always user → session → fence → turn → tool execution (the fast paths'
-//! single statements lock in their join's order instead; `fast` says why
-//! that stays safe). A deadlock, lock
-//! wait timeout or duplicate key anyway runs the whole step again, at most
-//! `MAX_STORE_RETRIES` times. MySQL has no `UPDATE … RETURNING`, so steps
-//! read what they wrote in the same transaction where they need it, or (a
-//! fast ending) read the row first and write only if it is still as read.
+//! always user → session → fence → turn → tool execution, in the stored
+//! procedures of the fast begin and ending too (the claim and completion
+//! fast statements lock in their join's order instead; `fast` says why that
+//! stays safe). A deadlock, lock wait timeout or duplicate key anyway runs
+//! the whole step again, at most `MAX_STORE_RETRIES` times. MySQL has no
+//! `UPDATE … RETURNING`, so steps read what they wrote in the same
+//! transaction where they need it, or (a fast ending with a lease layer)
+//! read the row first and write only if it is still as read.
 //!
 //! With an external lease layer (`open_with_leases`, the Redis layer) the
 //! session row keeps the holder and the newest fence but no expiry: the layer
@@ -39,7 +41,12 @@
 //! turn.
 //!
 //! Requires InnoDB and `binlog_format` ROW or MIXED (the defaults), since
-//! statement-based binary logging refuses READ COMMITTED writes.
+//! statement-based binary logging refuses READ COMMITTED writes. The schema
+//! includes two stored procedures (migration 0006, the fast begin and
+//! ending), so the user that first opens a database needs `CREATE ROUTINE`
+//! and `ALTER ROUTINE` beside the table privileges, and a user that only
+//! runs steps needs `EXECUTE` on them (MySQL and MariaDB give the creator
+//! both by default; the procedures run with their definer's rights).
 //!
 //! Architecture invariant: the decisions come from `agentgate_core::decide`;
 //! this crate reads snapshots and applies decisions, nothing more. Time is the
@@ -132,6 +139,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (3, include_str!("../migrations/0003_orphans.sql")),
     (4, include_str!("../migrations/0004_id_chars.sql")),
     (5, include_str!("../migrations/0005_confirms_pending.sql")),
+    (6, include_str!("../migrations/0006_fast_procedures.sql")),
 ];
 
 /// agentgate on a MySQL or MariaDB database.
@@ -142,6 +150,9 @@ pub struct MySqlStore {
     /// Where leases and permits live when not in the session rows (Redis).
     /// Fences and every durable record stay here either way.
     leases: Option<Arc<dyn LeaseLayer>>,
+    /// The database's name, which the test suites' path counts are kept by.
+    #[cfg(feature = "testing")]
+    database: String,
 }
 
 impl std::fmt::Debug for MySqlStore {
@@ -185,6 +196,8 @@ impl MySqlStore {
         config.validate()?;
         let options = connect_options(url)?;
         migrate(&options).await?;
+        #[cfg(feature = "testing")]
+        let database = options.get_database().unwrap_or_default().to_owned();
         let pool = MySqlPoolOptions::new()
             .max_connections(MAX_CONNECTIONS)
             .acquire_timeout(STORE_ACQUIRE_TIMEOUT)
@@ -211,6 +224,8 @@ impl MySqlStore {
             pool,
             config,
             leases,
+            #[cfg(feature = "testing")]
+            database,
         })
     }
 

@@ -95,3 +95,62 @@ pub(crate) fn session_snapshot(row: &MySqlRow) -> Result<SessionSnapshot> {
 pub(crate) fn execution_view(row: &MySqlRow) -> Result<ExecutionView> {
     rows::execution_view(&Cols(row))
 }
+
+/// A row of a stored procedure's result set, its columns found by their
+/// place in a known list. sqlx names the columns of a prepared statement's
+/// first result set from what the prepare announced, and a `CALL` announces
+/// none, so such a row has values but no names.
+pub(crate) struct Positional<'a> {
+    row: &'a MySqlRow,
+    /// The list the procedure selects, in order (a `*_COLUMNS` constant).
+    columns: &'static str,
+}
+
+impl<'a> Positional<'a> {
+    /// `row`, selected as `columns`; `corrupt` when the counts differ (the
+    /// procedure and the list drifted apart).
+    pub(crate) fn new(row: &'a MySqlRow, columns: &'static str) -> Result<Self> {
+        let expected = columns.split(',').count();
+        if row.len() != expected {
+            return Err(Error::corrupt(format!(
+                "a procedure returned {} columns, {expected} expected",
+                row.len()
+            )));
+        }
+        Ok(Self { row, columns })
+    }
+
+    fn index(&self, column: &str) -> Result<usize> {
+        self.columns
+            .split(',')
+            .position(|name| name.trim() == column)
+            .ok_or_else(|| Error::corrupt(format!("no column {column} in a procedure's row")))
+    }
+
+    fn get<'r, T>(&'r self, column: &str) -> Result<T>
+    where
+        T: sqlx::Decode<'r, sqlx::MySql> + sqlx::Type<sqlx::MySql>,
+    {
+        self.row.try_get(self.index(column)?).map_err(map_sqlx)
+    }
+}
+
+impl Columns for Positional<'_> {
+    fn text(&self, column: &str) -> Result<Option<String>> {
+        let bytes: Option<Vec<u8>> = self.get(column)?;
+        bytes
+            .map(|b| {
+                String::from_utf8(b)
+                    .map_err(|e| Error::corrupt(format!("{column} is not UTF-8: {e}")))
+            })
+            .transpose()
+    }
+
+    fn int(&self, column: &str) -> Result<Option<i64>> {
+        self.get(column)
+    }
+
+    fn flag(&self, column: &str) -> Result<Option<bool>> {
+        self.get(column)
+    }
+}

@@ -23,8 +23,9 @@
 //! Round trips: heartbeat 1 (2 when refused, to say why); claim 1 on the fast
 //! path, else 1 + 5 (`BEGIN`, lock, lookup, write, `COMMIT`; 4 when cached
 //! or refused); complete or fail with a result 1, else 1 + 4; complete with
-//! a same-transaction effect 5 plus the effect's own; end 2, else 2 + 6 (no
-//! `UPDATE … RETURNING`: the view is read back).
+//! a same-transaction effect 5 plus the effect's own; end 1 (one `CALL`; 2
+//! with an external layer), else that + 6 (no `UPDATE … RETURNING`: the
+//! view is read back).
 
 use std::any::Any;
 

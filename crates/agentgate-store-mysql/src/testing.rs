@@ -6,7 +6,12 @@
 //!
 //! Not for production use: it creates and drops databases.
 
+use std::collections::BTreeMap;
+use std::sync::{Mutex, PoisonError};
+
 use sqlx::Connection;
+
+use crate::fast::Taken;
 
 pub use agentgate_store_sql::testing::{DATABASE_PREFIX, REQUIRE_SERVICES_ENV};
 
@@ -57,4 +62,53 @@ pub async fn fresh_database_url() -> Option<String> {
 /// Drops a database made by [`fresh_database_url`] (best effort).
 pub async fn drop_database(url: &str) {
     agentgate_store_sql::testing::drop_database::<MySql>(url).await;
+}
+
+/// How often the one-`CALL` fast paths of a begin and of a turn's ending
+/// (migration 0006) did the step, or wrote nothing and left it to the full
+/// path, on the stores of one database in this process.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FastPaths {
+    /// Begins started by `ag_begin_fast`.
+    pub begins_started: u64,
+    /// Begins `ag_begin_fast` declined (the full begin decided them).
+    pub begins_declined: u64,
+    /// Endings done by `ag_end_turn_fast`.
+    pub endings_done: u64,
+    /// Endings `ag_end_turn_fast` declined (the full ending decided them).
+    pub endings_declined: u64,
+}
+
+/// The counts per database name.
+static COUNTS: Mutex<BTreeMap<String, FastPaths>> = Mutex::new(BTreeMap::new());
+
+pub(crate) fn count(database: &str, taken: Taken) {
+    let mut counts = COUNTS.lock().unwrap_or_else(PoisonError::into_inner);
+    let paths = counts.entry(database.to_owned()).or_default();
+    let counter = match taken {
+        Taken::BeginStarted => &mut paths.begins_started,
+        Taken::BeginDeclined => &mut paths.begins_declined,
+        Taken::EndEnded => &mut paths.endings_done,
+        Taken::EndDeclined => &mut paths.endings_declined,
+    };
+    *counter += 1;
+}
+
+/// The counts so far of the stores opened at `url` (by its database name).
+///
+/// # Panics
+/// When `url` is not a MySQL URL this crate opens.
+pub fn fast_paths(url: &str) -> FastPaths {
+    let database = database_name(url);
+    let counts = COUNTS.lock().unwrap_or_else(PoisonError::into_inner);
+    counts.get(&database).copied().unwrap_or_default()
+}
+
+/// The database a store at `url` uses, as the counts are keyed.
+fn database_name(url: &str) -> String {
+    crate::connect::connect_options(url)
+        .unwrap_or_else(|e| panic!("{url}: {e}"))
+        .get_database()
+        .unwrap_or_default()
+        .to_owned()
 }
