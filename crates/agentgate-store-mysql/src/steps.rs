@@ -29,26 +29,23 @@
 
 use std::any::Any;
 
-use agentgate_core::canonical::CanonicalJson;
 use agentgate_core::config::duration_ms;
 use agentgate_core::decide::{CheckedLease, ExecutionSnapshot};
 use agentgate_core::error::Result;
 use agentgate_core::ids::{ExecutionId, Fence};
 use agentgate_core::lease::LeaseLayer;
-use agentgate_core::model::{Ending, ExecutionEnding, LeaseRef, ToolCall, ToolClaim, TurnView};
-use agentgate_core::store::{Completion, LeaseStatus};
-use serde_json::Value;
+use agentgate_core::model::{Ending, ExecutionEnding, LeaseRef, ToolCall, TurnView};
 use sqlx::{MySql, MySqlConnection, Transaction};
 
 use crate::error::{corrupt, map_sqlx};
 use crate::fast;
 use crate::rows::{turn_view, Cols, EXECUTION_COLUMNS, TURN_COLUMNS};
 use crate::{MySqlStore, NOW_MS};
-use agentgate_store_sql::claim::{self, ClaimSql, Lookup};
-use agentgate_store_sql::heartbeat::{self, HeartbeatSql};
+use agentgate_store_sql::claim::{ClaimSql, Lookup};
+use agentgate_store_sql::heartbeat::HeartbeatSql;
 use agentgate_store_sql::lease::{self, Authority, LeaseRow, LeaseSql};
 use agentgate_store_sql::rows::Columns;
-use agentgate_store_sql::tool::{self, ToolEndingSql};
+use agentgate_store_sql::tool::ToolEndingSql;
 use agentgate_store_sql::{Retry, StepTx};
 
 /// A live lease, as checked inside a step's transaction, and its session.
@@ -131,20 +128,6 @@ impl LeaseSql for Rows {
     }
 }
 
-pub(crate) async fn heartbeat(store: &MySqlStore, lease: &LeaseRef) -> Result<LeaseStatus> {
-    let mut retry = Retry::new();
-    loop {
-        match heartbeat_once(store, lease).await {
-            Err(error) => retry.after(error).await?,
-            done => return done,
-        }
-    }
-}
-
-async fn heartbeat_once(store: &MySqlStore, lease: &LeaseRef) -> Result<LeaseStatus> {
-    heartbeat::heartbeat_once(&Sql(store), lease).await
-}
-
 #[async_trait::async_trait]
 impl HeartbeatSql for Sql<'_> {
     fn leases(&self) -> Option<&dyn LeaseLayer> {
@@ -191,15 +174,6 @@ impl HeartbeatSql for Sql<'_> {
         let mut conn = self.0.pool.acquire().await.map_err(map_sqlx)?;
         check_lease(self.0, &mut conn, lease, false).await.map(drop)
     }
-}
-
-/// Claims a tool call (the shared step over this store's SQL).
-pub(crate) async fn claim_tool(
-    store: &MySqlStore,
-    lease: &LeaseRef,
-    call: &ToolCall,
-) -> Result<ToolClaim> {
-    claim::claim_tool(&Sql(store), lease, call).await
 }
 
 #[async_trait::async_trait]
@@ -302,26 +276,8 @@ impl ClaimSql for Sql<'_> {
     }
 }
 
-pub(crate) async fn complete_tool(
-    store: &MySqlStore,
-    lease: &LeaseRef,
-    execution_id: &ExecutionId,
-    completion: Completion<'_>,
-) -> Result<Value> {
-    tool::complete_tool(&Sql(store), lease, execution_id, completion).await
-}
-
-pub(crate) async fn fail_tool(
-    store: &MySqlStore,
-    lease: &LeaseRef,
-    execution_id: &ExecutionId,
-    error: &CanonicalJson,
-) -> Result<()> {
-    tool::fail_tool(&Sql(store), lease, execution_id, error).await
-}
-
 /// The store as the shared tool ending sees it.
-struct Sql<'a>(&'a MySqlStore);
+pub(crate) struct Sql<'a>(pub(crate) &'a MySqlStore);
 
 #[async_trait::async_trait]
 impl ToolEndingSql for Sql<'_> {

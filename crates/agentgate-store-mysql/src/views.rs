@@ -19,14 +19,15 @@ use agentgate_store_sql::rows::Columns;
 use agentgate_store_sql::views::{
     Cutoffs, HolderRow, SessionRow, UserRows, ViewSql, SESSION_VIEW_COLUMNS,
 };
-use sqlx::{MySqlConnection, MySqlPool};
+use sqlx::MySqlConnection;
 
 use crate::error::{corrupt, map_sqlx};
 use crate::rows::{execution_view, turn_view, Cols, EXECUTION_COLUMNS, TURN_COLUMNS};
 use crate::{MySqlStore, NOW_MS};
 use agentgate_store_sql::Retry;
 
-pub(crate) async fn turn(pool: &MySqlPool, turn_id: &TurnId) -> Result<Option<TurnView>> {
+pub(crate) async fn turn(store: &MySqlStore, turn_id: &TurnId) -> Result<Option<TurnView>> {
+    let pool = &store.pool;
     let row = sqlx::query(&format!(
         "SELECT {TURN_COLUMNS} FROM ag_turns WHERE turn_id = ?"
     ))
@@ -226,10 +227,11 @@ impl ViewSql for Views<'_> {
 }
 
 pub(crate) async fn set_user_cap(
-    pool: &MySqlPool,
+    store: &MySqlStore,
     user_id: &UserId,
     cap: Option<u32>,
 ) -> Result<()> {
+    let pool = &store.pool;
     if let Some(cap) = cap {
         check_cap(cap)?;
     }

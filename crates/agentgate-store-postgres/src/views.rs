@@ -18,14 +18,14 @@ use agentgate_store_sql::rows::Columns;
 use agentgate_store_sql::views::{
     Cutoffs, HolderRow, SessionRow, UserRows, ViewSql, SESSION_VIEW_COLUMNS,
 };
-use sqlx::PgPool;
 
 use crate::error::{corrupt, map_sqlx};
 use crate::rows::{execution_view, get, turn_view, Cols, EXECUTION_COLUMNS, TURN_COLUMNS};
 use crate::{PostgresStore, NOW_MS};
 use agentgate_store_sql::Retry;
 
-pub(crate) async fn turn(pool: &PgPool, turn_id: &TurnId) -> Result<Option<TurnView>> {
+pub(crate) async fn turn(store: &PostgresStore, turn_id: &TurnId) -> Result<Option<TurnView>> {
+    let pool = &store.pool;
     let row = sqlx::query(&format!(
         "SELECT {TURN_COLUMNS} FROM ag_turns WHERE turn_id = $1"
     ))
@@ -196,7 +196,12 @@ impl ViewSql for Views<'_> {
     }
 }
 
-pub(crate) async fn set_user_cap(pool: &PgPool, user_id: &UserId, cap: Option<u32>) -> Result<()> {
+pub(crate) async fn set_user_cap(
+    store: &PostgresStore,
+    user_id: &UserId,
+    cap: Option<u32>,
+) -> Result<()> {
+    let pool = &store.pool;
     if let Some(cap) = cap {
         check_cap(cap)?;
     }

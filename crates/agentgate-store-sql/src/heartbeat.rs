@@ -36,6 +36,20 @@ pub trait HeartbeatSql: Sync {
     async fn explain_lease(&self, lease: &LeaseRef) -> Result<()>;
 }
 
+/// Renews the caller's lease, run again after a transient conflict.
+///
+/// # Errors
+/// As [`heartbeat_once`].
+pub async fn heartbeat<S: HeartbeatSql>(sql: &S, lease: &LeaseRef) -> Result<LeaseStatus> {
+    let mut retry = crate::Retry::new();
+    loop {
+        match heartbeat_once(sql, lease).await {
+            Err(error) => retry.after(error).await?,
+            done => return done,
+        }
+    }
+}
+
 /// One heartbeat.
 ///
 /// # Errors

@@ -17,6 +17,8 @@
 //!   read-decide-write path, over the dialect's [`claim::ClaimSql`].
 //! - [`rows`]: the columns every store selects, decoded into core snapshots
 //!   and views through the dialect's [`rows::Columns`].
+//! - [`store`]: the `Store` trait implemented once for every SQL store
+//!   ([`impl_store!`]).
 //! - `testing` (feature `testing`): throw-away databases for test suites.
 //! - [`tls`]: the TLS rules of a store URL (modes, CA and client files).
 //! - [`tool`]: a tool execution's ending (a result, a failure, an effect in
@@ -36,12 +38,14 @@ pub mod lease;
 pub mod orphans;
 pub mod retry;
 pub mod rows;
+pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod tls;
 pub mod tool;
 pub mod views;
 
+pub use async_trait::async_trait;
 pub use retry::Retry;
 
 use agentgate_core::decide::CheckedLease;

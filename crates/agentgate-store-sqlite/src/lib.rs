@@ -38,17 +38,8 @@ use std::time::Duration;
 
 use agentgate_core::config::Config;
 use agentgate_core::error::{Error, Result};
-use agentgate_core::ids::{ExecutionId, SessionId, TurnId, UserId};
 use agentgate_core::lease::LeaseLayer;
 use agentgate_core::limits::{MAX_STORE_RETRIES, STORE_ACQUIRE_TIMEOUT};
-use agentgate_core::model::{
-    BeginCommand, BeginOutcome, Ending, LeaseRef, Orphan, OrphanFilter, Overview, SessionView,
-    SweepReport, ToolCall, ToolClaim, TurnView, UserView,
-};
-use agentgate_core::page::{ExecutionPage, ExecutionPageRequest};
-use agentgate_core::store::{Completion, LeaseStatus, Store};
-use async_trait::async_trait;
-use serde_json::Value;
 use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Sqlite, SqlitePool, Transaction};
@@ -249,92 +240,7 @@ impl SqliteStore {
     }
 }
 
-#[async_trait]
-impl Store for SqliteStore {
-    fn config(&self) -> &Config {
-        &self.config
-    }
-
-    async fn begin(&self, command: &BeginCommand) -> Result<BeginOutcome> {
-        begin::begin(self, command).await
-    }
-
-    async fn heartbeat(&self, lease: &LeaseRef) -> Result<LeaseStatus> {
-        steps::heartbeat(self, lease).await
-    }
-
-    async fn claim_tool(&self, lease: &LeaseRef, call: &ToolCall) -> Result<ToolClaim> {
-        steps::claim_tool(self, lease, call).await
-    }
-
-    async fn complete_tool(
-        &self,
-        lease: &LeaseRef,
-        execution_id: &ExecutionId,
-        completion: Completion<'_>,
-    ) -> Result<Value> {
-        steps::complete_tool(self, lease, execution_id, completion).await
-    }
-
-    async fn fail_tool(
-        &self,
-        lease: &LeaseRef,
-        execution_id: &ExecutionId,
-        error: &agentgate_core::canonical::CanonicalJson,
-    ) -> Result<()> {
-        steps::fail_tool(self, lease, execution_id, error).await
-    }
-
-    async fn end_turn(&self, lease: &LeaseRef, ending: &Ending) -> Result<TurnView> {
-        steps::end_turn(self, lease, ending).await
-    }
-
-    async fn turn(&self, turn_id: &TurnId) -> Result<Option<TurnView>> {
-        let mut conn = self.reader.acquire().await.map_err(map_sqlx)?;
-        views::turn(&mut conn, turn_id.as_str()).await
-    }
-
-    async fn executions(
-        &self,
-        turn_id: &TurnId,
-        page: &ExecutionPageRequest,
-    ) -> Result<ExecutionPage> {
-        agentgate_store_sql::views::executions(&views::Views(self), turn_id, page).await
-    }
-
-    async fn session(&self, session_id: &SessionId) -> Result<Option<SessionView>> {
-        agentgate_store_sql::views::session(&views::Views(self), session_id).await
-    }
-
-    async fn user(&self, user_id: &UserId) -> Result<UserView> {
-        agentgate_store_sql::views::user(&views::Views(self), user_id).await
-    }
-
-    async fn set_user_cap(&self, user_id: &UserId, cap: Option<u32>) -> Result<()> {
-        views::set_user_cap(self, user_id, cap).await
-    }
-
-    async fn overview(&self, limit: u32) -> Result<Overview> {
-        agentgate_store_sql::views::overview(&views::Views(self), limit).await
-    }
-
-    async fn sweep(&self) -> Result<SweepReport> {
-        let abandoned = self.abandon_orphans().await?;
-        let deleted = views::sweep(self).await?;
-        Ok(SweepReport {
-            abandoned,
-            ..deleted
-        })
-    }
-
-    async fn orphans(&self, filter: &OrphanFilter, limit: u32) -> Result<Vec<Orphan>> {
-        orphans::list(self, filter, limit).await
-    }
-
-    async fn abandon(&self, orphan: &Orphan) -> Result<bool> {
-        orphans::abandon(self, orphan).await
-    }
-}
+agentgate_store_sql::impl_store!(SqliteStore);
 
 #[cfg(test)]
 mod tests {

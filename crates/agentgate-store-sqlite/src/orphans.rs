@@ -22,7 +22,7 @@ use crate::begin::now_ms;
 use crate::error::map_sqlx;
 use crate::rows::Cols;
 use crate::{SqliteStore, NOW_MS};
-use agentgate_store_sql::orphans::{self, OrphanSql};
+use agentgate_store_sql::orphans::OrphanSql;
 
 /// When the turn last had a live lease, as far as the rows tell: the
 /// session's expiry while the row names it, else the recorded orphan time,
@@ -87,20 +87,8 @@ async fn candidates(
     rows.iter().map(|row| orphan(row, now)).collect()
 }
 
-pub(crate) async fn list(
-    store: &SqliteStore,
-    filter: &OrphanFilter,
-    limit: u32,
-) -> Result<Vec<Orphan>> {
-    orphans::list(&Sql(store), filter, limit).await
-}
-
-pub(crate) async fn abandon(store: &SqliteStore, orphan: &Orphan) -> Result<bool> {
-    orphans::abandon(&Sql(store), orphan).await
-}
-
 /// The store as the shared orphan steps see it.
-struct Sql<'a>(&'a SqliteStore);
+pub(crate) struct Sql<'a>(pub(crate) &'a SqliteStore);
 
 #[async_trait::async_trait]
 impl OrphanSql for Sql<'_> {

@@ -15,24 +15,21 @@
 
 use std::any::Any;
 
-use agentgate_core::canonical::CanonicalJson;
 use agentgate_core::decide::ExecutionSnapshot;
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{ExecutionId, Fence};
 use agentgate_core::lease::LeaseLayer;
 use agentgate_core::limits::FAST_ATTEMPTS;
 use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
-use agentgate_core::model::{Ending, ExecutionEnding, LeaseRef, ToolCall, ToolClaim, TurnView};
-use agentgate_core::store::{Completion, LeaseStatus};
-use serde_json::Value;
+use agentgate_core::model::{Ending, ExecutionEnding, LeaseRef, ToolCall, TurnView};
 use sqlx::query::Query;
 use sqlx::sqlite::SqliteArguments;
 use sqlx::{Sqlite, SqliteConnection, Transaction};
 
-use agentgate_store_sql::claim::{self, ClaimSql, Lookup};
-use agentgate_store_sql::heartbeat::{self, HeartbeatSql};
+use agentgate_store_sql::claim::{ClaimSql, Lookup};
+use agentgate_store_sql::heartbeat::HeartbeatSql;
 use agentgate_store_sql::lease::{self, Authority, LeaseRow, LeaseSql, LEASE_COLUMNS};
-use agentgate_store_sql::tool::{self, ToolEndingSql};
+use agentgate_store_sql::tool::ToolEndingSql;
 use agentgate_store_sql::StepTx;
 
 use crate::error::map_sqlx;
@@ -174,10 +171,6 @@ pub(crate) async fn locked_step(
     Ok((tx, live))
 }
 
-pub(crate) async fn heartbeat(store: &SqliteStore, lease: &LeaseRef) -> Result<LeaseStatus> {
-    heartbeat::heartbeat_once(&Sql(store), lease).await
-}
-
 #[async_trait::async_trait]
 impl HeartbeatSql for Sql<'_> {
     fn leases(&self) -> Option<&dyn LeaseLayer> {
@@ -217,15 +210,6 @@ impl HeartbeatSql for Sql<'_> {
         let mut conn = self.0.reader.acquire().await.map_err(map_sqlx)?;
         check_lease(self.0, &mut conn, lease).await.map(drop)
     }
-}
-
-/// Claims a tool call (the shared step over this store's SQL).
-pub(crate) async fn claim_tool(
-    store: &SqliteStore,
-    lease: &LeaseRef,
-    call: &ToolCall,
-) -> Result<ToolClaim> {
-    claim::claim_tool(&Sql(store), lease, call).await
 }
 
 #[async_trait::async_trait]
@@ -347,18 +331,9 @@ impl ClaimSql for Sql<'_> {
     }
 }
 
-pub(crate) async fn complete_tool(
-    store: &SqliteStore,
-    lease: &LeaseRef,
-    execution_id: &ExecutionId,
-    completion: Completion<'_>,
-) -> Result<Value> {
-    tool::complete_tool(&Sql(store), lease, execution_id, completion).await
-}
-
 /// The store as the shared tool ending sees it. SQLite marks no error a
 /// conflict, so the shared step never runs one of these again.
-struct Sql<'a>(&'a SqliteStore);
+pub(crate) struct Sql<'a>(pub(crate) &'a SqliteStore);
 
 #[async_trait::async_trait]
 impl ToolEndingSql for Sql<'_> {
@@ -432,15 +407,6 @@ impl ToolEndingSql for Sql<'_> {
         let connection: &mut SqliteConnection = tx;
         connection
     }
-}
-
-pub(crate) async fn fail_tool(
-    store: &SqliteStore,
-    lease: &LeaseRef,
-    execution_id: &ExecutionId,
-    error: &CanonicalJson,
-) -> Result<()> {
-    tool::fail_tool(&Sql(store), lease, execution_id, error).await
 }
 
 pub(crate) async fn end_turn(

@@ -2,26 +2,25 @@
 
 use agentgate_core::config::{check_cap, Config};
 use agentgate_core::error::Result;
-use agentgate_core::ids::UserId;
+use agentgate_core::ids::{TurnId, UserId};
 use agentgate_core::lease::LeaseLayer;
 use agentgate_core::model::{ExecutionView, SweepReport, TurnView};
 use agentgate_store_sql::rows::Columns;
 use agentgate_store_sql::views::{
     Cutoffs, HolderRow, SessionRow, UserRows, ViewSql, SESSION_VIEW_COLUMNS,
 };
-use sqlx::SqliteConnection;
 
 use crate::begin::now_ms;
 use crate::error::map_sqlx;
 use crate::rows::{execution_view, turn_view, Cols, EXECUTION_COLUMNS, TURN_COLUMNS};
 use crate::{SqliteStore, NOW_MS};
 
-pub(crate) async fn turn(conn: &mut SqliteConnection, turn_id: &str) -> Result<Option<TurnView>> {
+pub(crate) async fn turn(store: &SqliteStore, turn_id: &TurnId) -> Result<Option<TurnView>> {
     let row = sqlx::query(&format!(
         "SELECT {TURN_COLUMNS} FROM ag_turns WHERE turn_id = ?"
     ))
-    .bind(turn_id)
-    .fetch_optional(conn)
+    .bind(turn_id.as_str())
+    .fetch_optional(&store.reader)
     .await
     .map_err(map_sqlx)?;
     row.as_ref().map(turn_view).transpose()

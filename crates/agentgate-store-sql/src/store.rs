@@ -1,0 +1,159 @@
+//! The `Store` trait implemented once for every SQL store ([`impl_store!`]).
+//!
+//! `agentgate_core::store::Store` is foreign to this crate and to every
+//! store's generic parameter, so Rust's coherence rules forbid one blanket
+//! `impl<T> Store for T`; this macro writes the same impl into each store
+//! crate instead. It fixes the layout a SQL store follows, one file per
+//! concern:
+//!
+//! - `crate::begin::begin(&Store, &BeginCommand)`: the store's begin;
+//! - `crate::steps::Sql<'_>(&Store)`: [`StepTx`](crate::StepTx),
+//!   [`ClaimSql`](crate::claim::ClaimSql),
+//!   [`ToolEndingSql`](crate::tool::ToolEndingSql) and
+//!   [`HeartbeatSql`](crate::heartbeat::HeartbeatSql);
+//! - `crate::steps::end_turn(&Store, &LeaseRef, &Ending)`;
+//! - `crate::views::Views<'_>(&Store)`: [`ViewSql`](crate::views::ViewSql),
+//!   plus `crate::views::{turn, set_user_cap, sweep}(&Store, …)`;
+//! - `crate::orphans::Sql<'_>(&Store)`: [`OrphanSql`](crate::orphans::OrphanSql);
+//! - a `config: Config` field.
+
+/// Implements `agentgate_core::store::Store` for `$store` over the layout
+/// the [module documentation](self) names.
+// `crate::` here means the store crate that invokes the macro, on purpose:
+// its modules are the dialect.
+#[allow(clippy::crate_in_macro_def)]
+#[macro_export]
+macro_rules! impl_store {
+    ($store:ty) => {
+        #[$crate::async_trait]
+        impl ::agentgate_core::store::Store for $store {
+            fn config(&self) -> &::agentgate_core::config::Config {
+                &self.config
+            }
+
+            async fn begin(
+                &self,
+                command: &::agentgate_core::model::BeginCommand,
+            ) -> ::agentgate_core::error::Result<::agentgate_core::model::BeginOutcome> {
+                crate::begin::begin(self, command).await
+            }
+
+            async fn heartbeat(
+                &self,
+                lease: &::agentgate_core::model::LeaseRef,
+            ) -> ::agentgate_core::error::Result<::agentgate_core::store::LeaseStatus> {
+                $crate::heartbeat::heartbeat(&crate::steps::Sql(self), lease).await
+            }
+
+            async fn claim_tool(
+                &self,
+                lease: &::agentgate_core::model::LeaseRef,
+                call: &::agentgate_core::model::ToolCall,
+            ) -> ::agentgate_core::error::Result<::agentgate_core::model::ToolClaim> {
+                $crate::claim::claim_tool(&crate::steps::Sql(self), lease, call).await
+            }
+
+            async fn complete_tool(
+                &self,
+                lease: &::agentgate_core::model::LeaseRef,
+                execution_id: &::agentgate_core::ids::ExecutionId,
+                completion: ::agentgate_core::store::Completion<'_>,
+            ) -> ::agentgate_core::error::Result<::serde_json::Value> {
+                $crate::tool::complete_tool(
+                    &crate::steps::Sql(self),
+                    lease,
+                    execution_id,
+                    completion,
+                )
+                .await
+            }
+
+            async fn fail_tool(
+                &self,
+                lease: &::agentgate_core::model::LeaseRef,
+                execution_id: &::agentgate_core::ids::ExecutionId,
+                error: &::agentgate_core::canonical::CanonicalJson,
+            ) -> ::agentgate_core::error::Result<()> {
+                $crate::tool::fail_tool(&crate::steps::Sql(self), lease, execution_id, error).await
+            }
+
+            async fn end_turn(
+                &self,
+                lease: &::agentgate_core::model::LeaseRef,
+                ending: &::agentgate_core::model::Ending,
+            ) -> ::agentgate_core::error::Result<::agentgate_core::model::TurnView> {
+                crate::steps::end_turn(self, lease, ending).await
+            }
+
+            async fn turn(
+                &self,
+                turn_id: &::agentgate_core::ids::TurnId,
+            ) -> ::agentgate_core::error::Result<Option<::agentgate_core::model::TurnView>> {
+                crate::views::turn(self, turn_id).await
+            }
+
+            async fn executions(
+                &self,
+                turn_id: &::agentgate_core::ids::TurnId,
+                page: &::agentgate_core::page::ExecutionPageRequest,
+            ) -> ::agentgate_core::error::Result<::agentgate_core::page::ExecutionPage> {
+                $crate::views::executions(&crate::views::Views(self), turn_id, page).await
+            }
+
+            async fn session(
+                &self,
+                session_id: &::agentgate_core::ids::SessionId,
+            ) -> ::agentgate_core::error::Result<Option<::agentgate_core::model::SessionView>> {
+                $crate::views::session(&crate::views::Views(self), session_id).await
+            }
+
+            async fn user(
+                &self,
+                user_id: &::agentgate_core::ids::UserId,
+            ) -> ::agentgate_core::error::Result<::agentgate_core::model::UserView> {
+                $crate::views::user(&crate::views::Views(self), user_id).await
+            }
+
+            async fn set_user_cap(
+                &self,
+                user_id: &::agentgate_core::ids::UserId,
+                cap: Option<u32>,
+            ) -> ::agentgate_core::error::Result<()> {
+                crate::views::set_user_cap(self, user_id, cap).await
+            }
+
+            async fn overview(
+                &self,
+                limit: u32,
+            ) -> ::agentgate_core::error::Result<::agentgate_core::model::Overview> {
+                $crate::views::overview(&crate::views::Views(self), limit).await
+            }
+
+            async fn sweep(
+                &self,
+            ) -> ::agentgate_core::error::Result<::agentgate_core::model::SweepReport> {
+                let abandoned = ::agentgate_core::store::Store::abandon_orphans(self).await?;
+                let deleted = crate::views::sweep(self).await?;
+                Ok(::agentgate_core::model::SweepReport {
+                    abandoned,
+                    ..deleted
+                })
+            }
+
+            async fn orphans(
+                &self,
+                filter: &::agentgate_core::model::OrphanFilter,
+                limit: u32,
+            ) -> ::agentgate_core::error::Result<Vec<::agentgate_core::model::Orphan>> {
+                $crate::orphans::list(&crate::orphans::Sql(self), filter, limit).await
+            }
+
+            async fn abandon(
+                &self,
+                orphan: &::agentgate_core::model::Orphan,
+            ) -> ::agentgate_core::error::Result<bool> {
+                $crate::orphans::abandon(&crate::orphans::Sql(self), orphan).await
+            }
+        }
+    };
+}
