@@ -1687,7 +1687,7 @@ export interface operations {
             query?: {
                 /**
                  * @description The `executions_next` of the previous page; absent for the first.
-                 *     Treat it as opaque; its form (`<ms>.<execution id>`) is stated so a
+                 *     Treat it as opaque; its form (`<claim number>.<execution id>`) is stated so a
                  *     schema-valid value is one the server can read. One that names no
                  *     execution of the turn simply starts after where it would sort.
                  */

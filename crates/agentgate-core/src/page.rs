@@ -1,7 +1,8 @@
 //! Pages of a turn's tool executions, walked by a keyset cursor.
 //!
-//! Executions are ordered by their store-clock creation time, then their
-//! id; a cursor names the last execution of a page, and the next page is
+//! Executions are ordered by their place among the turn's claims (the
+//! store numbers each new execution after the ones it counts, unique per
+//! turn), then their id; a cursor names the last execution of a page, and the next page is
 //! the executions after it in that order (a keyset query, never `OFFSET`).
 //! A page carries at most its limit of executions and at most
 //! [`MAX_EXECUTION_PAGE_BYTES`] of results and errors, and never fewer than
@@ -17,11 +18,11 @@ use crate::limits::{DEFAULT_EXECUTION_PAGE, MAX_EXECUTION_PAGE, MAX_EXECUTION_PA
 use crate::model::ExecutionView;
 
 /// Where a page starts: just after the execution with this ordering key.
-/// On the wire it is opaque text, `<created_at_ms>.<execution_id>`.
+/// On the wire it is opaque text, `<claim_seq>.<execution_id>`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExecutionCursor {
-    /// The execution's creation time, store-clock ms.
-    pub created_at_ms: i64,
+    /// The execution's place among its turn's claims, from 1.
+    pub claim_seq: i64,
     /// The execution.
     pub execution_id: ExecutionId,
 }
@@ -33,17 +34,17 @@ impl ExecutionCursor {
     /// `invalid_request` when it is not one this engine handed out.
     pub fn parse(text: &str) -> Result<Self> {
         let bad = || Error::invalid("after is not a cursor this server handed out");
-        let (ms, id) = text.split_once('.').ok_or_else(bad)?;
-        if ms.is_empty() || ms.len() > 18 || !ms.bytes().all(|b| b.is_ascii_digit()) {
+        let (seq, id) = text.split_once('.').ok_or_else(bad)?;
+        if seq.is_empty() || seq.len() > 18 || !seq.bytes().all(|b| b.is_ascii_digit()) {
             return Err(bad());
         }
-        let created_at_ms: i64 = ms.parse().map_err(|_| bad())?;
+        let claim_seq: i64 = seq.parse().map_err(|_| bad())?;
         if !id.starts_with("exec_") {
             return Err(bad());
         }
         let execution_id = ExecutionId::new(id).map_err(|_| bad())?;
         Ok(Self {
-            created_at_ms,
+            claim_seq,
             execution_id,
         })
     }
@@ -51,7 +52,7 @@ impl ExecutionCursor {
 
 impl fmt::Display for ExecutionCursor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}", self.created_at_ms, self.execution_id.as_str())
+        write!(f, "{}.{}", self.claim_seq, self.execution_id.as_str())
     }
 }
 
@@ -151,7 +152,7 @@ fn json_bytes(value: Option<&Value>) -> u64 {
 
 /// Plans a page from the candidate rows a store read in page order (at
 /// most [`ExecutionPageRequest::fetch`] of them): each row's execution id,
-/// creation time and stored bytes of result and error. Returns the ordering
+/// claim number and stored bytes of result and error. Returns the ordering
 /// keys of the rows the page takes and whether rows follow them.
 ///
 /// # Errors
@@ -173,9 +174,9 @@ pub fn plan(
     let keys = candidates
         .into_iter()
         .take(take)
-        .map(|(id, created_at_ms, _)| {
+        .map(|(id, claim_seq, _)| {
             Ok(ExecutionCursor {
-                created_at_ms,
+                claim_seq,
                 execution_id: ExecutionId::new(id).map_err(Error::corrupt)?,
             })
         })
@@ -225,7 +226,7 @@ mod tests {
     #[test]
     fn cursors_round_trip_and_bad_ones_are_refused() {
         let cursor = ExecutionCursor {
-            created_at_ms: 1_733_030_000_000,
+            claim_seq: 17,
             execution_id: ExecutionId::new("exec_00ff").unwrap(),
         };
         assert_eq!(ExecutionCursor::parse(&cursor.to_string()).unwrap(), cursor);

@@ -125,7 +125,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn turn(&self, turn_id: &TurnId) -> Result<Option<TurnView>>;
 
     /// One page of a turn's tool executions, oldest first: those after
-    /// `page.after` in (creation time, id) order, read with a keyset query,
+    /// `page.after` in (claim number, id) order, read with a keyset query,
     /// at most `page.limit()` of them and at most
     /// [`crate::limits::MAX_EXECUTION_PAGE_BYTES`] of results and errors
     /// (see [`crate::page`]). [`all_executions`] walks every page.

@@ -463,7 +463,7 @@ pub struct ExecutionPageQuery {
     #[serde(default, deserialize_with = "valid_user_id")]
     pub user_id: Option<String>,
     /// The `executions_next` of the previous page; absent for the first.
-    /// Treat it as opaque; its form (`<ms>.<execution id>`) is stated so a
+    /// Treat it as opaque; its form (`<claim number>.<execution id>`) is stated so a
     /// schema-valid value is one the server can read. One that names no
     /// execution of the turn simply starts after where it would sort.
     #[param(

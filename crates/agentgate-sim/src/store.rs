@@ -1143,10 +1143,10 @@ impl Store for SimStore {
         page: &ExecutionPageRequest,
     ) -> Result<ExecutionPage> {
         let state = self.lock();
-        // Minted ids sort in creation order, so the ordering key's time
-        // part is 0 here and the id alone orders the page, oldest first.
+        // Minted ids sort in claim order, so the ordering key's number is 0
+        // here and the id alone orders the page, oldest first.
         let key = |execution_id: &str| ExecutionCursor {
-            created_at_ms: 0,
+            claim_seq: 0,
             execution_id: id(ExecutionId::new(execution_id)),
         };
         let after = page.after.as_ref().map(|c| c.execution_id.as_str());

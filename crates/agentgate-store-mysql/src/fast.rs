@@ -151,7 +151,9 @@ impl Holder {
 /// first non-locking read, the count, so it sees every claim that held the
 /// session's lock before. (An uncorrelated count is evaluated once before
 /// the join, from a snapshot taken before any lock wait, and two concurrent
-/// claims could both pass the limit.)
+/// claims could both pass the limit.) The row is numbered after the count
+/// (`claim_seq`, unique per turn): two claims that counted the same number
+/// collide on it and the second decides on the full path.
 pub(crate) async fn claim(
     store: &MySqlStore,
     lease: &LeaseRef,
@@ -164,8 +166,10 @@ pub(crate) async fn claim(
     };
     let sql = format!(
         "INSERT INTO ag_tool_executions (execution_id, turn_id, tool, args_hash, \
-         idempotency_key, state, attempt, fence, created_at_ms, updated_at_ms) \
-         SELECT ?, t.turn_id, ?, ?, ?, 'running', 1, t.fence, {NOW_MS}, {NOW_MS} \
+         idempotency_key, state, attempt, fence, claim_seq, created_at_ms, updated_at_ms) \
+         SELECT ?, t.turn_id, ?, ?, ?, 'running', 1, t.fence, \
+           (SELECT COUNT(*) FROM ag_tool_executions x WHERE x.turn_id = t.turn_id) + 1, \
+           {NOW_MS}, {NOW_MS} \
          FROM ag_turns t JOIN ag_sessions s ON s.session_id = t.session_id \
          WHERE {} AND (SELECT COUNT(*) FROM ag_tool_executions x \
                        WHERE x.turn_id = t.turn_id) < ? \

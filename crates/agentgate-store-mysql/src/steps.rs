@@ -229,12 +229,12 @@ impl ClaimSql for Sql<'_> {
         call: &ToolCall,
         (execution_id, key): (&ExecutionId, &str),
         live: &CheckedLease,
-        _seq: i64,
+        seq: i64,
     ) -> Result<u64> {
         let done = sqlx::query(
             "INSERT INTO ag_tool_executions (execution_id, turn_id, tool, args_hash, idempotency_key, \
-             state, attempt, fence, created_at_ms, updated_at_ms) \
-             VALUES (?, ?, ?, ?, ?, 'running', 1, ?, ?, ?)",
+             state, attempt, fence, claim_seq, created_at_ms, updated_at_ms) \
+             VALUES (?, ?, ?, ?, ?, 'running', 1, ?, ?, ?, ?)",
         )
         .bind(execution_id.as_str())
         .bind(lease.turn_id.as_str())
@@ -242,6 +242,7 @@ impl ClaimSql for Sql<'_> {
         .bind(call.args_hash.as_hex())
         .bind(key)
         .bind(live.fence.0)
+        .bind(seq)
         .bind(live.now_ms)
         .bind(live.now_ms)
         .execute(&mut **tx)

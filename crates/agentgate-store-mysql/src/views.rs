@@ -54,20 +54,20 @@ impl ViewSql for Views<'_> {
     async fn execution_keys(
         &self,
         turn_id: &str,
-        (after_ms, after_id): (i64, &str),
+        (after_seq, after_id): (i64, &str),
         fetch: i64,
     ) -> Result<Vec<(String, i64, i64)>> {
         let rows = sqlx::query(
-            "SELECT execution_id, created_at_ms, \
+            "SELECT execution_id, claim_seq, \
                CAST(COALESCE(OCTET_LENGTH(result), 0) + COALESCE(OCTET_LENGTH(error), 0) AS SIGNED) \
                AS stored_bytes \
              FROM ag_tool_executions WHERE turn_id = ? \
-               AND (created_at_ms > ? OR (created_at_ms = ? AND execution_id > ?)) \
-             ORDER BY created_at_ms, execution_id LIMIT ?",
+               AND (claim_seq > ? OR (claim_seq = ? AND execution_id > ?)) \
+             ORDER BY claim_seq, execution_id LIMIT ?",
         )
         .bind(turn_id)
-        .bind(after_ms)
-        .bind(after_ms)
+        .bind(after_seq)
+        .bind(after_seq)
         .bind(after_id)
         .bind(fetch)
         .fetch_all(&self.0.pool)
@@ -78,7 +78,7 @@ impl ViewSql for Views<'_> {
                 let row = Cols(row);
                 Ok((
                     row.text_required("execution_id")?,
-                    row.int_required("created_at_ms")?,
+                    row.int_required("claim_seq")?,
                     row.int_required("stored_bytes")?,
                 ))
             })
@@ -88,22 +88,22 @@ impl ViewSql for Views<'_> {
     async fn execution_rows(
         &self,
         turn_id: &str,
-        (after_ms, after_id): (i64, &str),
-        (last_ms, last_id): (i64, &str),
+        (after_seq, after_id): (i64, &str),
+        (last_seq, last_id): (i64, &str),
         limit: i64,
     ) -> Result<Vec<ExecutionView>> {
         let rows = sqlx::query(&format!(
             "SELECT {EXECUTION_COLUMNS} FROM ag_tool_executions WHERE turn_id = ? \
-               AND (created_at_ms > ? OR (created_at_ms = ? AND execution_id > ?)) \
-               AND (created_at_ms < ? OR (created_at_ms = ? AND execution_id <= ?)) \
-             ORDER BY created_at_ms, execution_id LIMIT ?"
+               AND (claim_seq > ? OR (claim_seq = ? AND execution_id > ?)) \
+               AND (claim_seq < ? OR (claim_seq = ? AND execution_id <= ?)) \
+             ORDER BY claim_seq, execution_id LIMIT ?"
         ))
         .bind(turn_id)
-        .bind(after_ms)
-        .bind(after_ms)
+        .bind(after_seq)
+        .bind(after_seq)
         .bind(after_id)
-        .bind(last_ms)
-        .bind(last_ms)
+        .bind(last_seq)
+        .bind(last_seq)
         .bind(last_id)
         .bind(limit)
         .fetch_all(&self.0.pool)

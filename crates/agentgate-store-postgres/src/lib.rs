@@ -135,6 +135,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (4, include_str!("../migrations/0004_orphans.sql")),
     (5, include_str!("../migrations/0005_confirms_pending.sql")),
     (6, include_str!("../migrations/0006_begin_new.sql")),
+    (7, include_str!("../migrations/0007_claim_order.sql")),
 ];
 
 /// agentgate on a PostgreSQL database.

@@ -155,10 +155,10 @@ async fn claim_once<S: ClaimSql>(sql: &S, lease: &LeaseRef, call: &ToolCall) -> 
         ToolDecision::Insert => {
             check_execution_room(lease.turn_id.as_str(), lookup.executions)?;
             let execution_id = ExecutionId::generate();
-            // Numbered after the executions counted: a one-statement claim
-            // of the same turn that counted the same number collides (where
-            // the store keeps the number unique) instead of both passing the
-            // bound.
+            // Numbered after the executions counted: the number orders the
+            // turn's journal, and a one-statement claim of the same turn that
+            // counted the same number collides on it (every store keeps it
+            // unique per turn) instead of both passing the bound.
             let seq = lookup.executions + 1;
             let written = sql
                 .insert(&mut tx, lease, call, (&execution_id, &key), &live, seq)

@@ -114,7 +114,7 @@ pub trait ViewSql: Sync {
     /// The store's configuration.
     fn config(&self) -> &Config;
 
-    /// Ordering keys and stored sizes (`execution_id`, `created_at_ms`,
+    /// Ordering keys and stored sizes (`execution_id`, `claim_seq`,
     /// result + error bytes) of up to `fetch` executions of the turn after
     /// the key `after`, in key order.
     async fn execution_keys(
@@ -165,9 +165,10 @@ pub async fn executions<S: ViewSql>(
     turn_id: &TurnId,
     page: &ExecutionPageRequest,
 ) -> Result<ExecutionPage> {
-    let after = page.after.as_ref().map_or((i64::MIN, ""), |c| {
-        (c.created_at_ms, c.execution_id.as_str())
-    });
+    let after = page
+        .after
+        .as_ref()
+        .map_or((i64::MIN, ""), |c| (c.claim_seq, c.execution_id.as_str()));
     let keyed = sql
         .execution_keys(turn_id.as_str(), after, i64::from(page.fetch()))
         .await?;
@@ -175,7 +176,7 @@ pub async fn executions<S: ViewSql>(
     let Some(last) = keys.last() else {
         return Ok(ExecutionPage::default());
     };
-    let through = (last.created_at_ms, last.execution_id.as_str());
+    let through = (last.claim_seq, last.execution_id.as_str());
     let limit = i64::try_from(keys.len()).expect("a page's length fits in i64");
     let rows = sql
         .execution_rows(turn_id.as_str(), after, through, limit)

@@ -68,6 +68,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (2, include_str!("../migrations/0002_overview.sql")),
     (3, include_str!("../migrations/0003_orphans.sql")),
     (4, include_str!("../migrations/0004_confirms_pending.sql")),
+    (5, include_str!("../migrations/0005_claim_seq.sql")),
 ];
 
 /// agentgate on an embedded SQLite file.

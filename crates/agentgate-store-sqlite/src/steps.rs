@@ -242,10 +242,12 @@ impl ClaimSql for Sql<'_> {
         };
         let sql = format!(
             "INSERT INTO ag_tool_executions (execution_id, turn_id, tool, args_hash, \
-             idempotency_key, state, attempt, fence, created_at_ms, updated_at_ms) \
-             SELECT ?3, ?1, ?4, ?5, ?6, 'running', 1, live.fence, {NOW_MS}, {NOW_MS} \
-             FROM (SELECT {} AS fence) live WHERE live.fence IS NOT NULL \
-             AND (SELECT COUNT(*) FROM ag_tool_executions WHERE turn_id = ?1) < ?7 \
+             idempotency_key, state, attempt, fence, claim_seq, created_at_ms, updated_at_ms) \
+             SELECT ?3, ?1, ?4, ?5, ?6, 'running', 1, live.fence, live.executions + 1, \
+               {NOW_MS}, {NOW_MS} \
+             FROM (SELECT {} AS fence, \
+                     (SELECT COUNT(*) FROM ag_tool_executions WHERE turn_id = ?1) AS executions) live \
+             WHERE live.fence IS NOT NULL AND live.executions < ?7 \
              ON CONFLICT DO NOTHING",
             proof.live_fence()
         );
@@ -277,7 +279,6 @@ impl ClaimSql for Sql<'_> {
         Lookup::read(&Cols(&row))
     }
 
-    /// SQLite keeps no claim number: its single writer keeps the bound exact.
     async fn insert(
         &self,
         tx: &mut Self::Tx,
@@ -285,12 +286,12 @@ impl ClaimSql for Sql<'_> {
         call: &ToolCall,
         (execution_id, key): (&ExecutionId, &str),
         live: &LiveLease,
-        _seq: i64,
+        seq: i64,
     ) -> Result<u64> {
         let done = sqlx::query(
             "INSERT INTO ag_tool_executions (execution_id, turn_id, tool, args_hash, idempotency_key, \
-             state, attempt, fence, created_at_ms, updated_at_ms) \
-             VALUES (?1, ?2, ?3, ?4, ?5, 'running', 1, ?6, ?7, ?7)",
+             state, attempt, fence, claim_seq, created_at_ms, updated_at_ms) \
+             VALUES (?1, ?2, ?3, ?4, ?5, 'running', 1, ?6, ?7, ?8, ?8)",
         )
         .bind(execution_id.as_str())
         .bind(lease.turn_id.as_str())
@@ -298,6 +299,7 @@ impl ClaimSql for Sql<'_> {
         .bind(call.args_hash.as_hex())
         .bind(key)
         .bind(live.fence.0)
+        .bind(seq)
         .bind(live.now_ms)
         .execute(&mut **tx)
         .await

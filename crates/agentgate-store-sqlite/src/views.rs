@@ -42,18 +42,18 @@ impl ViewSql for Views<'_> {
     async fn execution_keys(
         &self,
         turn_id: &str,
-        (after_ms, after_id): (i64, &str),
+        (after_seq, after_id): (i64, &str),
         fetch: i64,
     ) -> Result<Vec<(String, i64, i64)>> {
         sqlx::query_as(
-            "SELECT execution_id, created_at_ms, \
+            "SELECT execution_id, claim_seq, \
                COALESCE(LENGTH(CAST(result AS BLOB)), 0) + COALESCE(LENGTH(CAST(error AS BLOB)), 0) \
              FROM ag_tool_executions WHERE turn_id = ?1 \
-               AND (created_at_ms > ?2 OR (created_at_ms = ?2 AND execution_id > ?3)) \
-             ORDER BY created_at_ms, execution_id LIMIT ?4",
+               AND (claim_seq > ?2 OR (claim_seq = ?2 AND execution_id > ?3)) \
+             ORDER BY claim_seq, execution_id LIMIT ?4",
         )
         .bind(turn_id)
-        .bind(after_ms)
+        .bind(after_seq)
         .bind(after_id)
         .bind(fetch)
         .fetch_all(&self.0.reader)
@@ -64,21 +64,21 @@ impl ViewSql for Views<'_> {
     async fn execution_rows(
         &self,
         turn_id: &str,
-        (after_ms, after_id): (i64, &str),
-        (last_ms, last_id): (i64, &str),
+        (after_seq, after_id): (i64, &str),
+        (last_seq, last_id): (i64, &str),
         limit: i64,
     ) -> Result<Vec<ExecutionView>> {
         let rows = sqlx::query(&format!(
             "SELECT {EXECUTION_COLUMNS} FROM ag_tool_executions WHERE turn_id = ?1 \
-               AND (created_at_ms > ?2 OR (created_at_ms = ?2 AND execution_id > ?3)) \
-               AND (created_at_ms < ?5 OR (created_at_ms = ?5 AND execution_id <= ?6)) \
-             ORDER BY created_at_ms, execution_id LIMIT ?4"
+               AND (claim_seq > ?2 OR (claim_seq = ?2 AND execution_id > ?3)) \
+               AND (claim_seq < ?5 OR (claim_seq = ?5 AND execution_id <= ?6)) \
+             ORDER BY claim_seq, execution_id LIMIT ?4"
         ))
         .bind(turn_id)
-        .bind(after_ms)
+        .bind(after_seq)
         .bind(after_id)
         .bind(limit)
-        .bind(last_ms)
+        .bind(last_seq)
         .bind(last_id)
         .fetch_all(&self.0.reader)
         .await

@@ -1,9 +1,8 @@
 //! A turn's tool executions are read in pages (keyset cursor, bounded rows
 //! and bytes): walking the pages yields every execution exactly once, in
-//! creation order, whatever the page size.
+//! claim order, whatever the page size.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use agentgate::page::{ExecutionCursor, ExecutionPageRequest};
 use agentgate::{ErrorKind, ExecutionId, ToolStep};
@@ -88,8 +87,8 @@ async fn walk(
     (ids, pages)
 }
 
-/// A turn records 120 executions, one store-clock millisecond or more apart,
-/// each with a 100 KB result. Walking its pages at the default size (cut by
+/// A turn records 120 executions claimed back to back (many in one
+/// store-clock millisecond), each with a 100 KB result. Walking its pages at the default size (cut by
 /// the 4 MiB byte limit), at 7 (cut by rows) and at the largest size yields
 /// every execution exactly once, in claim order; every page is within its
 /// row and byte limits and is cut only where the next execution would pass
@@ -101,8 +100,8 @@ pub async fn execution_pages_walk_every_execution_once(target: &Target) {
     let filler = "x".repeat(RESULT_CHARS);
     let mut claimed = Vec::new();
     for i in 0..EXECUTIONS {
-        // Distinct creation times make claim order the store's order.
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        // No pause between claims: many share a store-clock millisecond,
+        // and the store's order must still be claim order.
         match turn.tool("lookup", &json!({"i": i})).await.expect("claim") {
             ToolStep::Execute(execution) => {
                 claimed.push(execution.id().clone());
@@ -145,7 +144,7 @@ pub async fn execution_pages_walk_every_execution_once(target: &Target) {
         "120 results of 100 KB do not fit one page"
     );
     let past_end = ExecutionCursor {
-        created_at_ms: i64::MAX,
+        claim_seq: i64::MAX,
         execution_id: last.execution_id.clone(),
     };
     let empty = store
