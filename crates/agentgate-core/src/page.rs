@@ -14,7 +14,9 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::ids::ExecutionId;
-use crate::limits::{DEFAULT_EXECUTION_PAGE, MAX_EXECUTION_PAGE, MAX_EXECUTION_PAGE_BYTES};
+use crate::limits::{
+    DEFAULT_EXECUTION_PAGE, MAX_EXECUTIONS_PER_TURN, MAX_EXECUTION_PAGE, MAX_EXECUTION_PAGE_BYTES,
+};
 use crate::model::ExecutionView;
 
 /// Where a page starts: just after the execution with this ordering key.
@@ -39,6 +41,12 @@ impl ExecutionCursor {
             return Err(bad());
         }
         let claim_seq: i64 = seq.parse().map_err(|_| bad())?;
+        // No execution is numbered past the turn's bound. A larger number is
+        // most likely a cursor of an older release (`<created_at_ms>.<id>`),
+        // which read as a claim number would silently end the walk early.
+        if claim_seq > i64::from(MAX_EXECUTIONS_PER_TURN) {
+            return Err(bad());
+        }
         if !id.starts_with("exec_") {
             return Err(bad());
         }
@@ -230,6 +238,11 @@ mod tests {
             execution_id: ExecutionId::new("exec_00ff").unwrap(),
         };
         assert_eq!(ExecutionCursor::parse(&cursor.to_string()).unwrap(), cursor);
+        // The last number a turn can hand out is a cursor; the OpenAPI
+        // pattern of `after` (agentgate-server's dto.rs) states the same bound.
+        assert_eq!(MAX_EXECUTIONS_PER_TURN, 1_000);
+        assert!(ExecutionCursor::parse("1000.exec_1").is_ok());
+        assert!(ExecutionCursor::parse("0.exec_1").is_ok());
         for bad in [
             "",
             ".",
@@ -240,6 +253,8 @@ mod tests {
             "1.turn_1",
             "1exec_1",
             "99999999999999999999.exec_1",
+            "1001.exec_1",
+            "1764600000000.exec_1",
         ] {
             let error = ExecutionCursor::parse(bad).unwrap_err();
             assert_eq!(error.kind().code(), "invalid_request", "{bad:?}");

@@ -467,8 +467,8 @@ pub struct ExecutionPageQuery {
     /// schema-valid value is one the server can read. One that names no
     /// execution of the turn simply starts after where it would sort.
     #[param(
-        pattern = r"^[0-9]{1,18}\.exec_[^\u0000-\u001F\u007F-\u009F]{0,123}$",
-        max_length = 147
+        pattern = r"^(?:[0-9]{1,3}|1000)\.exec_[^\u0000-\u001F\u007F-\u009F]{0,123}$",
+        max_length = 133
     )]
     pub after: Option<String>,
     /// Most executions on the page (default 50).

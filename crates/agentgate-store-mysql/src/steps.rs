@@ -219,9 +219,9 @@ impl ClaimSql for Sql<'_> {
         Lookup::read(&Cols(&row))
     }
 
-    /// MySQL keeps no claim number: the session's row lock, held by every
-    /// full-path claim and taken by the one-statement claim's `FOR UPDATE`,
-    /// keeps the bound exact.
+    /// The session's row lock, held by every full-path claim and taken by
+    /// the one-statement claim's `FOR UPDATE`, keeps the bound and `seq`
+    /// exact.
     async fn insert(
         &self,
         tx: &mut Self::Tx,

@@ -58,12 +58,12 @@ impl ViewSql for Views<'_> {
         fetch: i64,
     ) -> Result<Vec<(String, i64, i64)>> {
         let rows = sqlx::query(
-            "SELECT execution_id, claim_seq, \
+            "SELECT execution_id, COALESCE(claim_seq, 0) AS claim_seq, \
                CAST(COALESCE(OCTET_LENGTH(result), 0) + COALESCE(OCTET_LENGTH(error), 0) AS SIGNED) \
                AS stored_bytes \
              FROM ag_tool_executions WHERE turn_id = ? \
-               AND (claim_seq > ? OR (claim_seq = ? AND execution_id > ?)) \
-             ORDER BY claim_seq, execution_id LIMIT ?",
+               AND (COALESCE(claim_seq, 0) > ? OR (COALESCE(claim_seq, 0) = ? AND execution_id > ?)) \
+             ORDER BY COALESCE(claim_seq, 0), execution_id LIMIT ?",
         )
         .bind(turn_id)
         .bind(after_seq)
@@ -94,9 +94,9 @@ impl ViewSql for Views<'_> {
     ) -> Result<Vec<ExecutionView>> {
         let rows = sqlx::query(&format!(
             "SELECT {EXECUTION_COLUMNS} FROM ag_tool_executions WHERE turn_id = ? \
-               AND (claim_seq > ? OR (claim_seq = ? AND execution_id > ?)) \
-               AND (claim_seq < ? OR (claim_seq = ? AND execution_id <= ?)) \
-             ORDER BY claim_seq, execution_id LIMIT ?"
+               AND (COALESCE(claim_seq, 0) > ? OR (COALESCE(claim_seq, 0) = ? AND execution_id > ?)) \
+               AND (COALESCE(claim_seq, 0) < ? OR (COALESCE(claim_seq, 0) = ? AND execution_id <= ?)) \
+             ORDER BY COALESCE(claim_seq, 0), execution_id LIMIT ?"
         ))
         .bind(turn_id)
         .bind(after_seq)

@@ -116,7 +116,9 @@ pub trait ViewSql: Sync {
 
     /// Ordering keys and stored sizes (`execution_id`, `claim_seq`,
     /// result + error bytes) of up to `fetch` executions of the turn after
-    /// the key `after`, in key order.
+    /// the key `after`, in key order. Where the column is nullable (SQLite,
+    /// MySQL: a node of an older release may still insert during a rolling
+    /// upgrade) a missing number reads as 0.
     async fn execution_keys(
         &self,
         turn_id: &str,

@@ -46,11 +46,11 @@ impl ViewSql for Views<'_> {
         fetch: i64,
     ) -> Result<Vec<(String, i64, i64)>> {
         sqlx::query_as(
-            "SELECT execution_id, claim_seq, \
+            "SELECT execution_id, COALESCE(claim_seq, 0) AS claim_seq, \
                COALESCE(LENGTH(CAST(result AS BLOB)), 0) + COALESCE(LENGTH(CAST(error AS BLOB)), 0) \
              FROM ag_tool_executions WHERE turn_id = ?1 \
-               AND (claim_seq > ?2 OR (claim_seq = ?2 AND execution_id > ?3)) \
-             ORDER BY claim_seq, execution_id LIMIT ?4",
+               AND (COALESCE(claim_seq, 0) > ?2 OR (COALESCE(claim_seq, 0) = ?2 AND execution_id > ?3)) \
+             ORDER BY COALESCE(claim_seq, 0), execution_id LIMIT ?4",
         )
         .bind(turn_id)
         .bind(after_seq)
@@ -70,9 +70,9 @@ impl ViewSql for Views<'_> {
     ) -> Result<Vec<ExecutionView>> {
         let rows = sqlx::query(&format!(
             "SELECT {EXECUTION_COLUMNS} FROM ag_tool_executions WHERE turn_id = ?1 \
-               AND (claim_seq > ?2 OR (claim_seq = ?2 AND execution_id > ?3)) \
-               AND (claim_seq < ?5 OR (claim_seq = ?5 AND execution_id <= ?6)) \
-             ORDER BY claim_seq, execution_id LIMIT ?4"
+               AND (COALESCE(claim_seq, 0) > ?2 OR (COALESCE(claim_seq, 0) = ?2 AND execution_id > ?3)) \
+               AND (COALESCE(claim_seq, 0) < ?5 OR (COALESCE(claim_seq, 0) = ?5 AND execution_id <= ?6)) \
+             ORDER BY COALESCE(claim_seq, 0), execution_id LIMIT ?4"
         ))
         .bind(turn_id)
         .bind(after_seq)
