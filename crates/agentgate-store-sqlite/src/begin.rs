@@ -2,6 +2,34 @@
 //! `BEGIN IMMEDIATE` transaction. The session lease and the user's permit are
 //! one row write, so they are taken together or not at all.
 //!
+//! The common case is one autocommit statement ([`begin_new`]): a request
+//! with no turn yet and no confirmation, on a free session of the caller (or
+//! a new one), by a user below its cap, without a lease layer. It inserts a
+//! request row into `ag_begin_new` only when its `WHERE` holds, and that
+//! table's trigger (migration 0006) writes what [`write_grant`] and
+//! `insert_turn` write for a new turn: the fence counter, the session's
+//! grant, the turn. The single writer makes the statement's reads and its
+//! trigger's writes one atomic step. It grants only when `decide_begin`
+//! would answer `Start { New, attempt 1 }` on the same facts; otherwise it
+//! inserts nothing, writes nothing, and the full path below decides. It
+//! never refuses. The conditions are PostgreSQL's `ag_begin_new`'s, checked
+//! against `decide_begin` over every combination of the facts by
+//! `agentgate-store-postgres`'s `fast_path_implies_a_new_start`:
+//!
+//! | the statement checks | fact `decide_begin` reads | why it starts |
+//! |---|---|---|
+//! | the command has no confirmation (checked here) | `confirms: None` | with no turn, `(None, None)` goes straight to `gate_start(New, 1)` |
+//! | no lease layer (checked here) | leases in the rows | the row expiry is the lease, as read in the statement |
+//! | no turn for `(session_id, client_request_id)` | `turn: None` | no replay, restart, takeover or exhaustion |
+//! | no session row of another user | `session.user_id == user_id` | no `not_found` |
+//! | no holder on the session row (`holder_turn_id IS NULL`) | `session.holder: None` | no `session_busy` (an expired holder falls back) |
+//! | no pending confirmation (`pending_turn_id IS NULL`) | `session.pending: None` | no `awaiting_confirmation` (an expired one falls back) |
+//! | the cap (the user row's, else the configured default) is in `0..=u32::MAX` | `UserLoad::read` succeeds | no `corrupt` |
+//! | live leases of the user `<` cap | `load.live < load.cap` | no `user_at_capacity` |
+//!
+//! Calls into SQLite: the common case is the one statement; anything else is
+//! that statement (inserting nothing) and then the full path.
+//!
 //! With an external lease layer (Redis) the single writer never waits on the
 //! layer: the begin decides on a reader snapshot, takes a fence (one
 //! autocommit statement), acquires the layer's lease and permit with it, and
@@ -122,6 +150,15 @@ pub(crate) async fn begin(store: &SqliteStore, command: &BeginCommand) -> Result
     if let Some(layer) = &store.leases {
         return begin_layered(store, layer.as_ref(), command).await;
     }
+    if let Some(grant) = begin_new(store, command).await? {
+        return Ok(BeginOutcome::Started(grant));
+    }
+    begin_full(store, command).await
+}
+
+/// The full path without a lease layer: snapshot, `decide_begin`, apply, in
+/// one write transaction.
+async fn begin_full(store: &SqliteStore, command: &BeginCommand) -> Result<BeginOutcome> {
     let mut tx = store.write().await?;
     let decided = decide_in(&mut tx, command, store.config.max_turns_per_user).await?;
     let outcome = match decided.decision {
@@ -153,6 +190,71 @@ pub(crate) async fn begin(store: &SqliteStore, command: &BeginCommand) -> Result
     };
     tx.commit().await.map_err(map_sqlx)?;
     Ok(outcome)
+}
+
+/// The common case in one autocommit statement (the module docs list when
+/// it grants): the grant, or `None` when the full path must decide, in
+/// which case nothing was written.
+async fn begin_new(store: &SqliteStore, command: &BeginCommand) -> Result<Option<Grant>> {
+    if store.leases.is_some() || command.confirmation.is_some() {
+        return Ok(None);
+    }
+    let turn_id = TurnId::generate();
+    let token = LeaseToken::generate();
+    let ttl_ms = store.config.lease_ttl_ms();
+    // Read to the end (`fetch_all`), so the statement runs to completion and
+    // its autocommit transaction commits before the grant is handed out.
+    let granted: Vec<i64> = sqlx::query_scalar(&format!(
+        "INSERT INTO ag_begin_new (turn_id, session_id, user_id, client_request_id, token_hash, \
+           fingerprint, payload, fence, now_ms, lease_expires_at_ms) \
+         SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, f.value + 1, c.now_ms, c.now_ms + ?8 \
+         FROM ag_fence f, (SELECT {NOW_MS} AS now_ms, \
+                 COALESCE((SELECT max_turns FROM ag_users WHERE user_id = ?3), ?9) AS cap) c \
+         WHERE f.id = 1 \
+           AND NOT EXISTS (SELECT 1 FROM ag_turns \
+                           WHERE session_id = ?2 AND client_request_id = ?4) \
+           AND NOT EXISTS (SELECT 1 FROM ag_sessions WHERE session_id = ?2 \
+                           AND (user_id <> ?3 OR holder_turn_id IS NOT NULL \
+                                OR pending_turn_id IS NOT NULL)) \
+           AND c.cap BETWEEN 0 AND 4294967295 \
+           AND (SELECT COUNT(*) FROM ag_sessions \
+                WHERE user_id = ?3 AND lease_expires_at_ms > c.now_ms) < c.cap \
+         RETURNING fence"
+    ))
+    .bind(turn_id.as_str())
+    .bind(command.session_id.as_str())
+    .bind(command.user_id.as_str())
+    .bind(command.client_request_id.as_str())
+    .bind(token.digest_hex())
+    .bind(command.fingerprint.as_hex())
+    .bind(command.payload.as_str())
+    .bind(ttl_ms)
+    .bind(i64::from(store.config.max_turns_per_user))
+    .fetch_all(&store.writer)
+    .await
+    .map_err(map_sqlx)?;
+    let fence = match granted.as_slice() {
+        [] => return Ok(None),
+        [fence] => *fence,
+        more => {
+            return Err(corrupt(format!(
+                "a one-statement begin granted {}",
+                more.len()
+            )))
+        }
+    };
+    Ok(Some(Grant {
+        turn_id,
+        session_id: command.session_id.clone(),
+        user_id: command.user_id.clone(),
+        client_request_id: command.client_request_id.clone(),
+        lease_token: token,
+        fence: Fence(fence),
+        attempt: 1,
+        takeover: false,
+        lease_expires_in_ms: ttl_ms,
+        confirmation: None,
+    }))
 }
 
 /// The begin with an external lease layer: see the module documentation.
@@ -607,3 +709,6 @@ async fn insert_turn(
         })
         .transpose()
 }
+
+#[cfg(test)]
+mod tests;

@@ -69,6 +69,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (3, include_str!("../migrations/0003_orphans.sql")),
     (4, include_str!("../migrations/0004_confirms_pending.sql")),
     (5, include_str!("../migrations/0005_claim_seq.sql")),
+    (6, include_str!("../migrations/0006_begin_new.sql")),
 ];
 
 /// agentgate on an embedded SQLite file.

@@ -1,0 +1,167 @@
+//! The one-statement begin against the full path: it writes exactly the
+//! rows the full path writes for a new start, in no explicit transaction,
+//! and where the full path would not start a new turn it writes nothing.
+
+#![allow(clippy::unwrap_used)]
+
+use agentgate_core::config::Config;
+use agentgate_core::ids::{ClientRequestId, SessionId, UserId};
+use agentgate_core::model::{BeginCommand, BeginOutcome};
+use agentgate_core::store::Store;
+use serde_json::json;
+
+use super::{begin_full, begin_new};
+use crate::SqliteStore;
+
+fn command(user: &str, session: &str, request: &str) -> BeginCommand {
+    BeginCommand::new(
+        UserId::new(user).unwrap(),
+        SessionId::new(session).unwrap(),
+        ClientRequestId::new(request).unwrap(),
+        &json!({ "message": request }),
+        None,
+    )
+    .unwrap()
+}
+
+async fn open(dir: &tempfile::TempDir, cap: u32) -> SqliteStore {
+    let url = format!("sqlite://{}", dir.path().join("begin.db").display());
+    let config = Config {
+        max_turns_per_user: cap,
+        ..Config::default()
+    };
+    SqliteStore::open(&url, config).await.unwrap()
+}
+
+/// A session's row and its turn's row as a grant left them, with what
+/// differs between two grants (ids, times, fence, token) replaced by how
+/// they relate.
+async fn grant_rows(store: &SqliteStore, session: &str) -> String {
+    sqlx::query_scalar(
+        "SELECT concat_ws(' ', s.user_id, s.holder_turn_id = t.turn_id, \
+           length(s.lease_token_hash), s.lease_expires_at_ms - s.updated_at_ms, \
+           s.pending_turn_id IS NULL, s.pending_expires_at_ms IS NULL, \
+           t.fence = s.fence, t.created_at_ms = s.updated_at_ms, t.updated_at_ms = s.updated_at_ms, \
+           t.user_id, t.client_request_id, t.fingerprint, t.state, t.attempt, \
+           coalesce(t.response, '-'), coalesce(t.error, '-'), coalesce(t.retryable, '-'), \
+           coalesce(t.pending, '-'), coalesce(t.confirms_turn_id, '-'), \
+           coalesce(t.confirms_pending, '-'), coalesce(t.decision, '-'), \
+           coalesce(t.confirmed_by, '-'), coalesce(t.ended_at_ms, '-'), \
+           coalesce(t.orphaned_at_ms, '-'), t.payload) \
+         FROM ag_sessions s JOIN ag_turns t ON t.session_id = s.session_id \
+         WHERE s.session_id = ?",
+    )
+    .bind(session)
+    .fetch_one(store.pool())
+    .await
+    .unwrap()
+}
+
+/// Every row of the tables a begin may write, in a fixed order.
+async fn all_rows(store: &SqliteStore) -> String {
+    let mut all = String::new();
+    for (table, key) in [
+        ("ag_fence", "id"),
+        ("ag_users", "user_id"),
+        ("ag_sessions", "session_id"),
+        ("ag_turns", "turn_id"),
+        ("ag_begin_new", "turn_id"),
+    ] {
+        let columns: Vec<String> =
+            sqlx::query_scalar("SELECT name FROM pragma_table_info(?) ORDER BY cid")
+                .bind(table)
+                .fetch_all(store.pool())
+                .await
+                .unwrap();
+        let rows: Vec<String> = sqlx::query_scalar(&format!(
+            "SELECT json_array({}) FROM {table} ORDER BY {key}",
+            columns.join(", ")
+        ))
+        .fetch_all(store.pool())
+        .await
+        .unwrap_or_else(|e| panic!("read {table}: {e}"));
+        all.push_str(&format!("{table}: {rows:?}\n"));
+    }
+    all
+}
+
+#[tokio::test]
+async fn a_new_start_in_one_statement_writes_what_the_full_path_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir, 5).await;
+    let transactions = store.transactions_begun();
+    let fast = begin_new(&store, &command("ann", "fast", "r1"))
+        .await
+        .unwrap()
+        .expect("a new start on a free session is granted in one statement");
+    assert_eq!(
+        store.transactions_begun(),
+        transactions,
+        "no explicit transaction"
+    );
+    let full = match begin_full(&store, &command("ann", "full", "r1"))
+        .await
+        .unwrap()
+    {
+        BeginOutcome::Started(grant) => grant,
+        other => panic!("the full path starts: {other:?}"),
+    };
+    assert_eq!(
+        grant_rows(&store, "fast").await,
+        grant_rows(&store, "full").await
+    );
+    assert_eq!((fast.attempt, fast.takeover), (full.attempt, full.takeover));
+    assert!(
+        full.fence.0 > fast.fence.0,
+        "fences grow: {fast:?} {full:?}"
+    );
+    let counter: i64 = sqlx::query_scalar("SELECT value FROM ag_fence")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(counter, full.fence.0, "the counter holds the newest fence");
+    // The grant is the session's lease: the store sees the holder.
+    let view = store
+        .session(&SessionId::new("fast").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    let holder = view.holder.expect("the fast grant holds the session");
+    assert_eq!((holder.turn_id, holder.fence), (fast.turn_id, fast.fence));
+}
+
+/// Where `decide_begin` would not answer a new start, the statement inserts
+/// nothing and changes no row: a repeat, a held session, another user's
+/// session, a user at its cap, a cap row out of range. (A confirmation or a
+/// lease layer never tries the statement.)
+#[tokio::test]
+async fn anything_but_a_new_start_falls_back_having_written_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir, 2).await;
+    begin_new(&store, &command("bo", "held", "r1"))
+        .await
+        .unwrap()
+        .unwrap();
+    begin_new(&store, &command("bo", "other", "r1"))
+        .await
+        .unwrap()
+        .unwrap();
+    sqlx::query("INSERT INTO ag_users (user_id, max_turns) VALUES ('huge', 4294967296)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let before = all_rows(&store).await;
+    for (why, user, session, request) in [
+        ("a repeat of a request", "bo", "held", "r1"),
+        ("a held session", "bo", "held", "r2"),
+        ("another user's session", "cy", "held", "r3"),
+        ("the user at its cap", "bo", "third", "r1"),
+        ("a cap out of range", "huge", "h1", "r1"),
+    ] {
+        let answer = begin_new(&store, &command(user, session, request))
+            .await
+            .unwrap();
+        assert!(answer.is_none(), "{why}: {answer:?}");
+        assert_eq!(all_rows(&store).await, before, "{why} wrote nothing");
+    }
+}
