@@ -70,6 +70,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (4, include_str!("../migrations/0004_confirms_pending.sql")),
     (5, include_str!("../migrations/0005_claim_seq.sql")),
     (6, include_str!("../migrations/0006_begin_new.sql")),
+    (7, include_str!("../migrations/0007_end_release.sql")),
 ];
 
 /// agentgate on an embedded SQLite file.

@@ -5,8 +5,9 @@
 //! The common case of each step is as few calls into SQLite as its writes:
 //! a heartbeat, a first tool claim and a tool completion or failure with a
 //! result are one autocommit statement each, whose `WHERE` carries the whole
-//! lease check ([`live_fence`]); a turn ending is `BEGIN IMMEDIATE`, the
-//! turn's update (`RETURNING` its view), the session's release, `COMMIT`.
+//! lease check ([`live_fence`]); so is a turn ending: the turn's update
+//! (`RETURNING` its view), whose trigger releases the session's row in the
+//! same statement (migration 0007).
 //! When such a statement changes no row, the step falls back to reading the
 //! state in a transaction, which either explains the refusal (`lease_lost`,
 //! `not_found`, a cached result, a tool in flight) or does the rarer work
@@ -441,8 +442,10 @@ pub(crate) async fn end_turn(
 }
 
 /// Ends the turn and releases its session lease and permit (one row) in one
-/// write transaction of two statements; `None`, with nothing written, when
-/// the lease is not live.
+/// autocommit statement: the turn's update sets `end_release`, whose trigger
+/// (migration 0007) releases the session row, and records the pending
+/// confirmation of an ending that awaits one, inside the same statement.
+/// `None`, with nothing written, when the lease is not live.
 async fn try_end(
     store: &SqliteStore,
     lease: &LeaseRef,
@@ -452,46 +455,47 @@ async fn try_end(
     let Some(proof) = Proof::of(store, lease).await? else {
         return Ok(None);
     };
+    // Below 0: release only; 0 or more: also record the pending
+    // confirmation for that long (see the migration).
+    let end_release = match columns.pending {
+        Some(_) => agentgate_core::config::duration_ms(store.config.confirmation_ttl),
+        None => RELEASE_ONLY,
+    };
+    assert!(
+        columns.pending.is_none() || end_release >= 0,
+        "a confirmation TTL is not negative"
+    );
     let sql = format!(
         "UPDATE ag_turns SET state = ?3, response = ?4, error = ?5, retryable = ?6, \
-         pending = COALESCE(?7, pending), updated_at_ms = {NOW_MS}, ended_at_ms = {NOW_MS} \
+         pending = COALESCE(?7, pending), updated_at_ms = {NOW_MS}, ended_at_ms = {NOW_MS}, \
+         end_release = ?8 \
          WHERE turn_id = ?1 AND state = 'running' AND fence = {} RETURNING {TURN_COLUMNS}",
         proof.live_fence()
     );
-    let mut tx = store.write().await?;
-    let row = proof
+    // Read to the end (`fetch_all`), so the statement runs to completion and
+    // its autocommit transaction commits before the view is returned.
+    let rows = proof
         .query(&sql, lease)
         .bind(columns.state)
         .bind(columns.response)
         .bind(columns.error)
         .bind(columns.retryable)
         .bind(columns.pending)
-        .fetch_optional(&mut *tx)
+        .bind(end_release)
+        .fetch_all(&store.writer)
         .await
         .map_err(map_sqlx)?;
-    // No row: the lease is not live; dropping `tx` rolls back (nothing was
-    // written).
-    let Some(row) = row else { return Ok(None) };
-    let view = turn_view(&row)?;
-    let pending_ttl_ms = columns
-        .pending
-        .map(|_| agentgate_core::config::duration_ms(store.config.confirmation_ttl));
-    // Release session lease and permit (one row) in the same transaction; an
-    // ending that awaits confirmation records the pending turn on the session.
-    sqlx::query(
-        "UPDATE ag_sessions SET holder_turn_id = NULL, lease_token_hash = NULL, \
-         lease_expires_at_ms = NULL, updated_at_ms = ?1, \
-         pending_turn_id = CASE WHEN ?2 IS NULL THEN pending_turn_id ELSE ?3 END, \
-         pending_expires_at_ms = CASE WHEN ?2 IS NULL THEN pending_expires_at_ms ELSE ?1 + ?2 END \
-         WHERE session_id = ?4 AND holder_turn_id = ?3",
-    )
-    .bind(view.updated_at_ms)
-    .bind(pending_ttl_ms)
-    .bind(lease.turn_id.as_str())
-    .bind(view.session_id.as_str())
-    .execute(&mut *tx)
-    .await
-    .map_err(map_sqlx)?;
-    tx.commit().await.map_err(map_sqlx)?;
-    Ok(Some(view))
+    match rows.as_slice() {
+        // No row: the lease is not live; nothing was written.
+        [] => Ok(None),
+        [row] => turn_view(row).map(Some),
+        more => Err(Error::store(format!(
+            "corrupt row: a turn ending updated {} turns",
+            more.len()
+        ))),
+    }
 }
+
+/// `end_release` asking the trigger for a release without a pending
+/// confirmation.
+const RELEASE_ONLY: i64 = -1;

@@ -1,12 +1,14 @@
 //! The one-statement begin against the full path: it writes exactly the
 //! rows the full path writes for a new start, in no explicit transaction,
 //! and where the full path would not start a new turn it writes nothing.
+//! And the one-statement ending: the session released by its trigger.
 
 #![allow(clippy::unwrap_used)]
 
+use agentgate_core::canonical::CanonicalJson;
 use agentgate_core::config::Config;
 use agentgate_core::ids::{ClientRequestId, SessionId, UserId};
-use agentgate_core::model::{BeginCommand, BeginOutcome};
+use agentgate_core::model::{BeginCommand, BeginOutcome, Ending, LeaseRef};
 use agentgate_core::store::Store;
 use serde_json::json;
 
@@ -163,5 +165,66 @@ async fn anything_but_a_new_start_falls_back_having_written_nothing() {
             .unwrap();
         assert!(answer.is_none(), "{why}: {answer:?}");
         assert_eq!(all_rows(&store).await, before, "{why} wrote nothing");
+    }
+}
+
+/// The session row's lease and pending confirmation, and the turn's
+/// `end_release`, as text (`concat_ws` leaves out the pending columns
+/// while they are NULL).
+async fn session_after_ending(store: &SqliteStore, session: &str) -> String {
+    sqlx::query_scalar(
+        "SELECT concat_ws(' ', coalesce(s.holder_turn_id, '-'), coalesce(s.lease_token_hash, '-'), \
+           coalesce(s.lease_expires_at_ms, '-'), s.pending_turn_id = t.turn_id, \
+           s.pending_expires_at_ms - t.updated_at_ms, coalesce(t.end_release, '-'), t.state) \
+         FROM ag_sessions s JOIN ag_turns t ON t.session_id = s.session_id \
+         WHERE s.session_id = ?",
+    )
+    .bind(session)
+    .fetch_one(store.pool())
+    .await
+    .unwrap()
+}
+
+/// A turn's ending is one statement: the turn's update and, through its
+/// trigger, the session's release (and the pending confirmation of an
+/// ending that awaits one), with no explicit transaction.
+#[tokio::test]
+async fn an_ending_releases_the_session_in_one_statement() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir, 5).await;
+    let ttl_ms = agentgate_core::config::duration_ms(store.config.confirmation_ttl);
+    for (session, ending, expected) in [
+        (
+            "done",
+            Ending::Succeed {
+                response: CanonicalJson::new("response", &json!("ok")).unwrap(),
+            },
+            "- - - - succeeded".to_owned(),
+        ),
+        (
+            "asks",
+            Ending::AwaitConfirmation {
+                pending: CanonicalJson::new("pending", &json!({"amount": 3500})).unwrap(),
+            },
+            format!("- - - 1 {ttl_ms} - awaiting_confirmation"),
+        ),
+    ] {
+        let grant = begin_new(&store, &command("di", session, "r1"))
+            .await
+            .unwrap()
+            .unwrap();
+        let lease = LeaseRef {
+            turn_id: grant.turn_id.clone(),
+            token: grant.lease_token.clone(),
+        };
+        let transactions = store.transactions_begun();
+        let view = store.end_turn(&lease, &ending).await.unwrap();
+        assert_eq!(store.transactions_begun(), transactions, "{session}");
+        assert_eq!(view.turn_id, grant.turn_id);
+        assert_eq!(session_after_ending(&store, session).await, expected);
+        // The lease is gone: a second ending is refused and changes nothing.
+        let again = store.end_turn(&lease, &ending).await.unwrap_err();
+        assert_eq!(again.kind().code(), "lease_lost", "{session}");
+        assert_eq!(session_after_ending(&store, session).await, expected);
     }
 }
