@@ -205,6 +205,32 @@ pub struct Grant {
     pub confirmation: Option<ConfirmationContext>,
 }
 
+impl Grant {
+    /// The grant of a new turn's first attempt (no takeover, no
+    /// confirmation) under `fence`, for a lease of `lease_ttl_ms`: what a
+    /// store's one-statement begin hands out.
+    pub fn first(
+        command: &BeginCommand,
+        turn_id: TurnId,
+        lease_token: LeaseToken,
+        fence: Fence,
+        lease_ttl_ms: i64,
+    ) -> Self {
+        Self {
+            turn_id,
+            session_id: command.session_id.clone(),
+            user_id: command.user_id.clone(),
+            client_request_id: command.client_request_id.clone(),
+            lease_token,
+            fence,
+            attempt: 1,
+            takeover: false,
+            lease_expires_in_ms: lease_ttl_ms,
+            confirmation: None,
+        }
+    }
+}
+
 /// What `begin` did.
 #[derive(Clone, Debug)]
 pub enum BeginOutcome {

@@ -387,18 +387,13 @@ pub(crate) async fn begin(store: &MySqlStore, command: &BeginCommand) -> Result<
         return Ok(None);
     };
     note(store, Taken::BeginStarted);
-    Ok(Some(Grant {
+    Ok(Some(Grant::first(
+        command,
         turn_id,
-        session_id: command.session_id.clone(),
-        user_id: command.user_id.clone(),
-        client_request_id: command.client_request_id.clone(),
-        lease_token: token,
-        fence: Fence(fence),
-        attempt: 1,
-        takeover: false,
-        lease_expires_in_ms: ttl_ms,
-        confirmation: None,
-    }))
+        token,
+        Fence(fence),
+        ttl_ms,
+    )))
 }
 
 /// An ending under a lease kept in the session row, as one `CALL` of

@@ -150,18 +150,7 @@ pub(crate) async fn begin_new(
             .fetch_one(&store.pool)
             .await
             .map_err(map_sqlx)?;
-    Ok(fence.map(|fence| Grant {
-        turn_id,
-        session_id: command.session_id.clone(),
-        user_id: command.user_id.clone(),
-        client_request_id: command.client_request_id.clone(),
-        lease_token: token,
-        fence: Fence(fence),
-        attempt: 1,
-        takeover: false,
-        lease_expires_in_ms: ttl_ms,
-        confirmation: None,
-    }))
+    Ok(fence.map(|fence| Grant::first(command, turn_id, token, Fence(fence), ttl_ms)))
 }
 
 /// The store as the shared begin sees it: its SQL for each part of a begin.

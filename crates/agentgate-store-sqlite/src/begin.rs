@@ -243,18 +243,13 @@ async fn begin_new(store: &SqliteStore, command: &BeginCommand) -> Result<Option
             )))
         }
     };
-    Ok(Some(Grant {
+    Ok(Some(Grant::first(
+        command,
         turn_id,
-        session_id: command.session_id.clone(),
-        user_id: command.user_id.clone(),
-        client_request_id: command.client_request_id.clone(),
-        lease_token: token,
-        fence: Fence(fence),
-        attempt: 1,
-        takeover: false,
-        lease_expires_in_ms: ttl_ms,
-        confirmation: None,
-    }))
+        token,
+        Fence(fence),
+        ttl_ms,
+    )))
 }
 
 /// The begin with an external lease layer: see the module documentation.
