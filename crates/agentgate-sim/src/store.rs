@@ -1249,7 +1249,14 @@ impl Store for SimStore {
         live.sort_by_key(|l| std::cmp::Reverse(l.holder.lease_expires_in_ms));
         live.truncate(limit);
         let mut recent: Vec<(&String, &TurnRow)> = state.turns.iter().collect();
-        recent.sort_by_key(|(t, row)| (std::cmp::Reverse(row.updated_at_ms), (*t).clone()));
+        // As the SQL stores: newest update first, then the newer grant.
+        recent.sort_by_key(|(t, row)| {
+            (
+                std::cmp::Reverse(row.updated_at_ms),
+                std::cmp::Reverse(row.fence),
+                (*t).clone(),
+            )
+        });
         Ok(Overview {
             live,
             recent_turns: recent

@@ -151,7 +151,9 @@ pub trait ViewSql: Sync {
     /// candidates it is asked about.
     async fn holding_sessions(&self, limit: i64) -> Result<Vec<(String, String)>>;
 
-    /// Up to `limit` most recently updated turns and executions.
+    /// Up to `limit` most recently updated turns and executions, newest
+    /// first; within one store-clock millisecond the newer grant (higher
+    /// fence) first, then (executions) the later claim.
     async fn recent(&self, limit: i64) -> Result<(Vec<TurnView>, Vec<ExecutionView>)>;
 }
 

@@ -162,14 +162,14 @@ impl ViewSql for Views<'_> {
 
     async fn recent(&self, limit: i64) -> Result<(Vec<TurnView>, Vec<ExecutionView>)> {
         let turns = sqlx::query(&format!(
-            "SELECT {TURN_COLUMNS} FROM ag_turns ORDER BY updated_at_ms DESC LIMIT ?"
+            "SELECT {TURN_COLUMNS} FROM ag_turns ORDER BY updated_at_ms DESC, fence DESC LIMIT ?"
         ))
         .bind(limit)
         .fetch_all(&self.0.reader)
         .await
         .map_err(map_sqlx)?;
         let executions = sqlx::query(&format!(
-            "SELECT {EXECUTION_COLUMNS} FROM ag_tool_executions ORDER BY updated_at_ms DESC LIMIT ?"
+            "SELECT {EXECUTION_COLUMNS} FROM ag_tool_executions ORDER BY updated_at_ms DESC, fence DESC, claim_seq DESC LIMIT ?"
         ))
         .bind(limit)
         .fetch_all(&self.0.reader)
