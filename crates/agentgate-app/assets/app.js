@@ -229,6 +229,9 @@ function liveAssistant() {
       switch (name) {
         case "started":
           li.dataset.turnId = data.turn_id;
+          // The session now has this message: its entry in the list must
+          // not keep saying "no messages yet" while the reply runs.
+          loadSessions();
           if (data.takeover) status.textContent = t("status.resumed", { n: data.attempt });
           else if (data.attempt > 1) status.textContent = t("status.retrying", { n: data.attempt });
           break;
@@ -251,6 +254,10 @@ function liveAssistant() {
           chip.append(ok ? " ✓" : pending ? " ⏸" : " ✗");
           if (data.cached) chip.append(" (cached)");
           chip.title = JSON.stringify(data.result);
+          // A booked entry commits with its tool's success mark: show it
+          // now, so the ledger never reads "no entries" beside a booking
+          // marked done (a crash before the reply would leave it so).
+          if (ok && data.name === "create_transaction") loadLedger();
           break;
         }
         case "awaiting_confirmation": {
