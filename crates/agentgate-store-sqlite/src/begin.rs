@@ -216,10 +216,11 @@ async fn begin_new(store: &SqliteStore, command: &BeginCommand) -> Result<Option
            AND NOT EXISTS (SELECT 1 FROM ag_sessions WHERE session_id = ?2 \
                            AND (user_id <> ?3 OR holder_turn_id IS NOT NULL \
                                 OR pending_turn_id IS NOT NULL)) \
-           AND c.cap BETWEEN 0 AND 4294967295 \
+           AND c.cap BETWEEN 0 AND {cap_max} \
            AND (SELECT COUNT(*) FROM ag_sessions \
                 WHERE user_id = ?3 AND lease_expires_at_ms > c.now_ms) < c.cap \
-         RETURNING fence"
+         RETURNING fence",
+        cap_max = u32::MAX
     ))
     .bind(turn_id.as_str())
     .bind(command.session_id.as_str())

@@ -33,7 +33,7 @@ use agentgate_store_sql::lease::{self, Authority, LeaseRow, LeaseSql, LEASE_COLU
 use agentgate_store_sql::tool::ToolEndingSql;
 use agentgate_store_sql::StepTx;
 
-use crate::error::map_sqlx;
+use crate::error::{corrupt, map_sqlx};
 use crate::rows::{turn_view, Cols, EXECUTION_COLUMNS, TURN_COLUMNS};
 use crate::{SqliteStore, NOW_MS};
 
@@ -461,10 +461,6 @@ async fn try_end(
         Some(_) => agentgate_core::config::duration_ms(store.config.confirmation_ttl),
         None => RELEASE_ONLY,
     };
-    assert!(
-        columns.pending.is_none() || end_release >= 0,
-        "a confirmation TTL is not negative"
-    );
     let sql = format!(
         "UPDATE ag_turns SET state = ?3, response = ?4, error = ?5, retryable = ?6, \
          pending = COALESCE(?7, pending), updated_at_ms = {NOW_MS}, ended_at_ms = {NOW_MS}, \
@@ -489,8 +485,8 @@ async fn try_end(
         // No row: the lease is not live; nothing was written.
         [] => Ok(None),
         [row] => turn_view(row).map(Some),
-        more => Err(Error::store(format!(
-            "corrupt row: a turn ending updated {} turns",
+        more => Err(corrupt(format!(
+            "a turn ending updated {} turns",
             more.len()
         ))),
     }
