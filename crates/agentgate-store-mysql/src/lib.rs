@@ -60,6 +60,7 @@ mod error;
 mod fast;
 mod orphans;
 mod rows;
+mod run;
 mod steps;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -6,7 +6,7 @@
 
 use agentgate_core::decide::{SessionSnapshot, TurnSnapshot};
 use agentgate_core::error::{Error, Result};
-use agentgate_core::model::{ExecutionView, TurnView};
+use agentgate_core::model::TurnView;
 use agentgate_store_sql::rows::{self, Columns};
 use sqlx::mysql::MySqlRow;
 use sqlx::Row;
@@ -90,10 +90,6 @@ pub(crate) fn turn_view(row: &MySqlRow) -> Result<TurnView> {
 
 pub(crate) fn session_snapshot(row: &MySqlRow) -> Result<SessionSnapshot> {
     rows::session_snapshot(&Cols(row))
-}
-
-pub(crate) fn execution_view(row: &MySqlRow) -> Result<ExecutionView> {
-    rows::execution_view(&Cols(row))
 }
 
 /// A row of a stored procedure's result set, its columns found by their

@@ -12,217 +12,29 @@
 
 use agentgate_core::config::{check_cap, Config};
 use agentgate_core::error::Result;
-use agentgate_core::ids::{TurnId, UserId};
+use agentgate_core::ids::UserId;
 use agentgate_core::lease::LeaseLayer;
-use agentgate_core::model::{ExecutionView, SweepReport, TurnView};
-use agentgate_store_sql::rows::Columns;
-use agentgate_store_sql::views::{
-    Cutoffs, HolderRow, SessionRow, UserRows, ViewSql, SESSION_VIEW_COLUMNS,
-};
+use agentgate_core::model::SweepReport;
+use agentgate_store_sql::views::{Cutoffs, ViewSql};
 use sqlx::MySqlConnection;
 
-use crate::error::{corrupt, map_sqlx};
-use crate::rows::{execution_view, turn_view, Cols, EXECUTION_COLUMNS, TURN_COLUMNS};
+use crate::error::map_sqlx;
+use crate::run::Db;
 use crate::{MySqlStore, NOW_MS};
 use agentgate_store_sql::Retry;
 
-pub(crate) async fn turn(store: &MySqlStore, turn_id: &TurnId) -> Result<Option<TurnView>> {
-    let pool = &store.pool;
-    let row = sqlx::query(&format!(
-        "SELECT {TURN_COLUMNS} FROM ag_turns WHERE turn_id = ?"
-    ))
-    .bind(turn_id.as_str())
-    .fetch_optional(pool)
-    .await
-    .map_err(map_sqlx)?;
-    row.as_ref().map(turn_view).transpose()
-}
-
-/// The store as the shared views see it.
-pub(crate) struct Views<'a>(pub(crate) &'a MySqlStore);
-
 #[async_trait::async_trait]
-impl ViewSql for Views<'_> {
+impl ViewSql for Db<'_> {
+    const CLAIM_SEQ: &'static str = "COALESCE(claim_seq, 0)";
+    const STORED_BYTES: &'static str =
+        "CAST(COALESCE(OCTET_LENGTH(result), 0) + COALESCE(OCTET_LENGTH(error), 0) AS SIGNED)";
+
     fn leases(&self) -> Option<&dyn LeaseLayer> {
         self.0.leases.as_deref()
     }
 
     fn config(&self) -> &Config {
         &self.0.config
-    }
-
-    async fn execution_keys(
-        &self,
-        turn_id: &str,
-        (after_seq, after_id): (i64, &str),
-        fetch: i64,
-    ) -> Result<Vec<(String, i64, i64)>> {
-        let rows = sqlx::query(
-            "SELECT execution_id, COALESCE(claim_seq, 0) AS claim_seq, \
-               CAST(COALESCE(OCTET_LENGTH(result), 0) + COALESCE(OCTET_LENGTH(error), 0) AS SIGNED) \
-               AS stored_bytes \
-             FROM ag_tool_executions WHERE turn_id = ? \
-               AND (COALESCE(claim_seq, 0) > ? OR (COALESCE(claim_seq, 0) = ? AND execution_id > ?)) \
-             ORDER BY COALESCE(claim_seq, 0), execution_id LIMIT ?",
-        )
-        .bind(turn_id)
-        .bind(after_seq)
-        .bind(after_seq)
-        .bind(after_id)
-        .bind(fetch)
-        .fetch_all(&self.0.pool)
-        .await
-        .map_err(map_sqlx)?;
-        rows.iter()
-            .map(|row| {
-                let row = Cols(row);
-                Ok((
-                    row.text_required("execution_id")?,
-                    row.int_required("claim_seq")?,
-                    row.int_required("stored_bytes")?,
-                ))
-            })
-            .collect()
-    }
-
-    async fn execution_rows(
-        &self,
-        turn_id: &str,
-        (after_seq, after_id): (i64, &str),
-        (last_seq, last_id): (i64, &str),
-        limit: i64,
-    ) -> Result<Vec<ExecutionView>> {
-        let rows = sqlx::query(&format!(
-            "SELECT {EXECUTION_COLUMNS} FROM ag_tool_executions WHERE turn_id = ? \
-               AND (COALESCE(claim_seq, 0) > ? OR (COALESCE(claim_seq, 0) = ? AND execution_id > ?)) \
-               AND (COALESCE(claim_seq, 0) < ? OR (COALESCE(claim_seq, 0) = ? AND execution_id <= ?)) \
-             ORDER BY COALESCE(claim_seq, 0), execution_id LIMIT ?"
-        ))
-        .bind(turn_id)
-        .bind(after_seq)
-        .bind(after_seq)
-        .bind(after_id)
-        .bind(last_seq)
-        .bind(last_seq)
-        .bind(last_id)
-        .bind(limit)
-        .fetch_all(&self.0.pool)
-        .await
-        .map_err(map_sqlx)?;
-        rows.iter().map(execution_view).collect()
-    }
-
-    async fn session_row(&self, session_id: &str) -> Result<Option<SessionRow>> {
-        let row = sqlx::query(&format!(
-            "SELECT {SESSION_VIEW_COLUMNS}, {NOW_MS} AS now_ms FROM ag_sessions \
-             WHERE session_id = ?"
-        ))
-        .bind(session_id)
-        .fetch_optional(&self.0.pool)
-        .await
-        .map_err(map_sqlx)?;
-        row.map(|row| SessionRow::read(&Cols(&row))).transpose()
-    }
-
-    /// One statement, so the cap, the clock and the live holders agree.
-    async fn user_rows(&self, user_id: &str) -> Result<UserRows> {
-        let rows = sqlx::query(&format!(
-            "SELECT (SELECT max_turns FROM ag_users WHERE user_id = ?) AS max_turns, \
-               {NOW_MS} AS now_ms, s.session_id, s.holder_turn_id, s.fence, s.lease_expires_at_ms \
-             FROM (SELECT 1) AS one LEFT JOIN ag_sessions s \
-               ON s.user_id = ? AND s.lease_expires_at_ms > {NOW_MS} \
-             ORDER BY s.lease_expires_at_ms"
-        ))
-        .bind(user_id)
-        .bind(user_id)
-        .fetch_all(&self.0.pool)
-        .await
-        .map_err(map_sqlx)?;
-        let first = Cols(
-            rows.first()
-                .ok_or_else(|| corrupt("a user's view read no row"))?,
-        );
-        let mut holders = Vec::with_capacity(rows.len());
-        for row in &rows {
-            if Cols(row).text("session_id")?.is_some() {
-                holders.push(HolderRow::read(&Cols(row))?);
-            }
-        }
-        Ok(UserRows {
-            cap: first.int("max_turns")?,
-            now_ms: first.int_required("now_ms")?,
-            holders,
-        })
-    }
-
-    async fn live_rows(&self, limit: i64) -> Result<(i64, Vec<(String, HolderRow)>)> {
-        let mut conn = self.0.pool.acquire().await.map_err(map_sqlx)?;
-        let now: i64 = sqlx::query_scalar(&format!("SELECT {NOW_MS}"))
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(map_sqlx)?;
-        let rows = sqlx::query(
-            "SELECT user_id, session_id, holder_turn_id, fence, lease_expires_at_ms \
-             FROM ag_sessions WHERE lease_expires_at_ms > ? \
-             ORDER BY lease_expires_at_ms DESC LIMIT ?",
-        )
-        .bind(now)
-        .bind(limit)
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(map_sqlx)?;
-        let rows = rows
-            .iter()
-            .map(|row| {
-                let row = Cols(row);
-                Ok((row.text_required("user_id")?, HolderRow::read(&row)?))
-            })
-            .collect::<Result<_>>()?;
-        Ok((now, rows))
-    }
-
-    async fn holding_sessions(&self, limit: i64) -> Result<Vec<(String, String)>> {
-        let rows = sqlx::query(
-            "SELECT user_id, session_id FROM ag_sessions WHERE holder_turn_id IS NOT NULL \
-             ORDER BY updated_at_ms DESC LIMIT ?",
-        )
-        .bind(limit)
-        .fetch_all(&self.0.pool)
-        .await
-        .map_err(map_sqlx)?;
-        rows.iter()
-            .map(|row| {
-                let row = Cols(row);
-                Ok((
-                    row.text_required("user_id")?,
-                    row.text_required("session_id")?,
-                ))
-            })
-            .collect()
-    }
-
-    async fn recent(&self, limit: i64) -> Result<(Vec<TurnView>, Vec<ExecutionView>)> {
-        let turns = sqlx::query(&format!(
-            "SELECT {TURN_COLUMNS} FROM ag_turns ORDER BY updated_at_ms DESC, fence DESC LIMIT ?"
-        ))
-        .bind(limit)
-        .fetch_all(&self.0.pool)
-        .await
-        .map_err(map_sqlx)?;
-        let executions = sqlx::query(&format!(
-            "SELECT {EXECUTION_COLUMNS} FROM ag_tool_executions ORDER BY updated_at_ms DESC, fence DESC, claim_seq DESC LIMIT ?"
-        ))
-        .bind(limit)
-        .fetch_all(&self.0.pool)
-        .await
-        .map_err(map_sqlx)?;
-        Ok((
-            turns.iter().map(turn_view).collect::<Result<_>>()?,
-            executions
-                .iter()
-                .map(execution_view)
-                .collect::<Result<_>>()?,
-        ))
     }
 }
 

@@ -59,6 +59,7 @@ mod error;
 mod lease;
 mod orphans;
 mod rows;
+mod run;
 mod steps;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

@@ -3,7 +3,7 @@
 
 use agentgate_core::decide::{SessionSnapshot, TurnSnapshot};
 use agentgate_core::error::Result;
-use agentgate_core::model::{ExecutionView, TurnView};
+use agentgate_core::model::TurnView;
 use agentgate_store_sql::rows::{self, Columns, TurnRow};
 use sqlx::postgres::PgRow;
 use sqlx::Row;
@@ -73,8 +73,4 @@ pub(crate) fn turn_view(row: &PgRow) -> Result<TurnView> {
 
 pub(crate) fn session_snapshot(row: &PgRow) -> Result<SessionSnapshot> {
     rows::session_snapshot(&Cols(row))
-}
-
-pub(crate) fn execution_view(row: &PgRow) -> Result<ExecutionView> {
-    rows::execution_view(&Cols(row))
 }

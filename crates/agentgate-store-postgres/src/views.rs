@@ -11,188 +11,28 @@
 
 use agentgate_core::config::{check_cap, Config};
 use agentgate_core::error::Result;
-use agentgate_core::ids::{TurnId, UserId};
+use agentgate_core::ids::UserId;
 use agentgate_core::lease::LeaseLayer;
-use agentgate_core::model::{ExecutionView, SweepReport, TurnView};
-use agentgate_store_sql::rows::Columns;
-use agentgate_store_sql::views::{
-    Cutoffs, HolderRow, SessionRow, UserRows, ViewSql, SESSION_VIEW_COLUMNS,
-};
+use agentgate_core::model::SweepReport;
+use agentgate_store_sql::views::{Cutoffs, ViewSql};
 
 use crate::error::{corrupt, map_sqlx};
-use crate::rows::{execution_view, get, turn_view, Cols, EXECUTION_COLUMNS, TURN_COLUMNS};
+use crate::run::Db;
 use crate::{PostgresStore, NOW_MS};
 use agentgate_store_sql::Retry;
 
-pub(crate) async fn turn(store: &PostgresStore, turn_id: &TurnId) -> Result<Option<TurnView>> {
-    let pool = &store.pool;
-    let row = sqlx::query(&format!(
-        "SELECT {TURN_COLUMNS} FROM ag_turns WHERE turn_id = $1"
-    ))
-    .bind(turn_id.as_str())
-    .fetch_optional(pool)
-    .await
-    .map_err(map_sqlx)?;
-    row.as_ref().map(turn_view).transpose()
-}
-
-/// The store as the shared views see it.
-pub(crate) struct Views<'a>(pub(crate) &'a PostgresStore);
-
 #[async_trait::async_trait]
-impl ViewSql for Views<'_> {
+impl ViewSql for Db<'_> {
+    const CLAIM_SEQ: &'static str = "claim_seq";
+    const STORED_BYTES: &'static str =
+        "(COALESCE(OCTET_LENGTH(result), 0) + COALESCE(OCTET_LENGTH(error), 0))::BIGINT";
+
     fn leases(&self) -> Option<&dyn LeaseLayer> {
         self.0.leases.as_deref()
     }
 
     fn config(&self) -> &Config {
         &self.0.config
-    }
-
-    async fn execution_keys(
-        &self,
-        turn_id: &str,
-        (after_seq, after_id): (i64, &str),
-        fetch: i64,
-    ) -> Result<Vec<(String, i64, i64)>> {
-        sqlx::query_as(
-            "SELECT execution_id, claim_seq, \
-               (COALESCE(OCTET_LENGTH(result), 0) + COALESCE(OCTET_LENGTH(error), 0))::BIGINT \
-             FROM ag_tool_executions WHERE turn_id = $1 \
-               AND (claim_seq > $2 OR (claim_seq = $2 AND execution_id > $3)) \
-             ORDER BY claim_seq, execution_id LIMIT $4",
-        )
-        .bind(turn_id)
-        .bind(after_seq)
-        .bind(after_id)
-        .bind(fetch)
-        .fetch_all(&self.0.pool)
-        .await
-        .map_err(map_sqlx)
-    }
-
-    async fn execution_rows(
-        &self,
-        turn_id: &str,
-        (after_seq, after_id): (i64, &str),
-        (last_seq, last_id): (i64, &str),
-        limit: i64,
-    ) -> Result<Vec<ExecutionView>> {
-        let rows = sqlx::query(&format!(
-            "SELECT {EXECUTION_COLUMNS} FROM ag_tool_executions WHERE turn_id = $1 \
-               AND (claim_seq > $2 OR (claim_seq = $2 AND execution_id > $3)) \
-               AND (claim_seq < $5 OR (claim_seq = $5 AND execution_id <= $6)) \
-             ORDER BY claim_seq, execution_id LIMIT $4"
-        ))
-        .bind(turn_id)
-        .bind(after_seq)
-        .bind(after_id)
-        .bind(limit)
-        .bind(last_seq)
-        .bind(last_id)
-        .fetch_all(&self.0.pool)
-        .await
-        .map_err(map_sqlx)?;
-        rows.iter().map(execution_view).collect()
-    }
-
-    async fn session_row(&self, session_id: &str) -> Result<Option<SessionRow>> {
-        let row = sqlx::query(&format!(
-            "SELECT {SESSION_VIEW_COLUMNS}, {NOW_MS} AS now_ms FROM ag_sessions \
-             WHERE session_id = $1"
-        ))
-        .bind(session_id)
-        .fetch_optional(&self.0.pool)
-        .await
-        .map_err(map_sqlx)?;
-        row.map(|row| SessionRow::read(&Cols(&row))).transpose()
-    }
-
-    /// One statement, so the cap, the clock and the live holders agree.
-    async fn user_rows(&self, user_id: &str) -> Result<UserRows> {
-        let rows = sqlx::query(&format!(
-            "SELECT (SELECT max_turns FROM ag_users WHERE user_id = $1) AS max_turns, \
-               {NOW_MS} AS now_ms, s.session_id, s.holder_turn_id, s.fence, s.lease_expires_at_ms \
-             FROM (SELECT 1) AS one LEFT JOIN ag_sessions s \
-               ON s.user_id = $1 AND s.lease_expires_at_ms > {NOW_MS} \
-             ORDER BY s.lease_expires_at_ms"
-        ))
-        .bind(user_id)
-        .fetch_all(&self.0.pool)
-        .await
-        .map_err(map_sqlx)?;
-        let first = rows
-            .first()
-            .ok_or_else(|| corrupt("a user's view read no row"))?;
-        let mut holders = Vec::with_capacity(rows.len());
-        for row in &rows {
-            if Cols(row).text("session_id")?.is_some() {
-                holders.push(HolderRow::read(&Cols(row))?);
-            }
-        }
-        Ok(UserRows {
-            cap: get(first, "max_turns")?,
-            now_ms: get(first, "now_ms")?,
-            holders,
-        })
-    }
-
-    async fn live_rows(&self, limit: i64) -> Result<(i64, Vec<(String, HolderRow)>)> {
-        let mut conn = self.0.pool.acquire().await.map_err(map_sqlx)?;
-        let now: i64 = sqlx::query_scalar(&format!("SELECT {NOW_MS}"))
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(map_sqlx)?;
-        let rows = sqlx::query(
-            "SELECT user_id, session_id, holder_turn_id, fence, lease_expires_at_ms \
-             FROM ag_sessions WHERE lease_expires_at_ms > $1 \
-             ORDER BY lease_expires_at_ms DESC LIMIT $2",
-        )
-        .bind(now)
-        .bind(limit)
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(map_sqlx)?;
-        let rows = rows
-            .iter()
-            .map(|row| Ok((get(row, "user_id")?, HolderRow::read(&Cols(row))?)))
-            .collect::<Result<_>>()?;
-        Ok((now, rows))
-    }
-
-    async fn holding_sessions(&self, limit: i64) -> Result<Vec<(String, String)>> {
-        sqlx::query_as(
-            "SELECT user_id, session_id FROM ag_sessions WHERE holder_turn_id IS NOT NULL \
-             ORDER BY updated_at_ms DESC LIMIT $1",
-        )
-        .bind(limit)
-        .fetch_all(&self.0.pool)
-        .await
-        .map_err(map_sqlx)
-    }
-
-    async fn recent(&self, limit: i64) -> Result<(Vec<TurnView>, Vec<ExecutionView>)> {
-        let turns = sqlx::query(&format!(
-            "SELECT {TURN_COLUMNS} FROM ag_turns ORDER BY updated_at_ms DESC, fence DESC LIMIT $1"
-        ))
-        .bind(limit)
-        .fetch_all(&self.0.pool)
-        .await
-        .map_err(map_sqlx)?;
-        let executions = sqlx::query(&format!(
-            "SELECT {EXECUTION_COLUMNS} FROM ag_tool_executions ORDER BY updated_at_ms DESC, fence DESC, claim_seq DESC LIMIT $1"
-        ))
-        .bind(limit)
-        .fetch_all(&self.0.pool)
-        .await
-        .map_err(map_sqlx)?;
-        Ok((
-            turns.iter().map(turn_view).collect::<Result<_>>()?,
-            executions
-                .iter()
-                .map(execution_view)
-                .collect::<Result<_>>()?,
-        ))
     }
 }
 

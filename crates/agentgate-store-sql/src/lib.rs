@@ -36,6 +36,7 @@ pub mod claim;
 pub mod heartbeat;
 pub mod lease;
 pub mod orphans;
+pub mod query;
 pub mod retry;
 pub mod rows;
 pub mod store;

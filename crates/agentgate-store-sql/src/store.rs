@@ -12,8 +12,9 @@
 //!   [`ToolEndingSql`](crate::tool::ToolEndingSql) and
 //!   [`HeartbeatSql`](crate::heartbeat::HeartbeatSql);
 //! - `crate::steps::end_turn(&Store, &LeaseRef, &Ending)`;
-//! - `crate::views::Views<'_>(&Store)`: [`ViewSql`](crate::views::ViewSql),
-//!   plus `crate::views::{turn, set_user_cap, sweep}(&Store, …)`;
+//! - `crate::run::Db<'_>(&Store)`: [`Run`](crate::query::Run) (through
+//!   [`impl_run!`](crate::impl_run)) and [`ViewSql`](crate::views::ViewSql),
+//!   plus `crate::views::{set_user_cap, sweep}(&Store, …)`;
 //! - `crate::orphans::Sql<'_>(&Store)`: [`OrphanSql`](crate::orphans::OrphanSql);
 //! - a `config: Config` field.
 
@@ -89,7 +90,7 @@ macro_rules! impl_store {
                 &self,
                 turn_id: &::agentgate_core::ids::TurnId,
             ) -> ::agentgate_core::error::Result<Option<::agentgate_core::model::TurnView>> {
-                crate::views::turn(self, turn_id).await
+                $crate::views::turn(&crate::run::Db(self), turn_id).await
             }
 
             async fn executions(
@@ -97,21 +98,21 @@ macro_rules! impl_store {
                 turn_id: &::agentgate_core::ids::TurnId,
                 page: &::agentgate_core::page::ExecutionPageRequest,
             ) -> ::agentgate_core::error::Result<::agentgate_core::page::ExecutionPage> {
-                $crate::views::executions(&crate::views::Views(self), turn_id, page).await
+                $crate::views::executions(&crate::run::Db(self), turn_id, page).await
             }
 
             async fn session(
                 &self,
                 session_id: &::agentgate_core::ids::SessionId,
             ) -> ::agentgate_core::error::Result<Option<::agentgate_core::model::SessionView>> {
-                $crate::views::session(&crate::views::Views(self), session_id).await
+                $crate::views::session(&crate::run::Db(self), session_id).await
             }
 
             async fn user(
                 &self,
                 user_id: &::agentgate_core::ids::UserId,
             ) -> ::agentgate_core::error::Result<::agentgate_core::model::UserView> {
-                $crate::views::user(&crate::views::Views(self), user_id).await
+                $crate::views::user(&crate::run::Db(self), user_id).await
             }
 
             async fn set_user_cap(
@@ -126,7 +127,7 @@ macro_rules! impl_store {
                 &self,
                 limit: u32,
             ) -> ::agentgate_core::error::Result<::agentgate_core::model::Overview> {
-                $crate::views::overview(&crate::views::Views(self), limit).await
+                $crate::views::overview(&crate::run::Db(self), limit).await
             }
 
             async fn sweep(

@@ -1,8 +1,9 @@
 //! The read-only views (never a lease token) and the sweeper's cutoffs,
 //! written once: what a view shows, given the rows a store reads.
 //!
-//! The store supplies its statements ([`ViewSql`]); this module decides
-//! what they mean. A lease is live when its row's expiry is after the
+//! The statements are written here once; a store supplies how to run them
+//! and two expressions ([`ViewSql`]). This module also decides what the
+//! rows mean. A lease is live when its row's expiry is after the
 //! store's clock, or, with an external lease layer, when the layer says so
 //! (the rows then keep no expiry). A pending confirmation shows until it
 //! expires. A user's cap is its override, else the configured default. An
@@ -18,7 +19,10 @@ use agentgate_core::model::{
 };
 use agentgate_core::page::{assemble, plan, ExecutionPage, ExecutionPageRequest};
 
-use crate::rows::{count, id, Columns};
+use agentgate_core::error::Error;
+
+use crate::query::{On, Run, Statement};
+use crate::rows::{count, execution_view, id, turn_view, Columns, EXECUTION_COLUMNS, TURN_COLUMNS};
 
 /// The columns a session's view reads, under these names.
 pub const SESSION_VIEW_COLUMNS: &str = "user_id, holder_turn_id, fence, lease_expires_at_ms, \
@@ -105,56 +109,233 @@ pub struct UserRows {
     pub holders: Vec<HolderRow>,
 }
 
-/// The SQL a store supplies for the views.
-#[async_trait::async_trait]
-pub trait ViewSql: Sync {
+/// What a store's views need beyond running statements: its lease layer,
+/// its configuration, and the two expressions its dialect writes its own
+/// way. The statements themselves are written once, here.
+pub trait ViewSql: Run {
+    /// A row's claim number as pages order by it. Where the column is
+    /// nullable (SQLite, MySQL: a node of an older release may still insert
+    /// during a rolling upgrade) a missing number reads as 0.
+    const CLAIM_SEQ: &'static str;
+
+    /// A row's stored result + error bytes, as a `BIGINT`.
+    const STORED_BYTES: &'static str;
+
     /// The external lease layer, if the store has one.
     fn leases(&self) -> Option<&dyn LeaseLayer>;
 
     /// The store's configuration.
     fn config(&self) -> &Config;
+}
 
-    /// Ordering keys and stored sizes (`execution_id`, `claim_seq`,
-    /// result + error bytes) of up to `fetch` executions of the turn after
-    /// the key `after`, in key order. Where the column is nullable (SQLite,
-    /// MySQL: a node of an older release may still insert during a rolling
-    /// upgrade) a missing number reads as 0.
-    async fn execution_keys(
-        &self,
-        turn_id: &str,
-        after: (i64, &str),
-        fetch: i64,
-    ) -> Result<Vec<(String, i64, i64)>>;
+/// A turn's view.
+///
+/// # Errors
+/// The store's error; `corrupt` for a row the engine never writes.
+pub async fn turn<S: ViewSql>(sql: &S, turn_id: &TurnId) -> Result<Option<TurnView>> {
+    let row = sql
+        .fetch_optional(
+            On::Pool,
+            Statement::new(format!(
+                "SELECT {TURN_COLUMNS} FROM ag_turns WHERE turn_id = $1"
+            ))
+            .text(turn_id.as_str()),
+        )
+        .await?;
+    row.as_ref()
+        .map(|row| turn_view(&S::columns(row)))
+        .transpose()
+}
 
-    /// The executions of the turn after `after` up to and including
-    /// `through`, at most `limit`, in key order.
-    async fn execution_rows(
-        &self,
-        turn_id: &str,
-        after: (i64, &str),
-        through: (i64, &str),
-        limit: i64,
-    ) -> Result<Vec<ExecutionView>>;
+/// Ordering keys and stored sizes (`execution_id`, `claim_seq`, result +
+/// error bytes) of up to `fetch` executions of the turn after the key
+/// `after`, in key order.
+async fn execution_keys<S: ViewSql>(
+    sql: &S,
+    turn_id: &str,
+    (after_seq, after_id): (i64, &str),
+    fetch: i64,
+) -> Result<Vec<(String, i64, i64)>> {
+    let seq = S::CLAIM_SEQ;
+    let rows = sql
+        .fetch(
+            On::Pool,
+            Statement::new(format!(
+                "SELECT execution_id, {seq} AS claim_seq, {} AS stored_bytes \
+                 FROM ag_tool_executions WHERE turn_id = $1 \
+                   AND ({seq} > $2 OR ({seq} = $2 AND execution_id > $3)) \
+                 ORDER BY {seq}, execution_id LIMIT $4",
+                S::STORED_BYTES
+            ))
+            .text(turn_id)
+            .int(after_seq)
+            .text(after_id)
+            .int(fetch),
+        )
+        .await?;
+    rows.iter()
+        .map(|row| {
+            let row = S::columns(row);
+            Ok((
+                row.text_required("execution_id")?,
+                row.int_required("claim_seq")?,
+                row.int_required("stored_bytes")?,
+            ))
+        })
+        .collect()
+}
 
-    /// The session's row, if any.
-    async fn session_row(&self, session_id: &str) -> Result<Option<SessionRow>>;
+/// The executions of the turn after `after` up to and including `through`,
+/// at most `limit`, in key order.
+async fn execution_rows<S: ViewSql>(
+    sql: &S,
+    turn_id: &str,
+    (after_seq, after_id): (i64, &str),
+    (last_seq, last_id): (i64, &str),
+    limit: i64,
+) -> Result<Vec<ExecutionView>> {
+    let seq = S::CLAIM_SEQ;
+    let rows = sql
+        .fetch(
+            On::Pool,
+            Statement::new(format!(
+                "SELECT {EXECUTION_COLUMNS} FROM ag_tool_executions WHERE turn_id = $1 \
+                   AND ({seq} > $2 OR ({seq} = $2 AND execution_id > $3)) \
+                   AND ({seq} < $4 OR ({seq} = $4 AND execution_id <= $5)) \
+                 ORDER BY {seq}, execution_id LIMIT $6"
+            ))
+            .text(turn_id)
+            .int(after_seq)
+            .text(after_id)
+            .int(last_seq)
+            .text(last_id)
+            .int(limit),
+        )
+        .await?;
+    rows.iter()
+        .map(|row| execution_view(&S::columns(row)))
+        .collect()
+}
 
-    /// The user's cap override, the clock and its live row leases.
-    async fn user_rows(&self, user_id: &str) -> Result<UserRows>;
+/// The user's cap override, the clock and its live row leases, in one
+/// statement, so the three agree.
+async fn user_rows<S: ViewSql>(sql: &S, user_id: &str) -> Result<UserRows> {
+    let now = S::NOW_MS;
+    let rows = sql
+        .fetch(
+            On::Pool,
+            Statement::new(format!(
+                "SELECT (SELECT max_turns FROM ag_users WHERE user_id = $1) AS max_turns, \
+                   {now} AS now_ms, s.session_id, s.holder_turn_id, s.fence, s.lease_expires_at_ms \
+                 FROM (SELECT 1) AS one LEFT JOIN ag_sessions s \
+                   ON s.user_id = $1 AND s.lease_expires_at_ms > {now} \
+                 ORDER BY s.lease_expires_at_ms"
+            ))
+            .text(user_id),
+        )
+        .await?;
+    let first = S::columns(
+        rows.first()
+            .ok_or_else(|| Error::corrupt("a user's view read no row"))?,
+    );
+    let mut holders = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let row = S::columns(row);
+        if row.text("session_id")?.is_some() {
+            holders.push(HolderRow::read(&row)?);
+        }
+    }
+    Ok(UserRows {
+        cap: first.int("max_turns")?,
+        now_ms: first.int_required("now_ms")?,
+        holders,
+    })
+}
 
-    /// The clock and up to `limit` live row leases (with their user), the
-    /// latest expiry first.
-    async fn live_rows(&self, limit: i64) -> Result<(i64, Vec<(String, HolderRow)>)>;
+/// The clock and up to `limit` live row leases (with their user), the
+/// latest expiry first.
+async fn live_rows<S: ViewSql>(sql: &S, limit: i64) -> Result<(i64, Vec<(String, HolderRow)>)> {
+    let now = sql.now_ms().await?;
+    let rows = sql
+        .fetch(
+            On::Pool,
+            Statement::new(
+                "SELECT user_id, session_id, holder_turn_id, fence, lease_expires_at_ms \
+                 FROM ag_sessions WHERE lease_expires_at_ms > $1 \
+                 ORDER BY lease_expires_at_ms DESC LIMIT $2",
+            )
+            .int(now)
+            .int(limit),
+        )
+        .await?;
+    let rows = rows
+        .iter()
+        .map(|row| {
+            let row = S::columns(row);
+            Ok((row.text_required("user_id")?, HolderRow::read(&row)?))
+        })
+        .collect::<Result<_>>()?;
+    Ok((now, rows))
+}
 
-    /// Up to `limit` sessions whose row names a holder (`user_id`,
-    /// `session_id`), most recently updated first: with a lease layer, the
-    /// candidates it is asked about.
-    async fn holding_sessions(&self, limit: i64) -> Result<Vec<(String, String)>>;
+/// Up to `limit` sessions whose row names a holder (`user_id`,
+/// `session_id`), most recently updated first: with a lease layer, the
+/// candidates it is asked about.
+async fn holding_sessions<S: ViewSql>(sql: &S, limit: i64) -> Result<Vec<(String, String)>> {
+    let rows = sql
+        .fetch(
+            On::Pool,
+            Statement::new(
+                "SELECT user_id, session_id FROM ag_sessions WHERE holder_turn_id IS NOT NULL \
+                 ORDER BY updated_at_ms DESC LIMIT $1",
+            )
+            .int(limit),
+        )
+        .await?;
+    rows.iter()
+        .map(|row| {
+            let row = S::columns(row);
+            Ok((
+                row.text_required("user_id")?,
+                row.text_required("session_id")?,
+            ))
+        })
+        .collect()
+}
 
-    /// Up to `limit` most recently updated turns and executions, newest
-    /// first; within one store-clock millisecond the newer grant (higher
-    /// fence) first, then (executions) the later claim.
-    async fn recent(&self, limit: i64) -> Result<(Vec<TurnView>, Vec<ExecutionView>)>;
+/// Up to `limit` most recently updated turns and executions, newest first;
+/// within one store-clock millisecond the newer grant (higher fence) first,
+/// then (executions) the later claim.
+async fn recent<S: ViewSql>(sql: &S, limit: i64) -> Result<(Vec<TurnView>, Vec<ExecutionView>)> {
+    let turns = sql
+        .fetch(
+            On::Pool,
+            Statement::new(format!(
+                "SELECT {TURN_COLUMNS} FROM ag_turns ORDER BY updated_at_ms DESC, fence DESC LIMIT $1"
+            ))
+            .int(limit),
+        )
+        .await?;
+    let executions = sql
+        .fetch(
+            On::Pool,
+            Statement::new(format!(
+                "SELECT {EXECUTION_COLUMNS} FROM ag_tool_executions \
+                 ORDER BY updated_at_ms DESC, fence DESC, claim_seq DESC LIMIT $1"
+            ))
+            .int(limit),
+        )
+        .await?;
+    Ok((
+        turns
+            .iter()
+            .map(|row| turn_view(&S::columns(row)))
+            .collect::<Result<_>>()?,
+        executions
+            .iter()
+            .map(|row| execution_view(&S::columns(row)))
+            .collect::<Result<_>>()?,
+    ))
 }
 
 /// A keyset page of a turn's executions in two reads: the ordering keys and
@@ -173,18 +354,14 @@ pub async fn executions<S: ViewSql>(
         .after
         .as_ref()
         .map_or((i64::MIN, ""), |c| (c.claim_seq, c.execution_id.as_str()));
-    let keyed = sql
-        .execution_keys(turn_id.as_str(), after, i64::from(page.fetch()))
-        .await?;
+    let keyed = execution_keys(sql, turn_id.as_str(), after, i64::from(page.fetch())).await?;
     let (keys, more) = plan(keyed, page)?;
     let Some(last) = keys.last() else {
         return Ok(ExecutionPage::default());
     };
     let through = (last.claim_seq, last.execution_id.as_str());
     let limit = i64::try_from(keys.len()).expect("a page's length fits in i64");
-    let rows = sql
-        .execution_rows(turn_id.as_str(), after, through, limit)
-        .await?;
+    let rows = execution_rows(sql, turn_id.as_str(), after, through, limit).await?;
     assemble(rows, &keys, more, page)
 }
 
@@ -195,7 +372,21 @@ pub async fn executions<S: ViewSql>(
 /// The store's or the layer's error; `corrupt` for a row the engine never
 /// writes.
 pub async fn session<S: ViewSql>(sql: &S, session_id: &SessionId) -> Result<Option<SessionView>> {
-    let Some(row) = sql.session_row(session_id.as_str()).await? else {
+    let row = sql
+        .fetch_optional(
+            On::Pool,
+            Statement::new(format!(
+                "SELECT {SESSION_VIEW_COLUMNS}, {} AS now_ms FROM ag_sessions WHERE session_id = $1",
+                S::NOW_MS
+            ))
+            .text(session_id.as_str()),
+        )
+        .await?;
+    let Some(row) = row
+        .as_ref()
+        .map(|row| SessionRow::read(&S::columns(row)))
+        .transpose()?
+    else {
         return Ok(None);
     };
     let now = row.now_ms;
@@ -234,7 +425,7 @@ pub async fn session<S: ViewSql>(sql: &S, session_id: &SessionId) -> Result<Opti
 /// The store's or the layer's error; `corrupt` for a stored cap outside
 /// `u32`.
 pub async fn user<S: ViewSql>(sql: &S, user_id: &UserId) -> Result<UserView> {
-    let rows = sql.user_rows(user_id.as_str()).await?;
+    let rows = user_rows(sql, user_id.as_str()).await?;
     let holders = match sql.leases() {
         Some(layer) => layer.user_holders(user_id.as_str()).await?,
         None => rows
@@ -266,7 +457,7 @@ pub async fn overview<S: ViewSql>(sql: &S, limit: u32) -> Result<Overview> {
         Some(layer) => {
             // The rows name the last holder; the layer says who is live.
             let mut live = Vec::new();
-            for (user_id, session_id) in sql.holding_sessions(limit).await? {
+            for (user_id, session_id) in holding_sessions(sql, limit).await? {
                 if let Some(holder) = layer.holder(&session_id).await? {
                     live.push(LiveTurn {
                         user_id: id(UserId::new, user_id)?,
@@ -277,7 +468,7 @@ pub async fn overview<S: ViewSql>(sql: &S, limit: u32) -> Result<Overview> {
             live
         }
         None => {
-            let (now, rows) = sql.live_rows(limit).await?;
+            let (now, rows) = live_rows(sql, limit).await?;
             rows.into_iter()
                 .map(|(user_id, holder)| {
                     Ok(LiveTurn {
@@ -288,7 +479,7 @@ pub async fn overview<S: ViewSql>(sql: &S, limit: u32) -> Result<Overview> {
                 .collect::<Result<Vec<_>>>()?
         }
     };
-    let (recent_turns, recent_executions) = sql.recent(limit).await?;
+    let (recent_turns, recent_executions) = recent(sql, limit).await?;
     Ok(Overview {
         live,
         recent_turns,

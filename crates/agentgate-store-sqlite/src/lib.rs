@@ -28,6 +28,7 @@ mod begin;
 mod error;
 mod orphans;
 mod rows;
+mod run;
 mod steps;
 mod views;
 

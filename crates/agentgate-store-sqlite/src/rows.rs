@@ -3,7 +3,7 @@
 
 use agentgate_core::decide::{SessionSnapshot, TurnSnapshot};
 use agentgate_core::error::{Error, Result};
-use agentgate_core::model::{ExecutionView, TurnView};
+use agentgate_core::model::TurnView;
 use agentgate_store_sql::rows::{self, Columns};
 use sqlx::sqlite::SqliteRow;
 use sqlx::Row;
@@ -45,8 +45,4 @@ pub(crate) fn turn_view(row: &SqliteRow) -> Result<TurnView> {
 
 pub(crate) fn session_snapshot(row: &SqliteRow) -> Result<SessionSnapshot> {
     rows::session_snapshot(&Cols(row))
-}
-
-pub(crate) fn execution_view(row: &SqliteRow) -> Result<ExecutionView> {
-    rows::execution_view(&Cols(row))
 }

@@ -1,0 +1,25 @@
+//! The shared statements ([`agentgate_store_sql::query`]) run on MySQL:
+//! numbered placeholders rendered as `?` in order, rows read through
+//! [`Cols`].
+
+use sqlx::mysql::MySqlRow;
+use sqlx::{MySql, MySqlConnection};
+
+use crate::error::map_sqlx;
+use crate::rows::Cols;
+use crate::{MySqlStore, NOW_MS};
+
+/// The store as the shared statements see it.
+pub(crate) struct Db<'a>(pub(crate) &'a MySqlStore);
+
+agentgate_store_sql::impl_run!(
+    Db,
+    db = MySql,
+    conn = MySqlConnection,
+    row = MySqlRow,
+    cols = Cols,
+    now = NOW_MS,
+    errors = map_sqlx,
+    render = agentgate_store_sql::query::positional,
+    pool = |store| &store.pool,
+);

@@ -1,0 +1,25 @@
+//! The shared statements ([`agentgate_store_sql::query`]) run on SQLite:
+//! numbered placeholders as written, a statement outside a transaction on
+//! the reader pool, rows read through [`Cols`].
+
+use sqlx::sqlite::SqliteRow;
+use sqlx::{Sqlite, SqliteConnection};
+
+use crate::error::map_sqlx;
+use crate::rows::Cols;
+use crate::{SqliteStore, NOW_MS};
+
+/// The store as the shared statements see it.
+pub(crate) struct Db<'a>(pub(crate) &'a SqliteStore);
+
+agentgate_store_sql::impl_run!(
+    Db,
+    db = Sqlite,
+    conn = SqliteConnection,
+    row = SqliteRow,
+    cols = Cols,
+    now = NOW_MS,
+    errors = map_sqlx,
+    render = agentgate_store_sql::query::numbered,
+    pool = |store| &store.reader,
+);
