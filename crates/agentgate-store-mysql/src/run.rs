@@ -7,6 +7,7 @@ use sqlx::{MySql, MySqlConnection};
 
 use crate::error::map_sqlx;
 use crate::rows::Cols;
+use crate::steps::Sql;
 use crate::{MySqlStore, NOW_MS};
 
 /// The store as the shared statements see it.
@@ -19,7 +20,23 @@ agentgate_store_sql::impl_run!(
     row = MySqlRow,
     cols = Cols,
     now = NOW_MS,
+    bigint = "SIGNED",
     errors = map_sqlx,
     render = agentgate_store_sql::query::positional,
-    pool = |store| &store.pool,
+    read = |store| &store.pool,
+    write = |store| &store.pool,
+);
+
+agentgate_store_sql::impl_run!(
+    Sql,
+    db = MySql,
+    conn = MySqlConnection,
+    row = MySqlRow,
+    cols = Cols,
+    now = NOW_MS,
+    bigint = "SIGNED",
+    errors = map_sqlx,
+    render = agentgate_store_sql::query::positional,
+    read = |store| &store.pool,
+    write = |store| &store.pool,
 );

@@ -27,10 +27,8 @@
 //! with an external layer), else that + 6 (no `UPDATE … RETURNING`: the
 //! view is read back).
 
-use std::any::Any;
-
 use agentgate_core::config::duration_ms;
-use agentgate_core::decide::{CheckedLease, ExecutionSnapshot};
+use agentgate_core::decide::CheckedLease;
 use agentgate_core::error::Result;
 use agentgate_core::ids::{ExecutionId, Fence};
 use agentgate_core::lease::LeaseLayer;
@@ -44,7 +42,6 @@ use crate::{MySqlStore, NOW_MS};
 use agentgate_store_sql::claim::{ClaimSql, Lookup};
 use agentgate_store_sql::heartbeat::HeartbeatSql;
 use agentgate_store_sql::lease::{self, Authority, LeaseRow, LeaseSql};
-use agentgate_store_sql::rows::Columns;
 use agentgate_store_sql::tool::ToolEndingSql;
 use agentgate_store_sql::{Retry, StepTx};
 
@@ -180,6 +177,10 @@ impl HeartbeatSql for Sql<'_> {
 impl StepTx for Sql<'_> {
     type Tx = Transaction<'static, MySql>;
 
+    fn conn(tx: &mut Self::Tx) -> &mut MySqlConnection {
+        tx
+    }
+
     async fn open(&self, lease: &LeaseRef) -> Result<(Self::Tx, CheckedLease)> {
         let mut tx = self.0.transaction().await?;
         let live = check_lease(self.0, &mut tx, lease, true).await?;
@@ -250,31 +251,6 @@ impl ClaimSql for Sql<'_> {
         .map_err(map_sqlx)?;
         Ok(done.rows_affected())
     }
-
-    async fn reclaim(
-        &self,
-        tx: &mut Self::Tx,
-        read: &ExecutionSnapshot,
-        live: &CheckedLease,
-        attempt: u32,
-    ) -> Result<u64> {
-        let done = sqlx::query(
-            "UPDATE ag_tool_executions SET state = 'running', attempt = ?, fence = ?, \
-             error = NULL, updated_at_ms = ? \
-             WHERE execution_id = ? AND state = ? AND fence = ? AND attempt = ?",
-        )
-        .bind(i64::from(attempt))
-        .bind(live.fence.0)
-        .bind(live.now_ms)
-        .bind(&read.execution_id)
-        .bind(read.state.as_str())
-        .bind(read.fence.0)
-        .bind(i64::from(read.attempt))
-        .execute(&mut **tx)
-        .await
-        .map_err(map_sqlx)?;
-        Ok(done.rows_affected())
-    }
 }
 
 /// The store as the shared tool ending sees it.
@@ -289,56 +265,6 @@ impl ToolEndingSql for Sql<'_> {
         ending: ExecutionEnding<'_>,
     ) -> Result<bool> {
         fast::end_execution(self.0, lease, execution_id, ending).await
-    }
-
-    async fn execution_row(
-        &self,
-        tx: &mut Self::Tx,
-        lease: &LeaseRef,
-        execution_id: &ExecutionId,
-    ) -> Result<Option<(String, i64)>> {
-        let row = sqlx::query(
-            "SELECT state, fence FROM ag_tool_executions WHERE execution_id = ? AND turn_id = ?",
-        )
-        .bind(execution_id.as_str())
-        .bind(lease.turn_id.as_str())
-        .fetch_optional(&mut **tx)
-        .await
-        .map_err(map_sqlx)?;
-        row.map(|row| {
-            let row = Cols(&row);
-            Ok((row.text_required("state")?, row.int_required("fence")?))
-        })
-        .transpose()
-    }
-
-    async fn end_in(
-        &self,
-        tx: &mut Self::Tx,
-        lease: &LeaseRef,
-        execution_id: &ExecutionId,
-        live: &CheckedLease,
-        ending: ExecutionEnding<'_>,
-    ) -> Result<u64> {
-        let (state, column, value) = ending.columns();
-        let done = sqlx::query(&format!(
-            "UPDATE ag_tool_executions SET state = '{state}', {column} = ?, updated_at_ms = ? \
-             WHERE execution_id = ? AND turn_id = ? AND state = 'running' AND fence = ?"
-        ))
-        .bind(value.as_str())
-        .bind(live.now_ms)
-        .bind(execution_id.as_str())
-        .bind(lease.turn_id.as_str())
-        .bind(live.fence.0)
-        .execute(&mut **tx)
-        .await
-        .map_err(map_sqlx)?;
-        Ok(done.rows_affected())
-    }
-
-    fn connection<'t>(&self, tx: &'t mut Self::Tx) -> &'t mut (dyn Any + Send) {
-        let connection: &mut MySqlConnection = tx;
-        connection
     }
 }
 

@@ -6,6 +6,7 @@ use sqlx::{PgConnection, Postgres};
 
 use crate::error::map_sqlx;
 use crate::rows::Cols;
+use crate::steps::Sql;
 use crate::{PostgresStore, NOW_MS};
 
 /// The store as the shared statements see it.
@@ -18,7 +19,23 @@ agentgate_store_sql::impl_run!(
     row = PgRow,
     cols = Cols,
     now = NOW_MS,
+    bigint = "BIGINT",
     errors = map_sqlx,
     render = agentgate_store_sql::query::numbered,
-    pool = |store| &store.pool,
+    read = |store| &store.pool,
+    write = |store| &store.pool,
+);
+
+agentgate_store_sql::impl_run!(
+    Sql,
+    db = Postgres,
+    conn = PgConnection,
+    row = PgRow,
+    cols = Cols,
+    now = NOW_MS,
+    bigint = "BIGINT",
+    errors = map_sqlx,
+    render = agentgate_store_sql::query::numbered,
+    read = |store| &store.pool,
+    write = |store| &store.pool,
 );

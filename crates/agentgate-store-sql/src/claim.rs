@@ -18,6 +18,7 @@ use agentgate_core::ids::ExecutionId;
 use agentgate_core::model::{idempotency_key, LeaseRef, PreviousOutcome, ToolCall, ToolClaim};
 use serde_json::Value;
 
+use crate::query::{On, Statement};
 use crate::rows::{execution_snapshot, json, Columns};
 use crate::{Retry, StepTx};
 
@@ -77,17 +78,6 @@ pub trait ClaimSql: StepTx {
         execution: (&ExecutionId, &str),
         live: &CheckedLease,
         seq: i64,
-    ) -> Result<u64>;
-
-    /// Claims `read` again under `live`'s fence as attempt `attempt`, on the
-    /// condition that its row is still as read (state, fence, attempt); the
-    /// rows written.
-    async fn reclaim(
-        &self,
-        tx: &mut Self::Tx,
-        read: &ExecutionSnapshot,
-        live: &CheckedLease,
-        attempt: u32,
     ) -> Result<u64>;
 }
 
@@ -175,7 +165,7 @@ async fn claim_once<S: ClaimSql>(sql: &S, lease: &LeaseRef, call: &ToolCall) -> 
             // overwritten (a succeeded execution would run again), so the
             // write is conditioned on the row as read and a miss runs the
             // step again.
-            if sql.reclaim(&mut tx, &read, &live, attempt).await? != 1 {
+            if reclaim(sql, &mut tx, &read, &live, attempt).await? != 1 {
                 return Err(Error::conflict(format!(
                     "tool execution {} changed while it was being claimed",
                     read.execution_id
@@ -191,6 +181,31 @@ async fn claim_once<S: ClaimSql>(sql: &S, lease: &LeaseRef, call: &ToolCall) -> 
     };
     sql.commit(tx).await?;
     Ok(claim)
+}
+
+/// Claims `read` again under `live`'s fence as attempt `attempt`, on the
+/// condition that its row is still as read (state, fence, attempt); the rows
+/// written.
+async fn reclaim<S: ClaimSql>(
+    sql: &S,
+    tx: &mut S::Tx,
+    read: &ExecutionSnapshot,
+    live: &CheckedLease,
+    attempt: u32,
+) -> Result<u64> {
+    let statement = Statement::new(
+        "UPDATE ag_tool_executions SET state = 'running', attempt = $1, fence = $2, \
+         error = NULL, updated_at_ms = $3 \
+         WHERE execution_id = $4 AND state = $5 AND fence = $6 AND attempt = $7",
+    )
+    .int(i64::from(attempt))
+    .int(live.fence.0)
+    .int(live.now_ms)
+    .text(&read.execution_id)
+    .text(read.state.as_str())
+    .int(read.fence.0)
+    .int(i64::from(read.attempt));
+    sql.execute(On::Conn(S::conn(tx)), statement).await
 }
 
 fn execute(

@@ -57,9 +57,12 @@ use agentgate_core::model::LeaseRef;
 /// it ([`lease::check_lease`]), the session's row locked where the store
 /// locks rows (SQLite's transaction holds its single writer).
 #[async_trait::async_trait]
-pub trait StepTx: Sync {
+pub trait StepTx: query::Run {
     /// The open transaction.
     type Tx: Send;
+
+    /// The open transaction's connection, for the shared statements.
+    fn conn(tx: &mut Self::Tx) -> &mut <Self as query::Run>::Conn;
 
     /// Opens the transaction and checks the caller's lease in it.
     async fn open(&self, lease: &LeaseRef) -> Result<(Self::Tx, CheckedLease)>;

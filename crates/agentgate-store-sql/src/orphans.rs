@@ -14,35 +14,175 @@ use agentgate_core::lease::{held_by, LeaseLayer};
 use agentgate_core::limits::MAX_ORPHAN_SCAN;
 use agentgate_core::model::{Orphan, OrphanFilter};
 
-use crate::Retry;
+use agentgate_core::decide::ABANDONED_ERROR;
+use agentgate_core::error::Error;
 
-/// The SQL a store supplies for orphans.
+use crate::query::{Arg, On, Statement};
+use crate::rows::{orphan, Columns};
+use crate::{Retry, StepTx};
+
+/// What a store supplies for orphans: the lock that orders an abandon with
+/// a concurrent takeover. The statements are written once, here.
 #[async_trait::async_trait]
-pub trait OrphanSql: Sync {
+pub trait OrphanSql: StepTx {
     /// The external lease layer, if the store has one.
     fn leases(&self) -> Option<&dyn LeaseLayer>;
 
-    /// The store's clock.
-    async fn now_ms(&self) -> Result<i64>;
+    /// Opens a write transaction holding the session's row as a begin
+    /// takes it (PostgreSQL, MySQL: the row locked; SQLite: the single
+    /// writer), so a takeover and the abandon are ordered.
+    async fn lock_session(&self, session_id: &str) -> Result<Self::Tx>;
+}
 
-    /// The running turns `filter` admits, longest-orphaned first, at most
-    /// `limit`: without a layer only those with no live row lease, orphaned
-    /// at least `filter.min_orphaned_ms`.
-    async fn candidates(
-        &self,
-        filter: &OrphanFilter,
-        limit: u32,
-        now_ms: i64,
-    ) -> Result<Vec<Orphan>>;
+/// When the turn last had a live lease, as far as the rows tell: the
+/// session's expiry while the row names it, else the recorded orphan time,
+/// else its last grant.
+const ORPHANED_SINCE: &str = "CASE WHEN s.holder_turn_id = t.turn_id \
+    AND s.lease_expires_at_ms IS NOT NULL THEN s.lease_expires_at_ms \
+    ELSE COALESCE(t.orphaned_at_ms, t.updated_at_ms) END";
 
-    /// Records when the turn was first seen unheld, if it still runs under
-    /// the orphan's fence; the recorded time, or `None` (a grant came
-    /// between).
-    async fn stamp_orphaned(&self, orphan: &Orphan) -> Result<Option<i64>>;
+/// The running turns `filter` admits, as orphan candidates with their
+/// orphan time, longest-orphaned first, at most `limit`. With leases in the
+/// rows only turns without a live row lease, orphaned at least
+/// `filter.min_orphaned_ms`, qualify; with a layer every running turn does,
+/// and the layer is asked afterwards.
+async fn candidates<S: OrphanSql>(
+    sql: &S,
+    filter: &OrphanFilter,
+    limit: u32,
+    now: i64,
+) -> Result<Vec<Orphan>> {
+    let mut statement = Statement::new(format!(
+        "SELECT t.turn_id, t.session_id, t.user_id, t.client_request_id, t.fingerprint, \
+         t.payload, t.fence, t.attempt, {ORPHANED_SINCE} AS orphaned_since_ms, \
+         CAST(CASE WHEN COALESCE(s.fence, 0) > t.fence THEN 1 ELSE 0 END AS {}) AS superseded \
+         FROM ag_turns t LEFT JOIN ag_sessions s ON s.session_id = t.session_id \
+         WHERE t.state = 'running'",
+        S::BIGINT
+    ));
+    if sql.leases().is_none() {
+        let min_age = i64::try_from(filter.min_orphaned_ms).unwrap_or(i64::MAX);
+        let live_after = statement.bind(Arg::Int(now));
+        let since = statement.bind(Arg::Int(now.saturating_sub(min_age)));
+        statement.push(&format!(
+            " AND NOT (s.holder_turn_id IS NOT NULL AND s.holder_turn_id = t.turn_id \
+             AND COALESCE(s.lease_expires_at_ms, 0) > {live_after}) \
+             AND {ORPHANED_SINCE} <= {since}"
+        ));
+    }
+    for (column, ids) in [
+        (
+            "t.user_id",
+            filter
+                .user_ids
+                .iter()
+                .map(|u| u.as_str())
+                .collect::<Vec<_>>(),
+        ),
+        (
+            "t.turn_id",
+            filter.turn_ids.iter().map(|t| t.as_str()).collect(),
+        ),
+    ] {
+        if ids.is_empty() {
+            continue;
+        }
+        let placeholders: Vec<String> = ids
+            .into_iter()
+            .map(|id| statement.bind(Arg::Text(id)))
+            .collect();
+        statement.push(&format!(" AND {column} IN ({})", placeholders.join(", ")));
+    }
+    let limit = statement.bind(Arg::Int(i64::from(limit)));
+    statement.push(&format!(
+        " ORDER BY orphaned_since_ms, t.turn_id LIMIT {limit}"
+    ));
+    let rows = sql.fetch(On::Read, statement).await?;
+    rows.iter()
+        .map(|row| orphan(&S::columns(row), now))
+        .collect()
+}
 
-    /// Ends the turn `abandoned` and releases its session, once, if it still
-    /// runs under the orphan's fence with no live row lease; whether it did.
-    async fn abandon_once(&self, orphan: &Orphan) -> Result<bool>;
+/// First seen unheld: records since when on the turn, unless a grant came
+/// between (the turn no longer runs under the orphan's fence); the recorded
+/// time.
+async fn stamp_orphaned<S: OrphanSql>(sql: &S, orphan: &Orphan) -> Result<Option<i64>> {
+    sql.execute(
+        On::Write,
+        Statement::new(format!(
+            "UPDATE ag_turns SET orphaned_at_ms = COALESCE(orphaned_at_ms, {}) \
+             WHERE turn_id = $1 AND state = 'running' AND fence = $2",
+            S::NOW_MS
+        ))
+        .text(orphan.turn_id.as_str())
+        .int(orphan.fence.0),
+    )
+    .await?;
+    let row = sql
+        .fetch_optional(
+            On::Read,
+            Statement::new(
+                "SELECT orphaned_at_ms FROM ag_turns \
+                 WHERE turn_id = $1 AND state = 'running' AND fence = $2",
+            )
+            .text(orphan.turn_id.as_str())
+            .int(orphan.fence.0),
+        )
+        .await?;
+    match row {
+        Some(row) => S::columns(&row).int("orphaned_at_ms"),
+        None => Ok(None),
+    }
+}
+
+/// One transaction holding the session's row first, as a begin does, so a
+/// concurrent takeover and this step are ordered: the turn ends only if it
+/// still runs under the orphan's fence with no live row lease (a takeover
+/// changes the fence), and the session is released only if it still names
+/// the turn.
+async fn abandon_once<S: OrphanSql>(sql: &S, orphan: &Orphan) -> Result<bool> {
+    let mut tx = sql.lock_session(orphan.session_id.as_str()).await?;
+    let row = sql
+        .fetch_one(
+            On::Conn(S::conn(&mut tx)),
+            Statement::new(format!("SELECT {} AS now_ms", S::NOW_MS)),
+        )
+        .await?;
+    let now = S::columns(&row).int_required("now_ms")?;
+    let ended = sql
+        .execute(
+            On::Conn(S::conn(&mut tx)),
+            Statement::new(
+                "UPDATE ag_turns SET state = 'abandoned', error = $3, retryable = NULL, \
+                 updated_at_ms = $4, ended_at_ms = $4, orphaned_at_ms = NULL \
+                 WHERE turn_id = $1 AND state = 'running' AND fence = $2 AND NOT EXISTS ( \
+                 SELECT 1 FROM ag_sessions s WHERE s.session_id = ag_turns.session_id \
+                 AND s.holder_turn_id = ag_turns.turn_id AND s.lease_expires_at_ms > $4)",
+            )
+            .text(orphan.turn_id.as_str())
+            .int(orphan.fence.0)
+            .text(ABANDONED_ERROR)
+            .int(now),
+        )
+        .await?;
+    if ended == 0 {
+        return Ok(false);
+    }
+    Error::expect_rows(ended, 1, "the abandoned turn (turn_id is the primary key)")?;
+    sql.execute(
+        On::Conn(S::conn(&mut tx)),
+        Statement::new(
+            "UPDATE ag_sessions SET holder_turn_id = NULL, lease_token_hash = NULL, \
+             lease_expires_at_ms = NULL, updated_at_ms = $3 \
+             WHERE session_id = $1 AND holder_turn_id = $2",
+        )
+        .text(orphan.session_id.as_str())
+        .text(orphan.turn_id.as_str())
+        .int(now),
+    )
+    .await?;
+    sql.commit(tx).await?;
+    Ok(true)
 }
 
 /// The orphans `filter` admits, at most `limit` (and [`MAX_ORPHAN_SCAN`]).
@@ -53,7 +193,7 @@ pub async fn list<S: OrphanSql>(sql: &S, filter: &OrphanFilter, limit: u32) -> R
     filter.validate()?;
     let limit = limit.min(MAX_ORPHAN_SCAN);
     let now = sql.now_ms().await?;
-    let found = sql.candidates(filter, limit, now).await?;
+    let found = candidates(sql, filter, limit, now).await?;
     let Some(layer) = sql.leases() else {
         return Ok(found);
     };
@@ -63,7 +203,7 @@ pub async fn list<S: OrphanSql>(sql: &S, filter: &OrphanFilter, limit: u32) -> R
         if held_by(layer, orphan.session_id.as_str(), orphan.turn_id.as_str()).await? {
             continue;
         }
-        let Some(since) = sql.stamp_orphaned(&orphan).await? else {
+        let Some(since) = stamp_orphaned(sql, &orphan).await? else {
             continue;
         };
         orphan.orphaned_since_ms = since;
@@ -88,7 +228,7 @@ pub async fn abandon<S: OrphanSql>(sql: &S, orphan: &Orphan) -> Result<bool> {
     }
     let mut retry = Retry::new();
     loop {
-        match sql.abandon_once(orphan).await {
+        match abandon_once(sql, orphan).await {
             Err(error) => retry.after(error).await?,
             done => return done,
         }

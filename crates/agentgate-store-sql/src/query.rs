@@ -60,6 +60,18 @@ impl<'a> Statement<'a> {
         self
     }
 
+    /// Adds an argument; its placeholder (`$n`), for SQL built piece by
+    /// piece ([`Statement::push`]).
+    pub fn bind(&mut self, arg: Arg<'a>) -> String {
+        self.args.push(arg);
+        format!("${}", self.args.len())
+    }
+
+    /// Appends SQL text.
+    pub fn push(&mut self, sql: &str) {
+        self.sql.push_str(sql);
+    }
+
     /// The SQL, placeholders numbered.
     pub fn sql(&self) -> &str {
         &self.sql
@@ -118,11 +130,13 @@ pub fn numbered<'a>(statement: &Statement<'a>) -> Result<(String, Vec<Arg<'a>>)>
     Ok((statement.sql.clone(), statement.args.clone()))
 }
 
-/// Where a statement runs: on the store's pool (a view: its own implicit
-/// transaction) or on a step's open transaction.
-pub enum On<'c, C: ?Sized> {
-    /// The pool (SQLite: its reader pool).
-    Pool,
+/// Where a statement runs: alone on the store's pool (its own implicit
+/// transaction), as a read or a write, or on a step's open transaction.
+pub enum On<'c, C> {
+    /// A read on the pool (SQLite: its reader pool).
+    Read,
+    /// An autocommit write on the pool (SQLite: its single writer).
+    Write,
     /// An open transaction's connection.
     Conn(&'c mut C),
 }
@@ -131,13 +145,17 @@ pub enum On<'c, C: ?Sized> {
 /// rows read through [`Columns`].
 #[async_trait::async_trait]
 pub trait Run: Sync {
-    /// A connection a step's transaction runs on.
-    type Conn: Send + ?Sized;
+    /// A connection a step's transaction runs on (a same-transaction effect
+    /// downcasts it from `Any`).
+    type Conn: Send + 'static;
     /// One row as the driver returns it.
     type Row: Send + Sync;
 
     /// The store's clock in milliseconds, as an SQL expression.
     const NOW_MS: &'static str;
+
+    /// The 64-bit integer type a `CAST` names.
+    const BIGINT: &'static str;
 
     /// The row's columns.
     fn columns(row: &Self::Row) -> impl Columns + '_;
@@ -180,7 +198,7 @@ pub trait Run: Sync {
     async fn now_ms(&self) -> Result<i64> {
         let row = self
             .fetch_one(
-                On::Pool,
+                On::Read,
                 Statement::new(format!("SELECT {} AS now_ms", Self::NOW_MS)),
             )
             .await?;
@@ -190,14 +208,15 @@ pub trait Run: Sync {
 }
 
 /// Implements [`Run`] for a store's crate-private wrapper, once for every
-/// sqlx driver: `render` is [`numbered`] or [`positional`], `pool` the pool a
-/// statement outside a transaction runs on.
+/// sqlx driver: `render` is [`numbered`] or [`positional`]; `read` and
+/// `write` the pools a read and an autocommit write outside a transaction
+/// run on.
 #[macro_export]
 macro_rules! impl_run {
     (
         $wrapper:ident, db = $db:ty, conn = $conn:ty, row = $row:ty, cols = $cols:path,
-        now = $now:expr, errors = $map_err:path, render = $render:path,
-        pool = |$store:ident| $pool:expr $(,)?
+        now = $now:expr, bigint = $bigint:literal, errors = $map_err:path, render = $render:path,
+        read = |$store:ident| $read:expr, write = |$wstore:ident| $write:expr $(,)?
     ) => {
         #[$crate::async_trait]
         impl $crate::query::Run for $wrapper<'_> {
@@ -205,6 +224,7 @@ macro_rules! impl_run {
             type Row = $row;
 
             const NOW_MS: &'static str = $now;
+            const BIGINT: &'static str = $bigint;
 
             fn columns(row: &$row) -> impl $crate::rows::Columns + '_ {
                 $cols(row)
@@ -217,9 +237,15 @@ macro_rules! impl_run {
             ) -> agentgate_core::error::Result<u64> {
                 let (sql, args) = $render(&statement)?;
                 let query = $crate::query::bind_all::<$db>(sqlx::query(&sql), &args);
-                let $store = self.0;
                 let done = match on {
-                    $crate::query::On::Pool => query.execute($pool).await,
+                    $crate::query::On::Read => {
+                        let $store = self.0;
+                        query.execute($read).await
+                    }
+                    $crate::query::On::Write => {
+                        let $wstore = self.0;
+                        query.execute($write).await
+                    }
                     $crate::query::On::Conn(conn) => query.execute(conn).await,
                 };
                 Ok(done.map_err($map_err)?.rows_affected())
@@ -232,9 +258,15 @@ macro_rules! impl_run {
             ) -> agentgate_core::error::Result<Vec<$row>> {
                 let (sql, args) = $render(&statement)?;
                 let query = $crate::query::bind_all::<$db>(sqlx::query(&sql), &args);
-                let $store = self.0;
                 match on {
-                    $crate::query::On::Pool => query.fetch_all($pool).await,
+                    $crate::query::On::Read => {
+                        let $store = self.0;
+                        query.fetch_all($read).await
+                    }
+                    $crate::query::On::Write => {
+                        let $wstore = self.0;
+                        query.fetch_all($write).await
+                    }
                     $crate::query::On::Conn(conn) => query.fetch_all(conn).await,
                 }
                 .map_err($map_err)
@@ -286,6 +318,9 @@ mod tests {
     fn positional_refuses_a_placeholder_with_no_argument() {
         let statement = Statement::new("SELECT $2").int(1);
         let error = positional(&statement).unwrap_err();
-        assert!(error.to_string().contains("corrupt row: placeholder $2"), "{error}");
+        assert!(
+            error.to_string().contains("corrupt row: placeholder $2"),
+            "{error}"
+        );
     }
 }

@@ -15,7 +15,7 @@
 //! - `crate::run::Db<'_>(&Store)`: [`Run`](crate::query::Run) (through
 //!   [`impl_run!`](crate::impl_run)) and [`ViewSql`](crate::views::ViewSql),
 //!   plus `crate::views::{set_user_cap, sweep}(&Store, …)`;
-//! - `crate::orphans::Sql<'_>(&Store)`: [`OrphanSql`](crate::orphans::OrphanSql);
+//! - `crate::orphans`: [`OrphanSql`](crate::orphans::OrphanSql) for `crate::steps::Sql`;
 //! - a `config: Config` field.
 
 /// Implements `agentgate_core::store::Store` for `$store` over the layout
@@ -146,14 +146,14 @@ macro_rules! impl_store {
                 filter: &::agentgate_core::model::OrphanFilter,
                 limit: u32,
             ) -> ::agentgate_core::error::Result<Vec<::agentgate_core::model::Orphan>> {
-                $crate::orphans::list(&crate::orphans::Sql(self), filter, limit).await
+                $crate::orphans::list(&crate::steps::Sql(self), filter, limit).await
             }
 
             async fn abandon(
                 &self,
                 orphan: &::agentgate_core::model::Orphan,
             ) -> ::agentgate_core::error::Result<bool> {
-                $crate::orphans::abandon(&crate::orphans::Sql(self), orphan).await
+                $crate::orphans::abandon(&crate::steps::Sql(self), orphan).await
             }
         }
     };

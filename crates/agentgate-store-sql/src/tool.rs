@@ -21,6 +21,8 @@ use agentgate_core::model::{ExecutionEnding, LeaseRef};
 use agentgate_core::store::{Completion, SqlEffect};
 use serde_json::Value;
 
+use crate::query::{On, Statement};
+use crate::rows::Columns;
 use crate::{Retry, StepTx};
 
 /// The SQL a store supplies for an execution's ending.
@@ -36,28 +38,49 @@ pub trait ToolEndingSql: StepTx {
         execution_id: &ExecutionId,
         ending: ExecutionEnding<'_>,
     ) -> Result<bool>;
+}
 
-    /// The execution's `(state, fence)` if it is one of the caller's turn.
-    async fn execution_row(
-        &self,
-        tx: &mut Self::Tx,
-        lease: &LeaseRef,
-        execution_id: &ExecutionId,
-    ) -> Result<Option<(String, i64)>>;
+/// The execution's `(state, fence)` if it is one of the caller's turn.
+async fn execution_row<S: ToolEndingSql>(
+    sql: &S,
+    tx: &mut S::Tx,
+    lease: &LeaseRef,
+    execution_id: &ExecutionId,
+) -> Result<Option<(String, i64)>> {
+    let statement = Statement::new(
+        "SELECT state, fence FROM ag_tool_executions WHERE execution_id = $1 AND turn_id = $2",
+    )
+    .text(execution_id.as_str())
+    .text(lease.turn_id.as_str());
+    let row = sql.fetch_optional(On::Conn(S::conn(tx)), statement).await?;
+    row.map(|row| {
+        let row = S::columns(&row);
+        Ok((row.text_required("state")?, row.int_required("fence")?))
+    })
+    .transpose()
+}
 
-    /// Ends the execution, running under `live`'s fence, with `ending`
-    /// inside `tx`; the rows written.
-    async fn end_in(
-        &self,
-        tx: &mut Self::Tx,
-        lease: &LeaseRef,
-        execution_id: &ExecutionId,
-        live: &CheckedLease,
-        ending: ExecutionEnding<'_>,
-    ) -> Result<u64>;
-
-    /// The driver's connection inside `tx`, for a same-transaction effect.
-    fn connection<'t>(&self, tx: &'t mut Self::Tx) -> &'t mut (dyn Any + Send);
+/// Ends the execution, running under `live`'s fence, with `ending` inside
+/// `tx`; the rows written.
+async fn end_in<S: ToolEndingSql>(
+    sql: &S,
+    tx: &mut S::Tx,
+    lease: &LeaseRef,
+    execution_id: &ExecutionId,
+    live: &CheckedLease,
+    ending: ExecutionEnding<'_>,
+) -> Result<u64> {
+    let (state, column, value) = ending.columns();
+    let statement = Statement::new(format!(
+        "UPDATE ag_tool_executions SET state = '{state}', {column} = $1, updated_at_ms = $2 \
+         WHERE execution_id = $3 AND turn_id = $4 AND state = 'running' AND fence = $5"
+    ))
+    .text(value.as_str())
+    .int(live.now_ms)
+    .text(execution_id.as_str())
+    .text(lease.turn_id.as_str())
+    .int(live.fence.0);
+    sql.execute(On::Conn(S::conn(tx)), statement).await
 }
 
 /// Checks that the execution is the caller's to end (running under `live`'s
@@ -69,7 +92,7 @@ async fn check<S: ToolEndingSql>(
     execution_id: &ExecutionId,
     live: &CheckedLease,
 ) -> Result<()> {
-    let row = sql.execution_row(tx, lease, execution_id).await?;
+    let row = execution_row(sql, tx, lease, execution_id).await?;
     check_execution(
         execution_id.as_str(),
         row.as_ref().map(|(state, fence)| (state.as_str(), *fence)),
@@ -89,7 +112,7 @@ async fn end_checked<S: ToolEndingSql>(
     live: &CheckedLease,
     ending: ExecutionEnding<'_>,
 ) -> Result<()> {
-    if sql.end_in(tx, lease, execution_id, live, ending).await? == 1 {
+    if end_in(sql, tx, lease, execution_id, live, ending).await? == 1 {
         return Ok(());
     }
     check(sql, tx, lease, execution_id, live).await?;
@@ -130,7 +153,7 @@ async fn complete_with_effect_once<S: ToolEndingSql>(
     check(sql, &mut tx, lease, execution_id, &live).await?;
     *applied = true;
     let value = effect
-        .apply(sql.connection(&mut tx))
+        .apply(S::conn(&mut tx) as &mut (dyn Any + Send))
         .await
         .map_err(Error::Effect)?;
     let result = CanonicalJson::new("result", &value)?;

@@ -135,7 +135,7 @@ pub trait ViewSql: Run {
 pub async fn turn<S: ViewSql>(sql: &S, turn_id: &TurnId) -> Result<Option<TurnView>> {
     let row = sql
         .fetch_optional(
-            On::Pool,
+            On::Read,
             Statement::new(format!(
                 "SELECT {TURN_COLUMNS} FROM ag_turns WHERE turn_id = $1"
             ))
@@ -159,7 +159,7 @@ async fn execution_keys<S: ViewSql>(
     let seq = S::CLAIM_SEQ;
     let rows = sql
         .fetch(
-            On::Pool,
+            On::Read,
             Statement::new(format!(
                 "SELECT execution_id, {seq} AS claim_seq, {} AS stored_bytes \
                  FROM ag_tool_executions WHERE turn_id = $1 \
@@ -197,7 +197,7 @@ async fn execution_rows<S: ViewSql>(
     let seq = S::CLAIM_SEQ;
     let rows = sql
         .fetch(
-            On::Pool,
+            On::Read,
             Statement::new(format!(
                 "SELECT {EXECUTION_COLUMNS} FROM ag_tool_executions WHERE turn_id = $1 \
                    AND ({seq} > $2 OR ({seq} = $2 AND execution_id > $3)) \
@@ -223,7 +223,7 @@ async fn user_rows<S: ViewSql>(sql: &S, user_id: &str) -> Result<UserRows> {
     let now = S::NOW_MS;
     let rows = sql
         .fetch(
-            On::Pool,
+            On::Read,
             Statement::new(format!(
                 "SELECT (SELECT max_turns FROM ag_users WHERE user_id = $1) AS max_turns, \
                    {now} AS now_ms, s.session_id, s.holder_turn_id, s.fence, s.lease_expires_at_ms \
@@ -258,7 +258,7 @@ async fn live_rows<S: ViewSql>(sql: &S, limit: i64) -> Result<(i64, Vec<(String,
     let now = sql.now_ms().await?;
     let rows = sql
         .fetch(
-            On::Pool,
+            On::Read,
             Statement::new(
                 "SELECT user_id, session_id, holder_turn_id, fence, lease_expires_at_ms \
                  FROM ag_sessions WHERE lease_expires_at_ms > $1 \
@@ -284,7 +284,7 @@ async fn live_rows<S: ViewSql>(sql: &S, limit: i64) -> Result<(i64, Vec<(String,
 async fn holding_sessions<S: ViewSql>(sql: &S, limit: i64) -> Result<Vec<(String, String)>> {
     let rows = sql
         .fetch(
-            On::Pool,
+            On::Read,
             Statement::new(
                 "SELECT user_id, session_id FROM ag_sessions WHERE holder_turn_id IS NOT NULL \
                  ORDER BY updated_at_ms DESC LIMIT $1",
@@ -309,7 +309,7 @@ async fn holding_sessions<S: ViewSql>(sql: &S, limit: i64) -> Result<Vec<(String
 async fn recent<S: ViewSql>(sql: &S, limit: i64) -> Result<(Vec<TurnView>, Vec<ExecutionView>)> {
     let turns = sql
         .fetch(
-            On::Pool,
+            On::Read,
             Statement::new(format!(
                 "SELECT {TURN_COLUMNS} FROM ag_turns ORDER BY updated_at_ms DESC, fence DESC LIMIT $1"
             ))
@@ -318,7 +318,7 @@ async fn recent<S: ViewSql>(sql: &S, limit: i64) -> Result<(Vec<TurnView>, Vec<E
         .await?;
     let executions = sql
         .fetch(
-            On::Pool,
+            On::Read,
             Statement::new(format!(
                 "SELECT {EXECUTION_COLUMNS} FROM ag_tool_executions \
                  ORDER BY updated_at_ms DESC, fence DESC, claim_seq DESC LIMIT $1"
@@ -374,7 +374,7 @@ pub async fn executions<S: ViewSql>(
 pub async fn session<S: ViewSql>(sql: &S, session_id: &SessionId) -> Result<Option<SessionView>> {
     let row = sql
         .fetch_optional(
-            On::Pool,
+            On::Read,
             Statement::new(format!(
                 "SELECT {SESSION_VIEW_COLUMNS}, {} AS now_ms FROM ag_sessions WHERE session_id = $1",
                 S::NOW_MS

@@ -14,9 +14,6 @@
 //! (a reclaim, a same-transaction effect). SQLite has one writer, so a
 //! single statement's check and write see the same state.
 
-use std::any::Any;
-
-use agentgate_core::decide::ExecutionSnapshot;
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{ExecutionId, Fence};
 use agentgate_core::lease::LeaseLayer;
@@ -217,6 +214,10 @@ impl HeartbeatSql for Sql<'_> {
 impl StepTx for Sql<'_> {
     type Tx = Transaction<'static, Sqlite>;
 
+    fn conn(tx: &mut Self::Tx) -> &mut SqliteConnection {
+        tx
+    }
+
     async fn open(&self, lease: &LeaseRef) -> Result<(Self::Tx, LiveLease)> {
         locked_step(self.0, lease).await
     }
@@ -307,31 +308,6 @@ impl ClaimSql for Sql<'_> {
         .map_err(map_sqlx)?;
         Ok(done.rows_affected())
     }
-
-    async fn reclaim(
-        &self,
-        tx: &mut Self::Tx,
-        read: &ExecutionSnapshot,
-        live: &LiveLease,
-        attempt: u32,
-    ) -> Result<u64> {
-        let done = sqlx::query(
-            "UPDATE ag_tool_executions SET state = 'running', attempt = ?1, fence = ?2, \
-             error = NULL, updated_at_ms = ?3 \
-             WHERE execution_id = ?4 AND state = ?5 AND fence = ?6 AND attempt = ?7",
-        )
-        .bind(i64::from(attempt))
-        .bind(live.fence.0)
-        .bind(live.now_ms)
-        .bind(&read.execution_id)
-        .bind(read.state.as_str())
-        .bind(read.fence.0)
-        .bind(i64::from(read.attempt))
-        .execute(&mut **tx)
-        .await
-        .map_err(map_sqlx)?;
-        Ok(done.rows_affected())
-    }
 }
 
 /// The store as the shared tool ending sees it. SQLite marks no error a
@@ -364,51 +340,6 @@ impl ToolEndingSql for Sql<'_> {
             .await
             .map_err(map_sqlx)?;
         Ok(updated.rows_affected() == 1)
-    }
-
-    async fn execution_row(
-        &self,
-        tx: &mut Self::Tx,
-        lease: &LeaseRef,
-        execution_id: &ExecutionId,
-    ) -> Result<Option<(String, i64)>> {
-        sqlx::query_as(
-            "SELECT state, fence FROM ag_tool_executions WHERE execution_id = ? AND turn_id = ?",
-        )
-        .bind(execution_id.as_str())
-        .bind(lease.turn_id.as_str())
-        .fetch_optional(&mut **tx)
-        .await
-        .map_err(map_sqlx)
-    }
-
-    async fn end_in(
-        &self,
-        tx: &mut Self::Tx,
-        lease: &LeaseRef,
-        execution_id: &ExecutionId,
-        live: &LiveLease,
-        ending: ExecutionEnding<'_>,
-    ) -> Result<u64> {
-        let (state, column, value) = ending.columns();
-        let done = sqlx::query(&format!(
-            "UPDATE ag_tool_executions SET state = '{state}', {column} = ?1, updated_at_ms = ?2 \
-             WHERE execution_id = ?3 AND turn_id = ?4 AND state = 'running' AND fence = ?5"
-        ))
-        .bind(value.as_str())
-        .bind(live.now_ms)
-        .bind(execution_id.as_str())
-        .bind(lease.turn_id.as_str())
-        .bind(live.fence.0)
-        .execute(&mut **tx)
-        .await
-        .map_err(map_sqlx)?;
-        Ok(done.rows_affected())
-    }
-
-    fn connection<'t>(&self, tx: &'t mut Self::Tx) -> &'t mut (dyn Any + Send) {
-        let connection: &mut SqliteConnection = tx;
-        connection
     }
 }
 
