@@ -8,24 +8,7 @@ use sqlx::{MySql, MySqlConnection};
 use crate::error::map_sqlx;
 use crate::rows::Cols;
 use crate::steps::Sql;
-use crate::{MySqlStore, NOW_MS};
-
-/// The store as the shared statements see it.
-pub(crate) struct Db<'a>(pub(crate) &'a MySqlStore);
-
-agentgate_store_sql::impl_run!(
-    Db,
-    db = MySql,
-    conn = MySqlConnection,
-    row = MySqlRow,
-    cols = Cols,
-    now = NOW_MS,
-    bigint = "SIGNED",
-    errors = map_sqlx,
-    render = agentgate_store_sql::query::positional,
-    read = |store| &store.pool,
-    write = |store| &store.pool,
-);
+use crate::NOW_MS;
 
 agentgate_store_sql::impl_run!(
     Sql,

@@ -31,7 +31,7 @@ use agentgate_core::config::duration_ms;
 use agentgate_core::decide::CheckedLease;
 use agentgate_core::error::Result;
 use agentgate_core::ids::{ExecutionId, Fence};
-use agentgate_core::lease::LeaseLayer;
+
 use agentgate_core::model::{Ending, ExecutionEnding, LeaseRef, ToolCall, TurnView};
 use sqlx::{MySql, MySqlConnection, Transaction};
 
@@ -127,14 +127,6 @@ impl LeaseSql for Rows {
 
 #[async_trait::async_trait]
 impl HeartbeatSql for Sql<'_> {
-    fn leases(&self) -> Option<&dyn LeaseLayer> {
-        self.0.leases.as_deref()
-    }
-
-    fn lease_ttl_ms(&self) -> i64 {
-        self.0.config.lease_ttl_ms()
-    }
-
     async fn turn_state(&self, lease: &LeaseRef) -> Result<Option<String>> {
         // VARBINARY, as every text column here (see `rows`).
         let state: Option<Vec<u8>> =

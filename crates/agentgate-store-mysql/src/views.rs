@@ -10,32 +10,23 @@
 //! conditions on the newest row version, so a row a step is changing is left
 //! for the next sweep and a row a step changed is not deleted.
 
-use agentgate_core::config::{check_cap, Config};
+use agentgate_core::config::check_cap;
 use agentgate_core::error::Result;
 use agentgate_core::ids::UserId;
-use agentgate_core::lease::LeaseLayer;
 use agentgate_core::model::SweepReport;
 use agentgate_store_sql::views::{Cutoffs, ViewSql};
 use sqlx::MySqlConnection;
 
 use crate::error::map_sqlx;
-use crate::run::Db;
+use crate::steps::Sql;
 use crate::{MySqlStore, NOW_MS};
 use agentgate_store_sql::Retry;
 
 #[async_trait::async_trait]
-impl ViewSql for Db<'_> {
+impl ViewSql for Sql<'_> {
     const CLAIM_SEQ: &'static str = "COALESCE(claim_seq, 0)";
     const STORED_BYTES: &'static str =
         "CAST(COALESCE(OCTET_LENGTH(result), 0) + COALESCE(OCTET_LENGTH(error), 0) AS SIGNED)";
-
-    fn leases(&self) -> Option<&dyn LeaseLayer> {
-        self.0.leases.as_deref()
-    }
-
-    fn config(&self) -> &Config {
-        &self.0.config
-    }
 }
 
 pub(crate) async fn set_user_cap(

@@ -70,16 +70,18 @@ use agentgate_core::decide::{SessionSnapshot, StartKind, UserLoad};
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{Fence, LeaseToken, TurnId};
 use agentgate_core::lease::{LeaseClaim, LeaseLayer};
-use agentgate_core::model::{BeginCommand, BeginOutcome, ConfirmationContext, Grant, TurnView};
+use agentgate_core::model::{BeginCommand, BeginOutcome, ConfirmationContext, Grant};
 use serde_json::Value;
 use sqlx::PgConnection;
 
 use crate::error::{corrupt, map_sqlx};
 use crate::rows::{
-    get, json, session_snapshot, turn_record, turn_view, TurnRecord, SESSION_COLUMNS, TURN_COLUMNS,
+    get, json, session_snapshot, turn_record, TurnRecord, SESSION_COLUMNS, TURN_COLUMNS,
 };
+use crate::steps::Sql;
 use crate::{PostgresStore, NOW_MS, STEP_LOCK_TIMEOUT};
 use agentgate_store_sql::begin::{begin_in, give_back, BeginSql, Facts, Locked, Start};
+use agentgate_store_sql::query::Run;
 use agentgate_store_sql::Retry;
 
 pub(crate) async fn begin(store: &PostgresStore, command: &BeginCommand) -> Result<BeginOutcome> {
@@ -153,16 +155,12 @@ pub(crate) async fn begin_new(
     Ok(fence.map(|fence| Grant::first(command, turn_id, token, Fence(fence), ttl_ms)))
 }
 
-/// The store as the shared begin sees it: its SQL for each part of a begin.
-struct Sql<'a>(&'a PostgresStore);
-
 #[async_trait::async_trait]
 impl BeginSql for Sql<'_> {
-    type Conn = PgConnection;
     type Record = TurnRecord;
 
-    fn leases(&self) -> Option<&dyn LeaseLayer> {
-        self.0.leases.as_deref()
+    fn record(row: &<Self as Run>::Row) -> Result<Option<TurnRecord>> {
+        turn_record(row)
     }
 
     async fn lock_and_read(
@@ -177,14 +175,6 @@ impl BeginSql for Sql<'_> {
             session_fence,
             facts,
         })
-    }
-
-    async fn turn_by_id(&self, tx: &mut PgConnection, turn_id: &str) -> Result<Option<TurnRecord>> {
-        turn_by_id(tx, turn_id).await
-    }
-
-    async fn exhaust(&self, tx: &mut PgConnection, turn_id: &str, now_ms: i64) -> Result<TurnView> {
-        exhaust(tx, turn_id, now_ms).await
     }
 
     async fn start(
@@ -265,35 +255,6 @@ async fn read_facts(
         load: UserLoad::read(cap, default_cap, get(&row, "live")?, get(&row, "soonest")?)?,
         turn: turn_record(&row)?,
     })
-}
-
-async fn turn_by_id(conn: &mut PgConnection, turn_id: &str) -> Result<Option<TurnRecord>> {
-    let row = sqlx::query(&format!(
-        "SELECT {TURN_COLUMNS} FROM ag_turns WHERE turn_id = $1"
-    ))
-    .bind(turn_id)
-    .fetch_optional(conn)
-    .await
-    .map_err(map_sqlx)?;
-    Ok(match row {
-        Some(row) => turn_record(&row)?,
-        None => None,
-    })
-}
-
-/// Records a turn that used all its attempts as failed for good.
-async fn exhaust(conn: &mut PgConnection, turn_id: &str, now: i64) -> Result<TurnView> {
-    let row = sqlx::query(&format!(
-        "UPDATE ag_turns SET state = 'failed', retryable = FALSE, \
-         error = '{{\"code\":\"attempts_exhausted\"}}', updated_at_ms = $1, ended_at_ms = $1 \
-         WHERE turn_id = $2 RETURNING {TURN_COLUMNS}"
-    ))
-    .bind(now)
-    .bind(turn_id)
-    .fetch_one(conn)
-    .await
-    .map_err(map_sqlx)?;
-    turn_view(&row)
 }
 
 async fn start(

@@ -14,7 +14,6 @@
 //! turn unheld records the time on the turn (`orphaned_at_ms`).
 
 use agentgate_core::error::Result;
-use agentgate_core::lease::LeaseLayer;
 use agentgate_store_sql::orphans::OrphanSql;
 use agentgate_store_sql::StepTx;
 
@@ -23,10 +22,6 @@ use crate::steps::Sql;
 
 #[async_trait::async_trait]
 impl OrphanSql for Sql<'_> {
-    fn leases(&self) -> Option<&dyn LeaseLayer> {
-        self.0.leases.as_deref()
-    }
-
     async fn lock_session(&self, session_id: &str) -> Result<<Self as StepTx>::Tx> {
         let mut tx = self.0.transaction().await?;
         sqlx::query("SELECT 1 FROM ag_sessions WHERE session_id = $1 FOR UPDATE")

@@ -7,24 +7,7 @@ use sqlx::{PgConnection, Postgres};
 use crate::error::map_sqlx;
 use crate::rows::Cols;
 use crate::steps::Sql;
-use crate::{PostgresStore, NOW_MS};
-
-/// The store as the shared statements see it.
-pub(crate) struct Db<'a>(pub(crate) &'a PostgresStore);
-
-agentgate_store_sql::impl_run!(
-    Db,
-    db = Postgres,
-    conn = PgConnection,
-    row = PgRow,
-    cols = Cols,
-    now = NOW_MS,
-    bigint = "BIGINT",
-    errors = map_sqlx,
-    render = agentgate_store_sql::query::numbered,
-    read = |store| &store.pool,
-    write = |store| &store.pool,
-);
+use crate::NOW_MS;
 
 agentgate_store_sql::impl_run!(
     Sql,

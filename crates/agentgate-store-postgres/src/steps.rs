@@ -35,7 +35,7 @@
 use agentgate_core::config::duration_ms;
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::ExecutionId;
-use agentgate_core::lease::LeaseLayer;
+
 use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
 use agentgate_core::model::{Ending, ExecutionEnding, LeaseRef, ToolCall, TurnView};
 use sqlx::{PgConnection, Postgres, Transaction};
@@ -51,14 +51,6 @@ use agentgate_store_sql::{Retry, StepTx};
 
 #[async_trait::async_trait]
 impl HeartbeatSql for Sql<'_> {
-    fn leases(&self) -> Option<&dyn LeaseLayer> {
-        self.0.leases.as_deref()
-    }
-
-    fn lease_ttl_ms(&self) -> i64 {
-        self.0.config.lease_ttl_ms()
-    }
-
     async fn turn_state(&self, lease: &LeaseRef) -> Result<Option<String>> {
         sqlx::query_scalar("SELECT state FROM ag_turns WHERE turn_id = $1")
             .bind(lease.turn_id.as_str())

@@ -9,31 +9,22 @@
 //! re-checks its conditions on the row's own columns, which READ COMMITTED
 //! re-evaluates on the newest version of a row it had to wait for.
 
-use agentgate_core::config::{check_cap, Config};
+use agentgate_core::config::check_cap;
 use agentgate_core::error::Result;
 use agentgate_core::ids::UserId;
-use agentgate_core::lease::LeaseLayer;
 use agentgate_core::model::SweepReport;
 use agentgate_store_sql::views::{Cutoffs, ViewSql};
 
 use crate::error::{corrupt, map_sqlx};
-use crate::run::Db;
+use crate::steps::Sql;
 use crate::{PostgresStore, NOW_MS};
 use agentgate_store_sql::Retry;
 
 #[async_trait::async_trait]
-impl ViewSql for Db<'_> {
+impl ViewSql for Sql<'_> {
     const CLAIM_SEQ: &'static str = "claim_seq";
     const STORED_BYTES: &'static str =
         "(COALESCE(OCTET_LENGTH(result), 0) + COALESCE(OCTET_LENGTH(error), 0))::BIGINT";
-
-    fn leases(&self) -> Option<&dyn LeaseLayer> {
-        self.0.leases.as_deref()
-    }
-
-    fn config(&self) -> &Config {
-        &self.0.config
-    }
 }
 
 pub(crate) async fn set_user_cap(

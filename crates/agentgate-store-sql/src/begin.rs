@@ -19,6 +19,9 @@ use agentgate_core::ids::{Fence, LeaseToken};
 use agentgate_core::lease::{refuse_if_held, LeaseLayer};
 use agentgate_core::model::{BeginCommand, BeginOutcome, Grant, TurnView};
 
+use crate::query::{On, Run, Statement};
+use crate::rows::TURN_COLUMNS;
+
 /// A turn row as a begin reads it: what `decide` needs and what a replay
 /// answers. A store may keep more beside them (a column it copies).
 pub trait TurnRecord {
@@ -66,14 +69,15 @@ pub struct Start {
 /// The SQL a store supplies for a begin. Every method runs inside the
 /// begin's transaction `tx`.
 #[async_trait::async_trait]
-pub trait BeginSql: Sync {
-    /// The store's connection type.
-    type Conn: Send;
+pub trait BeginSql: Run {
     /// The store's turn row.
     type Record: TurnRecord + Send + Sync;
 
-    /// The external lease layer, if the store has one.
-    fn leases(&self) -> Option<&dyn LeaseLayer>;
+    /// The turn in `row` ([`TURN_COLUMNS`](crate::rows::TURN_COLUMNS)).
+    ///
+    /// # Errors
+    /// `corrupt` for a row the engine never writes.
+    fn record(row: &Self::Row) -> Result<Option<Self::Record>>;
 
     /// Locks the user's row, then the session's (creating either on first
     /// use, the session bound to the caller), then reads the facts.
@@ -82,12 +86,6 @@ pub trait BeginSql: Sync {
         tx: &mut Self::Conn,
         command: &BeginCommand,
     ) -> Result<Locked<Self::Record>>;
-
-    /// One turn by id.
-    async fn turn_by_id(&self, tx: &mut Self::Conn, turn_id: &str) -> Result<Option<Self::Record>>;
-
-    /// Fails a turn that used all its attempts, for good; its view after.
-    async fn exhaust(&self, tx: &mut Self::Conn, turn_id: &str, now_ms: i64) -> Result<TurnView>;
 
     /// Writes the grant: the session's lease and permit, the turn (new or
     /// restarted), a confirmation's target marked confirmed, and with a lease
@@ -100,6 +98,48 @@ pub trait BeginSql: Sync {
         confirm_target: Option<&Self::Record>,
         start: Start,
     ) -> Result<Grant>;
+}
+
+/// One turn by id, inside the begin's transaction.
+async fn turn_by_id<S: BeginSql>(
+    sql: &S,
+    tx: &mut S::Conn,
+    turn_id: &str,
+) -> Result<Option<S::Record>> {
+    let statement = Statement::new(format!(
+        "SELECT {TURN_COLUMNS} FROM ag_turns WHERE turn_id = $1"
+    ))
+    .text(turn_id);
+    match sql.fetch_optional(On::Conn(tx), statement).await? {
+        Some(row) => S::record(&row),
+        None => Ok(None),
+    }
+}
+
+/// Fails a turn that used all its attempts, for good; its view after.
+async fn exhaust<S: BeginSql>(
+    sql: &S,
+    tx: &mut S::Conn,
+    turn_id: &str,
+    now: i64,
+) -> Result<TurnView> {
+    let failed = sql
+        .execute(
+            On::Conn(tx),
+            Statement::new(
+                "UPDATE ag_turns SET state = 'failed', retryable = FALSE, \
+                 error = '{\"code\":\"attempts_exhausted\"}', updated_at_ms = $1, ended_at_ms = $1 \
+                 WHERE turn_id = $2",
+            )
+            .int(now)
+            .text(turn_id),
+        )
+        .await?;
+    Error::expect_rows(failed, 1, "the exhausted turn")?;
+    let turn = turn_by_id(sql, tx, turn_id)
+        .await?
+        .ok_or_else(|| Error::corrupt(format!("turn {turn_id} vanished while it was failed")))?;
+    Ok(turn.view().clone())
 }
 
 /// Runs one begin inside `tx`; the flag says whether it wrote anything (a
@@ -122,14 +162,14 @@ pub async fn begin_in<S: BeginSql>(
     } = sql.lock_and_read(tx, command).await?;
     let confirms = command.confirmation.as_ref().map(|c| c.turn_id.as_str());
     let confirm_target = match (confirms, &facts.turn) {
-        (Some(target), None) => sql.turn_by_id(tx, target).await?,
+        (Some(target), None) => turn_by_id(sql, tx, target).await?,
         _ => None,
     };
     let continuation = match confirm_target
         .as_ref()
         .and_then(|t| t.snapshot().confirmed_by.as_deref())
     {
-        Some(next) => sql.turn_by_id(tx, next).await?,
+        Some(next) => turn_by_id(sql, tx, next).await?,
         None => None,
     };
     let decision = decide_begin(&BeginFacts {
@@ -155,8 +195,7 @@ pub async fn begin_in<S: BeginSql>(
                 .map(|t| t.view().clone());
             let view = match known {
                 Some(view) => view,
-                None => sql
-                    .turn_by_id(tx, &turn_id)
+                None => turn_by_id(sql, tx, &turn_id)
                     .await?
                     .ok_or_else(|| Error::corrupt(format!("replayed turn {turn_id} vanished")))?
                     .view()
@@ -173,7 +212,7 @@ pub async fn begin_in<S: BeginSql>(
             if let Some(layer) = sql.leases() {
                 refuse_if_held(layer, command.session_id.as_str(), turn_id).await?;
             }
-            let view = sql.exhaust(tx, turn_id, facts.now_ms).await?;
+            let view = exhaust(sql, tx, turn_id, facts.now_ms).await?;
             Ok((BeginOutcome::Replay(view), true))
         }
         BeginDecision::Start { kind, attempt } => {

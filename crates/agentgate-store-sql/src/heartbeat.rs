@@ -11,19 +11,12 @@
 //! read-only lease check; nothing was written.
 
 use agentgate_core::error::{Error, Result};
-use agentgate_core::lease::LeaseLayer;
 use agentgate_core::model::{LeaseRef, TurnState};
 use agentgate_core::store::LeaseStatus;
 
 /// The SQL a store supplies for a heartbeat.
 #[async_trait::async_trait]
-pub trait HeartbeatSql: Sync {
-    /// The external lease layer, if the store has one.
-    fn leases(&self) -> Option<&dyn LeaseLayer>;
-
-    /// The lease's lifetime from a renewal.
-    fn lease_ttl_ms(&self) -> i64;
-
+pub trait HeartbeatSql: crate::query::Run {
     /// The turn's state as stored; `None` when there is no such turn.
     async fn turn_state(&self, lease: &LeaseRef) -> Result<Option<String>>;
 
@@ -55,7 +48,7 @@ pub async fn heartbeat<S: HeartbeatSql>(sql: &S, lease: &LeaseRef) -> Result<Lea
 /// # Errors
 /// `lease_lost`, `not_found` (no such turn), `store_unavailable`.
 pub async fn heartbeat_once<S: HeartbeatSql>(sql: &S, lease: &LeaseRef) -> Result<LeaseStatus> {
-    let ttl_ms = sql.lease_ttl_ms();
+    let ttl_ms = sql.config().lease_ttl_ms();
     if let Some(layer) = sql.leases() {
         let digest = lease.token.digest_hex();
         if let Some(remaining) = layer.renew(lease.turn_id.as_str(), &digest, ttl_ms).await? {

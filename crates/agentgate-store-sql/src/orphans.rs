@@ -10,7 +10,7 @@
 //! grant came between); its age is counted from then.
 
 use agentgate_core::error::Result;
-use agentgate_core::lease::{held_by, LeaseLayer};
+use agentgate_core::lease::held_by;
 use agentgate_core::limits::MAX_ORPHAN_SCAN;
 use agentgate_core::model::{Orphan, OrphanFilter};
 
@@ -25,9 +25,6 @@ use crate::{Retry, StepTx};
 /// a concurrent takeover. The statements are written once, here.
 #[async_trait::async_trait]
 pub trait OrphanSql: StepTx {
-    /// The external lease layer, if the store has one.
-    fn leases(&self) -> Option<&dyn LeaseLayer>;
-
     /// Opens a write transaction holding the session's row as a begin
     /// takes it (PostgreSQL, MySQL: the row locked; SQLite: the single
     /// writer), so a takeover and the abandon are ordered.

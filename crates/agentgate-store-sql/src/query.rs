@@ -7,7 +7,9 @@
 //! SQLite's form). A store whose driver only knows `?` in order (MySQL)
 //! renders them with [`positional`], which repeats an argument used twice.
 
+use agentgate_core::config::Config;
 use agentgate_core::error::{Error, Result};
+use agentgate_core::lease::LeaseLayer;
 
 use crate::rows::Columns;
 
@@ -160,6 +162,12 @@ pub trait Run: Sync {
     /// The row's columns.
     fn columns(row: &Self::Row) -> impl Columns + '_;
 
+    /// The external lease layer, if the store has one.
+    fn leases(&self) -> Option<&dyn LeaseLayer>;
+
+    /// The store's configuration.
+    fn config(&self) -> &Config;
+
     /// Runs the statement; the rows it changed.
     async fn execute(&self, on: On<'_, Self::Conn>, statement: Statement<'_>) -> Result<u64>;
 
@@ -207,7 +215,8 @@ pub trait Run: Sync {
     }
 }
 
-/// Implements [`Run`] for a store's crate-private wrapper, once for every
+/// Implements [`Run`] for a store's crate-private wrapper (a tuple struct
+/// of the store, which has `config` and `leases` fields), once for every
 /// sqlx driver: `render` is [`numbered`] or [`positional`]; `read` and
 /// `write` the pools a read and an autocommit write outside a transaction
 /// run on.
@@ -228,6 +237,14 @@ macro_rules! impl_run {
 
             fn columns(row: &$row) -> impl $crate::rows::Columns + '_ {
                 $cols(row)
+            }
+
+            fn leases(&self) -> Option<&dyn agentgate_core::lease::LeaseLayer> {
+                self.0.leases.as_deref()
+            }
+
+            fn config(&self) -> &agentgate_core::config::Config {
+                &self.0.config
             }
 
             async fn execute(

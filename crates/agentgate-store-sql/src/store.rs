@@ -12,9 +12,10 @@
 //!   [`ToolEndingSql`](crate::tool::ToolEndingSql) and
 //!   [`HeartbeatSql`](crate::heartbeat::HeartbeatSql);
 //! - `crate::steps::end_turn(&Store, &LeaseRef, &Ending)`;
-//! - `crate::run::Db<'_>(&Store)`: [`Run`](crate::query::Run) (through
-//!   [`impl_run!`](crate::impl_run)) and [`ViewSql`](crate::views::ViewSql),
-//!   plus `crate::views::{set_user_cap, sweep}(&Store, …)`;
+//! - `crate::steps::Sql` is also [`Run`](crate::query::Run) (through
+//!   [`impl_run!`](crate::impl_run), in `crate::run`) and
+//!   [`ViewSql`](crate::views::ViewSql), plus
+//!   `crate::views::{set_user_cap, sweep}(&Store, …)`;
 //! - `crate::orphans`: [`OrphanSql`](crate::orphans::OrphanSql) for `crate::steps::Sql`;
 //! - a `config: Config` field.
 
@@ -90,7 +91,7 @@ macro_rules! impl_store {
                 &self,
                 turn_id: &::agentgate_core::ids::TurnId,
             ) -> ::agentgate_core::error::Result<Option<::agentgate_core::model::TurnView>> {
-                $crate::views::turn(&crate::run::Db(self), turn_id).await
+                $crate::views::turn(&crate::steps::Sql(self), turn_id).await
             }
 
             async fn executions(
@@ -98,21 +99,21 @@ macro_rules! impl_store {
                 turn_id: &::agentgate_core::ids::TurnId,
                 page: &::agentgate_core::page::ExecutionPageRequest,
             ) -> ::agentgate_core::error::Result<::agentgate_core::page::ExecutionPage> {
-                $crate::views::executions(&crate::run::Db(self), turn_id, page).await
+                $crate::views::executions(&crate::steps::Sql(self), turn_id, page).await
             }
 
             async fn session(
                 &self,
                 session_id: &::agentgate_core::ids::SessionId,
             ) -> ::agentgate_core::error::Result<Option<::agentgate_core::model::SessionView>> {
-                $crate::views::session(&crate::run::Db(self), session_id).await
+                $crate::views::session(&crate::steps::Sql(self), session_id).await
             }
 
             async fn user(
                 &self,
                 user_id: &::agentgate_core::ids::UserId,
             ) -> ::agentgate_core::error::Result<::agentgate_core::model::UserView> {
-                $crate::views::user(&crate::run::Db(self), user_id).await
+                $crate::views::user(&crate::steps::Sql(self), user_id).await
             }
 
             async fn set_user_cap(
@@ -127,7 +128,7 @@ macro_rules! impl_store {
                 &self,
                 limit: u32,
             ) -> ::agentgate_core::error::Result<::agentgate_core::model::Overview> {
-                $crate::views::overview(&crate::run::Db(self), limit).await
+                $crate::views::overview(&crate::steps::Sql(self), limit).await
             }
 
             async fn sweep(

@@ -12,7 +12,6 @@
 use agentgate_core::config::{duration_ms, Config};
 use agentgate_core::error::Result;
 use agentgate_core::ids::{Fence, SessionId, TurnId, UserId};
-use agentgate_core::lease::LeaseLayer;
 use agentgate_core::limits::MAX_OVERVIEW_ROWS;
 use agentgate_core::model::{
     ExecutionView, HolderView, LiveTurn, Overview, PendingView, SessionView, TurnView, UserView,
@@ -109,9 +108,8 @@ pub struct UserRows {
     pub holders: Vec<HolderRow>,
 }
 
-/// What a store's views need beyond running statements: its lease layer,
-/// its configuration, and the two expressions its dialect writes its own
-/// way. The statements themselves are written once, here.
+/// What a store's views need beyond running statements: the two
+/// expressions its dialect writes its own way. The statements themselves are written once, here.
 pub trait ViewSql: Run {
     /// A row's claim number as pages order by it. Where the column is
     /// nullable (SQLite, MySQL: a node of an older release may still insert
@@ -120,12 +118,6 @@ pub trait ViewSql: Run {
 
     /// A row's stored result + error bytes, as a `BIGINT`.
     const STORED_BYTES: &'static str;
-
-    /// The external lease layer, if the store has one.
-    fn leases(&self) -> Option<&dyn LeaseLayer>;
-
-    /// The store's configuration.
-    fn config(&self) -> &Config;
 }
 
 /// A turn's view.

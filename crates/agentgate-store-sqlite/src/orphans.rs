@@ -14,7 +14,6 @@
 //! turn unheld records the time on the turn (`orphaned_at_ms`).
 
 use agentgate_core::error::Result;
-use agentgate_core::lease::LeaseLayer;
 use agentgate_store_sql::orphans::OrphanSql;
 use agentgate_store_sql::StepTx;
 
@@ -22,10 +21,6 @@ use crate::steps::Sql;
 
 #[async_trait::async_trait]
 impl OrphanSql for Sql<'_> {
-    fn leases(&self) -> Option<&dyn LeaseLayer> {
-        self.0.leases.as_deref()
-    }
-
     async fn lock_session(&self, _session_id: &str) -> Result<<Self as StepTx>::Tx> {
         // The single writer: no other step writes while this one runs.
         self.0.write().await

@@ -8,24 +8,7 @@ use sqlx::{Sqlite, SqliteConnection};
 use crate::error::map_sqlx;
 use crate::rows::Cols;
 use crate::steps::Sql;
-use crate::{SqliteStore, NOW_MS};
-
-/// The store as the shared statements see it.
-pub(crate) struct Db<'a>(pub(crate) &'a SqliteStore);
-
-agentgate_store_sql::impl_run!(
-    Db,
-    db = Sqlite,
-    conn = SqliteConnection,
-    row = SqliteRow,
-    cols = Cols,
-    now = NOW_MS,
-    bigint = "INTEGER",
-    errors = map_sqlx,
-    render = agentgate_store_sql::query::numbered,
-    read = |store| &store.reader,
-    write = |store| &store.writer,
-);
+use crate::NOW_MS;
 
 agentgate_store_sql::impl_run!(
     Sql,

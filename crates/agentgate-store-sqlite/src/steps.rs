@@ -16,7 +16,7 @@
 
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{ExecutionId, Fence};
-use agentgate_core::lease::LeaseLayer;
+
 use agentgate_core::limits::FAST_ATTEMPTS;
 use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
 use agentgate_core::model::{Ending, ExecutionEnding, LeaseRef, ToolCall, TurnView};
@@ -171,14 +171,6 @@ pub(crate) async fn locked_step(
 
 #[async_trait::async_trait]
 impl HeartbeatSql for Sql<'_> {
-    fn leases(&self) -> Option<&dyn LeaseLayer> {
-        self.0.leases.as_deref()
-    }
-
-    fn lease_ttl_ms(&self) -> i64 {
-        self.0.config.lease_ttl_ms()
-    }
-
     async fn turn_state(&self, lease: &LeaseRef) -> Result<Option<String>> {
         sqlx::query_scalar("SELECT state FROM ag_turns WHERE turn_id = ?")
             .bind(lease.turn_id.as_str())

@@ -1,30 +1,21 @@
 //! Read-only views (never a lease token) and the retention sweeper.
 
-use agentgate_core::config::{check_cap, Config};
+use agentgate_core::config::check_cap;
 use agentgate_core::error::Result;
 use agentgate_core::ids::UserId;
-use agentgate_core::lease::LeaseLayer;
 use agentgate_core::model::SweepReport;
 use agentgate_store_sql::views::{Cutoffs, ViewSql};
 
 use crate::begin::now_ms;
 use crate::error::map_sqlx;
-use crate::run::Db;
+use crate::steps::Sql;
 use crate::SqliteStore;
 
 #[async_trait::async_trait]
-impl ViewSql for Db<'_> {
+impl ViewSql for Sql<'_> {
     const CLAIM_SEQ: &'static str = "COALESCE(claim_seq, 0)";
     const STORED_BYTES: &'static str =
         "(COALESCE(LENGTH(CAST(result AS BLOB)), 0) + COALESCE(LENGTH(CAST(error AS BLOB)), 0))";
-
-    fn leases(&self) -> Option<&dyn LeaseLayer> {
-        self.0.leases.as_deref()
-    }
-
-    fn config(&self) -> &Config {
-        &self.0.config
-    }
 }
 
 pub(crate) async fn set_user_cap(
