@@ -184,6 +184,9 @@ impl StepTx for Sql<'_> {
     }
 }
 
+/// The session's row lock, held by every full-path claim and taken by the
+/// one-statement claim's `FOR UPDATE`, keeps the turn's bound and the shared
+/// insert's claim number exact.
 #[async_trait::async_trait]
 impl ClaimSql for Sql<'_> {
     async fn first_claim(
@@ -210,38 +213,6 @@ impl ClaimSql for Sql<'_> {
         .await
         .map_err(map_sqlx)?;
         Lookup::read(&Cols(&row))
-    }
-
-    /// The session's row lock, held by every full-path claim and taken by
-    /// the one-statement claim's `FOR UPDATE`, keeps the bound and `seq`
-    /// exact.
-    async fn insert(
-        &self,
-        tx: &mut Self::Tx,
-        lease: &LeaseRef,
-        call: &ToolCall,
-        (execution_id, key): (&ExecutionId, &str),
-        live: &CheckedLease,
-        seq: i64,
-    ) -> Result<u64> {
-        let done = sqlx::query(
-            "INSERT INTO ag_tool_executions (execution_id, turn_id, tool, args_hash, idempotency_key, \
-             state, attempt, fence, claim_seq, created_at_ms, updated_at_ms) \
-             VALUES (?, ?, ?, ?, ?, 'running', 1, ?, ?, ?, ?)",
-        )
-        .bind(execution_id.as_str())
-        .bind(lease.turn_id.as_str())
-        .bind(call.tool.as_str())
-        .bind(call.args_hash.as_hex())
-        .bind(key)
-        .bind(live.fence.0)
-        .bind(seq)
-        .bind(live.now_ms)
-        .bind(live.now_ms)
-        .execute(&mut **tx)
-        .await
-        .map_err(map_sqlx)?;
-        Ok(done.rows_affected())
     }
 }
 

@@ -67,18 +67,6 @@ pub trait ClaimSql: StepTx {
 
     /// Reads the call's execution and the turn's count.
     async fn lookup(&self, tx: &mut Self::Tx, lease: &LeaseRef, call: &ToolCall) -> Result<Lookup>;
-
-    /// Inserts `execution_id` running under `live`'s fence, attempt 1,
-    /// numbered `seq` among the turn's executions; the rows written.
-    async fn insert(
-        &self,
-        tx: &mut Self::Tx,
-        lease: &LeaseRef,
-        call: &ToolCall,
-        execution: (&ExecutionId, &str),
-        live: &CheckedLease,
-        seq: i64,
-    ) -> Result<u64>;
 }
 
 /// Claims a tool call: the first claim in one statement, else the full
@@ -150,9 +138,8 @@ async fn claim_once<S: ClaimSql>(sql: &S, lease: &LeaseRef, call: &ToolCall) -> 
             // counted the same number collides on it (every store keeps it
             // unique per turn) instead of both passing the bound.
             let seq = lookup.executions + 1;
-            let written = sql
-                .insert(&mut tx, lease, call, (&execution_id, &key), &live, seq)
-                .await?;
+            let written =
+                insert(sql, &mut tx, lease, call, (&execution_id, &key), &live, seq).await?;
             Error::expect_rows(written, 1, "the new execution")?;
             execute(execution_id, key, 1, None)
         }
@@ -181,6 +168,33 @@ async fn claim_once<S: ClaimSql>(sql: &S, lease: &LeaseRef, call: &ToolCall) -> 
     };
     sql.commit(tx).await?;
     Ok(claim)
+}
+
+/// Inserts `execution_id` running under `live`'s fence, attempt 1, numbered
+/// `seq` among the turn's executions; the rows written.
+async fn insert<S: ClaimSql>(
+    sql: &S,
+    tx: &mut S::Tx,
+    lease: &LeaseRef,
+    call: &ToolCall,
+    (execution_id, key): (&ExecutionId, &str),
+    live: &CheckedLease,
+    seq: i64,
+) -> Result<u64> {
+    let statement = Statement::new(
+        "INSERT INTO ag_tool_executions (execution_id, turn_id, tool, args_hash, idempotency_key, \
+         state, attempt, fence, claim_seq, created_at_ms, updated_at_ms) \
+         VALUES ($1, $2, $3, $4, $5, 'running', 1, $6, $7, $8, $8)",
+    )
+    .text(execution_id.as_str())
+    .text(lease.turn_id.as_str())
+    .text(call.tool.as_str())
+    .text(call.args_hash.as_hex())
+    .text(key)
+    .int(live.fence.0)
+    .int(seq)
+    .int(live.now_ms);
+    sql.execute(On::Conn(S::conn(tx)), statement).await
 }
 
 /// Claims `read` again under `live`'s fence as attempt `attempt`, on the

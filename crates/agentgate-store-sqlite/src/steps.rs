@@ -272,34 +272,6 @@ impl ClaimSql for Sql<'_> {
         .map_err(map_sqlx)?;
         Lookup::read(&Cols(&row))
     }
-
-    async fn insert(
-        &self,
-        tx: &mut Self::Tx,
-        lease: &LeaseRef,
-        call: &ToolCall,
-        (execution_id, key): (&ExecutionId, &str),
-        live: &LiveLease,
-        seq: i64,
-    ) -> Result<u64> {
-        let done = sqlx::query(
-            "INSERT INTO ag_tool_executions (execution_id, turn_id, tool, args_hash, idempotency_key, \
-             state, attempt, fence, claim_seq, created_at_ms, updated_at_ms) \
-             VALUES (?1, ?2, ?3, ?4, ?5, 'running', 1, ?6, ?7, ?8, ?8)",
-        )
-        .bind(execution_id.as_str())
-        .bind(lease.turn_id.as_str())
-        .bind(call.tool.as_str())
-        .bind(call.args_hash.as_hex())
-        .bind(key)
-        .bind(live.fence.0)
-        .bind(seq)
-        .bind(live.now_ms)
-        .execute(&mut **tx)
-        .await
-        .map_err(map_sqlx)?;
-        Ok(done.rows_affected())
-    }
 }
 
 /// The store as the shared tool ending sees it. SQLite marks no error a
