@@ -13,9 +13,7 @@ use sqlx::Row;
 
 use crate::error::map_sqlx;
 
-pub(crate) use agentgate_store_sql::rows::{
-    json, TurnRow, EXECUTION_COLUMNS, SESSION_COLUMNS, TURN_COLUMNS,
-};
+pub(crate) use agentgate_store_sql::rows::{json, TurnRow, SESSION_COLUMNS, TURN_COLUMNS};
 
 pub(crate) fn get<'r, T>(row: &'r MySqlRow, column: &str) -> Result<T>
 where

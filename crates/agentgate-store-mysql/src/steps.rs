@@ -37,9 +37,9 @@ use sqlx::{MySql, MySqlConnection, Transaction};
 
 use crate::error::{corrupt, map_sqlx};
 use crate::fast;
-use crate::rows::{turn_view, Cols, EXECUTION_COLUMNS, TURN_COLUMNS};
+use crate::rows::{turn_view, Cols, TURN_COLUMNS};
 use crate::{MySqlStore, NOW_MS};
-use agentgate_store_sql::claim::{ClaimSql, Lookup};
+use agentgate_store_sql::claim::ClaimSql;
 use agentgate_store_sql::heartbeat::HeartbeatSql;
 use agentgate_store_sql::lease::{self, Authority, LeaseRow, LeaseSql};
 use agentgate_store_sql::tool::ToolEndingSql;
@@ -197,22 +197,6 @@ impl ClaimSql for Sql<'_> {
         key: &str,
     ) -> Result<bool> {
         fast::claim(self.0, lease, call, execution_id, key).await
-    }
-
-    async fn lookup(&self, tx: &mut Self::Tx, lease: &LeaseRef, call: &ToolCall) -> Result<Lookup> {
-        let row = sqlx::query(&format!(
-            "SELECT (SELECT COUNT(*) FROM ag_tool_executions WHERE turn_id = ?) AS executions, \
-             {EXECUTION_COLUMNS} FROM (SELECT 1) AS one \
-             LEFT JOIN ag_tool_executions e ON e.turn_id = ? AND e.tool = ? AND e.args_hash = ?"
-        ))
-        .bind(lease.turn_id.as_str())
-        .bind(lease.turn_id.as_str())
-        .bind(call.tool.as_str())
-        .bind(call.args_hash.as_hex())
-        .fetch_one(&mut **tx)
-        .await
-        .map_err(map_sqlx)?;
-        Lookup::read(&Cols(&row))
     }
 }
 

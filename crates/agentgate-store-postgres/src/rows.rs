@@ -10,9 +10,7 @@ use sqlx::Row;
 
 use crate::error::map_sqlx;
 
-pub(crate) use agentgate_store_sql::rows::{
-    json, EXECUTION_COLUMNS, SESSION_COLUMNS, TURN_COLUMNS,
-};
+pub(crate) use agentgate_store_sql::rows::{json, SESSION_COLUMNS, TURN_COLUMNS};
 
 pub(crate) fn get<'r, T>(row: &'r PgRow, column: &str) -> Result<T>
 where

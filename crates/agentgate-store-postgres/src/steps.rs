@@ -42,9 +42,9 @@ use sqlx::{PgConnection, Postgres, Transaction};
 
 use crate::error::map_sqlx;
 use crate::lease::{check_lease, Holder, LiveLease};
-use crate::rows::{turn_view, Cols, EXECUTION_COLUMNS, TURN_COLUMNS};
+use crate::rows::{turn_view, TURN_COLUMNS};
 use crate::{PostgresStore, NOW_MS};
-use agentgate_store_sql::claim::{ClaimSql, Lookup};
+use agentgate_store_sql::claim::ClaimSql;
 use agentgate_store_sql::heartbeat::HeartbeatSql;
 use agentgate_store_sql::tool::ToolEndingSql;
 use agentgate_store_sql::{Retry, StepTx};
@@ -149,21 +149,6 @@ impl ClaimSql for Sql<'_> {
             .await
             .map_err(map_sqlx)?;
         Ok(inserted.rows_affected() == 1)
-    }
-
-    async fn lookup(&self, tx: &mut Self::Tx, lease: &LeaseRef, call: &ToolCall) -> Result<Lookup> {
-        let row = sqlx::query(&format!(
-            "SELECT (SELECT COUNT(*) FROM ag_tool_executions WHERE turn_id = $1) AS executions, \
-             {EXECUTION_COLUMNS} FROM (SELECT 1) AS one \
-             LEFT JOIN ag_tool_executions e ON e.turn_id = $1 AND e.tool = $2 AND e.args_hash = $3"
-        ))
-        .bind(lease.turn_id.as_str())
-        .bind(call.tool.as_str())
-        .bind(call.args_hash.as_hex())
-        .fetch_one(&mut **tx)
-        .await
-        .map_err(map_sqlx)?;
-        Lookup::read(&Cols(&row))
     }
 }
 

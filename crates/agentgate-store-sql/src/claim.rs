@@ -19,7 +19,7 @@ use agentgate_core::model::{idempotency_key, LeaseRef, PreviousOutcome, ToolCall
 use serde_json::Value;
 
 use crate::query::{On, Statement};
-use crate::rows::{execution_snapshot, json, Columns};
+use crate::rows::{execution_snapshot, json, Columns, EXECUTION_COLUMNS};
 use crate::{Retry, StepTx};
 
 /// What a claim's full path reads in one statement: the call's execution,
@@ -64,9 +64,6 @@ pub trait ClaimSql: StepTx {
         execution_id: &ExecutionId,
         key: &str,
     ) -> Result<bool>;
-
-    /// Reads the call's execution and the turn's count.
-    async fn lookup(&self, tx: &mut Self::Tx, lease: &LeaseRef, call: &ToolCall) -> Result<Lookup>;
 }
 
 /// Claims a tool call: the first claim in one statement, else the full
@@ -111,7 +108,7 @@ async fn first_claim<S: ClaimSql>(
 /// answer writes nothing: dropping the transaction rolls it back.
 async fn claim_once<S: ClaimSql>(sql: &S, lease: &LeaseRef, call: &ToolCall) -> Result<ToolClaim> {
     let (mut tx, live) = sql.open(lease).await?;
-    let lookup = sql.lookup(&mut tx, lease, call).await?;
+    let lookup = lookup(sql, &mut tx, lease, call).await?;
     let key = idempotency_key(&lease.turn_id, call);
     let decision = decide_tool_claim(
         lookup.execution.as_ref(),
@@ -168,6 +165,27 @@ async fn claim_once<S: ClaimSql>(sql: &S, lease: &LeaseRef, call: &ToolCall) -> 
     };
     sql.commit(tx).await?;
     Ok(claim)
+}
+
+/// Reads the call's execution and the turn's count, inside the claim's
+/// transaction.
+async fn lookup<S: ClaimSql>(
+    sql: &S,
+    tx: &mut S::Tx,
+    lease: &LeaseRef,
+    call: &ToolCall,
+) -> Result<Lookup> {
+    let statement = Statement::new(format!(
+        "SELECT (SELECT COUNT(*) FROM ag_tool_executions WHERE turn_id = $1) AS executions, \
+         {EXECUTION_COLUMNS} FROM (SELECT 1) AS one \
+         LEFT JOIN ag_tool_executions e ON e.turn_id = $1 AND e.tool = $2 AND e.args_hash = $3"
+    ))
+    .text(lease.turn_id.as_str())
+    .text(call.tool.as_str())
+    .text(call.args_hash.as_hex());
+    let row = sql.fetch_one(On::Conn(S::conn(tx)), statement).await?;
+    let lookup = Lookup::read(&S::columns(&row));
+    lookup
 }
 
 /// Inserts `execution_id` running under `live`'s fence, attempt 1, numbered

@@ -10,7 +10,7 @@ use sqlx::Row;
 
 use crate::error::map_sqlx;
 
-pub(crate) use agentgate_store_sql::rows::{EXECUTION_COLUMNS, TURN_COLUMNS};
+pub(crate) use agentgate_store_sql::rows::TURN_COLUMNS;
 
 /// A SQLite row's columns: `TEXT`, `INTEGER`, and booleans as `INTEGER` 0/1.
 pub(crate) struct Cols<'a>(pub(crate) &'a SqliteRow);

@@ -24,14 +24,14 @@ use sqlx::query::Query;
 use sqlx::sqlite::SqliteArguments;
 use sqlx::{Sqlite, SqliteConnection, Transaction};
 
-use agentgate_store_sql::claim::{ClaimSql, Lookup};
+use agentgate_store_sql::claim::ClaimSql;
 use agentgate_store_sql::heartbeat::HeartbeatSql;
 use agentgate_store_sql::lease::{self, Authority, LeaseRow, LeaseSql, LEASE_COLUMNS};
 use agentgate_store_sql::tool::ToolEndingSql;
 use agentgate_store_sql::StepTx;
 
 use crate::error::{corrupt, map_sqlx};
-use crate::rows::{turn_view, Cols, EXECUTION_COLUMNS, TURN_COLUMNS};
+use crate::rows::{turn_view, Cols, TURN_COLUMNS};
 use crate::{SqliteStore, NOW_MS};
 
 /// A live lease, as checked inside a step's transaction.
@@ -256,21 +256,6 @@ impl ClaimSql for Sql<'_> {
             .await
             .map_err(map_sqlx)?;
         Ok(inserted.rows_affected() == 1)
-    }
-
-    async fn lookup(&self, tx: &mut Self::Tx, lease: &LeaseRef, call: &ToolCall) -> Result<Lookup> {
-        let row = sqlx::query(&format!(
-            "SELECT (SELECT COUNT(*) FROM ag_tool_executions WHERE turn_id = ?1) AS executions, \
-             {EXECUTION_COLUMNS} FROM (SELECT 1) AS one \
-             LEFT JOIN ag_tool_executions e ON e.turn_id = ?1 AND e.tool = ?2 AND e.args_hash = ?3"
-        ))
-        .bind(lease.turn_id.as_str())
-        .bind(call.tool.as_str())
-        .bind(call.args_hash.as_hex())
-        .fetch_one(&mut **tx)
-        .await
-        .map_err(map_sqlx)?;
-        Lookup::read(&Cols(&row))
     }
 }
 
