@@ -33,12 +33,13 @@
 //! With an external lease layer (Redis) the single writer never waits on the
 //! layer: the begin decides on a reader snapshot, takes a fence (one
 //! autocommit statement), acquires the layer's lease and permit with it, and
-//! only then takes the writer to decide again and write the grant. The grant
-//! is written only if the same start still holds, the session's fence is
-//! still below the new one (fences grow per session) and the layer's lease
-//! has not lapsed on this process's clock meanwhile; otherwise the layer's
-//! lease is given back and the begin decides afresh, at most
-//! `MAX_STORE_RETRIES` times.
+//! only then writes the grant. The grant is written only if the same start
+//! still holds, the session's fence is still below the new one (fences grow
+//! per session) and the layer's lease has not lapsed on this process's clock
+//! meanwhile; otherwise the layer's lease is given back and the begin decides
+//! afresh, at most `MAX_STORE_RETRIES` times. A new request's grant is one
+//! autocommit statement ([`grant_layered_new`], migration 0008) whose `WHERE`
+//! is that check; anything else takes the writer to decide again and write.
 
 use agentgate_core::decide::{
     decide_begin, layer_acquired, BeginDecision, BeginFacts, SessionSnapshot, StartKind,
@@ -379,6 +380,30 @@ async fn write_layered(
         .ok_or_else(|| corrupt("a layered begin without a lease layer"))?;
     let (turn_id, digest) = (granted.turn_id.to_string(), granted.token.digest_hex());
     let written = async {
+        let lapsed =
+            u128::try_from(granted.lease_expires_in_ms).unwrap_or(0) <= asked.elapsed().as_millis();
+        if lapsed {
+            return Ok(None);
+        }
+        if seen_turn.is_none()
+            && command.confirmation.is_none()
+            && grant_layered_new(store, command, &granted).await?
+        {
+            let Granted {
+                turn_id,
+                token,
+                fence,
+                lease_expires_in_ms,
+                ..
+            } = granted;
+            return Ok(Some(BeginOutcome::Started(Grant::first(
+                command,
+                turn_id,
+                token,
+                fence,
+                lease_expires_in_ms,
+            ))));
+        }
         let mut tx = store.write().await?;
         let decided = decide_in(&mut tx, command, store.config.max_turns_per_user).await?;
         let same_turn = decided.turn.as_ref().map(|t| &t.turn_id) == seen_turn.as_ref();
@@ -411,6 +436,70 @@ async fn write_layered(
         }
     }
     written
+}
+
+/// With a lease layer, the common grant in one autocommit statement: a new
+/// request, no confirmation (both checked by the caller), the layer's lease
+/// already held under `granted.fence`. It inserts a request row into
+/// `ag_begin_layered`, whose trigger (migration 0008) writes what [`start`]
+/// writes for a new turn with no row expiry, only when the full path under
+/// the writer would write that start:
+///
+/// | the statement checks | what [`write_layered`]'s full path reads | why it writes this start |
+/// |---|---|---|
+/// | no turn for `(session_id, client_request_id)` | `turn: None`, the snapshot's (none) | the same turn, and `decide_begin` has no replay, restart, takeover or exhaustion |
+/// | no session row of another user | `session.user_id == user_id` | no `not_found` |
+/// | no holder named on the session row | `session.holder: None` | no `session_busy` |
+/// | no pending confirmation | `session.pending: None` | no `awaiting_confirmation` |
+/// | the session's fence is below `granted.fence` | `session_fence < fence` | no newer grant came between the fence and the write |
+/// | the cap is in `0..=u32::MAX`, the rows' live leases below it | `UserLoad::read`, `load.live < load.cap` | no `corrupt`, no `user_at_capacity` |
+///
+/// `true` when it wrote the grant; `false` when it wrote nothing and the
+/// full path must decide.
+async fn grant_layered_new(
+    store: &SqliteStore,
+    command: &BeginCommand,
+    granted: &Granted,
+) -> Result<bool> {
+    // Read to the end (`fetch_all`), so the statement runs to completion and
+    // its autocommit transaction commits before the grant is handed out.
+    let written: Vec<i64> = sqlx::query_scalar(&format!(
+        "INSERT INTO ag_begin_layered (turn_id, session_id, user_id, client_request_id, \
+           token_hash, fingerprint, payload, fence, now_ms) \
+         SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, c.now_ms \
+         FROM (SELECT {NOW_MS} AS now_ms, \
+                 COALESCE((SELECT max_turns FROM ag_users WHERE user_id = ?3), ?9) AS cap) c \
+         WHERE NOT EXISTS (SELECT 1 FROM ag_turns \
+                           WHERE session_id = ?2 AND client_request_id = ?4) \
+           AND NOT EXISTS (SELECT 1 FROM ag_sessions WHERE session_id = ?2 \
+                           AND (user_id <> ?3 OR holder_turn_id IS NOT NULL \
+                                OR pending_turn_id IS NOT NULL OR fence >= ?8)) \
+           AND c.cap BETWEEN 0 AND {cap_max} \
+           AND (SELECT COUNT(*) FROM ag_sessions \
+                WHERE user_id = ?3 AND lease_expires_at_ms > c.now_ms) < c.cap \
+         RETURNING fence",
+        cap_max = u32::MAX
+    ))
+    .bind(granted.turn_id.as_str())
+    .bind(command.session_id.as_str())
+    .bind(command.user_id.as_str())
+    .bind(command.client_request_id.as_str())
+    .bind(granted.token.digest_hex())
+    .bind(command.fingerprint.as_hex())
+    .bind(command.payload.as_str())
+    .bind(granted.fence.0)
+    .bind(i64::from(store.config.max_turns_per_user))
+    .fetch_all(&store.writer)
+    .await
+    .map_err(map_sqlx)?;
+    match written.as_slice() {
+        [] => Ok(false),
+        [fence] if *fence == granted.fence.0 => Ok(true),
+        other => Err(corrupt(format!(
+            "a one-statement layered grant under fence {} wrote {other:?}",
+            granted.fence.0
+        ))),
+    }
 }
 
 /// What a begin decided, with the facts a start or an exhaustion needs.

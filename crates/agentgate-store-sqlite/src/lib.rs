@@ -72,6 +72,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (5, include_str!("../migrations/0005_claim_seq.sql")),
     (6, include_str!("../migrations/0006_begin_new.sql")),
     (7, include_str!("../migrations/0007_end_release.sql")),
+    (8, include_str!("../migrations/0008_begin_layered.sql")),
 ];
 
 /// agentgate on an embedded SQLite file.

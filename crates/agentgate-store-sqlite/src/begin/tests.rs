@@ -12,8 +12,12 @@ use agentgate_core::model::{BeginCommand, BeginOutcome, Ending, LeaseRef};
 use agentgate_core::store::Store;
 use serde_json::json;
 
-use super::{begin_full, begin_new};
+use super::{
+    begin_full, begin_new, decide_in, grant_layered_new, next_fence, start, Granted, StartPlan,
+};
 use crate::SqliteStore;
+use agentgate_core::decide::BeginDecision;
+use agentgate_core::ids::{Fence, LeaseToken, TurnId};
 
 fn command(user: &str, session: &str, request: &str) -> BeginCommand {
     BeginCommand::new(
@@ -68,6 +72,7 @@ async fn all_rows(store: &SqliteStore) -> String {
         ("ag_sessions", "session_id"),
         ("ag_turns", "turn_id"),
         ("ag_begin_new", "turn_id"),
+        ("ag_begin_layered", "turn_id"),
     ] {
         let columns: Vec<String> =
             sqlx::query_scalar("SELECT name FROM pragma_table_info(?) ORDER BY cid")
@@ -154,7 +159,12 @@ async fn anything_but_a_new_start_falls_back_having_written_nothing() {
         .unwrap();
     let before = all_rows(&store).await;
     for (why, user, session, request) in [
-        ("a repeat of a request", "bo", "held", "r1"),
+        (
+            "a repeat of a request, on a free session",
+            "bo",
+            "free",
+            "r1",
+        ),
         ("a held session", "bo", "held", "r2"),
         ("another user's session", "cy", "held", "r3"),
         ("the user at its cap", "bo", "third", "r1"),
@@ -226,5 +236,153 @@ async fn an_ending_releases_the_session_in_one_statement() {
         let again = store.end_turn(&lease, &ending).await.unwrap_err();
         assert_eq!(again.kind().code(), "lease_lost", "{session}");
         assert_eq!(session_after_ending(&store, session).await, expected);
+    }
+}
+
+/// A grant whose lease the layer already holds under `fence`.
+fn layered(fence: Fence) -> Granted {
+    Granted {
+        turn_id: TurnId::generate(),
+        token: LeaseToken::generate(),
+        fence,
+        row_expiry: None,
+        lease_expires_in_ms: 30_000,
+    }
+}
+
+/// The full path with a lease layer, as `write_layered` runs it once the
+/// layer holds the lease: under the writer, decide, then write the start.
+async fn write_layered_full(store: &SqliteStore, command: &BeginCommand, granted: Granted) {
+    let mut tx = store.write().await.unwrap();
+    let decided = decide_in(&mut tx, command, store.config.max_turns_per_user)
+        .await
+        .unwrap();
+    let BeginDecision::Start { kind, attempt } = decided.decision else {
+        panic!("the full path starts: {:?}", decided.decision);
+    };
+    let plan = StartPlan {
+        existing: decided.turn.as_ref(),
+        kind,
+        attempt,
+        now: decided.now,
+    };
+    start(&mut tx, command, plan, granted).await.unwrap();
+    tx.commit().await.unwrap();
+}
+
+/// With a lease layer, the one-statement grant writes exactly the rows the
+/// full path writes for a new start (no row expiry: the layer keeps the
+/// lease), in no explicit transaction, and leaves the fence counter alone
+/// (the fence was taken before the layer was asked).
+#[tokio::test]
+async fn a_layered_start_in_one_statement_writes_what_the_full_path_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir, 5).await;
+    let fast_fence = next_fence(&mut store.writer_connection().await.unwrap())
+        .await
+        .unwrap();
+    let full_fence = next_fence(&mut store.writer_connection().await.unwrap())
+        .await
+        .unwrap();
+    let transactions = store.transactions_begun();
+    let wrote = grant_layered_new(&store, &command("lu", "fast", "r1"), &layered(fast_fence))
+        .await
+        .unwrap();
+    assert!(
+        wrote,
+        "a new request on a free session is written in one statement"
+    );
+    assert_eq!(
+        store.transactions_begun(),
+        transactions,
+        "no explicit transaction"
+    );
+    write_layered_full(&store, &command("lu", "full", "r1"), layered(full_fence)).await;
+    assert_eq!(
+        grant_rows(&store, "fast").await,
+        grant_rows(&store, "full").await
+    );
+    let counter: i64 = sqlx::query_scalar("SELECT value FROM ag_fence")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(
+        counter, full_fence.0,
+        "the counter is where the fences left it"
+    );
+    let expiry: Option<i64> =
+        sqlx::query_scalar("SELECT lease_expires_at_ms FROM ag_sessions WHERE session_id = 'fast'")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(expiry, None, "the layer keeps the lease, not the row");
+}
+
+/// Where the full path would not write this start, the one-statement
+/// grant inserts nothing and changes no row: a repeat of a request, a held
+/// session, another user's session, a pending confirmation, a session whose
+/// fence is not below the grant's, a user at its cap, a cap out of range.
+#[tokio::test]
+async fn a_layered_grant_falls_back_having_written_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir, 2).await;
+    let mut fences = Vec::new();
+    for _ in 0..8 {
+        fences.push(
+            next_fence(&mut store.writer_connection().await.unwrap())
+                .await
+                .unwrap(),
+        );
+    }
+    let newest = *fences.last().unwrap();
+    assert!(
+        grant_layered_new(&store, &command("bo", "held", "r1"), &layered(fences[0]))
+            .await
+            .unwrap()
+    );
+    // A session that is free again, with its request's turn ended.
+    let ended = begin_new(&store, &command("bo", "free", "r1"))
+        .await
+        .unwrap()
+        .unwrap();
+    let lease = LeaseRef {
+        turn_id: ended.turn_id,
+        token: ended.lease_token,
+    };
+    let response = CanonicalJson::new("response", &json!("ok")).unwrap();
+    store
+        .end_turn(&lease, &Ending::Succeed { response })
+        .await
+        .unwrap();
+    for statement in [
+        "INSERT INTO ag_users (user_id, max_turns) VALUES ('huge', 4294967296)",
+        "INSERT INTO ag_users (user_id, max_turns) VALUES ('capped', 0)",
+        "INSERT INTO ag_sessions (session_id, user_id, fence, pending_turn_id, \
+           pending_expires_at_ms, updated_at_ms) VALUES ('asks', 'bo', 1, 'turn_x', 1, 1)",
+        "INSERT INTO ag_sessions (session_id, user_id, fence, updated_at_ms) \
+           VALUES ('ahead', 'bo', 1000000, 1)",
+    ] {
+        sqlx::query(statement).execute(store.pool()).await.unwrap();
+    }
+    let before = all_rows(&store).await;
+    for (why, user, session, request) in [
+        (
+            "a repeat of a request, on a free session",
+            "bo",
+            "free",
+            "r1",
+        ),
+        ("a held session", "bo", "held", "r2"),
+        ("another user's session", "cy", "held", "r3"),
+        ("a pending confirmation", "bo", "asks", "r1"),
+        ("a session fence not below the grant's", "bo", "ahead", "r1"),
+        ("the user at its cap", "capped", "c1", "r1"),
+        ("a cap out of range", "huge", "h1", "r1"),
+    ] {
+        let wrote = grant_layered_new(&store, &command(user, session, request), &layered(newest))
+            .await
+            .unwrap();
+        assert!(!wrote, "{why}");
+        assert_eq!(all_rows(&store).await, before, "{why} wrote nothing");
     }
 }
