@@ -1,0 +1,594 @@
+//! Seed 003's document ingestion on agentgate's own primitives: an upload
+//! is ingested once per content, resumes after a crash without paying the
+//! embedding API twice for a stored batch, and switches a document's
+//! version fenced, so a query sees the whole old version or the whole new
+//! one.
+//!
+//! No new engine primitive was needed; each part of the seed's design maps
+//! onto one the engine already has:
+//!
+//! | seed 003 | here |
+//! |---|---|
+//! | Redis lock per tenant + content hash, 60 s TTL, no fencing | a turn: user = tenant, session = `ingest:<document>`, request id = `v:<sha256>`; the lease is renewed and fenced |
+//! | "does this document exist?" check, then insert | the begin's idempotency: a repeat replays the stored result, or gets `request_in_flight` while it runs (an upload waits for it, bounded) |
+//! | embedding calls | one tool execution per batch of [`limits::EMBED_BATCH`] chunks; a takeover re-embeds only the batches whose outcome is unknown |
+//! | check-then-insert vector writes | chunk ids derived from (document, version, index, chunk hash), upserted inside the batch's completion transaction |
+//! | unfenced blue-green switch | the `publish` tool step switches the current version in its completion transaction, checked by the engine's fence and by the document row's |
+//! | duplicate cleaner | [`Ingestor::reconcile`] counts chunks by what they belong to (nothing is a duplicate by construction); [`Ingestor::clean`] deletes superseded versions after a grace, each as a fenced turn |
+//!
+//! The vector search is exact: the tenant's current chunks (at most
+//! [`limits::MAX_SEARCH_CHUNKS`]) are read in one statement and scored by
+//! cosine in process. Tested on SQLite and PostgreSQL.
+#![forbid(unsafe_code)]
+
+pub mod chunk;
+mod db;
+pub mod embed;
+pub mod limits;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentgate::store::BoxFuture;
+use agentgate::{
+    Begun, BoxError, ErrorKind, Gate, JournalOutcome, OrphanFilter, ToolStep, Turn, TurnState,
+};
+use serde_json::{json, Value};
+
+pub use chunk::MediaType;
+pub use db::{Blob, DocumentView, Reconciliation};
+pub use embed::{Embedder, HttpEmbedder, OfflineEmbedder};
+
+use crate::chunk::{chunk_id, chunks, document_id, parse, sha256_hex};
+use crate::db::{ChunkRow, Pool};
+use crate::limits::{
+    EMBED_BATCH, FIRST_WAIT_STEP, MAX_DOCUMENT_BYTES, MAX_INGEST_WAIT, MAX_NAME_BYTES,
+    MAX_QUERY_BYTES, MAX_RECOVER_PER_PASS, MAX_SEARCH_CHUNKS, MAX_SEARCH_HITS, MAX_TENANT_BYTES,
+    MAX_WAIT_STEP, OLD_VERSION_GRACE,
+};
+
+/// What went wrong with an ingestion.
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    /// The upload or the query is not acceptable; nothing was written.
+    #[error("invalid: {0}")]
+    Invalid(String),
+    /// The same content (or another update of the document) is still being
+    /// ingested after the bounded wait; ask again after `retry_after`.
+    #[error("processing: ask again in {retry_after:?}")]
+    Processing {
+        /// When to ask again.
+        retry_after: Duration,
+    },
+    /// The ingestion failed for good; its stored error.
+    #[error("failed: {0}")]
+    Failed(Value),
+    /// A step of a stale holder was refused (its lease was taken over).
+    #[error("stale: {0}")]
+    Stale(String),
+    /// The embedder failed.
+    #[error("embedding: {0}")]
+    Embedding(String),
+    /// The engine refused or failed.
+    #[error(transparent)]
+    Engine(#[from] agentgate::Error),
+    /// The database failed.
+    #[error("store: {0}")]
+    Store(String),
+    /// A stored value the schema does not allow.
+    #[error("corrupt: {0}")]
+    Corrupt(String),
+}
+
+/// One upload.
+#[derive(Clone, Debug)]
+pub struct Upload {
+    /// The tenant (the turn's user).
+    pub tenant: String,
+    /// The file's name.
+    pub name: String,
+    /// What the bytes are.
+    pub media_type: MediaType,
+    /// The bytes.
+    pub content: Vec<u8>,
+    /// The document this upload updates; `None` for a first upload, whose
+    /// document id is derived from the tenant and the content.
+    pub document_id: Option<String>,
+}
+
+/// An ingestion's outcome: what every upload of the same content gets.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Ingested {
+    /// The document.
+    pub document_id: String,
+    /// The version (the content's sha256).
+    pub version: String,
+    /// The version's number among the document's published versions.
+    pub version_no: i64,
+    /// Its chunks.
+    pub chunks: i64,
+}
+
+/// One ingestion finished by [`Ingestor::recover`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Recovery {
+    /// Its outcome.
+    pub ingested: Ingested,
+    /// Batches the dead holder had stored (not embedded again).
+    pub batches_stored_before: usize,
+    /// Batches it had claimed with no recorded outcome (embedded again).
+    pub batches_unknown: usize,
+}
+
+/// One search hit: a chunk of a current version, with its citation.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Hit {
+    /// The document.
+    pub document_id: String,
+    /// Its name.
+    pub name: String,
+    /// The version the chunk belongs to.
+    pub version: String,
+    /// The chunk's position in it.
+    pub chunk_index: i64,
+    /// Its text.
+    pub text: String,
+    /// The cosine of the query and the chunk.
+    pub score: f32,
+}
+
+/// Document ingestion over one engine and its database.
+#[derive(Clone, Debug)]
+pub struct Ingestor {
+    gate: Gate,
+    pool: Pool,
+    embedder: Arc<dyn Embedder>,
+}
+
+/// The session of a document's ingestions and updates.
+fn session_of(document_id: &str) -> String {
+    format!("ingest:{document_id}")
+}
+
+impl Ingestor {
+    /// Ingestion over `gate`, whose store is the database at `store_url`
+    /// (SQLite or PostgreSQL), embedding with `embedder`.
+    ///
+    /// # Errors
+    /// `invalid` for another kind of store; `store` when the tables cannot
+    /// be created.
+    pub async fn open(
+        gate: Gate,
+        store_url: &str,
+        embedder: Arc<dyn Embedder>,
+    ) -> Result<Self, IngestError> {
+        Ok(Self {
+            gate,
+            pool: Pool::open(store_url).await?,
+            embedder,
+        })
+    }
+
+    /// The embedder (its call counts).
+    pub fn embedder(&self) -> &Arc<dyn Embedder> {
+        &self.embedder
+    }
+
+    /// A document's current state.
+    ///
+    /// # Errors
+    /// `store`.
+    pub async fn document(&self, document_id: &str) -> Result<Option<DocumentView>, IngestError> {
+        self.pool.document(document_id).await
+    }
+
+    /// Ingests an upload, waiting up to [`MAX_INGEST_WAIT`] for a running
+    /// ingestion of the same content (or another update of the same
+    /// document) to finish: every upload of one content gets the one
+    /// ingestion's outcome.
+    ///
+    /// # Errors
+    /// `invalid` (nothing written); `processing` after the wait; `failed`
+    /// when the ingestion failed for good; `engine`, `store`, `embedding`.
+    pub async fn ingest(&self, upload: &Upload) -> Result<Ingested, IngestError> {
+        self.ingest_waiting(upload, MAX_INGEST_WAIT).await
+    }
+
+    /// [`Ingestor::ingest`] with a wait of at most `wait` (zero: answer
+    /// `processing` at once).
+    ///
+    /// # Errors
+    /// As [`Ingestor::ingest`].
+    pub async fn ingest_waiting(
+        &self,
+        upload: &Upload,
+        wait: Duration,
+    ) -> Result<Ingested, IngestError> {
+        check_upload(upload)?;
+        let sha = sha256_hex(&upload.content);
+        let document_id = match &upload.document_id {
+            Some(id) => id.clone(),
+            None => document_id(&upload.tenant, &sha),
+        };
+        self.pool
+            .save_blob(
+                &upload.tenant,
+                &sha,
+                &Blob {
+                    name: upload.name.clone(),
+                    media_type: upload.media_type,
+                    content: upload.content.clone(),
+                },
+            )
+            .await?;
+        let payload = json!({ "document_id": document_id, "sha256": sha });
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut step = FIRST_WAIT_STEP;
+        loop {
+            let begun = self
+                .gate
+                .begin(
+                    &upload.tenant,
+                    &session_of(&document_id),
+                    &format!("v:{sha}"),
+                    &payload,
+                )
+                .await;
+            match begun {
+                Ok(Begun::Started(turn)) => return self.run(turn, &upload.tenant, &payload).await,
+                Ok(Begun::Replay(view)) => return outcome(view.state, view.response, view.error),
+                Err(error)
+                    if matches!(
+                        error.kind(),
+                        ErrorKind::RequestInFlight | ErrorKind::SessionBusy
+                    ) =>
+                {
+                    let retry_after = error.retry_after().unwrap_or(MAX_WAIT_STEP);
+                    let now = tokio::time::Instant::now();
+                    if now >= deadline {
+                        return Err(IngestError::Processing { retry_after });
+                    }
+                    let pause = jitter(step).min(deadline - now);
+                    tokio::time::sleep(pause).await;
+                    step = (step * 2).min(MAX_WAIT_STEP);
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+    }
+
+    /// Claims orphaned ingestions (their holder died) and runs them to the
+    /// end from their stored bytes. Batches already stored are not embedded
+    /// again; a batch whose outcome the dead holder left unknown is.
+    ///
+    /// # Errors
+    /// `engine`, `store`, `embedding`.
+    pub async fn recover(&self) -> Result<Vec<Recovery>, IngestError> {
+        let scan = u32::try_from(MAX_RECOVER_PER_PASS).unwrap_or(u32::MAX);
+        let listed = self
+            .gate
+            .store()
+            .orphans(&OrphanFilter::default(), scan)
+            .await?;
+        let mut recovered = Vec::new();
+        for orphan in listed
+            .into_iter()
+            .filter(|o| o.session_id.as_str().starts_with("ingest:"))
+        {
+            let filter = OrphanFilter {
+                turn_ids: vec![orphan.turn_id.clone()],
+                ..OrphanFilter::default()
+            };
+            let Some(claimed) = self.gate.claim_orphan(&filter).await? else {
+                continue;
+            };
+            let batches = |wanted: fn(&JournalOutcome) -> bool| {
+                claimed
+                    .journal
+                    .iter()
+                    .filter(|e| e.tool.as_str() == "embed_batch" && wanted(&e.outcome))
+                    .count()
+            };
+            let stored = batches(|o| matches!(o, JournalOutcome::Succeeded { .. }));
+            let unknown = batches(|o| matches!(o, JournalOutcome::Unknown));
+            let tenant = claimed.turn.user_id().as_str().to_owned();
+            let ingested = self.run(claimed.turn, &tenant, &claimed.payload).await?;
+            recovered.push(Recovery {
+                ingested,
+                batches_stored_before: stored,
+                batches_unknown: unknown,
+            });
+        }
+        Ok(recovered)
+    }
+
+    /// Runs an ingestion turn: parse, chunk, embed and upsert each batch
+    /// (tool steps), publish (a tool step), end.
+    async fn run(
+        &self,
+        turn: Turn,
+        tenant: &str,
+        payload: &Value,
+    ) -> Result<Ingested, IngestError> {
+        let document_id = text_field(payload, "document_id")?;
+        let sha = text_field(payload, "sha256")?;
+        let done = self.steps(&turn, tenant, &document_id, &sha).await;
+        match done {
+            Ok(ingested) => {
+                let response = serde_json::to_value(&ingested)
+                    .map_err(|e| IngestError::Corrupt(e.to_string()))?;
+                turn.succeed(&response)
+                    .await
+                    .map_err(|e| IngestError::Engine(e.error))?;
+                Ok(ingested)
+            }
+            Err(error) => {
+                // An input that cannot be ingested fails for good; anything
+                // else (the embedder, the store) may be retried by an upload.
+                let retryable = !matches!(error, IngestError::Invalid(_));
+                let stored = json!({ "message": error.to_string() });
+                if let Err(end) = turn.fail(&stored, retryable).await {
+                    tracing::warn!(error = %end.error, "could not record a failed ingestion");
+                }
+                Err(error)
+            }
+        }
+    }
+
+    async fn steps(
+        &self,
+        turn: &Turn,
+        tenant: &str,
+        document_id: &str,
+        sha: &str,
+    ) -> Result<Ingested, IngestError> {
+        let blob = self
+            .pool
+            .blob(tenant, sha)
+            .await?
+            .ok_or_else(|| IngestError::Corrupt(format!("no stored bytes for {sha}")))?;
+        let text = parse(&blob.content, blob.media_type)?;
+        let pieces = chunks(&text)?;
+        let count = i64::try_from(pieces.len()).map_err(|e| IngestError::Corrupt(e.to_string()))?;
+        for (batch, group) in pieces.chunks(EMBED_BATCH).enumerate() {
+            let hashes: Vec<&str> = group.iter().map(|c| c.hash.as_str()).collect();
+            let args = json!({
+                "document_id": document_id, "version": sha, "batch": batch, "hashes": hashes,
+            });
+            let execution = match turn.tool("embed_batch", &args).await? {
+                ToolStep::Cached(_) => continue,
+                ToolStep::Execute(execution) => execution,
+            };
+            let texts: Vec<String> = group.iter().map(|c| c.text.clone()).collect();
+            let vectors = match self.embedder.embed(&texts).await {
+                Ok(vectors) if vectors.len() == texts.len() => vectors,
+                Ok(vectors) => {
+                    let message = format!("{} vectors for {} texts", vectors.len(), texts.len());
+                    execution.fail(&json!({ "message": message })).await?;
+                    return Err(IngestError::Embedding(message));
+                }
+                Err(error) => {
+                    execution
+                        .fail(&json!({ "message": error.to_string() }))
+                        .await?;
+                    return Err(error);
+                }
+            };
+            let rows: Vec<ChunkRow> = group
+                .iter()
+                .zip(vectors)
+                .map(|(chunk, vector)| ChunkRow {
+                    chunk_id: chunk_id(document_id, sha, chunk.index, &chunk.hash),
+                    index: i64::try_from(chunk.index).unwrap_or(i64::MAX),
+                    hash: chunk.hash.clone(),
+                    text: chunk.text.clone(),
+                    vector: embed::to_bytes(&vector),
+                })
+                .collect();
+            let (doc, version) = (document_id.to_owned(), sha.to_owned());
+            execution
+                .complete_in_tx(move |tx| -> BoxFuture<'_, Result<Value, BoxError>> {
+                    Box::pin(async move {
+                        let added = db::upsert_chunks(tx, &doc, &version, &rows).await?;
+                        Ok(json!({ "batch": batch, "chunks": rows.len(), "added": added }))
+                    })
+                })
+                .await?;
+        }
+        let document = DocumentView {
+            document_id: document_id.to_owned(),
+            tenant: tenant.to_owned(),
+            name: blob.name.clone(),
+            current_version: sha.to_owned(),
+            version_no: 0,
+            chunks: count,
+        };
+        let fence = turn.fence().0;
+        let args = json!({ "document_id": document_id, "version": sha });
+        let published = match turn.tool("publish", &args).await? {
+            ToolStep::Cached(result) => result,
+            ToolStep::Execute(execution) => {
+                execution
+                    .complete_in_tx(move |tx| -> BoxFuture<'_, Result<Value, BoxError>> {
+                        Box::pin(async move {
+                            let published = db::publish(tx, &document, fence).await?;
+                            Ok(json!({ "version_no": published.version_no }))
+                        })
+                    })
+                    .await?
+            }
+        };
+        let version_no = published
+            .get("version_no")
+            .and_then(Value::as_i64)
+            .ok_or_else(|| IngestError::Corrupt(format!("a publish result {published}")))?;
+        Ok(Ingested {
+            document_id: document_id.to_owned(),
+            version: sha.to_owned(),
+            version_no,
+            chunks: count,
+        })
+    }
+
+    /// The `k` chunks of the tenant's current versions closest to `query`,
+    /// best first.
+    ///
+    /// # Errors
+    /// `invalid` for an empty or oversized query or `k`; `embedding`; `store`.
+    pub async fn search(
+        &self,
+        tenant: &str,
+        query: &str,
+        k: usize,
+    ) -> Result<Vec<Hit>, IngestError> {
+        if query.trim().is_empty() || query.len() > MAX_QUERY_BYTES {
+            return Err(IngestError::Invalid(format!(
+                "a query is 1 to {MAX_QUERY_BYTES} bytes"
+            )));
+        }
+        if k == 0 || k > MAX_SEARCH_HITS {
+            return Err(IngestError::Invalid(format!("k is 1 to {MAX_SEARCH_HITS}")));
+        }
+        let asked = self
+            .embedder
+            .embed(&[query.to_owned()])
+            .await?
+            .into_iter()
+            .next()
+            .ok_or_else(|| IngestError::Embedding("no vector for the query".into()))?;
+        let mut hits = Vec::new();
+        for chunk in self.pool.current_chunks(tenant, MAX_SEARCH_CHUNKS).await? {
+            let vector = embed::from_bytes(&chunk.vector)?;
+            hits.push(Hit {
+                score: embed::cosine(&asked, &vector),
+                document_id: chunk.document_id,
+                name: chunk.name,
+                version: chunk.version,
+                chunk_index: chunk.index,
+                text: chunk.text,
+            });
+        }
+        hits.sort_by(|a, b| b.score.total_cmp(&a.score));
+        hits.truncate(k);
+        Ok(hits)
+    }
+
+    /// Every chunk counted by what it belongs to (writes nothing). With
+    /// single-flight ingestion and id upserts there are no duplicates to
+    /// find: what it can find is a version superseded past its grace that
+    /// the cleaner has not reached, or a version whose chunks are not its
+    /// recorded count (which would be a bug).
+    ///
+    /// # Errors
+    /// `store`.
+    pub async fn reconcile(&self) -> Result<Reconciliation, IngestError> {
+        self.pool.reconcile(grace_ms(OLD_VERSION_GRACE)).await
+    }
+
+    /// Deletes the chunks of versions superseded more than `grace` ago,
+    /// each as a fenced turn of the document's session (so it never runs
+    /// beside an update of the same document); the chunks deleted.
+    ///
+    /// # Errors
+    /// `engine`, `store`.
+    pub async fn clean(&self, grace: Duration) -> Result<u64, IngestError> {
+        let mut deleted = 0;
+        for (document_id, tenant, version) in self.pool.superseded(grace_ms(grace), 100).await? {
+            let begun = self
+                .gate
+                .begin(
+                    &tenant,
+                    &session_of(&document_id),
+                    &format!("clean:{version}"),
+                    &json!({ "document_id": document_id, "clean": version }),
+                )
+                .await;
+            let turn = match begun {
+                Ok(Begun::Started(turn)) => turn,
+                // Cleaned before, or an update holds the document: later.
+                Ok(Begun::Replay(_)) => continue,
+                Err(error) if error.retry_after().is_some() => continue,
+                Err(error) => return Err(error.into()),
+            };
+            let args = json!({ "document_id": document_id, "version": version });
+            let result = match turn.tool("delete_version", &args).await? {
+                ToolStep::Cached(result) => result,
+                ToolStep::Execute(execution) => {
+                    let (doc, old) = (document_id.clone(), version.clone());
+                    execution
+                        .complete_in_tx(move |tx| -> BoxFuture<'_, Result<Value, BoxError>> {
+                            Box::pin(async move {
+                                let gone = db::delete_version(tx, &doc, &old).await?;
+                                Ok(json!({ "deleted": gone }))
+                            })
+                        })
+                        .await?
+                }
+            };
+            deleted += result.get("deleted").and_then(Value::as_u64).unwrap_or(0);
+            turn.succeed(&result)
+                .await
+                .map_err(|e| IngestError::Engine(e.error))?;
+        }
+        Ok(deleted)
+    }
+}
+
+fn grace_ms(grace: Duration) -> i64 {
+    i64::try_from(grace.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// What a finished ingestion turn answers.
+fn outcome(
+    state: TurnState,
+    response: Option<Value>,
+    error: Option<Value>,
+) -> Result<Ingested, IngestError> {
+    match (state, response) {
+        (TurnState::Succeeded, Some(response)) => serde_json::from_value(response)
+            .map_err(|e| IngestError::Corrupt(format!("a stored ingestion result: {e}"))),
+        (TurnState::Failed, _) => Err(IngestError::Failed(error.unwrap_or(Value::Null))),
+        (state, _) => Err(IngestError::Corrupt(format!(
+            "an ingestion replayed in state {state:?}"
+        ))),
+    }
+}
+
+fn text_field(payload: &Value, field: &str) -> Result<String, IngestError> {
+    payload
+        .get(field)
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .ok_or_else(|| IngestError::Corrupt(format!("an ingestion payload without {field}")))
+}
+
+fn check_upload(upload: &Upload) -> Result<(), IngestError> {
+    let bad = |what: String| Err(IngestError::Invalid(what));
+    if upload.tenant.is_empty() || upload.tenant.len() > MAX_TENANT_BYTES {
+        return bad(format!("a tenant is 1 to {MAX_TENANT_BYTES} bytes"));
+    }
+    if upload.name.is_empty() || upload.name.len() > MAX_NAME_BYTES {
+        return bad(format!("a name is 1 to {MAX_NAME_BYTES} bytes"));
+    }
+    if upload.content.is_empty() || upload.content.len() > MAX_DOCUMENT_BYTES {
+        return bad(format!("a document is 1 to {MAX_DOCUMENT_BYTES} bytes"));
+    }
+    if let Some(id) = &upload.document_id {
+        let shaped = id.len() == 28
+            && id.starts_with("doc_")
+            && id[4..].bytes().all(|b| b.is_ascii_hexdigit());
+        if !shaped {
+            return bad("a document id is `doc_` and 24 hex digits".into());
+        }
+    }
+    Ok(())
+}
+
+/// `step` scaled by a factor in [0.5, 1.5), so waiters do not ask in step.
+fn jitter(step: Duration) -> Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let factor = 0.5 + f64::from(nanos % 1000) / 1000.0;
+    step.mul_f64(factor)
+}

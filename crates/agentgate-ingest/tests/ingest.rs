@@ -1,0 +1,369 @@
+//! Seed 003's incidents, attacked on every store the ingestion runs on
+//! (SQLite and PostgreSQL, each with and without the Redis lease layer):
+//! uploads of one file at once, a holder SIGKILLed between batches, and
+//! updates under a stream of queries. Without a server a target skips with
+//! a printed reason, unless `AGENTGATE_REQUIRE_SERVICES=1`.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::HashSet;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentgate::Config;
+use agentgate_conformance::targets::{self, Target};
+use agentgate_ingest::limits::EMBED_BATCH;
+use agentgate_ingest::{Embedder, Ingested, Ingestor, MediaType, OfflineEmbedder, Upload};
+use tokio::sync::Barrier;
+
+/// A document of `paragraphs` paragraphs, distinct per `seed`.
+fn document(seed: &str, paragraphs: usize) -> Vec<u8> {
+    (0..paragraphs)
+        .map(|i| {
+            format!(
+                "{seed} receipt {i}: lunch with the team at the harbour cafe, paid by card, \
+                 total {i}.50 euros, category meals, refundable under policy section {i}."
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n\n")
+        .into_bytes()
+}
+
+fn upload(tenant: &str, name: &str, content: &[u8]) -> Upload {
+    Upload {
+        tenant: tenant.to_owned(),
+        name: name.to_owned(),
+        media_type: MediaType::from_name(name),
+        content: content.to_vec(),
+        document_id: None,
+    }
+}
+
+async fn all_targets() -> Vec<Target> {
+    let mut all = Vec::new();
+    all.extend(targets::sqlite().await);
+    all.extend(targets::sqlite_redis().await);
+    all.extend(targets::postgres().await);
+    all.extend(targets::postgres_redis().await);
+    all
+}
+
+async fn ingestor(target: &Target, config: Config) -> (Ingestor, Arc<OfflineEmbedder>) {
+    let embedder = Arc::new(OfflineEmbedder::new());
+    let gate = target.gate(config).await;
+    let ingestor = Ingestor::open(gate, &target.store_url, embedder.clone())
+        .await
+        .unwrap();
+    (ingestor, embedder)
+}
+
+/// How many turns the store holds for the document's session.
+async fn turns_of(target: &Target, document_id: &str) -> i64 {
+    let session = format!("ingest:{document_id}");
+    let sql = "SELECT COUNT(*) FROM ag_turns WHERE session_id = $1";
+    if target.store_url.starts_with("sqlite:") {
+        let pool = sqlx::SqlitePool::connect(&target.store_url).await.unwrap();
+        sqlx::query_scalar(sql)
+            .bind(&session)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    } else {
+        let pool = sqlx::PgPool::connect(&target.store_url).await.unwrap();
+        sqlx::query_scalar(sql)
+            .bind(&session)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    }
+}
+
+/// `uploads` uploads of one file behind a barrier.
+async fn at_once(ingestor: &Ingestor, uploads: usize, one: &Upload) -> Vec<Ingested> {
+    let barrier = Arc::new(Barrier::new(uploads));
+    let tasks: Vec<_> = (0..uploads)
+        .map(|_| {
+            let (ingestor, one, barrier) = (ingestor.clone(), one.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                ingestor.ingest(&one).await
+            })
+        })
+        .collect();
+    let mut done = Vec::new();
+    for task in tasks {
+        done.push(task.await.unwrap().unwrap());
+    }
+    done
+}
+
+/// Three uploads of one file at once (seed 003's triple click), then a
+/// storm of 50 of another: each is one ingestion, every caller gets the
+/// same document, the embedder is paid once per chunk, and the index holds
+/// each chunk once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn uploads_of_one_file_at_once_make_one_ingestion() {
+    for target in all_targets().await {
+        let (ingestor, embedder) = ingestor(&target, Config::default()).await;
+        for (uploads, seed) in [(3, "triple"), (50, "storm")] {
+            let (calls, texts) = (embedder.calls(), embedder.texts());
+            let file = upload("acme", &format!("{seed}.txt"), &document(seed, 120));
+            let done = at_once(&ingestor, uploads, &file).await;
+            let first = done[0].clone();
+            assert!(
+                done.iter().all(|d| *d == first),
+                "{}: {done:?}",
+                target.name
+            );
+            let chunks = u64::try_from(first.chunks).unwrap();
+            let batches = chunks.div_ceil(EMBED_BATCH as u64);
+            assert!(batches > 1, "the document spans batches");
+            assert_eq!(
+                embedder.texts() - texts,
+                chunks,
+                "{}: texts embedded",
+                target.name
+            );
+            assert_eq!(
+                embedder.calls() - calls,
+                batches,
+                "{}: embedding calls",
+                target.name
+            );
+            assert_eq!(
+                turns_of(&target, &first.document_id).await,
+                1,
+                "{}",
+                target.name
+            );
+            println!(
+                "{} {seed}: {uploads} uploads -> 1 ingestion, {chunks} chunks, {} texts embedded in {} calls",
+                target.name,
+                embedder.texts() - texts,
+                embedder.calls() - calls
+            );
+        }
+        let counted = ingestor.reconcile().await.unwrap();
+        assert_eq!(counted.unpublished, 0, "{}: {counted:?}", target.name);
+        assert_eq!(counted.count_mismatches, 0, "{}: {counted:?}", target.name);
+        assert_eq!(
+            counted.superseded_in_grace + counted.superseded_past_grace,
+            0
+        );
+        let hits = ingestor
+            .search("acme", "harbour cafe lunch receipt 7", 3)
+            .await
+            .unwrap();
+        assert_eq!(hits.len(), 3, "{}", target.name);
+        let ids: HashSet<_> = hits
+            .iter()
+            .map(|h| (&h.document_id, h.chunk_index))
+            .collect();
+        assert_eq!(ids.len(), hits.len(), "{}: no passage twice", target.name);
+    }
+}
+
+/// The holder binary, SIGKILLed once `stored_chunks` chunks of its
+/// document are in the index.
+async fn kill_holder_after(
+    target: &Target,
+    tenant: &str,
+    file: &std::path::Path,
+    calls: &std::path::Path,
+    stored: i64,
+) {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentgate-ingest-holder"))
+        .args([
+            target.store_url.as_str(),
+            target.redis_url.as_deref().unwrap_or("-"),
+            "1000",
+            "150",
+            tenant,
+            file.to_str().unwrap(),
+            calls.to_str().unwrap(),
+        ])
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let (watcher, _) = ingestor(target, Config::default()).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let counted = watcher.reconcile().await.unwrap();
+        if counted.unpublished >= stored {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{}: the holder stored {} chunks in a minute",
+            target.name,
+            counted.unpublished
+        );
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!(
+                "{}: the holder ended before the kill: {status}",
+                target.name
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    child.kill().await.unwrap();
+}
+
+/// A holder SIGKILLed after k of n batches, for several k: recovery takes
+/// the orphan over and finishes it, embedding only the batches not stored
+/// (the one the holder left unknown included), so the embedder is paid at
+/// most n + (unknown batches) times in all, counted in both processes, and
+/// the index holds each chunk once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_holder_killed_mid_ingestion_is_finished_paying_only_for_missing_batches() {
+    for target in all_targets().await {
+        for k in [1, 3] {
+            let dir = tempfile::tempdir().unwrap();
+            let file = dir.path().join(format!("crash-{k}.txt"));
+            let content = document(&format!("crash {k}"), 600);
+            std::fs::write(&file, &content).unwrap();
+            let tenant = format!("crash-{k}");
+            let calls = dir.path().join("holder-calls.log");
+            kill_holder_after(&target, &tenant, &file, &calls, (k * EMBED_BATCH) as i64).await;
+            let holder_calls = std::fs::read_to_string(&calls).unwrap().lines().count() as u64;
+            let (ingestor, embedder) = ingestor(&target, Config::default()).await;
+            // The holder's lease (1 s) expires; then its turn is an orphan.
+            let recovered = loop {
+                let found = ingestor.recover().await.unwrap();
+                if let Some(one) = found.into_iter().next() {
+                    break one;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            let chunks = u64::try_from(recovered.ingested.chunks).unwrap();
+            let n = chunks.div_ceil(EMBED_BATCH as u64);
+            let stored = recovered.batches_stored_before as u64;
+            let unknown = recovered.batches_unknown as u64;
+            assert!(stored >= k as u64, "{}: {recovered:?}", target.name);
+            assert!(unknown <= 1, "one batch at a time: {recovered:?}");
+            assert_eq!(embedder.calls(), n - stored, "{}: k={k}", target.name);
+            // The killed holder paid for each batch it stored, and perhaps for
+            // the one it left unknown (it may die between the claim and the
+            // call): in all at most n + unknown calls, at least n.
+            assert!(
+                (stored..=stored + unknown).contains(&holder_calls),
+                "{}: k={k}: the holder made {holder_calls} calls",
+                target.name
+            );
+            let total = holder_calls + embedder.calls();
+            assert!(
+                (n..=n + unknown).contains(&total),
+                "{}: k={k}: {total}",
+                target.name
+            );
+            let counted = ingestor.reconcile().await.unwrap();
+            assert_eq!(counted.unpublished, 0, "{}: {counted:?}", target.name);
+            let again = ingestor
+                .ingest(&upload(&tenant, "crash.txt", &content))
+                .await
+                .unwrap();
+            assert_eq!(again, recovered.ingested, "a later upload replays it");
+            assert_eq!(turns_of(&target, &again.document_id).await, 1);
+            println!(
+                "{} k={k}: n={n} batches, {stored} stored before the kill, {unknown} unknown; \
+                 the holder made {holder_calls} embedding calls, recovery {}, {total} in all",
+                target.name,
+                embedder.calls()
+            );
+        }
+    }
+}
+
+/// 50 updates of one document, from two updaters at once, under 20
+/// readers that search it without pause: every read sees all of one
+/// version (never nothing, never two versions mixed), and the document
+/// ends with one current version, the last one published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn updates_under_load_never_show_a_gap_or_a_mix() {
+    for target in all_targets().await {
+        let (ingestor, _) = ingestor(&target, Config::default()).await;
+        let first = ingestor
+            .ingest(&upload("upd", "policy.md", &document("version 0", 20)))
+            .await
+            .unwrap();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let readers: Vec<_> = (0..20)
+            .map(|_| {
+                let (ingestor, stop) = (ingestor.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let mut reads = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                        let hits = ingestor
+                            .search("upd", "policy section refundable", 50)
+                            .await
+                            .unwrap();
+                        assert!(!hits.is_empty(), "a read saw no version");
+                        let versions: HashSet<_> = hits.iter().map(|h| h.version.clone()).collect();
+                        assert_eq!(versions.len(), 1, "a read mixed versions: {versions:?}");
+                        reads += 1;
+                    }
+                    reads
+                })
+            })
+            .collect();
+        let updaters: Vec<_> = (0..2)
+            .map(|u| {
+                let (ingestor, id) = (ingestor.clone(), first.document_id.clone());
+                tokio::spawn(async move {
+                    let mut last = Vec::new();
+                    for i in 0..25 {
+                        let mut update =
+                            upload("upd", "policy.md", &document(&format!("v{u}.{i}"), 20 + i));
+                        update.document_id = Some(id.clone());
+                        last.push(ingestor.ingest(&update).await.unwrap());
+                    }
+                    last
+                })
+            })
+            .collect();
+        let mut published = Vec::new();
+        for updater in updaters {
+            published.extend(updater.await.unwrap());
+        }
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut reads = 0;
+        for reader in readers {
+            reads += reader.await.unwrap();
+        }
+        let numbers: HashSet<_> = published.iter().map(|p| p.version_no).collect();
+        assert_eq!(
+            numbers.len(),
+            50,
+            "{}: every update its own number",
+            target.name
+        );
+        let last = published.iter().max_by_key(|p| p.version_no).unwrap();
+        let document = ingestor
+            .document(&first.document_id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(document.current_version, last.version, "{}", target.name);
+        assert_eq!(document.version_no, 51, "{}", target.name);
+        let counted = ingestor.reconcile().await.unwrap();
+        assert_eq!(counted.current_chunks, document.chunks, "{}", target.name);
+        assert_eq!(counted.count_mismatches, 0, "{}", target.name);
+        // Past the switch's millisecond, so every superseded version is due.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let deleted = ingestor.clean(Duration::ZERO).await.unwrap();
+        let after = ingestor.reconcile().await.unwrap();
+        assert_eq!(
+            after.superseded_past_grace + after.superseded_in_grace,
+            0,
+            "{after:?}"
+        );
+        assert_eq!(after.current_chunks, document.chunks);
+        println!(
+            "{}: 50 updates under {reads} reads, 0 empty, 0 mixed; cleaner deleted {deleted} old chunks",
+            target.name
+        );
+    }
+}
