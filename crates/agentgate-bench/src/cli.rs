@@ -52,6 +52,9 @@ pub struct BenchArgs {
     /// Sequential turns whose round trips are counted.
     #[arg(long, default_value_t = 200)]
     count_turns: u32,
+    /// Documents of the ingestion row, per loop (0 skips it; no row on MySQL).
+    #[arg(long, default_value_t = 20)]
+    ingest_documents: usize,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -76,6 +79,7 @@ impl BenchArgs {
             storm: self.storm,
             live_turns: self.live_turns,
             count_turns: self.count_turns,
+            ingest_documents: self.ingest_documents,
             // This very binary is `agentgate serve` for HTTP runs.
             server_binary: std::env::current_exe().ok(),
             progress: true,

@@ -31,6 +31,7 @@ pub mod count;
 mod counting;
 mod error;
 mod http;
+mod ingest;
 mod library;
 pub mod limits;
 mod machine;
@@ -94,6 +95,8 @@ pub struct BenchOptions {
     pub live_turns: usize,
     /// Turns of the round-trip counting pass.
     pub count_turns: u32,
+    /// Documents of the ingestion row, per loop (0: skip it).
+    pub ingest_documents: usize,
     /// The `agentgate` binary for HTTP runs; without it, the server runs in
     /// this process and its memory is not measured.
     pub server_binary: Option<PathBuf>,
@@ -116,6 +119,7 @@ impl Default for BenchOptions {
             storm: 1_000,
             live_turns: 10_000,
             count_turns: 200,
+            ingest_documents: 20,
             server_binary: None,
             progress: true,
         }
@@ -165,6 +169,13 @@ impl BenchOptions {
         check(
             (1..=limits::MAX_COUNT_TURNS).contains(&self.count_turns),
             format!("count turns must be 1..={}", limits::MAX_COUNT_TURNS),
+        )?;
+        check(
+            self.ingest_documents <= limits::MAX_INGEST_DOCUMENTS,
+            format!(
+                "ingest documents must be at most {}",
+                limits::MAX_INGEST_DOCUMENTS
+            ),
         )
     }
 }

@@ -35,6 +35,9 @@ pub const MAX_STORM: usize = 10_000;
 /// per-turn state beyond the store's rows, so more adds only time.
 pub const MAX_LIVE_TURNS: usize = 100_000;
 
+/// Most documents of the ingestion row, per loop.
+pub const MAX_INGEST_DOCUMENTS: usize = 10_000;
+
 /// Most turns of the round-trip counting pass. The count is exact per turn;
 /// a few hundred turns only smooth out one-off pool pings.
 pub const MAX_COUNT_TURNS: u32 = 100_000;

@@ -123,6 +123,8 @@ pub struct Report {
     pub peak_rss_mib: Option<f64>,
     /// The memory measurement in detail.
     pub memory: Option<Memory>,
+    /// The ingestion row (SQLite and PostgreSQL).
+    pub ingestion: Option<crate::ingest::Ingestion>,
     /// The machine the run was on.
     pub machine: Machine,
 }
@@ -228,6 +230,16 @@ impl Report {
                 );
             }
             None => text.push_str("memory: measured on --via http runs only\n"),
+        }
+        match &self.ingestion {
+            Some(i) => {
+                let _ = writeln!(
+                    text,
+                    "ingestion: {} documents of {} chunks: {:.0} chunks/s, raw loop {:.0} chunks/s, ratio {:.2}; {} texts embedded",
+                    i.documents, i.chunks_per_document, i.chunks_per_s, i.raw_chunks_per_s, i.ratio, i.texts_embedded
+                );
+            }
+            None => text.push_str("ingestion: skipped (0 documents, or MySQL)\n"),
         }
         text
     }

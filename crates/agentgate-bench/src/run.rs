@@ -66,8 +66,8 @@ fn phases(options: &BenchOptions) -> u64 {
         0
     };
     let memory = u64::from(options.via == Via::Http && options.live_turns > 0);
-    // open, populate, count, warm-up, rounds, storm, scaling, memory
-    4 + u64::from(options.rounds) + 1 + scaling + memory
+    // open, populate, count, warm-up, rounds, storm, scaling, memory, ingestion
+    4 + u64::from(options.rounds) + 1 + scaling + memory + 1
 }
 
 /// The engine's settings in a bench: the defaults, but the sweeper idle
@@ -241,6 +241,16 @@ async fn measure(options: &BenchOptions, target: &Target, progress: &Progress) -
         }
         _ => None,
     };
+    progress.phase(format!("ingesting {} documents", options.ingest_documents));
+    let ingestion = crate::ingest::measure(
+        &gate,
+        &target.store_url,
+        &pool,
+        options.ingest_documents,
+        options.concurrency,
+    )
+    .await?;
+    progress.done();
     pool.close().await;
     loader.close().await;
     drop(loops);
@@ -284,6 +294,7 @@ async fn measure(options: &BenchOptions, target: &Target, progress: &Progress) -
         scaling,
         peak_rss_mib: memory.map(|m| m.peak_rss_mib),
         memory,
+        ingestion,
         machine,
     })
 }
