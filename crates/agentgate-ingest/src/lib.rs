@@ -456,8 +456,19 @@ impl Ingestor {
             .into_iter()
             .next()
             .ok_or_else(|| IngestError::Embedding("no vector for the query".into()))?;
+        let current = self
+            .pool
+            .current_chunks(tenant, MAX_SEARCH_CHUNKS + 1)
+            .await?;
+        if current.len() > usize::try_from(MAX_SEARCH_CHUNKS).unwrap_or(usize::MAX) {
+            // An exact search that skipped chunks would answer wrongly.
+            return Err(IngestError::Invalid(format!(
+                "tenant {tenant} has more than {MAX_SEARCH_CHUNKS} current chunks, \
+                 the bound of an exact search"
+            )));
+        }
         let mut hits = Vec::new();
-        for chunk in self.pool.current_chunks(tenant, MAX_SEARCH_CHUNKS).await? {
+        for chunk in current {
             let vector = embed::from_bytes(&chunk.vector)?;
             hits.push(Hit {
                 score: embed::cosine(&asked, &vector),
