@@ -102,6 +102,10 @@ fn markdown_text(markdown: &str) -> String {
     out
 }
 
+/// The longest link text and target [`strip_inline`] looks for, so a line
+/// of unclosed brackets costs linear time.
+const MAX_LINK_CHARS: usize = 512;
+
 /// Drops inline markup: `**`, `__`, `*`, `_`, `` ` ``, and `[text](target)`
 /// becomes `text`.
 fn strip_inline(line: &str) -> String {
@@ -109,12 +113,10 @@ fn strip_inline(line: &str) -> String {
     let mut rest = line;
     while let Some(c) = rest.chars().next() {
         if c == '[' {
-            if let Some(close) = rest.find("](") {
-                if let Some(end) = rest[close..].find(')') {
-                    out.push_str(&rest[1..close]);
-                    rest = &rest[close + end + 1..];
-                    continue;
-                }
+            if let Some((text, after)) = link(rest) {
+                out.push_str(&strip_inline(text));
+                rest = after;
+                continue;
             }
         }
         if !matches!(c, '*' | '_' | '`') {
@@ -123,6 +125,21 @@ fn strip_inline(line: &str) -> String {
         rest = &rest[c.len_utf8()..];
     }
     out
+}
+
+/// `[text](target)` at the start of `s`: the text and what follows the
+/// link. The text's own `]` closes it; both parts are bounded.
+fn link(s: &str) -> Option<(&str, &str)> {
+    let window = |from: &str| -> usize {
+        from.char_indices()
+            .nth(MAX_LINK_CHARS)
+            .map_or(from.len(), |(i, _)| i)
+    };
+    let body = &s[1..];
+    let close = body[..window(body)].find(']')?;
+    let after = body[close + 1..].strip_prefix('(')?;
+    let end = after[..window(after)].find(')')?;
+    Some((&body[..close], &after[end + 1..]))
 }
 
 /// Cuts the text into chunks of about [`CHUNK_CHARS`] characters, at
@@ -203,6 +220,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(text, "Refunds\n\nKeep every receipt\nSee the policy\n");
+        let text = parse(b"a [b] c [d](e) and [[[[", MediaType::Markdown).unwrap();
+        assert_eq!(text, "a [b] c d and [[[[\n");
     }
 
     #[test]

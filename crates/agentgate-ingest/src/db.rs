@@ -330,6 +330,48 @@ impl Pool {
         .map_err(db)
     }
 
+    /// Which of `ids` are stored.
+    pub(crate) async fn existing_chunks(
+        &self,
+        ids: &[String],
+    ) -> Result<std::collections::HashSet<String>, IngestError> {
+        if ids.is_empty() {
+            return Ok(std::collections::HashSet::new());
+        }
+        let placeholders: Vec<String> = (1..=ids.len()).map(|i| format!("${i}")).collect();
+        let sql = format!(
+            "SELECT chunk_id FROM ingest_chunks WHERE chunk_id IN ({})",
+            placeholders.join(", ")
+        );
+        on_pool!(self, p => {
+            let mut query = sqlx::query_scalar::<_, String>(&sql);
+            for id in ids {
+                query = query.bind(id);
+            }
+            query.fetch_all(p).await
+        })
+        .map(|found| found.into_iter().collect())
+        .map_err(db)
+    }
+
+    /// The chunks of the tenant's current versions, other documents than
+    /// `document_id`.
+    pub(crate) async fn tenant_chunks(
+        &self,
+        tenant: &str,
+        document_id: &str,
+    ) -> Result<i64, IngestError> {
+        on_pool!(self, p => sqlx::query_scalar(
+            "SELECT CAST(COALESCE(SUM(chunks), 0) AS BIGINT) FROM ingest_documents \
+             WHERE tenant = $1 AND document_id <> $2",
+        )
+        .bind(tenant)
+        .bind(document_id)
+        .fetch_one(p)
+        .await)
+        .map_err(db)
+    }
+
     /// Counts every chunk by what it belongs to; writes nothing.
     pub(crate) async fn reconcile(&self, grace_ms: i64) -> Result<Reconciliation, IngestError> {
         let cutoff = now_ms() - grace_ms;
@@ -369,10 +411,10 @@ impl Pool {
         &self,
         grace_ms: i64,
         limit: i64,
-    ) -> Result<Vec<(String, String, String)>, IngestError> {
+    ) -> Result<Vec<(String, String, String, i64)>, IngestError> {
         let cutoff = now_ms() - grace_ms;
         on_pool!(self, p => sqlx::query(
-            "SELECT v.document_id, d.tenant, v.version FROM ingest_versions v \
+            "SELECT v.document_id, d.tenant, v.version, v.superseded_at_ms FROM ingest_versions v \
              JOIN ingest_documents d ON d.document_id = v.document_id \
              WHERE v.superseded_at_ms IS NOT NULL AND v.superseded_at_ms < $1 \
                AND EXISTS (SELECT 1 FROM ingest_chunks c \
@@ -387,6 +429,7 @@ impl Pool {
             row.try_get("document_id")?,
             row.try_get("tenant")?,
             row.try_get("version")?,
+            row.try_get("superseded_at_ms")?,
         ))).collect::<Result<Vec<_>, sqlx::Error>>()))
         .map_err(db)
     }
@@ -495,7 +538,8 @@ pub(crate) async fn publish(
              ON CONFLICT (document_id) DO UPDATE SET current_version = excluded.current_version, \
                version_no = excluded.version_no, chunks = excluded.chunks, fence = excluded.fence, \
                name = excluded.name, updated_at_ms = excluded.updated_at_ms \
-             WHERE ingest_documents.fence < excluded.fence",
+             WHERE ingest_documents.fence < excluded.fence \
+               AND ingest_documents.tenant = excluded.tenant",
         )
         .bind(&document.document_id)
         .bind(&document.tenant)
@@ -511,7 +555,7 @@ pub(crate) async fn publish(
         .rows_affected();
         if switched != 1 {
             return Err(IngestError::Stale(format!(
-                "document {} has a newer switch than fence {fence}",
+                "document {} has a newer switch than fence {fence}, or another tenant",
                 document.document_id
             )));
         }

@@ -30,9 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentgate::store::BoxFuture;
-use agentgate::{
-    Begun, BoxError, ErrorKind, Gate, JournalOutcome, OrphanFilter, ToolStep, Turn, TurnState,
-};
+use agentgate::{Begun, BoxError, ErrorKind, Gate, OrphanFilter, ToolStep, Turn, TurnState};
 use serde_json::{json, Value};
 
 pub use chunk::MediaType;
@@ -50,7 +48,7 @@ use crate::limits::{
 /// What went wrong with an ingestion.
 #[derive(Debug, thiserror::Error)]
 pub enum IngestError {
-    /// The upload or the query is not acceptable; nothing was written.
+    /// The upload or the query is not acceptable.
     #[error("invalid: {0}")]
     Invalid(String),
     /// The same content (or another update of the document) is still being
@@ -195,7 +193,7 @@ impl Ingestor {
     }
 
     /// [`Ingestor::ingest`] with a wait of at most `wait` (zero: answer
-    /// `processing` at once).
+    /// `processing` at once; at most [`MAX_INGEST_WAIT`]).
     ///
     /// # Errors
     /// As [`Ingestor::ingest`].
@@ -205,11 +203,47 @@ impl Ingestor {
         wait: Duration,
     ) -> Result<Ingested, IngestError> {
         check_upload(upload)?;
+        // Refused before anything is written: bytes that are not text, or
+        // too many chunks.
+        let count = chunks(&parse(&upload.content, upload.media_type)?)?.len();
         let sha = sha256_hex(&upload.content);
         let document_id = match &upload.document_id {
             Some(id) => id.clone(),
             None => document_id(&upload.tenant, &sha),
         };
+        // The generation: how many versions the document had when this
+        // upload came. Uploads of one content at once share it (one turn);
+        // the same content uploaded again after another version was
+        // published (a revert) is a new request, not a replay of the old one.
+        let generation = match self.pool.document(&document_id).await? {
+            Some(current) if current.tenant != upload.tenant => {
+                return Err(IngestError::Invalid(format!(
+                    "no document {document_id} for tenant {}",
+                    upload.tenant
+                )))
+            }
+            Some(current) if current.current_version == sha => {
+                return Ok(Ingested {
+                    document_id,
+                    version: sha,
+                    version_no: current.version_no,
+                    chunks: current.chunks,
+                })
+            }
+            Some(current) => current.version_no,
+            None => 0,
+        };
+        let others = self
+            .pool
+            .tenant_chunks(&upload.tenant, &document_id)
+            .await?;
+        if others + i64::try_from(count).unwrap_or(i64::MAX) > MAX_SEARCH_CHUNKS {
+            return Err(IngestError::Invalid(format!(
+                "tenant {} holds {others} current chunks; this document's {count} would pass \
+                 the {MAX_SEARCH_CHUNKS} an exact search reads",
+                upload.tenant
+            )));
+        }
         self.pool
             .save_blob(
                 &upload.tenant,
@@ -222,7 +256,7 @@ impl Ingestor {
             )
             .await?;
         let payload = json!({ "document_id": document_id, "sha256": sha });
-        let deadline = tokio::time::Instant::now() + wait;
+        let deadline = tokio::time::Instant::now() + wait.min(MAX_INGEST_WAIT);
         let mut step = FIRST_WAIT_STEP;
         loop {
             let begun = self
@@ -230,7 +264,7 @@ impl Ingestor {
                 .begin(
                     &upload.tenant,
                     &session_of(&document_id),
-                    &format!("v:{sha}"),
+                    &format!("v:{sha}@{generation}"),
                     &payload,
                 )
                 .await;
@@ -240,7 +274,9 @@ impl Ingestor {
                 Err(error)
                     if matches!(
                         error.kind(),
-                        ErrorKind::RequestInFlight | ErrorKind::SessionBusy
+                        ErrorKind::RequestInFlight
+                            | ErrorKind::SessionBusy
+                            | ErrorKind::UserAtCapacity
                     ) =>
                 {
                     let retry_after = error.retry_after().unwrap_or(MAX_WAIT_STEP);
@@ -257,12 +293,16 @@ impl Ingestor {
         }
     }
 
-    /// Claims orphaned ingestions (their holder died) and runs them to the
-    /// end from their stored bytes. Batches already stored are not embedded
-    /// again; a batch whose outcome the dead holder left unknown is.
+    /// Takes orphaned ingestions over (their holder died) and runs them to
+    /// the end from their stored bytes. Batches already stored are not
+    /// embedded again; a batch whose outcome the dead holder left unknown
+    /// is. The takeover repeats the orphan's own request, so it works even
+    /// when a later turn of the document's session (the cleaner) came
+    /// between. An orphan that fails to finish is logged and left for the
+    /// next pass.
     ///
     /// # Errors
-    /// `engine`, `store`, `embedding`.
+    /// `engine` when the orphans cannot be listed.
     pub async fn recover(&self) -> Result<Vec<Recovery>, IngestError> {
         let scan = u32::try_from(MAX_RECOVER_PER_PASS).unwrap_or(u32::MAX);
         let listed = self
@@ -271,35 +311,84 @@ impl Ingestor {
             .orphans(&OrphanFilter::default(), scan)
             .await?;
         let mut recovered = Vec::new();
-        for orphan in listed
-            .into_iter()
-            .filter(|o| o.session_id.as_str().starts_with("ingest:"))
-        {
-            let filter = OrphanFilter {
-                turn_ids: vec![orphan.turn_id.clone()],
-                ..OrphanFilter::default()
-            };
-            let Some(claimed) = self.gate.claim_orphan(&filter).await? else {
-                continue;
-            };
-            let batches = |wanted: fn(&JournalOutcome) -> bool| {
-                claimed
-                    .journal
-                    .iter()
-                    .filter(|e| e.tool.as_str() == "embed_batch" && wanted(&e.outcome))
-                    .count()
-            };
-            let stored = batches(|o| matches!(o, JournalOutcome::Succeeded { .. }));
-            let unknown = batches(|o| matches!(o, JournalOutcome::Unknown));
-            let tenant = claimed.turn.user_id().as_str().to_owned();
-            let ingested = self.run(claimed.turn, &tenant, &claimed.payload).await?;
-            recovered.push(Recovery {
-                ingested,
-                batches_stored_before: stored,
-                batches_unknown: unknown,
-            });
+        for orphan in listed.into_iter().filter(|o| {
+            o.session_id.as_str().starts_with("ingest:")
+                && o.client_request_id.as_str().starts_with("v:")
+        }) {
+            match self.recover_one(&orphan).await {
+                Ok(Some(done)) => recovered.push(done),
+                Ok(None) => {}
+                Err(error) => {
+                    tracing::warn!(turn_id = %orphan.turn_id, %error, "an orphaned ingestion did not finish");
+                }
+            }
         }
         Ok(recovered)
+    }
+
+    async fn recover_one(
+        &self,
+        orphan: &agentgate::model::Orphan,
+    ) -> Result<Option<Recovery>, IngestError> {
+        let payload = match &orphan.payload {
+            Some(payload) => payload.to_value("payload")?,
+            None => {
+                return Err(IngestError::Corrupt(
+                    "an ingestion orphan without its payload".into(),
+                ))
+            }
+        };
+        let begun = self
+            .gate
+            .begin(
+                orphan.user_id.as_str(),
+                orphan.session_id.as_str(),
+                orphan.client_request_id.as_str(),
+                &payload,
+            )
+            .await;
+        let turn = match begun {
+            Ok(Begun::Started(turn)) => turn,
+            // Finished or taken over by someone else meanwhile, or the
+            // session is busy: nothing to do in this pass.
+            Ok(Begun::Replay(_)) => return Ok(None),
+            Err(error) if error.retry_after().is_some() => return Ok(None),
+            Err(error) => return Err(error.into()),
+        };
+        let (stored, unknown) = self.journal(&turn).await?;
+        let tenant = orphan.user_id.as_str().to_owned();
+        let ingested = self.run(turn, &tenant, &payload).await?;
+        Ok(Some(Recovery {
+            ingested,
+            batches_stored_before: stored,
+            batches_unknown: unknown,
+        }))
+    }
+
+    /// The embedding batches of `turn` stored and left unknown (running
+    /// under an older fence) before it was taken over.
+    async fn journal(&self, turn: &Turn) -> Result<(usize, usize), IngestError> {
+        let (mut stored, mut unknown) = (0, 0);
+        let mut after = None;
+        loop {
+            let page = agentgate::page::ExecutionPageRequest::new(after, None)?;
+            let page = self.gate.store().executions(turn.id(), &page).await?;
+            for execution in page
+                .executions
+                .iter()
+                .filter(|e| e.tool.as_str() == "embed_batch")
+            {
+                match execution.state {
+                    agentgate::ToolState::Succeeded => stored += 1,
+                    agentgate::ToolState::Running => unknown += 1,
+                    _ => {}
+                }
+            }
+            match page.next {
+                Some(next) => after = Some(next),
+                None => return Ok((stored, unknown)),
+            }
+        }
     }
 
     /// Runs an ingestion turn: parse, chunk, embed and upsert each batch
@@ -350,17 +439,103 @@ impl Ingestor {
         let text = parse(&blob.content, blob.media_type)?;
         let pieces = chunks(&text)?;
         let count = i64::try_from(pieces.len()).map_err(|e| IngestError::Corrupt(e.to_string()))?;
+        let others = self.pool.tenant_chunks(tenant, document_id).await?;
+        if others + count > MAX_SEARCH_CHUNKS {
+            return Err(IngestError::Invalid(format!(
+                "tenant {tenant} would hold {} current chunks; an exact search reads at most \
+                 {MAX_SEARCH_CHUNKS}",
+                others + count
+            )));
+        }
         for (batch, group) in pieces.chunks(EMBED_BATCH).enumerate() {
             let hashes: Vec<&str> = group.iter().map(|c| c.hash.as_str()).collect();
             let args = json!({
                 "document_id": document_id, "version": sha, "batch": batch, "hashes": hashes,
             });
-            let execution = match turn.tool("embed_batch", &args).await? {
-                ToolStep::Cached(_) => continue,
-                ToolStep::Execute(execution) => execution,
-            };
-            let texts: Vec<String> = group.iter().map(|c| c.text.clone()).collect();
-            let vectors = match self.embedder.embed(&texts).await {
+            match turn.tool("embed_batch", &args).await? {
+                ToolStep::Execute(execution) => {
+                    self.embed_batch(execution, document_id, sha, batch, group)
+                        .await?;
+                }
+                ToolStep::Cached(_) => {
+                    // Stored by an earlier attempt. Its chunks are gone only
+                    // if the cleaner removed this version since (it was
+                    // superseded, and this turn restarted to publish it
+                    // again): store them again, once per attempt.
+                    let ids = chunk_ids(document_id, sha, group);
+                    if self.pool.existing_chunks(&ids).await?.len() < ids.len() {
+                        let args = json!({
+                            "document_id": document_id, "version": sha, "batch": batch,
+                            "attempt": turn.attempt(),
+                        });
+                        if let ToolStep::Execute(execution) =
+                            turn.tool("repair_batch", &args).await?
+                        {
+                            self.embed_batch(execution, document_id, sha, batch, group)
+                                .await?;
+                        }
+                    }
+                }
+            }
+        }
+        let document = DocumentView {
+            document_id: document_id.to_owned(),
+            tenant: tenant.to_owned(),
+            name: blob.name.clone(),
+            current_version: sha.to_owned(),
+            version_no: 0,
+            chunks: count,
+        };
+        let fence = turn.fence().0;
+        let args = json!({ "document_id": document_id, "version": sha });
+        let published = match turn.tool("publish", &args).await {
+            Ok(ToolStep::Cached(result)) => result,
+            Ok(ToolStep::Execute(execution)) => execution
+                .complete_in_tx(move |tx| -> BoxFuture<'_, Result<Value, BoxError>> {
+                    Box::pin(async move {
+                        let published = db::publish(tx, &document, fence).await?;
+                        Ok(json!({ "version_no": published.version_no }))
+                    })
+                })
+                .await
+                .map_err(stale)?,
+            Err(error) => return Err(stale(error)),
+        };
+        let version_no = published
+            .get("version_no")
+            .and_then(Value::as_i64)
+            .ok_or_else(|| IngestError::Corrupt(format!("a publish result {published}")))?;
+        Ok(Ingested {
+            document_id: document_id.to_owned(),
+            version: sha.to_owned(),
+            version_no,
+            chunks: count,
+        })
+    }
+
+    /// Runs one claimed batch: embeds the chunks not stored yet (a version
+    /// published before and ingested again pays only for what is missing)
+    /// and upserts them in the execution's completion transaction.
+    async fn embed_batch(
+        &self,
+        execution: agentgate::Execution<'_>,
+        document_id: &str,
+        sha: &str,
+        batch: usize,
+        group: &[chunk::Chunk],
+    ) -> Result<(), IngestError> {
+        let ids = chunk_ids(document_id, sha, group);
+        let stored = self.pool.existing_chunks(&ids).await?;
+        let missing: Vec<(&chunk::Chunk, &String)> = group
+            .iter()
+            .zip(&ids)
+            .filter(|(_, id)| !stored.contains(*id))
+            .collect();
+        let texts: Vec<String> = missing.iter().map(|(c, _)| c.text.clone()).collect();
+        let vectors = if texts.is_empty() {
+            Vec::new()
+        } else {
+            match self.embedder.embed(&texts).await {
                 Ok(vectors) if vectors.len() == texts.len() => vectors,
                 Ok(vectors) => {
                     let message = format!("{} vectors for {} texts", vectors.len(), texts.len());
@@ -373,61 +548,29 @@ impl Ingestor {
                         .await?;
                     return Err(error);
                 }
-            };
-            let rows: Vec<ChunkRow> = group
-                .iter()
-                .zip(vectors)
-                .map(|(chunk, vector)| ChunkRow {
-                    chunk_id: chunk_id(document_id, sha, chunk.index, &chunk.hash),
-                    index: i64::try_from(chunk.index).unwrap_or(i64::MAX),
-                    hash: chunk.hash.clone(),
-                    text: chunk.text.clone(),
-                    vector: embed::to_bytes(&vector),
-                })
-                .collect();
-            let (doc, version) = (document_id.to_owned(), sha.to_owned());
-            execution
-                .complete_in_tx(move |tx| -> BoxFuture<'_, Result<Value, BoxError>> {
-                    Box::pin(async move {
-                        let added = db::upsert_chunks(tx, &doc, &version, &rows).await?;
-                        Ok(json!({ "batch": batch, "chunks": rows.len(), "added": added }))
-                    })
-                })
-                .await?;
-        }
-        let document = DocumentView {
-            document_id: document_id.to_owned(),
-            tenant: tenant.to_owned(),
-            name: blob.name.clone(),
-            current_version: sha.to_owned(),
-            version_no: 0,
-            chunks: count,
-        };
-        let fence = turn.fence().0;
-        let args = json!({ "document_id": document_id, "version": sha });
-        let published = match turn.tool("publish", &args).await? {
-            ToolStep::Cached(result) => result,
-            ToolStep::Execute(execution) => {
-                execution
-                    .complete_in_tx(move |tx| -> BoxFuture<'_, Result<Value, BoxError>> {
-                        Box::pin(async move {
-                            let published = db::publish(tx, &document, fence).await?;
-                            Ok(json!({ "version_no": published.version_no }))
-                        })
-                    })
-                    .await?
             }
         };
-        let version_no = published
-            .get("version_no")
-            .and_then(Value::as_i64)
-            .ok_or_else(|| IngestError::Corrupt(format!("a publish result {published}")))?;
-        Ok(Ingested {
-            document_id: document_id.to_owned(),
-            version: sha.to_owned(),
-            version_no,
-            chunks: count,
-        })
+        let rows: Vec<ChunkRow> = missing
+            .iter()
+            .zip(vectors)
+            .map(|((chunk, id), vector)| ChunkRow {
+                chunk_id: (*id).clone(),
+                index: i64::try_from(chunk.index).unwrap_or(i64::MAX),
+                hash: chunk.hash.clone(),
+                text: chunk.text.clone(),
+                vector: embed::to_bytes(&vector),
+            })
+            .collect();
+        let (doc, version, embedded) = (document_id.to_owned(), sha.to_owned(), texts.len());
+        execution
+            .complete_in_tx(move |tx| -> BoxFuture<'_, Result<Value, BoxError>> {
+                Box::pin(async move {
+                    let added = db::upsert_chunks(tx, &doc, &version, &rows).await?;
+                    Ok(json!({ "batch": batch, "embedded": embedded, "added": added }))
+                })
+            })
+            .await?;
+        Ok(())
     }
 
     /// The `k` chunks of the tenant's current versions closest to `query`,
@@ -504,13 +647,17 @@ impl Ingestor {
     /// `engine`, `store`.
     pub async fn clean(&self, grace: Duration) -> Result<u64, IngestError> {
         let mut deleted = 0;
-        for (document_id, tenant, version) in self.pool.superseded(grace_ms(grace), 100).await? {
+        for (document_id, tenant, version, superseded_at) in
+            self.pool.superseded(grace_ms(grace), 100).await?
+        {
             let begun = self
                 .gate
                 .begin(
                     &tenant,
                     &session_of(&document_id),
-                    &format!("clean:{version}"),
+                    // One cleaning per supersession: a version made current
+                    // again and superseded again is cleaned again.
+                    &format!("clean:{version}@{superseded_at}"),
                     &json!({ "document_id": document_id, "clean": version }),
                 )
                 .await;
@@ -542,6 +689,24 @@ impl Ingestor {
                 .map_err(|e| IngestError::Engine(e.error))?;
         }
         Ok(deleted)
+    }
+}
+
+/// The ids of a batch's chunks.
+fn chunk_ids(document_id: &str, version: &str, group: &[chunk::Chunk]) -> Vec<String> {
+    group
+        .iter()
+        .map(|c| chunk_id(document_id, version, c.index, &c.hash))
+        .collect()
+}
+
+/// A refused publish as the caller should read it: a lost lease means a
+/// newer holder of the document's session took over (this one is stale).
+fn stale(error: agentgate::Error) -> IngestError {
+    if error.kind() == ErrorKind::LeaseLost {
+        IngestError::Stale(error.to_string())
+    } else {
+        IngestError::Engine(error)
     }
 }
 
