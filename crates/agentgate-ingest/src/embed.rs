@@ -146,14 +146,27 @@ impl Embedder for HttpEmbedder {
         if let Some(key) = &self.api_key {
             request = request.bearer_auth(key);
         }
-        let response = request
+        let mut response = request
             .send()
             .await
             .and_then(reqwest::Response::error_for_status)
             .map_err(|e| IngestError::Embedding(e.to_string()))?;
-        let mut body: EmbeddingsResponse = response
-            .json()
+        // Read at most the bytes a batch of the largest vectors can take.
+        let cap = max_answer_bytes(texts.len());
+        let mut bytes = Vec::new();
+        while let Some(piece) = response
+            .chunk()
             .await
+            .map_err(|e| IngestError::Embedding(e.to_string()))?
+        {
+            if bytes.len() + piece.len() > cap {
+                return Err(IngestError::Embedding(format!(
+                    "an embeddings answer over {cap} bytes"
+                )));
+            }
+            bytes.extend_from_slice(&piece);
+        }
+        let mut body: EmbeddingsResponse = serde_json::from_slice(&bytes)
             .map_err(|e| IngestError::Embedding(format!("a bad embeddings answer: {e}")))?;
         body.data.sort_by_key(|row| row.index);
         if body.data.len() != texts.len()
@@ -165,9 +178,16 @@ impl Embedder for HttpEmbedder {
                 body.data.len()
             )));
         }
+        let dimensions = body.data.first().map_or(0, |row| row.embedding.len());
         body.data
             .into_iter()
             .map(|row| {
+                if row.embedding.len() != dimensions {
+                    return Err(IngestError::Embedding(format!(
+                        "embeddings of {} and {dimensions} dimensions in one answer",
+                        row.embedding.len()
+                    )));
+                }
                 if row.embedding.is_empty() || row.embedding.len() > MAX_DIMENSIONS {
                     return Err(IngestError::Embedding(format!(
                         "an embedding of {} dimensions; 1 to {MAX_DIMENSIONS}",
@@ -189,6 +209,19 @@ impl Embedder for HttpEmbedder {
         self.counts.texts.load(Ordering::SeqCst)
     }
 }
+
+/// The most bytes an answer for `texts` embeddings may have: each of
+/// [`MAX_DIMENSIONS`] numbers at most [`MAX_NUMBER_BYTES`] long, plus
+/// [`ANSWER_OVERHEAD_BYTES`] per embedding and for the envelope.
+fn max_answer_bytes(texts: usize) -> usize {
+    (texts + 1) * (MAX_DIMENSIONS * MAX_NUMBER_BYTES + ANSWER_OVERHEAD_BYTES)
+}
+
+/// The longest number an embeddings answer writes (`-0.123456789e-10,`).
+const MAX_NUMBER_BYTES: usize = 24;
+
+/// An embedding's fields besides its numbers, and the answer's envelope.
+const ANSWER_OVERHEAD_BYTES: usize = 4_096;
 
 /// Scales `vector` to length 1 (a zero vector stays zero).
 fn normalise(vector: &mut [f32]) {

@@ -40,9 +40,9 @@ pub use embed::{Embedder, HttpEmbedder, OfflineEmbedder};
 use crate::chunk::{chunk_id, chunks, document_id, parse, sha256_hex};
 use crate::db::{ChunkRow, Pool};
 use crate::limits::{
-    EMBED_BATCH, FIRST_WAIT_STEP, MAX_DOCUMENT_BYTES, MAX_INGEST_WAIT, MAX_NAME_BYTES,
-    MAX_QUERY_BYTES, MAX_RECOVER_PER_PASS, MAX_SEARCH_CHUNKS, MAX_SEARCH_HITS, MAX_TENANT_BYTES,
-    MAX_WAIT_STEP, OLD_VERSION_GRACE,
+    EMBED_BATCH, EMBED_RETRIES, EMBED_RETRY_PAUSE, FIRST_WAIT_STEP, MAX_DOCUMENT_BYTES,
+    MAX_INGEST_WAIT, MAX_NAME_BYTES, MAX_QUERY_BYTES, MAX_RECOVER_PER_PASS, MAX_SEARCH_CHUNKS,
+    MAX_SEARCH_HITS, MAX_TENANT_BYTES, MAX_WAIT_STEP, OLD_VERSION_GRACE,
 };
 
 /// What went wrong with an ingestion.
@@ -535,7 +535,7 @@ impl Ingestor {
         let vectors = if texts.is_empty() {
             Vec::new()
         } else {
-            match self.embedder.embed(&texts).await {
+            match self.embed_retrying(&texts).await {
                 Ok(vectors) if vectors.len() == texts.len() => vectors,
                 Ok(vectors) => {
                     let message = format!("{} vectors for {} texts", vectors.len(), texts.len());
@@ -571,6 +571,26 @@ impl Ingestor {
             })
             .await?;
         Ok(())
+    }
+
+    /// Embeds `texts`, asking again after a failure up to
+    /// [`EMBED_RETRIES`] times with a growing pause, so a short outage of
+    /// the embedding API does not end the ingestion (and use one of its
+    /// attempts). The lease is renewed by the turn's watchdog meanwhile.
+    async fn embed_retrying(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, IngestError> {
+        let mut pause = EMBED_RETRY_PAUSE;
+        let mut tries = 0;
+        loop {
+            match self.embedder.embed(texts).await {
+                Err(error) if tries < EMBED_RETRIES => {
+                    tries += 1;
+                    tracing::warn!(%error, tries, "the embedder failed; asking again");
+                    tokio::time::sleep(jitter(pause)).await;
+                    pause *= 2;
+                }
+                done => return done,
+            }
+        }
     }
 
     /// The `k` chunks of the tenant's current versions closest to `query`,

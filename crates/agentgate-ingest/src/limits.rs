@@ -21,6 +21,13 @@ pub const MAX_CHUNKS: usize = 2_000;
 /// Chunks per embedding call (one tool execution each).
 pub const EMBED_BATCH: usize = 16;
 
+/// How many times a failed embedding call is asked again inside the
+/// ingestion before the ingestion fails (retryable).
+pub const EMBED_RETRIES: u32 = 3;
+
+/// The first pause before asking the embedder again; doubled each time.
+pub const EMBED_RETRY_PAUSE: Duration = Duration::from_millis(200);
+
 /// The dimension of the offline embedder's vectors.
 pub const OFFLINE_DIMENSIONS: usize = 64;
 
