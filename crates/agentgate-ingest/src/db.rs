@@ -80,6 +80,10 @@ const SCHEMA: &[&str] = &[
      document_id TEXT NOT NULL, version TEXT NOT NULL, idx {int} NOT NULL, \
      chunk_hash TEXT NOT NULL, text TEXT NOT NULL, vector {bytes} NOT NULL)",
     "CREATE INDEX IF NOT EXISTS ingest_chunks_version ON ingest_chunks (document_id, version)",
+    "CREATE TABLE IF NOT EXISTS ingest_runs (turn_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, \
+     document_id TEXT NOT NULL, version TEXT NOT NULL, name TEXT NOT NULL, \
+     chunks {int} NOT NULL, created_at_ms {int} NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS ingest_runs_tenant ON ingest_runs (tenant, created_at_ms)",
 ];
 
 /// [`SCHEMA`] with `int` and `bytes` the dialect's types.
@@ -431,6 +435,71 @@ impl Pool {
             row.try_get("version")?,
             row.try_get("superseded_at_ms")?,
         ))).collect::<Result<Vec<_>, sqlx::Error>>()))
+        .map_err(db)
+    }
+}
+
+/// An ingestion's turn as the listing reads it.
+#[derive(Clone, Debug)]
+pub(crate) struct RunRow {
+    pub(crate) turn_id: String,
+    pub(crate) document_id: String,
+    pub(crate) version: String,
+    pub(crate) name: String,
+    pub(crate) chunks: i64,
+    pub(crate) stored: i64,
+}
+
+impl Pool {
+    /// Records which turn ingests `version` (once per turn: a takeover or a
+    /// restart keeps the turn id).
+    pub(crate) async fn record_run(
+        &self,
+        turn_id: &str,
+        tenant: &str,
+        document_id: &str,
+        version: &str,
+        name: &str,
+        chunks: i64,
+    ) -> Result<(), IngestError> {
+        on_pool!(self, p => sqlx::query(
+            "INSERT INTO ingest_runs (turn_id, tenant, document_id, version, name, chunks, \
+               created_at_ms) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (turn_id) DO NOTHING",
+        )
+        .bind(turn_id)
+        .bind(tenant)
+        .bind(document_id)
+        .bind(version)
+        .bind(name)
+        .bind(chunks)
+        .bind(now_ms())
+        .execute(p)
+        .await
+        .map(|_| ()))
+        .map_err(db)
+    }
+
+    /// The tenant's latest `limit` ingestions, newest first, with the chunks
+    /// of their version stored so far.
+    pub(crate) async fn runs(&self, tenant: &str, limit: i64) -> Result<Vec<RunRow>, IngestError> {
+        on_pool!(self, p => sqlx::query(
+            "SELECT r.turn_id, r.document_id, r.version, r.name, r.chunks, \
+               (SELECT COUNT(*) FROM ingest_chunks c \
+                WHERE c.document_id = r.document_id AND c.version = r.version) AS stored \
+             FROM ingest_runs r WHERE r.tenant = $1 ORDER BY r.created_at_ms DESC, r.turn_id LIMIT $2",
+        )
+        .bind(tenant)
+        .bind(limit)
+        .fetch_all(p)
+        .await
+        .and_then(|rows| rows.into_iter().map(|row| Ok(RunRow {
+            turn_id: row.try_get("turn_id")?,
+            document_id: row.try_get("document_id")?,
+            version: row.try_get("version")?,
+            name: row.try_get("name")?,
+            chunks: row.try_get("chunks")?,
+            stored: row.try_get("stored")?,
+        })).collect::<Result<Vec<_>, sqlx::Error>>()))
         .map_err(db)
     }
 }

@@ -118,6 +118,40 @@ pub struct Recovery {
     pub batches_unknown: usize,
 }
 
+/// Where an ingestion is, as a person should see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IngestionState {
+    /// Its turn runs (or its holder died and recovery will finish it).
+    Processing,
+    /// Published: queries read this version.
+    Indexed,
+    /// Published once, replaced by a later version.
+    Superseded,
+    /// Failed; an upload of the same file again retries it, unless the
+    /// file itself was refused.
+    Failed,
+}
+
+/// One ingestion in a tenant's list.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct IngestionView {
+    /// The document.
+    pub document_id: String,
+    /// The upload's name.
+    pub name: String,
+    /// The version it ingests.
+    pub version: String,
+    /// Where it is, from the engine's record of its turn.
+    pub state: IngestionState,
+    /// Chunks of its version in the index now.
+    pub chunks_stored: i64,
+    /// Chunks of its version.
+    pub chunks: i64,
+    /// The stored error of a failed one.
+    pub error: Option<Value>,
+}
+
 /// One search hit: a chunk of a current version, with its citation.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Hit {
@@ -269,7 +303,19 @@ impl Ingestor {
                 )
                 .await;
             match begun {
-                Ok(Begun::Started(turn)) => return self.run(turn, &upload.tenant, &payload).await,
+                Ok(Begun::Started(turn)) => {
+                    self.pool
+                        .record_run(
+                            turn.id().as_str(),
+                            &upload.tenant,
+                            &document_id,
+                            &sha,
+                            &upload.name,
+                            i64::try_from(count).unwrap_or(i64::MAX),
+                        )
+                        .await?;
+                    return self.run(turn, &upload.tenant, &payload).await;
+                }
                 Ok(Begun::Replay(view)) => return outcome(view.state, view.response, view.error),
                 Err(error)
                     if matches!(
@@ -591,6 +637,49 @@ impl Ingestor {
                 done => return done,
             }
         }
+    }
+
+    /// The tenant's latest ingestions (at most [`limits::MAX_LISTED_INGESTIONS`]),
+    /// newest first. The state is the engine's record of each turn, so a
+    /// crashed ingestion shows as processing until recovery finishes it or
+    /// the sweeper abandons it (then failed: upload again to retry).
+    ///
+    /// # Errors
+    /// `engine`, `store`.
+    pub async fn ingestions(&self, tenant: &str) -> Result<Vec<IngestionView>, IngestError> {
+        let runs = self
+            .pool
+            .runs(tenant, limits::MAX_LISTED_INGESTIONS)
+            .await?;
+        let mut views = Vec::with_capacity(runs.len());
+        for run in runs {
+            let turn_id = agentgate::TurnId::new(run.turn_id.clone())?;
+            let Some(turn) = self.gate.store().turn(&turn_id).await? else {
+                // Swept after its retention: only the document row remains.
+                continue;
+            };
+            let current = self.pool.document(&run.document_id).await?;
+            let state = match turn.state {
+                TurnState::Running => IngestionState::Processing,
+                TurnState::Succeeded => match current {
+                    Some(document) if document.current_version == run.version => {
+                        IngestionState::Indexed
+                    }
+                    _ => IngestionState::Superseded,
+                },
+                _ => IngestionState::Failed,
+            };
+            views.push(IngestionView {
+                document_id: run.document_id,
+                name: run.name,
+                version: run.version,
+                state,
+                chunks_stored: run.stored,
+                chunks: run.chunks,
+                error: turn.error,
+            });
+        }
+        Ok(views)
     }
 
     /// The `k` chunks of the tenant's current versions closest to `query`,

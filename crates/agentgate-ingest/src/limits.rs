@@ -59,5 +59,8 @@ pub const MAX_WAIT_STEP: Duration = Duration::from_millis(500);
 /// so queries already running finish on it.
 pub const OLD_VERSION_GRACE: Duration = Duration::from_secs(60);
 
+/// The most ingestions a tenant's list shows.
+pub const MAX_LISTED_INGESTIONS: i64 = 50;
+
 /// The most orphaned ingestions one recovery pass claims.
 pub const MAX_RECOVER_PER_PASS: usize = 32;

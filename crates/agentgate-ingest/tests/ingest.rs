@@ -152,6 +152,13 @@ async fn uploads_of_one_file_at_once_make_one_ingestion() {
             counted.superseded_in_grace + counted.superseded_past_grace,
             0
         );
+        // One ingestion per file in the tenant's list, each indexed whole.
+        let listed = ingestor.ingestions("acme").await.unwrap();
+        assert_eq!(listed.len(), 2, "{}: {listed:?}", target.name);
+        for one in &listed {
+            assert_eq!(one.state, agentgate_ingest::IngestionState::Indexed);
+            assert_eq!(one.chunks_stored, one.chunks, "{one:?}");
+        }
         let hits = ingestor
             .search("acme", "harbour cafe lunch receipt 7", 3)
             .await
