@@ -107,6 +107,17 @@ pub struct Ingested {
     pub chunks: i64,
 }
 
+/// An upload checked by [`Ingestor::accept`].
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Accepted {
+    /// The document it ingests into.
+    pub document_id: String,
+    /// The version (the content's sha256).
+    pub version: String,
+    /// Its chunks.
+    pub chunks: i64,
+}
+
 /// One ingestion finished by [`Ingestor::recover`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Recovery {
@@ -226,47 +237,28 @@ impl Ingestor {
         self.ingest_waiting(upload, MAX_INGEST_WAIT).await
     }
 
-    /// [`Ingestor::ingest`] with a wait of at most `wait` (zero: answer
-    /// `processing` at once; at most [`MAX_INGEST_WAIT`]).
+    /// Checks an upload as [`Ingestor::ingest`] would, writing nothing: the
+    /// document id and the version it would ingest. For a caller that
+    /// answers at once and ingests in the background.
     ///
     /// # Errors
-    /// As [`Ingestor::ingest`].
-    pub async fn ingest_waiting(
-        &self,
-        upload: &Upload,
-        wait: Duration,
-    ) -> Result<Ingested, IngestError> {
+    /// `invalid` (the bytes, the limits, another tenant's document); `store`.
+    pub async fn accept(&self, upload: &Upload) -> Result<Accepted, IngestError> {
         check_upload(upload)?;
-        // Refused before anything is written: bytes that are not text, or
-        // too many chunks.
         let count = chunks(&parse(&upload.content, upload.media_type)?)?.len();
         let sha = sha256_hex(&upload.content);
         let document_id = match &upload.document_id {
             Some(id) => id.clone(),
             None => document_id(&upload.tenant, &sha),
         };
-        // The generation: how many versions the document had when this
-        // upload came. Uploads of one content at once share it (one turn);
-        // the same content uploaded again after another version was
-        // published (a revert) is a new request, not a replay of the old one.
-        let generation = match self.pool.document(&document_id).await? {
-            Some(current) if current.tenant != upload.tenant => {
+        if let Some(current) = self.pool.document(&document_id).await? {
+            if current.tenant != upload.tenant {
                 return Err(IngestError::Invalid(format!(
                     "no document {document_id} for tenant {}",
                     upload.tenant
-                )))
+                )));
             }
-            Some(current) if current.current_version == sha => {
-                return Ok(Ingested {
-                    document_id,
-                    version: sha,
-                    version_no: current.version_no,
-                    chunks: current.chunks,
-                })
-            }
-            Some(current) => current.version_no,
-            None => 0,
-        };
+        }
         let others = self
             .pool
             .tenant_chunks(&upload.tenant, &document_id)
@@ -278,6 +270,44 @@ impl Ingestor {
                 upload.tenant
             )));
         }
+        Ok(Accepted {
+            document_id,
+            version: sha,
+            chunks: i64::try_from(count).unwrap_or(i64::MAX),
+        })
+    }
+
+    /// [`Ingestor::ingest`] with a wait of at most `wait` (zero: answer
+    /// `processing` at once; at most [`MAX_INGEST_WAIT`]).
+    ///
+    /// # Errors
+    /// As [`Ingestor::ingest`].
+    pub async fn ingest_waiting(
+        &self,
+        upload: &Upload,
+        wait: Duration,
+    ) -> Result<Ingested, IngestError> {
+        let Accepted {
+            document_id,
+            version: sha,
+            chunks: count,
+        } = self.accept(upload).await?;
+        // The generation: how many versions the document had when this
+        // upload came. Uploads of one content at once share it (one turn);
+        // the same content uploaded again after another version was
+        // published (a revert) is a new request, not a replay of the old one.
+        let generation = match self.pool.document(&document_id).await? {
+            Some(current) if current.current_version == sha => {
+                return Ok(Ingested {
+                    document_id,
+                    version: sha,
+                    version_no: current.version_no,
+                    chunks: current.chunks,
+                })
+            }
+            Some(current) => current.version_no,
+            None => 0,
+        };
         self.pool
             .save_blob(
                 &upload.tenant,
@@ -311,7 +341,7 @@ impl Ingestor {
                             &document_id,
                             &sha,
                             &upload.name,
-                            i64::try_from(count).unwrap_or(i64::MAX),
+                            count,
                         )
                         .await?;
                     return self.run(turn, &upload.tenant, &payload).await;
