@@ -15,7 +15,7 @@
 // Every notice says what is true: when it says a message is in the box, it
 // is; when it says a message will be resent, the outbox resends it.
 
-import { h, getJson, postStream, newId, money, clock, fill } from "/assets/common.js";
+import { h, getJson, postStream, postBytes, newId, money, clock, fill } from "/assets/common.js";
 import { t, translatePage } from "/assets/i18n.js";
 
 /** Transcript polls while a turn of this session runs, or a message of ours waits for its reply. */
@@ -55,7 +55,18 @@ const els = {
   categories: document.querySelector("#categories tbody"),
   entries: document.querySelector("#entries tbody"),
   ledgerCount: document.getElementById("ledger-count"),
+  drop: document.getElementById("drop"),
+  file: document.getElementById("file"),
+  documents: document.getElementById("documents"),
+  documentsCount: document.getElementById("documents-count"),
+  documentsNotice: document.getElementById("documents-notice"),
+  docSearch: document.getElementById("doc-search"),
+  docQuery: document.getElementById("doc-query"),
+  hits: document.getElementById("hits"),
 };
+
+/** How often the documents list is read while an ingestion runs. */
+const DOCUMENTS_BUSY_MS = 700;
 
 const state = {
   user: "demo-user",
@@ -633,6 +644,123 @@ function renderLedger(ledger) {
   els.ledgerCount.textContent = count === 1 ? t("entry_count_one") : t("entry_count", { n: count });
 }
 
+// ------------------------------------------------------------ documents
+
+/** Shows a line under the drop zone; kind is "error" or "info". */
+function documentsNotice(text, kind = "info") {
+  els.documentsNotice.hidden = !text;
+  els.documentsNotice.textContent = text || "";
+  els.documentsNotice.dataset.kind = kind;
+}
+
+function renderDocuments(ingestions) {
+  fill(
+    els.documents,
+    ingestions.length === 0
+      ? h("li", { class: "muted" }, t("no_documents"))
+      : ingestions.map((i) => {
+          const percent = i.chunks > 0 ? Math.min(100, Math.round((100 * i.chunks_stored) / i.chunks)) : 0;
+          return h(
+            "li",
+            { class: `doc ${i.state}`, dataset: { documentId: i.document_id, state: i.state } },
+            h("span", { class: "doc-name" }, i.name),
+            h("span", { class: `badge ${i.state}` }, t(`doc.${i.state}`)),
+            i.state === "processing"
+              ? h("div", { class: "bar progress", role: "progressbar", "aria-valuemin": 0, "aria-valuemax": 100, "aria-valuenow": percent }, h("span", { style: { width: `${percent}%` } }))
+              : null,
+            h("span", { class: "muted doc-meta" }, t("doc.meta", { chunks: i.chunks, version: i.version.slice(0, 8) })),
+            i.state === "failed" && i.error ? h("span", { class: "doc-error" }, i.error.message || i.error.code || "") : null,
+          );
+        }),
+  );
+  const indexed = ingestions.filter((i) => i.state === "indexed").length;
+  els.documentsCount.textContent = t("documents_count", { n: indexed });
+}
+
+let documentsTimer = null;
+
+/** Reads the user's ingestions; reads again soon while one runs. */
+async function loadDocuments() {
+  clearTimeout(documentsTimer);
+  const user = state.user;
+  const result = await getJson(`/app/documents?${new URLSearchParams({ user_id: user })}`);
+  if (user !== state.user) return;
+  if (!result.ok) {
+    if (result.status === 404) {
+      els.drop.hidden = true;
+      els.docSearch.hidden = true;
+      documentsNotice(t("doc.unavailable"));
+    }
+    return;
+  }
+  renderDocuments(result.body.ingestions);
+  if (result.body.ingestions.some((i) => i.state === "processing")) {
+    documentsTimer = setTimeout(loadDocuments, DOCUMENTS_BUSY_MS);
+  }
+}
+
+/** Uploads one file; the server checks it at once and ingests it in the background. */
+async function uploadFile(file) {
+  if (!file) return;
+  documentsNotice(t("doc.uploading", { name: file.name }));
+  const params = new URLSearchParams({ user_id: state.user, name: file.name });
+  const result = await postBytes(`/app/documents?${params}`, await file.arrayBuffer());
+  if (result.ok) {
+    documentsNotice("");
+  } else {
+    const error = (result.body && result.body.error) || {};
+    const message =
+      result.status === 0
+        ? t("doc.offline")
+        : result.status === 413
+          ? t("doc.too_large")
+          : t("doc.refused", { message: error.message || error.code || result.status });
+    documentsNotice(message, "error");
+  }
+  loadDocuments();
+}
+
+async function searchDocuments(query) {
+  const q = query.trim();
+  if (!q) return;
+  const result = await getJson(`/app/documents/search?${new URLSearchParams({ user_id: state.user, q })}`);
+  if (!result.ok) {
+    const error = (result.body && result.body.error) || {};
+    fill(els.hits, h("li", { class: "doc-error" }, t("doc.refused", { message: error.message || error.code || result.status })));
+    return;
+  }
+  fill(
+    els.hits,
+    result.body.hits.length === 0
+      ? h("li", { class: "muted" }, t("no_hits"))
+      : result.body.hits.map((hit) =>
+          h("li", {}, h("span", { class: "hit-source" }, `${hit.name} §${hit.chunk_index + 1}`), h("span", { class: "hit-text" }, hit.text)),
+        ),
+  );
+}
+
+function wireDocuments() {
+  els.file.addEventListener("change", () => {
+    const [file] = els.file.files;
+    uploadFile(file);
+    els.file.value = "";
+  });
+  els.drop.addEventListener("dragover", (event) => {
+    event.preventDefault();
+    els.drop.classList.add("over");
+  });
+  els.drop.addEventListener("dragleave", () => els.drop.classList.remove("over"));
+  els.drop.addEventListener("drop", (event) => {
+    event.preventDefault();
+    els.drop.classList.remove("over");
+    for (const file of event.dataTransfer.files) uploadFile(file);
+  });
+  els.docSearch.addEventListener("submit", (event) => {
+    event.preventDefault();
+    searchDocuments(els.docQuery.value);
+  });
+}
+
 // ------------------------------------------------------------ loading
 
 async function loadSessions() {
@@ -1049,6 +1177,8 @@ async function switchUser(userId) {
   state.user = user;
   localStorage.setItem(USER_STORAGE, user);
   els.userInput.value = user;
+  fill(els.hits);
+  loadDocuments();
   const sessions = await loadSessions();
   await switchSession(sessions.length ? sessions[0].session_id : newSessionId());
 }
@@ -1093,10 +1223,12 @@ async function start() {
   translatePage();
   document.title = t("page.title");
   wire();
+  wireDocuments();
   const hash = readHash();
   state.user = hash.user || localStorage.getItem(USER_STORAGE) || "demo-user";
   els.userInput.value = state.user;
   await loadSettings();
+  loadDocuments();
   if (hash.session) {
     await switchSession(hash.session);
   } else {

@@ -66,6 +66,20 @@ export async function getJson(path) {
   }
 }
 
+/** POSTs raw bytes (a file) to a JSON endpoint: {ok, status, body}. */
+export async function postBytes(path, bytes) {
+  try {
+    const response = await fetchWithKey(path, {
+      method: "POST",
+      headers: { "Content-Type": "application/octet-stream" },
+      body: bytes,
+    });
+    return { ok: response.ok, status: response.status, body: await readJson(response) };
+  } catch (error) {
+    return { ok: false, status: 0, body: { error: { code: "network", message: String(error) } } };
+  }
+}
+
 /**
  * POSTs `body` to an endpoint that answers either a JSON error (a refusal,
  * before any stream starts) or a `text/event-stream`. `onOpen()` runs when

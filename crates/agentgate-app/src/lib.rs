@@ -45,6 +45,7 @@
 mod api;
 mod assets;
 mod dashboard;
+mod documents;
 mod error;
 pub mod limits;
 mod stream;
@@ -55,6 +56,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentgate::Gate;
+use agentgate_ingest::{Ingestor, OfflineEmbedder};
 use agentgate_ledger::{LedgerApp, Model, OfflineModel, OpenAiConfig, OpenAiModel};
 use agentgate_server::mount::{protect, Extensions, Mount};
 use agentgate_server::{ApiError, AppState, ErrorCode, ServeError};
@@ -178,6 +180,8 @@ pub struct LedgerMount {
     pub app: LedgerApp,
     /// What a client disconnect does to its running turn.
     pub on_disconnect: OnDisconnect,
+    /// Document ingestion (SQLite and PostgreSQL stores; `None` on MySQL).
+    pub documents: Option<Ingestor>,
     /// Stops the app's recovery worker when the last clone is dropped.
     _recovery: Arc<tokio_util::sync::DropGuard>,
 }
@@ -209,11 +213,40 @@ impl LedgerMount {
         // reply without doing anything.
         let stop = tokio_util::sync::CancellationToken::new();
         tokio::spawn(app.clone().recover_forever(stop.clone()));
+        let documents = if store_url.starts_with("sqlite:") || store_url.starts_with("postgres") {
+            let ingestor = Ingestor::open(
+                app.gate().clone(),
+                store_url,
+                Arc::new(OfflineEmbedder::new()),
+            )
+            .await
+            .map_err(|error| ServeError::App(Box::new(error)))?;
+            // Orphaned ingestions (their node died) are finished here, from
+            // their stored bytes.
+            tokio::spawn(recover_ingestions(ingestor.clone(), stop.clone()));
+            Some(ingestor)
+        } else {
+            None
+        };
         Ok(Self {
             app,
             on_disconnect,
+            documents,
             _recovery: Arc::new(stop.drop_guard()),
         })
+    }
+}
+
+/// Takes orphaned ingestions over and finishes them, until `stop`.
+async fn recover_ingestions(ingestor: Ingestor, stop: tokio_util::sync::CancellationToken) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(limits::INGEST_RECOVERY_INTERVAL) => {}
+        }
+        if let Err(error) = ingestor.recover().await {
+            tracing::warn!(%error, "could not list orphaned ingestions");
+        }
     }
 }
 
@@ -256,6 +289,8 @@ fn routes(state: &AppState) -> Router<AppState> {
         .route("/app/transcript", get(api::transcript))
         .route("/app/ledger", get(api::ledger))
         .route("/app/settings", get(api::settings))
+        .route("/app/documents", get(documents::list).post(documents::upload))
+        .route("/app/documents/search", get(documents::search))
         .route("/app/dashboard", get(dashboard::dashboard));
     Router::new()
         .route("/", get(assets::index))

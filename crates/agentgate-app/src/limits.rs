@@ -22,3 +22,10 @@ pub const DASHBOARD_ROWS: u32 = 50;
 /// Users whose permits the dashboard reads per refresh, one store read each.
 /// The dashboard refreshes every second; this bounds the reads it costs.
 pub const DASHBOARD_MAX_USERS: usize = 20;
+
+/// Hits a documents search returns: what a person reads at a glance, and
+/// what the agent quotes from.
+pub const SEARCH_HITS: usize = 5;
+
+/// Pause between two recovery passes over orphaned ingestions.
+pub const INGEST_RECOVERY_INTERVAL: Duration = Duration::from_secs(2);

@@ -1,0 +1,164 @@
+//! The documents pane's endpoints (seed 003's ingestion, through
+//! `agentgate-ingest` on the server's own engine and store):
+//!
+//! - `POST /app/documents?user_id=&name=` with the file as the body:
+//!   checked at once (400 for a file that cannot be ingested, nothing
+//!   written), then ingested in the background; `202` with the document id
+//!   and version. Uploads of one file at once make one ingestion: the
+//!   later ones find it running and end.
+//! - `GET /app/documents?user_id=`: the user's ingestions, newest first,
+//!   each with its state from the engine's record and its progress.
+//! - `GET /app/documents/search?user_id=&q=`: the chunks of the user's
+//!   current versions closest to `q`, with their document's name.
+//!
+//! The user is the tenant. Uploads are bounded by the server's body limit
+//! (`--max-body-bytes`) and by the ingestion's own limits.
+
+use std::time::Duration;
+
+use agentgate::UserId;
+use agentgate_ingest::{Hit, IngestError, IngestionView, MediaType, Upload};
+use agentgate_server::{ApiError, ApiQuery, AppState, CallerUser, ErrorCode};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+use crate::limits::SEARCH_HITS;
+
+/// `?user_id=&name=`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct UploadQuery {
+    user_id: String,
+    name: String,
+}
+
+/// `?user_id=`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ListQuery {
+    user_id: String,
+}
+
+/// `?user_id=&q=`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SearchQuery {
+    user_id: String,
+    q: String,
+}
+
+/// What an accepted upload ingests.
+#[derive(Debug, Serialize)]
+pub(crate) struct Accepted {
+    document_id: String,
+    version: String,
+    chunks: i64,
+}
+
+/// A user's ingestions.
+#[derive(Debug, Serialize)]
+pub(crate) struct ListResponse {
+    ingestions: Vec<IngestionView>,
+}
+
+/// A search's hits.
+#[derive(Debug, Serialize)]
+pub(crate) struct SearchResponse {
+    hits: Vec<Hit>,
+}
+
+fn ingestor(state: &AppState) -> Result<&agentgate_ingest::Ingestor, ApiError> {
+    crate::ledger(state)?.documents.as_ref().ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::NotFound,
+            "documents need a SQLite or PostgreSQL store",
+        )
+    })
+}
+
+/// The ingestion's errors as the server's error body.
+fn api_error(error: IngestError) -> ApiError {
+    match error {
+        IngestError::Invalid(message) => ApiError::invalid(message),
+        IngestError::Engine(engine) => ApiError::from(engine),
+        IngestError::Processing { retry_after } => ApiError::new(
+            ErrorCode::RequestInFlight,
+            "this file is being ingested",
+        )
+        .retry_after(retry_after),
+        other => {
+            tracing::error!(error = %other, "document ingestion failed");
+            ApiError::new(ErrorCode::StoreUnavailable, "ingestion failed; retry later")
+        }
+    }
+}
+
+/// Checks the upload, then ingests it in the background.
+pub(crate) async fn upload(
+    State(state): State<AppState>,
+    caller: CallerUser,
+    ApiQuery(query): ApiQuery<UploadQuery>,
+    body: Bytes,
+) -> Result<(StatusCode, Json<Accepted>), ApiError> {
+    caller.check(&query.user_id)?;
+    let user_id = UserId::new(query.user_id)?;
+    let ingestor = ingestor(&state)?.clone();
+    let upload = Upload {
+        tenant: user_id.as_str().to_owned(),
+        media_type: MediaType::from_name(&query.name),
+        name: query.name,
+        content: body.to_vec(),
+        document_id: None,
+    };
+    let accepted = ingestor.accept(&upload).await.map_err(api_error)?;
+    // In the background, so the page shows progress and a closed tab does
+    // not cut an ingestion short. A second upload of the same file while
+    // the first runs waits for nothing: it finds it running and ends.
+    tokio::spawn(async move {
+        match ingestor.ingest_waiting(&upload, Duration::ZERO).await {
+            Ok(_) | Err(IngestError::Processing { .. }) => {}
+            Err(error) => tracing::warn!(%error, "a document's ingestion failed"),
+        }
+    });
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(Accepted {
+            document_id: accepted.document_id,
+            version: accepted.version,
+            chunks: accepted.chunks,
+        }),
+    ))
+}
+
+/// The user's ingestions.
+pub(crate) async fn list(
+    State(state): State<AppState>,
+    caller: CallerUser,
+    ApiQuery(query): ApiQuery<ListQuery>,
+) -> Result<Json<ListResponse>, ApiError> {
+    caller.check(&query.user_id)?;
+    let user_id = UserId::new(query.user_id)?;
+    let ingestions = ingestor(&state)?
+        .ingestions(user_id.as_str())
+        .await
+        .map_err(api_error)?;
+    Ok(Json(ListResponse { ingestions }))
+}
+
+/// The closest chunks of the user's current versions.
+pub(crate) async fn search(
+    State(state): State<AppState>,
+    caller: CallerUser,
+    ApiQuery(query): ApiQuery<SearchQuery>,
+) -> Result<Json<SearchResponse>, ApiError> {
+    caller.check(&query.user_id)?;
+    let user_id = UserId::new(query.user_id)?;
+    let hits = ingestor(&state)?
+        .search(user_id.as_str(), &query.q, SEARCH_HITS)
+        .await
+        .map_err(api_error)?;
+    Ok(Json(SearchResponse { hits }))
+}
