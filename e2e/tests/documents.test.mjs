@@ -1,7 +1,8 @@
 // The documents pane (seed 003) in headless Chromium against the real
 // binary: the same file dropped three times in a row is one ingestion and
-// one document, its progress shows while it runs, and a search of it
-// answers from it with its name as the citation.
+// one document, its progress shows while it runs, and a search of it (and
+// the agent, asked in the chat) answers from it with its name as the
+// citation.
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
@@ -57,6 +58,16 @@ test("the same file uploaded three times fast is one document, and a search answ
   assert.match(first, /travel-policy\.md/, "cites the document");
   assert.match(first, /Lunch with a client/, "answers from the document");
   await page.screenshot({ path: path.join(ARTIFACTS, "documents-search.png") });
+
+  // The agent answers the same question in the chat, citing the file.
+  await page.fill("#composer-input", "Is lunch with a client refunded?");
+  await page.click("#send");
+  const reply = page.locator("#messages li.msg.assistant[data-state=final]").last();
+  await reply.waitFor({ timeout: 20_000 });
+  const text = await reply.innerText();
+  assert.match(text, /travel-policy\.md/, `the reply cites the document: ${text}`);
+  assert.match(text, /Lunch with a client is refunded once a week when the receipt names the client\./, `the reply answers from it: ${text}`);
+  await page.screenshot({ path: path.join(ARTIFACTS, "documents-answer.png") });
   await page.close();
 });
 

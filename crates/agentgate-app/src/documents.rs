@@ -84,11 +84,10 @@ fn api_error(error: IngestError) -> ApiError {
     match error {
         IngestError::Invalid(message) => ApiError::invalid(message),
         IngestError::Engine(engine) => ApiError::from(engine),
-        IngestError::Processing { retry_after } => ApiError::new(
-            ErrorCode::RequestInFlight,
-            "this file is being ingested",
-        )
-        .retry_after(retry_after),
+        IngestError::Processing { retry_after } => {
+            ApiError::new(ErrorCode::RequestInFlight, "this file is being ingested")
+                .retry_after(retry_after)
+        }
         other => {
             tracing::error!(error = %other, "document ingestion failed");
             ApiError::new(ErrorCode::StoreUnavailable, "ingestion failed; retry later")

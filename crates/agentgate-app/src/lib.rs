@@ -224,6 +224,7 @@ impl LedgerMount {
             // Orphaned ingestions (their node died) are finished here, from
             // their stored bytes.
             tokio::spawn(recover_ingestions(ingestor.clone(), stop.clone()));
+            app.set_documents(ingestor.clone());
             Some(ingestor)
         } else {
             None
@@ -289,7 +290,10 @@ fn routes(state: &AppState) -> Router<AppState> {
         .route("/app/transcript", get(api::transcript))
         .route("/app/ledger", get(api::ledger))
         .route("/app/settings", get(api::settings))
-        .route("/app/documents", get(documents::list).post(documents::upload))
+        .route(
+            "/app/documents",
+            get(documents::list).post(documents::upload),
+        )
         .route("/app/documents/search", get(documents::search))
         .route("/app/dashboard", get(dashboard::dashboard));
     Router::new()

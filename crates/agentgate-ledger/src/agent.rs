@@ -30,7 +30,7 @@ use crate::limits::{MAX_MODEL_ROUNDS, MAX_TOOL_CALLS_PER_ROUND};
 use crate::model::{Message, ModelError, ModelReply, ModelRequest, ToolCallRequest};
 use crate::money::format_cents;
 use crate::records::{ChatOutcome, Entry, NewEntry, Reply};
-use crate::tools::{self, ToolSpec, CREATE_TRANSACTION, LIST_CATEGORIES};
+use crate::tools::{self, ToolSpec, CREATE_TRANSACTION, LIST_CATEGORIES, SEARCH_DOCUMENTS};
 
 /// The engine tool name under which model rounds are recorded.
 pub(crate) const MODEL_ROUND_TOOL: &str = "model_round";
@@ -390,12 +390,65 @@ async fn dispatch(ctx: &Ctx<'_>, call: &ToolCallRequest) -> Result<Answer, Failu
     match call.name.as_str() {
         LIST_CATEGORIES => list_categories(ctx, &call.arguments).await,
         CREATE_TRANSACTION => create_transaction(ctx, &call.arguments).await,
+        SEARCH_DOCUMENTS => search_documents(ctx, &call.arguments).await,
         other => Ok(Answer::plain(
             tool_error(format!(
-                "unknown tool {other:?}; the tools are {LIST_CATEGORIES} and {CREATE_TRANSACTION}"
+                "unknown tool {other:?}; the tools are {LIST_CATEGORIES}, {CREATE_TRANSACTION} \
+                 and {SEARCH_DOCUMENTS}"
             )),
             false,
         )),
+    }
+}
+
+/// The longest passage text a search result carries to the model: a whole
+/// chunk (`agentgate_ingest::limits::CHUNK_CHARS`).
+const MAX_PASSAGE_CHARS: usize = agentgate_ingest::limits::CHUNK_CHARS;
+
+/// Passages a search result carries.
+const SEARCH_PASSAGES: usize = 3;
+
+async fn search_documents(ctx: &Ctx<'_>, args: &Value) -> Result<Answer, Failure> {
+    let query = match tools::search_documents_args(args) {
+        Ok(query) => query,
+        Err(message) => return refuse(ctx, SEARCH_DOCUMENTS, args, message).await,
+    };
+    let Some(documents) = ctx.inner.documents.get() else {
+        return refuse(
+            ctx,
+            SEARCH_DOCUMENTS,
+            args,
+            "documents are not available on this server".to_owned(),
+        )
+        .await;
+    };
+    let execution = match ctx.turn.tool(SEARCH_DOCUMENTS, args).await? {
+        agentgate::ToolStep::Cached(result) => return Ok(Answer::plain(result, true)),
+        agentgate::ToolStep::Execute(execution) => execution,
+    };
+    match documents
+        .search(ctx.turn.user_id().as_str(), &query, SEARCH_PASSAGES)
+        .await
+    {
+        Ok(hits) => {
+            let passages: Vec<Value> = hits
+                .iter()
+                .map(|hit| {
+                    json!({
+                        "name": hit.name,
+                        "section": hit.chunk_index + 1,
+                        "text": hit.text.chars().take(MAX_PASSAGE_CHARS).collect::<String>(),
+                    })
+                })
+                .collect();
+            let result = json!({"ok": true, "passages": passages});
+            Ok(Answer::plain(execution.complete(&result).await?, false))
+        }
+        Err(error) => {
+            let result = tool_error(format!("could not search the documents: {error}"));
+            execution.fail(&result).await?;
+            Ok(Answer::plain(result, false))
+        }
     }
 }
 

@@ -40,6 +40,8 @@ pub(crate) struct Inner {
     pub(crate) db: LedgerDb,
     pub(crate) model: Arc<dyn Model>,
     pub(crate) config: LedgerConfig,
+    /// The user's documents, for the `search_documents` tool (set once).
+    pub(crate) documents: std::sync::OnceLock<agentgate_ingest::Ingestor>,
 }
 
 /// The ledger agent over one engine. Cheap to clone.
@@ -193,8 +195,15 @@ impl LedgerApp {
                 db,
                 model,
                 config,
+                documents: std::sync::OnceLock::new(),
             }),
         })
+    }
+
+    /// Gives the agent the user's documents: its `search_documents` tool
+    /// answers from them. Set once; a second call changes nothing.
+    pub fn set_documents(&self, documents: agentgate_ingest::Ingestor) {
+        let _ = self.inner.documents.set(documents);
     }
 
     /// The engine.

@@ -4,6 +4,7 @@
 //! - `list_categories {type}`: read-only.
 //! - `create_transaction {type, amount, category_name?, note?, occur_date?}`:
 //!   books one entry; its insert commits with the tool's success mark.
+//! - `search_documents {query}`: read-only, the user's uploaded documents.
 
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -19,6 +20,30 @@ pub const LIST_CATEGORIES: &str = "list_categories";
 
 /// The booking tool.
 pub const CREATE_TRANSACTION: &str = "create_transaction";
+
+/// The read-only search of the user's uploaded documents.
+pub const SEARCH_DOCUMENTS: &str = "search_documents";
+
+/// The longest query `search_documents` takes, in characters.
+pub const MAX_DOCUMENT_QUERY_CHARS: usize = 500;
+
+/// The query of a `search_documents` call.
+///
+/// # Errors
+/// A message for the model: not an object, no query, an empty or long one.
+pub fn search_documents_args(args: &Value) -> Result<String, String> {
+    let args = object(args)?;
+    match args.get("query") {
+        Some(Value::String(query))
+            if !query.trim().is_empty() && query.chars().count() <= MAX_DOCUMENT_QUERY_CHARS =>
+        {
+            Ok(query.trim().to_owned())
+        }
+        _ => Err(format!(
+            "query must be a string of 1 to {MAX_DOCUMENT_QUERY_CHARS} characters"
+        )),
+    }
+}
 
 /// A tool as shown to a model (OpenAI's `function` shape).
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -59,6 +84,17 @@ pub fn specs() -> Vec<ToolSpec> {
                     "occur_date": {"type": "string", "description": "YYYY-MM-DD, or today / yesterday / 今天 / 昨天 / 前天; default today"}
                 },
                 "required": ["type", "amount"],
+                "additionalProperties": false
+            }),
+        },
+        ToolSpec {
+            name: SEARCH_DOCUMENTS,
+            description: "Search the receipts and policies the user uploaded. Returns the \
+                          closest passages with their file name; cite the file when you answer.",
+            parameters: json!({
+                "type": "object",
+                "properties": {"query": {"type": "string", "description": "what to look for"}},
+                "required": ["query"],
                 "additionalProperties": false
             }),
         },

@@ -143,7 +143,10 @@ async fn the_client_maps_requests_and_tool_calls_and_retries_a_500() {
         .iter()
         .filter_map(|t| t["function"]["name"].as_str())
         .collect();
-    assert_eq!(tools, ["list_categories", "create_transaction"]);
+    assert_eq!(
+        tools,
+        ["list_categories", "create_transaction", "search_documents"]
+    );
     assert_eq!(first["messages"][0]["role"], "system");
     assert_eq!(
         first["messages"][1],

@@ -7,6 +7,10 @@
 //!    words contain one, else passing the words for the server to resolve;
 //! 3. a text reply built from the tool results (errors included).
 //!
+//! A message with no amount that asks something is searched in the user's
+//! documents (`search_documents`), and answered from the closest passage,
+//! cited by file and section.
+//!
 //! A configurable think time before each round mimics a slow LLM, so the
 //! concurrency problems the engine solves are visible in the demo.
 
@@ -20,7 +24,7 @@ use super::parse::{parse_message, ParsedEntry};
 use super::{DeltaSink, Message, Model, ModelError, ModelReply, ModelRequest, ToolCallRequest};
 use crate::limits::MAX_DELTAS_PER_ROUND;
 use crate::records::EntryType;
-use crate::tools::{CREATE_TRANSACTION, LIST_CATEGORIES};
+use crate::tools::{CREATE_TRANSACTION, LIST_CATEGORIES, SEARCH_DOCUMENTS};
 
 /// The deterministic built-in model.
 #[derive(Clone, Debug)]
@@ -206,6 +210,88 @@ fn summary(state: &State<'_>, chinese: bool) -> String {
     lines.join("\n")
 }
 
+/// Whether a message with no amount asks something the documents may
+/// answer: a question mark, a question word first, or a Chinese question
+/// word anywhere.
+fn is_question(text: &str) -> bool {
+    const ENGLISH: [&str; 13] = [
+        "what", "how", "when", "which", "who", "where", "why", "can", "is", "are", "do", "does",
+        "may",
+    ];
+    const CHINESE: [&str; 8] = [
+        "什么",
+        "怎么",
+        "多少",
+        "能不能",
+        "可以",
+        "是否",
+        "吗",
+        "规定",
+    ];
+    let lower = text.to_lowercase();
+    text.contains(['?', '？'])
+        || lower
+            .split_whitespace()
+            .next()
+            .is_some_and(|first| ENGLISH.contains(&first))
+        || lower.contains("policy")
+        || CHINESE.iter().any(|word| text.contains(word))
+}
+
+/// The reply to a question from the search's result: the closest passage,
+/// cited by its file and section.
+fn answer(state: &State<'_>, chinese: bool) -> String {
+    let result = state
+        .calls
+        .iter()
+        .filter(|c| c.name == SEARCH_DOCUMENTS)
+        .find_map(|c| state.results.get(c.id.as_str()))
+        .cloned()
+        .unwrap_or(Value::Null);
+    let first = &result["passages"][0];
+    match (first["name"].as_str(), first["text"].as_str()) {
+        (Some(name), Some(passage)) => {
+            let text = best_sentence(passage, state.user_text);
+            let section = first["section"].as_u64().unwrap_or(1);
+            if chinese {
+                format!("根据《{name}》第 {section} 段：{text}")
+            } else {
+                format!("From {name}, section {section}: {text}")
+            }
+        }
+        _ if result["ok"] == json!(true) => {
+            if chinese {
+                "你上传的文档里没有找到相关内容。".to_owned()
+            } else {
+                "I found nothing about that in your documents.".to_owned()
+            }
+        }
+        _ => help(chinese),
+    }
+}
+
+/// The sentence of `passage` that shares the most words with `question`
+/// (the first on a tie): what a person asked about, not the whole passage.
+fn best_sentence<'a>(passage: &'a str, question: &str) -> &'a str {
+    let words = |text: &str| -> Vec<String> {
+        text.split(|c: char| !c.is_alphanumeric())
+            .filter(|w| w.chars().count() > 2)
+            .map(str::to_lowercase)
+            .collect()
+    };
+    let asked = words(question);
+    passage
+        .split_inclusive(['.', '。', '\n', '!', '?', '！', '？'])
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .max_by_key(|sentence| {
+            let shared = words(sentence).iter().filter(|w| asked.contains(w)).count();
+            // Earlier sentences win ties: `max_by_key` keeps the last maximum.
+            (shared, std::cmp::Reverse(passage.find(*sentence)))
+        })
+        .unwrap_or(passage)
+}
+
 fn help(chinese: bool) -> String {
     if chinese {
         "我没看到金额。可以这样说：「午饭 35，打车 18」或「昨天工资 8000」。".to_owned()
@@ -248,9 +334,17 @@ impl Model for OfflineModel {
         let entries = parse_message(state.user_text);
         let listed = state.calls.iter().any(|c| c.name == LIST_CATEGORIES);
         let created = state.calls.iter().any(|c| c.name == CREATE_TRANSACTION);
+        let searched = state.calls.iter().any(|c| c.name == SEARCH_DOCUMENTS);
+        let question = entries.is_empty() && is_question(state.user_text);
         let tool_calls = match (request.allow_tools, entries.is_empty(), listed, created) {
             (true, false, false, false) => list_calls(state.round, &entries),
             (true, false, true, false) => create_calls(state.round, &entries, &state),
+            (true, true, _, _) if question && !searched => vec![call(
+                state.round,
+                0,
+                SEARCH_DOCUMENTS,
+                json!({"query": state.user_text}),
+            )],
             _ => Vec::new(),
         };
         if !tool_calls.is_empty() {
@@ -259,7 +353,9 @@ impl Model for OfflineModel {
                 tool_calls,
             });
         }
-        let text = if entries.is_empty() {
+        let text = if searched {
+            answer(&state, chinese)
+        } else if entries.is_empty() {
             help(chinese)
         } else {
             summary(&state, chinese)
@@ -269,5 +365,44 @@ impl Model for OfflineModel {
             text,
             tool_calls: Vec::new(),
         })
+    }
+}
+
+#[cfg(test)]
+mod question_tests {
+    use super::is_question;
+
+    #[test]
+    fn questions_are_told_from_bookings_and_chatter() {
+        for asked in [
+            "How much is a taxi refunded?",
+            "what does the travel policy say about lunch",
+            "打车能报销多少",
+            "午饭可以报销吗",
+        ] {
+            assert!(is_question(asked), "{asked}");
+        }
+        for said in ["hello", "thanks a lot", "好的"] {
+            assert!(!is_question(said), "{said}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod answer_tests {
+    use super::best_sentence;
+
+    #[test]
+    fn the_answer_is_the_sentence_the_question_is_about() {
+        let passage = "Rule 1: taxis are refunded. Lunch with a client is refunded once a week. \
+                       Rule 2: hotels are refunded.";
+        assert_eq!(
+            best_sentence(passage, "Is lunch with a client refunded?"),
+            "Lunch with a client is refunded once a week."
+        );
+        assert_eq!(
+            best_sentence("One line only", "nothing shared"),
+            "One line only"
+        );
     }
 }
