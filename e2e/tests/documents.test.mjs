@@ -68,6 +68,16 @@ test("the same file uploaded three times fast is one document, and a search answ
   assert.match(text, /travel-policy\.md/, `the reply cites the document: ${text}`);
   assert.match(text, /Lunch with a client is refunded once a week when the receipt names the client\./, `the reply answers from it: ${text}`);
   await page.screenshot({ path: path.join(ARTIFACTS, "documents-answer.png") });
+
+  // Deleted (after the person confirms): listed as deleted, found no more.
+  page.once("dialog", (dialog) => dialog.accept());
+  await page.click("#documents li.doc[data-state=indexed] .doc-delete");
+  await page.waitForSelector("#documents li.doc[data-state=deleted]");
+  assert.match(await page.locator("#documents-notice").innerText(), /travel-policy\.md was deleted/);
+  await page.click("#doc-search button");
+  await page.waitForSelector("#hits li.muted");
+  assert.match(await page.locator("#hits").innerText(), /Nothing in your documents matches/);
+  await page.screenshot({ path: path.join(ARTIFACTS, "documents-deleted.png") });
   await page.close();
 });
 

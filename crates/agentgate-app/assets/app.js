@@ -664,11 +664,14 @@ function renderDocuments(ingestions) {
             "li",
             { class: `doc ${i.state}`, dataset: { documentId: i.document_id, state: i.state } },
             h("span", { class: "doc-name" }, i.name),
-            h("span", { class: `badge ${i.state}` }, t(`doc.${i.state}`)),
+            h("span", { class: `badge ${i.state}` }, t(i.state === "deleted" ? "doc.deleted_state" : `doc.${i.state}`)),
             i.state === "processing"
               ? h("div", { class: "bar progress", role: "progressbar", "aria-valuemin": 0, "aria-valuemax": 100, "aria-valuenow": percent }, h("span", { style: { width: `${percent}%` } }))
               : null,
             h("span", { class: "muted doc-meta" }, t("doc.meta", { chunks: i.chunks, version: i.version.slice(0, 8) })),
+            i.state === "indexed"
+              ? h("button", { type: "button", class: "doc-delete", onclick: () => deleteDocument(i.document_id, i.name) }, t("doc.delete"))
+              : null,
             i.state === "failed" && i.error ? h("span", { class: "doc-error" }, i.error.message || i.error.code || "") : null,
           );
         }),
@@ -714,6 +717,26 @@ async function uploadFile(file) {
         ? t("doc.offline")
         : result.status === 413
           ? t("doc.too_large")
+          : t("doc.refused", { message: error.message || error.code || result.status });
+    documentsNotice(message, "error");
+  }
+  loadDocuments();
+}
+
+async function deleteDocument(documentId, name) {
+  if (!window.confirm(t("doc.confirm_delete", { name }))) return;
+  const params = new URLSearchParams({ user_id: state.user, document_id: documentId });
+  const result = await postBytes(`/app/documents/delete?${params}`, new ArrayBuffer(0));
+  if (result.ok) {
+    documentsNotice(t("doc.deleted", { name }));
+    fill(els.hits);
+  } else {
+    const error = (result.body && result.body.error) || {};
+    const message =
+      result.status === 0
+        ? t("doc.offline_delete")
+        : result.status === 409
+          ? t("doc.busy")
           : t("doc.refused", { message: error.message || error.code || result.status });
     documentsNotice(message, "error");
   }

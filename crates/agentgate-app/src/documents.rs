@@ -10,6 +10,8 @@
 //!   each with its state from the engine's record and its progress.
 //! - `GET /app/documents/search?user_id=&q=`: the chunks of the user's
 //!   current versions closest to `q`, with their document's name.
+//! - `POST /app/documents/delete?user_id=&document_id=`: deletes a document
+//!   (409 with `Retry-After` while an ingestion of it runs).
 //!
 //! The user is the tenant. Uploads are bounded by the server's body limit
 //! (`--max-body-bytes`) and by the ingestion's own limits.
@@ -40,6 +42,20 @@ pub(crate) struct UploadQuery {
 #[serde(deny_unknown_fields)]
 pub(crate) struct ListQuery {
     user_id: String,
+}
+
+/// `?user_id=&document_id=`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DeleteQuery {
+    user_id: String,
+    document_id: String,
+}
+
+/// What a delete removed.
+#[derive(Debug, Serialize)]
+pub(crate) struct Deleted {
+    chunks: u64,
 }
 
 /// `?user_id=&q=`
@@ -145,6 +161,21 @@ pub(crate) async fn list(
         .await
         .map_err(api_error)?;
     Ok(Json(ListResponse { ingestions }))
+}
+
+/// Deletes one of the user's documents (a fenced turn of its session).
+pub(crate) async fn delete(
+    State(state): State<AppState>,
+    caller: CallerUser,
+    ApiQuery(query): ApiQuery<DeleteQuery>,
+) -> Result<Json<Deleted>, ApiError> {
+    caller.check(&query.user_id)?;
+    let user_id = UserId::new(query.user_id)?;
+    let chunks = ingestor(&state)?
+        .delete(user_id.as_str(), &query.document_id)
+        .await
+        .map_err(api_error)?;
+    Ok(Json(Deleted { chunks }))
 }
 
 /// The closest chunks of the user's current versions.

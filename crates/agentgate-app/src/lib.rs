@@ -295,6 +295,7 @@ fn routes(state: &AppState) -> Router<AppState> {
             get(documents::list).post(documents::upload),
         )
         .route("/app/documents/search", get(documents::search))
+        .route("/app/documents/delete", post(documents::delete))
         .route("/app/dashboard", get(dashboard::dashboard));
     Router::new()
         .route("/", get(assets::index))

@@ -648,6 +648,58 @@ pub(crate) async fn publish(
     Ok(Published { version_no })
 }
 
+/// Deletes a document inside its delete step, fenced like a switch: the
+/// document row stays as a tombstone (no current version, its version
+/// count kept, so a later upload of the same file is a new request), every
+/// version is marked superseded, and every chunk is removed, in one
+/// transaction, so a query sees the whole document or none of it. The
+/// chunks deleted.
+pub(crate) async fn delete_document(
+    tx: SqlTx<'_>,
+    document_id: &str,
+    tenant: &str,
+    fence: i64,
+) -> Result<u64, IngestError> {
+    let now = now_ms();
+    let deleted;
+    on_tx!(tx, conn => {
+        let switched = sqlx::query(
+            "UPDATE ingest_documents SET current_version = '', chunks = 0, fence = $3, \
+               updated_at_ms = $4 \
+             WHERE document_id = $1 AND tenant = $2 AND fence < $3",
+        )
+        .bind(document_id)
+        .bind(tenant)
+        .bind(fence)
+        .bind(now)
+        .execute(&mut *conn)
+        .await
+        .map_err(db)?
+        .rows_affected();
+        if switched != 1 {
+            return Err(IngestError::Stale(format!(
+                "document {document_id} has a newer switch than fence {fence}, or another tenant"
+            )));
+        }
+        sqlx::query(
+            "UPDATE ingest_versions SET superseded_at_ms = $2 \
+             WHERE document_id = $1 AND superseded_at_ms IS NULL",
+        )
+        .bind(document_id)
+        .bind(now)
+        .execute(&mut *conn)
+        .await
+        .map_err(db)?;
+        deleted = sqlx::query("DELETE FROM ingest_chunks WHERE document_id = $1")
+            .bind(document_id)
+            .execute(&mut *conn)
+            .await
+            .map_err(db)?
+            .rows_affected();
+    });
+    Ok(deleted)
+}
+
 /// Deletes a superseded version's chunks inside the cleaner's step, if the
 /// version is still superseded (a later update may have made it current
 /// again); the chunks deleted.

@@ -139,6 +139,8 @@ pub enum IngestionState {
     Indexed,
     /// Published once, replaced by a later version.
     Superseded,
+    /// Its document was deleted.
+    Deleted,
     /// Failed; an upload of the same file again retries it, unless the
     /// file itself was refused.
     Failed,
@@ -695,6 +697,9 @@ impl Ingestor {
                     Some(document) if document.current_version == run.version => {
                         IngestionState::Indexed
                     }
+                    Some(document) if document.current_version.is_empty() => {
+                        IngestionState::Deleted
+                    }
                     _ => IngestionState::Superseded,
                 },
                 _ => IngestionState::Failed,
@@ -776,6 +781,79 @@ impl Ingestor {
     /// `store`.
     pub async fn reconcile(&self) -> Result<Reconciliation, IngestError> {
         self.pool.reconcile(grace_ms(OLD_VERSION_GRACE)).await
+    }
+
+    /// Deletes the tenant's document: a fenced turn of the document's
+    /// session (never beside an ingestion of it) whose step removes it in
+    /// one transaction; the chunks deleted (0 when it was already deleted).
+    ///
+    /// # Errors
+    /// `invalid` for no such document of the tenant; `processing` while an
+    /// ingestion of it runs; `engine`, `store`.
+    pub async fn delete(&self, tenant: &str, document_id: &str) -> Result<u64, IngestError> {
+        let document = match self.pool.document(document_id).await? {
+            Some(document) if document.tenant == tenant => document,
+            _ => {
+                return Err(IngestError::Invalid(format!(
+                    "no document {document_id} for tenant {tenant}"
+                )))
+            }
+        };
+        if document.current_version.is_empty() {
+            return Ok(0);
+        }
+        let generation = document.version_no;
+        let begun = self
+            .gate
+            .begin(
+                tenant,
+                &session_of(document_id),
+                &format!("delete:{generation}"),
+                &json!({ "document_id": document_id, "delete": generation }),
+            )
+            .await;
+        let turn = match begun {
+            Ok(Begun::Started(turn)) => turn,
+            Ok(Begun::Replay(_)) => return Ok(0),
+            Err(error) if error.retry_after().is_some() => {
+                return Err(IngestError::Processing {
+                    retry_after: error.retry_after().unwrap_or(MAX_WAIT_STEP),
+                })
+            }
+            Err(error) => return Err(error.into()),
+        };
+        let fence = turn.fence().0;
+        let args = json!({ "document_id": document_id, "generation": generation });
+        let step = match turn.tool("delete_document", &args).await? {
+            ToolStep::Cached(result) => Ok(result),
+            ToolStep::Execute(execution) => {
+                let (doc, owner) = (document_id.to_owned(), tenant.to_owned());
+                execution
+                    .complete_in_tx(move |tx| -> BoxFuture<'_, Result<Value, BoxError>> {
+                        Box::pin(async move {
+                            let gone = db::delete_document(tx, &doc, &owner, fence).await?;
+                            Ok(json!({ "deleted": gone }))
+                        })
+                    })
+                    .await
+                    .map_err(stale)
+            }
+        };
+        match step {
+            Ok(result) => {
+                turn.succeed(&result)
+                    .await
+                    .map_err(|e| IngestError::Engine(e.error))?;
+                Ok(result.get("deleted").and_then(Value::as_u64).unwrap_or(0))
+            }
+            Err(error) => {
+                let stored = json!({ "message": error.to_string() });
+                if let Err(end) = turn.fail(&stored, true).await {
+                    tracing::warn!(error = %end.error, "could not record a failed delete");
+                }
+                Err(error)
+            }
+        }
     }
 
     /// Deletes the chunks of versions superseded more than `grace` ago,

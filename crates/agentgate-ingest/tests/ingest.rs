@@ -433,6 +433,45 @@ async fn updates_under_load_never_show_a_gap_or_a_mix() {
             "{after:?}"
         );
         assert_eq!(after.current_chunks, document.chunks);
+        // Deleted: nothing of it is found, its chunks are gone, and the same
+        // file uploaded again is a new ingestion, not a replay of the old one.
+        let gone = ingestor.delete("upd", &first.document_id).await.unwrap();
+        assert_eq!(
+            gone,
+            u64::try_from(document.chunks).unwrap(),
+            "{}",
+            target.name
+        );
+        let hits = ingestor
+            .search("upd", "policy section refundable", 50)
+            .await
+            .unwrap();
+        assert!(hits.is_empty(), "{}: {hits:?}", target.name);
+        assert_eq!(ingestor.reconcile().await.unwrap().current_chunks, 0);
+        assert_eq!(ingestor.delete("upd", &first.document_id).await.unwrap(), 0);
+        let listed = ingestor.ingestions("upd").await.unwrap();
+        assert!(
+            listed
+                .iter()
+                .all(|i| i.state == agentgate_ingest::IngestionState::Deleted
+                    || i.state == agentgate_ingest::IngestionState::Superseded),
+            "{listed:?}"
+        );
+        let again = ingestor.ingest(&revert).await.unwrap();
+        assert_eq!(
+            again.version_no, 53,
+            "{}: a new ingestion after the delete",
+            target.name
+        );
+        assert_eq!(
+            ingestor.reconcile().await.unwrap().current_chunks,
+            again.chunks
+        );
+        let denied = ingestor.delete("someone-else", &first.document_id).await;
+        assert!(
+            matches!(denied, Err(agentgate_ingest::IngestError::Invalid(_))),
+            "{denied:?}"
+        );
         println!(
             "{}: 50 updates under {reads} reads, 0 empty, 0 mixed; cleaner deleted {deleted} old chunks",
             target.name
