@@ -115,7 +115,7 @@ pub(crate) struct ChunkRow {
 }
 
 /// A document as its row shows it.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]
 pub struct DocumentView {
     /// The document.
     pub document_id: String,
@@ -132,11 +132,12 @@ pub struct DocumentView {
 }
 
 /// A current chunk, as a search reads it.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, sqlx::FromRow)]
 pub(crate) struct CurrentChunk {
     pub(crate) document_id: String,
     pub(crate) name: String,
     pub(crate) version: String,
+    #[sqlx(rename = "idx")]
     pub(crate) index: i64,
     pub(crate) text: String,
     pub(crate) vector: Vec<u8>,
@@ -287,21 +288,13 @@ impl Pool {
         &self,
         document_id: &str,
     ) -> Result<Option<DocumentView>, IngestError> {
-        on_pool!(self, p => sqlx::query(
+        on_pool!(self, p => sqlx::query_as::<_, DocumentView>(
             "SELECT document_id, tenant, name, current_version, version_no, chunks \
              FROM ingest_documents WHERE document_id = $1",
         )
         .bind(document_id)
         .fetch_optional(p)
-        .await
-        .and_then(|row| row.map(|row| Ok::<_, sqlx::Error>(DocumentView {
-            document_id: row.try_get("document_id")?,
-            tenant: row.try_get("tenant")?,
-            name: row.try_get("name")?,
-            current_version: row.try_get("current_version")?,
-            version_no: row.try_get("version_no")?,
-            chunks: row.try_get("chunks")?,
-        })).transpose()))
+        .await)
         .map_err(db)
     }
 
@@ -313,7 +306,7 @@ impl Pool {
         tenant: &str,
         limit: i64,
     ) -> Result<Vec<CurrentChunk>, IngestError> {
-        on_pool!(self, p => sqlx::query(
+        on_pool!(self, p => sqlx::query_as::<_, CurrentChunk>(
             "SELECT c.document_id, d.name, c.version, c.idx, c.text, c.vector \
              FROM ingest_documents d JOIN ingest_chunks c \
                ON c.document_id = d.document_id AND c.version = d.current_version \
@@ -322,15 +315,7 @@ impl Pool {
         .bind(tenant)
         .bind(limit)
         .fetch_all(p)
-        .await
-        .and_then(|rows| rows.into_iter().map(|row| Ok(CurrentChunk {
-            document_id: row.try_get("document_id")?,
-            name: row.try_get("name")?,
-            version: row.try_get("version")?,
-            index: row.try_get("idx")?,
-            text: row.try_get("text")?,
-            vector: row.try_get("vector")?,
-        })).collect::<Result<Vec<_>, sqlx::Error>>()))
+        .await)
         .map_err(db)
     }
 
@@ -440,7 +425,7 @@ impl Pool {
 }
 
 /// An ingestion's turn as the listing reads it.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, sqlx::FromRow)]
 pub(crate) struct RunRow {
     pub(crate) turn_id: String,
     pub(crate) document_id: String,
@@ -482,7 +467,7 @@ impl Pool {
     /// The tenant's latest `limit` ingestions, newest first, with the chunks
     /// of their version stored so far.
     pub(crate) async fn runs(&self, tenant: &str, limit: i64) -> Result<Vec<RunRow>, IngestError> {
-        on_pool!(self, p => sqlx::query(
+        on_pool!(self, p => sqlx::query_as::<_, RunRow>(
             "SELECT r.turn_id, r.document_id, r.version, r.name, r.chunks, \
                (SELECT COUNT(*) FROM ingest_chunks c \
                 WHERE c.document_id = r.document_id AND c.version = r.version) AS stored \
@@ -491,15 +476,7 @@ impl Pool {
         .bind(tenant)
         .bind(limit)
         .fetch_all(p)
-        .await
-        .and_then(|rows| rows.into_iter().map(|row| Ok(RunRow {
-            turn_id: row.try_get("turn_id")?,
-            document_id: row.try_get("document_id")?,
-            version: row.try_get("version")?,
-            name: row.try_get("name")?,
-            chunks: row.try_get("chunks")?,
-            stored: row.try_get("stored")?,
-        })).collect::<Result<Vec<_>, sqlx::Error>>()))
+        .await)
         .map_err(db)
     }
 }
