@@ -8,6 +8,7 @@ import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import path from "node:path";
 import { ARTIFACTS, startServer, launchBrowser, getJson, chatUrl, eventually, unique } from "../lib/harness.mjs";
+import { pdf } from "../lib/pdf.mjs";
 
 let server;
 let browser;
@@ -78,6 +79,86 @@ test("the same file uploaded three times fast is one document, and a search answ
   await page.waitForSelector("#hits li.muted");
   assert.match(await page.locator("#hits").innerText(), /Nothing in your documents matches/);
   await page.screenshot({ path: path.join(ARTIFACTS, "documents-deleted.png") });
+  await page.close();
+});
+
+/** An expense policy as a PDF; `minibar` is its rule for hotel minibars. */
+function policyPdf(minibar) {
+  const lines = [];
+  for (let i = 0; i < 90; i++) lines.push(`Clause ${i}: a train ticket in second class is refunded up to ${30 + i} euros with its receipt.`);
+  lines.push(minibar);
+  return pdf(lines, 30);
+}
+
+/** Drops `file` ({name, type, bytes}) on the drop zone, as a person dragging it from the desktop. */
+async function drop(page, file) {
+  await page.evaluate(({ name, type, bytes }) => {
+    const data = new DataTransfer();
+    data.items.add(new File([new Uint8Array(bytes)], name, { type }));
+    const zone = document.getElementById("drop");
+    for (const kind of ["dragenter", "dragover", "drop"]) {
+      zone.dispatchEvent(new DragEvent(kind, { dataTransfer: data, bubbles: true, cancelable: true }));
+    }
+  }, { ...file, bytes: [...file.bytes] });
+}
+
+test("a PDF dropped three times fast is one document; the agent answers from it; a new version replaces it; the dashboard lists both", async () => {
+  const user = unique("pdf");
+  const page = await browser.newTab(chatUrl(server.base, user, unique("s")));
+  const first = { name: "expenses.pdf", type: "application/pdf", bytes: policyPdf("Minibar drinks in a hotel are never refunded, even with a receipt.") };
+  for (let i = 0; i < 3; i++) await drop(page, first);
+  await page.waitForSelector("#documents li.doc");
+  await page.screenshot({ path: path.join(ARTIFACTS, "documents-pdf-dropped.png") });
+  await page.waitForSelector("#documents li.doc[data-state=indexed]", { timeout: 30_000 });
+  assert.equal(await page.locator("#documents li.doc").count(), 1, "one ingestion for three drops");
+  assert.match(await page.locator("#documents li.doc .doc-meta").innerText(), /v1/);
+  const listed = await getJson(server.base, `/app/documents?user_id=${encodeURIComponent(user)}`);
+  assert.equal(listed.ingestions.length, 1, JSON.stringify(listed));
+  assert.equal(listed.ingestions[0].chunks_stored, listed.ingestions[0].chunks);
+
+  await page.fill("#composer-input", "Are minibar drinks in a hotel refunded?");
+  await page.click("#send");
+  let reply = page.locator("#messages li.msg.assistant[data-state=final]").last();
+  await reply.waitFor({ timeout: 20_000 });
+  let text = await reply.innerText();
+  assert.match(text, /expenses\.pdf/, `cites the PDF: ${text}`);
+  assert.match(text, /Minibar drinks in a hotel are never refunded, even with a receipt\./, `answers from the PDF: ${text}`);
+  await page.screenshot({ path: path.join(ARTIFACTS, "documents-pdf-answer.png") });
+
+  // A new version, chosen with the document's own button: the old one is
+  // searchable until the new one is indexed, then listed as replaced.
+  const second = policyPdf("Minibar drinks in a hotel are refunded up to 10 euros a night since March.");
+  const chooser = page.waitForEvent("filechooser");
+  await page.click("#documents li.doc[data-state=indexed] .doc-update");
+  await (await chooser).setFiles({ name: "expenses-2027.pdf", mimeType: "application/pdf", buffer: second });
+  await page.screenshot({ path: path.join(ARTIFACTS, "documents-pdf-version-chosen.png") });
+  await page.waitForSelector("#documents li.doc[data-state=superseded]", { timeout: 30_000 });
+  await page.waitForSelector("#documents li.doc[data-state=indexed]");
+  const current = page.locator("#documents li.doc[data-state=indexed]");
+  assert.match(await current.innerText(), /expenses-2027\.pdf/);
+  assert.match(await current.locator(".doc-meta").innerText(), /v2/);
+  await page.screenshot({ path: path.join(ARTIFACTS, "documents-pdf-version-2.png") });
+  const versions = await getJson(server.base, `/app/documents?user_id=${encodeURIComponent(user)}`);
+  assert.deepEqual(versions.ingestions.map((i) => [i.state, i.version_no]), [["indexed", 2], ["superseded", 1]]);
+  assert.equal(new Set(versions.ingestions.map((i) => i.document_id)).size, 1, "one document, two versions");
+
+  await page.fill("#composer-input", "Are minibar drinks in a hotel refunded?");
+  await page.click("#send");
+  await eventually(async () => (await page.locator("#messages li.msg.assistant[data-state=final]").count()) === 2, { what: "the second reply" });
+  text = await page.locator("#messages li.msg.assistant[data-state=final]").last().innerText();
+  assert.match(text, /refunded up to 10 euros a night since March/, `answers from version 2: ${text}`);
+  assert.doesNotMatch(text, /never refunded/, `not from version 1: ${text}`);
+
+  // The dashboard lists the two ingestions as the turns they are.
+  const dash = await browser.newTab(`${server.base}/dashboard`);
+  await dash.waitForSelector("#ingestions-pane:not([hidden]) #ingestions tbody tr[data-turn-id]");
+  const rows = dash.locator(`#ingestions tbody tr`, { hasText: user });
+  await eventually(async () => (await rows.count()) === 2, { what: "two ingestion rows" });
+  assert.match(await rows.first().innerText(), /expenses-2027\.pdf[\s\S]*indexed[\s\S]*v2/);
+  const turnId = await rows.first().getAttribute("data-turn-id");
+  assert.ok(turnId.startsWith("turn_"), turnId);
+  await dash.screenshot({ path: path.join(ARTIFACTS, "dashboard-ingestions.png"), fullPage: true });
+  await dash.close();
   await page.close();
 });
 

@@ -57,6 +57,7 @@ const els = {
   ledgerCount: document.getElementById("ledger-count"),
   drop: document.getElementById("drop"),
   file: document.getElementById("file"),
+  versionFile: document.getElementById("version-file"),
   documents: document.getElementById("documents"),
   documentsCount: document.getElementById("documents-count"),
   documentsNotice: document.getElementById("documents-notice"),
@@ -67,6 +68,8 @@ const els = {
 
 /** How often the documents list is read while an ingestion runs. */
 const DOCUMENTS_BUSY_MS = 700;
+/** How long an accepted upload is looked for in the list before it is given up on. */
+const DOCUMENT_APPEAR_MS = 10_000;
 
 const state = {
   user: "demo-user",
@@ -668,7 +671,16 @@ function renderDocuments(ingestions) {
             i.state === "processing"
               ? h("div", { class: "bar progress", role: "progressbar", "aria-valuemin": 0, "aria-valuemax": 100, "aria-valuenow": percent }, h("span", { style: { width: `${percent}%` } }))
               : null,
-            h("span", { class: "muted doc-meta" }, t("doc.meta", { chunks: i.chunks, version: i.version.slice(0, 8) })),
+            h(
+              "span",
+              { class: "muted doc-meta" },
+              i.version_no == null
+                ? t("doc.meta", { chunks: i.chunks, version: i.version.slice(0, 8) })
+                : t("doc.meta_version", { chunks: i.chunks, no: i.version_no, version: i.version.slice(0, 8) }),
+            ),
+            i.state === "indexed"
+              ? h("button", { type: "button", class: "doc-update", onclick: () => chooseVersion(i.document_id) }, t("doc.new_version"))
+              : null,
             i.state === "indexed"
               ? h("button", { type: "button", class: "doc-delete", onclick: () => deleteDocument(i.document_id, i.name) }, t("doc.delete"))
               : null,
@@ -682,7 +694,14 @@ function renderDocuments(ingestions) {
 
 let documentsTimer = null;
 
-/** Reads the user's ingestions; reads again soon while one runs. */
+/**
+ * Versions accepted by the server and not listed yet, with the time they
+ * were accepted: the ingestion is recorded when its background run begins,
+ * so the list is read again until it shows them (for DOCUMENT_APPEAR_MS).
+ */
+const awaited = new Map();
+
+/** Reads the user's ingestions; reads again soon while one runs or an accepted one is not listed yet. */
 async function loadDocuments() {
   clearTimeout(documentsTimer);
   const user = state.user;
@@ -697,19 +716,29 @@ async function loadDocuments() {
     return;
   }
   renderDocuments(result.body.ingestions);
-  if (result.body.ingestions.some((i) => i.state === "processing")) {
+  for (const [version, since] of awaited) {
+    const listed = result.body.ingestions.some((i) => i.version === version);
+    if (listed || Date.now() - since > DOCUMENT_APPEAR_MS) awaited.delete(version);
+  }
+  if (awaited.size > 0 || result.body.ingestions.some((i) => i.state === "processing")) {
     documentsTimer = setTimeout(loadDocuments, DOCUMENTS_BUSY_MS);
   }
 }
 
-/** Uploads one file; the server checks it at once and ingests it in the background. */
-async function uploadFile(file) {
+/**
+ * Uploads one file; the server checks it at once and ingests it in the
+ * background. With documentId the file is that document's next version: the
+ * old one stays searchable until the new one is fully indexed.
+ */
+async function uploadFile(file, documentId = null) {
   if (!file) return;
   documentsNotice(t("doc.uploading", { name: file.name }));
   const params = new URLSearchParams({ user_id: state.user, name: file.name });
+  if (documentId) params.set("document_id", documentId);
   const result = await postBytes(`/app/documents?${params}`, await file.arrayBuffer());
   if (result.ok) {
     documentsNotice("");
+    awaited.set(result.body.version, Date.now());
   } else {
     const error = (result.body && result.body.error) || {};
     const message =
@@ -721,6 +750,16 @@ async function uploadFile(file) {
     documentsNotice(message, "error");
   }
   loadDocuments();
+}
+
+/** The document the version chooser's file is for. */
+let versionOf = null;
+
+/** Asks for a file and uploads it as a new version of documentId. */
+function chooseVersion(documentId) {
+  versionOf = documentId;
+  els.versionFile.value = "";
+  els.versionFile.click();
 }
 
 async function deleteDocument(documentId, name) {
@@ -767,6 +806,12 @@ function wireDocuments() {
     const [file] = els.file.files;
     uploadFile(file);
     els.file.value = "";
+  });
+  els.versionFile.addEventListener("change", () => {
+    const [file] = els.versionFile.files;
+    if (file && versionOf) uploadFile(file, versionOf);
+    versionOf = null;
+    els.versionFile.value = "";
   });
   els.drop.addEventListener("dragover", (event) => {
     event.preventDefault();

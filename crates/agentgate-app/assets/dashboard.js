@@ -11,7 +11,7 @@ const REFRESH_INTERVAL_MS = 1000;
 const PAGE_ROWS = 10;
 
 /** The page shown of each recent list, 0 first. */
-const pages = { turns: 0, executions: 0 };
+const pages = { turns: 0, executions: 0, ingestions: 0 };
 /** The last data drawn, to redraw on a page change without waiting. */
 let last = null;
 
@@ -26,6 +26,9 @@ const els = {
   executions: document.querySelector("#executions tbody"),
   turnsPager: document.getElementById("turns-pager"),
   executionsPager: document.getElementById("executions-pager"),
+  ingestionsPane: document.getElementById("ingestions-pane"),
+  ingestions: document.querySelector("#ingestions tbody"),
+  ingestionsPager: document.getElementById("ingestions-pager"),
 };
 
 function short(id) {
@@ -185,6 +188,33 @@ function render(data) {
           ),
         ),
   );
+  // Ingestions (seed 003) are turns of their document's session; shown when
+  // the server ingests documents, with the engine's state and the progress.
+  els.ingestionsPane.hidden = !data.ingestions;
+  if (data.ingestions) {
+    fill(
+      els.ingestions,
+      data.ingestions.length === 0
+        ? emptyRow(6, "No documents ingested yet.")
+        : paged("ingestions", data.ingestions, els.ingestionsPager).map((i) =>
+            h(
+              "tr",
+              { dataset: { turnId: i.turn_id, state: i.state } },
+              h("td", {}, i.name, h("br"), h("span", { class: "mono muted", title: i.document_id }, short(i.document_id))),
+              h("td", {}, i.tenant),
+              h("td", { class: "mono", title: i.turn_id }, short(i.turn_id)),
+              h("td", {}, stateChip(i.state)),
+              h(
+                "td",
+                { class: "lease" },
+                `${i.chunks_stored} of ${i.chunks}`,
+                h("div", { class: "bar", "aria-hidden": "true" }, h("span", { style: { width: `${i.chunks > 0 ? (100 * i.chunks_stored) / i.chunks : 0}%` } })),
+              ),
+              h("td", { class: "num" }, i.version_no == null ? "–" : `v${i.version_no}`),
+            ),
+          ),
+    );
+  }
   els.limits.textContent = `· lease TTL ${Math.round(data.lease_ttl_ms / 1000)} s · default cap ${data.max_turns_per_user} turns per user`;
 }
 

@@ -13,6 +13,7 @@ use std::collections::BTreeSet;
 
 use agentgate::model::{ExecutionView, LiveTurn, TurnView};
 use agentgate::{TurnState, UserId};
+use agentgate_ingest::IngestionView;
 use agentgate_server::metrics::Counters;
 use agentgate_server::{ApiError, AppState};
 use axum::extract::State;
@@ -128,6 +129,10 @@ pub(crate) struct DashboardResponse {
     recent_turns: Vec<TurnRow>,
     /// Newest first.
     recent_executions: Vec<ExecutionRow>,
+    /// Newest first: the documents' ingestions (seed 003), each a turn of
+    /// its document's session; absent when the store has no documents.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ingestions: Option<Vec<IngestionView>>,
     /// This server's counters since it started.
     counters: Counters,
     lease_ttl_ms: u64,
@@ -180,6 +185,18 @@ pub(crate) async fn dashboard(
             TurnRow::new(turn, orphaned)
         })
         .collect();
+    let ingestions = match state
+        .extension::<crate::LedgerMount>()
+        .and_then(|mount| mount.documents.as_ref())
+    {
+        Some(documents) => Some(
+            documents
+                .recent(DASHBOARD_ROWS as usize)
+                .await
+                .map_err(crate::documents::api_error)?,
+        ),
+        None => None,
+    };
     Ok(Json(DashboardResponse {
         live: overview.live.into_iter().map(HolderRow::from).collect(),
         rows_limit: DASHBOARD_ROWS,
@@ -190,6 +207,7 @@ pub(crate) async fn dashboard(
             .into_iter()
             .map(ExecutionRow::from)
             .collect(),
+        ingestions,
         counters: state.metrics().counters(),
         lease_ttl_ms: u64::try_from(engine.lease_ttl.as_millis()).unwrap_or(u64::MAX),
         max_turns_per_user: engine.max_turns_per_user,

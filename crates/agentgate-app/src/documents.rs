@@ -1,11 +1,13 @@
 //! The documents pane's endpoints (seed 003's ingestion, through
 //! `agentgate-ingest` on the server's own engine and store):
 //!
-//! - `POST /app/documents?user_id=&name=` with the file as the body:
-//!   checked at once (400 for a file that cannot be ingested, nothing
-//!   written), then ingested in the background; `202` with the document id
-//!   and version. Uploads of one file at once make one ingestion: the
-//!   later ones find it running and end.
+//! - `POST /app/documents?user_id=&name=[&document_id=]` with the file
+//!   (text, Markdown or PDF) as the body: checked at once (400 for a file
+//!   that cannot be ingested, nothing written), then ingested in the
+//!   background; `202` with the document id and version. Uploads of one
+//!   file at once make one ingestion: the later ones find it running and
+//!   end. With `document_id`, the file is a new version of that document,
+//!   switched to when it is fully indexed.
 //! - `GET /app/documents?user_id=`: the user's ingestions, newest first,
 //!   each with its state from the engine's record and its progress.
 //! - `GET /app/documents/search?user_id=&q=`: the chunks of the user's
@@ -29,12 +31,16 @@ use serde::{Deserialize, Serialize};
 
 use crate::limits::SEARCH_HITS;
 
-/// `?user_id=&name=`
+/// `?user_id=&name=[&document_id=]`
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct UploadQuery {
     user_id: String,
     name: String,
+    /// The document this file is a new version of (a fenced blue-green
+    /// update); absent for a new document.
+    #[serde(default)]
+    document_id: Option<String>,
 }
 
 /// `?user_id=`
@@ -96,7 +102,7 @@ fn ingestor(state: &AppState) -> Result<&agentgate_ingest::Ingestor, ApiError> {
 }
 
 /// The ingestion's errors as the server's error body.
-fn api_error(error: IngestError) -> ApiError {
+pub(crate) fn api_error(error: IngestError) -> ApiError {
     match error {
         IngestError::Invalid(message) => ApiError::invalid(message),
         IngestError::Engine(engine) => ApiError::from(engine),
@@ -123,10 +129,10 @@ pub(crate) async fn upload(
     let ingestor = ingestor(&state)?.clone();
     let upload = Upload {
         tenant: user_id.as_str().to_owned(),
-        media_type: MediaType::from_name(&query.name),
+        media_type: MediaType::detect(&query.name, &body),
         name: query.name,
         content: body.to_vec(),
-        document_id: None,
+        document_id: query.document_id,
     };
     let accepted = ingestor.accept(&upload).await.map_err(api_error)?;
     // In the background, so the page shows progress and a closed tab does

@@ -7,7 +7,7 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::limits::{CHUNK_CHARS, MAX_CHUNKS};
+use crate::limits::{CHUNK_CHARS, MAX_CHUNKS, MAX_PDF_PAGES};
 use crate::IngestError;
 
 /// What an upload's bytes are.
@@ -18,14 +18,18 @@ pub enum MediaType {
     Text,
     /// CommonMark: the markup is dropped, the text kept.
     Markdown,
+    /// PDF: the text of its pages, in page order.
+    Pdf,
 }
 
 impl MediaType {
-    /// The media type a file name implies: `.md`/`.markdown` is Markdown,
-    /// anything else text.
-    pub fn from_name(name: &str) -> Self {
+    /// The media type of an upload: a PDF by its magic bytes (`%PDF-`) or
+    /// its name, Markdown by `.md`/`.markdown`, anything else text.
+    pub fn detect(name: &str, content: &[u8]) -> Self {
         let lower = name.to_ascii_lowercase();
-        if lower.ends_with(".md") || lower.ends_with(".markdown") {
+        if content.starts_with(b"%PDF-") || lower.ends_with(".pdf") {
+            Self::Pdf
+        } else if lower.ends_with(".md") || lower.ends_with(".markdown") {
             Self::Markdown
         } else {
             Self::Text
@@ -66,14 +70,18 @@ pub fn document_id(tenant: &str, content_sha: &str) -> String {
 
 /// The document's text.
 ///
+/// A PDF is parsed by `pdf-extract` (on `lopdf`), Markdown by
+/// `pulldown-cmark`. Parsing a PDF is CPU work: an async caller runs it
+/// through [`crate::Ingestor`], which bounds its time and its concurrency.
+///
 /// # Errors
-/// `invalid` when the bytes are not UTF-8 or hold no text.
+/// `invalid` when the bytes are not UTF-8 (text, Markdown), not a readable
+/// unencrypted PDF of at most [`MAX_PDF_PAGES`] pages, or hold no text.
 pub fn parse(content: &[u8], media_type: MediaType) -> Result<String, IngestError> {
-    let text = std::str::from_utf8(content)
-        .map_err(|e| IngestError::Invalid(format!("the document is not UTF-8: {e}")))?;
     let text = match media_type {
-        MediaType::Text => text.to_owned(),
-        MediaType::Markdown => markdown_text(text),
+        MediaType::Text => utf8(content)?.to_owned(),
+        MediaType::Markdown => markdown_text(utf8(content)?),
+        MediaType::Pdf => pdf_text(content)?,
     };
     if text.trim().is_empty() {
         return Err(IngestError::Invalid("the document holds no text".into()));
@@ -81,65 +89,77 @@ pub fn parse(content: &[u8], media_type: MediaType) -> Result<String, IngestErro
     Ok(text)
 }
 
-/// Markdown's text without its markup: heading and list markers, emphasis,
-/// code fences and link targets dropped, line structure kept.
-fn markdown_text(markdown: &str) -> String {
-    let mut out = String::with_capacity(markdown.len());
-    for line in markdown.lines() {
-        let line = line.trim_start();
-        if line.starts_with("```") || line.starts_with("~~~") {
-            continue;
-        }
-        let line = line.trim_start_matches('#').trim_start_matches('>');
-        let line = line
-            .strip_prefix("- ")
-            .or_else(|| line.strip_prefix("* "))
-            .or_else(|| line.strip_prefix("+ "))
-            .unwrap_or(line);
-        out.push_str(&strip_inline(line.trim()));
-        out.push('\n');
-    }
-    out
+fn utf8(content: &[u8]) -> Result<&str, IngestError> {
+    std::str::from_utf8(content)
+        .map_err(|e| IngestError::Invalid(format!("the document is not UTF-8: {e}")))
 }
 
-/// The longest link text and target [`strip_inline`] looks for, so a line
-/// of unclosed brackets costs linear time.
-const MAX_LINK_CHARS: usize = 512;
-
-/// Drops inline markup: `**`, `__`, `*`, `_`, `` ` ``, and `[text](target)`
-/// becomes `text`.
-fn strip_inline(line: &str) -> String {
-    let mut out = String::with_capacity(line.len());
-    let mut rest = line;
-    while let Some(c) = rest.chars().next() {
-        if c == '[' {
-            if let Some((text, after)) = link(rest) {
-                out.push_str(&strip_inline(text));
-                rest = after;
-                continue;
-            }
+/// A PDF's text, page after page, a blank line between pages so a page
+/// break is a paragraph break. `pdf-extract` can panic on a malformed
+/// file; that is the file's fault, so it is refused like any bad input.
+fn pdf_text(content: &[u8]) -> Result<String, IngestError> {
+    let bad = |why: String| IngestError::Invalid(format!("the PDF cannot be read: {why}"));
+    let extract = || -> Result<String, IngestError> {
+        let doc = pdf_extract::Document::load_mem(content).map_err(|e| bad(e.to_string()))?;
+        if doc.is_encrypted() {
+            return Err(bad("it is encrypted".into()));
         }
-        if !matches!(c, '*' | '_' | '`') {
-            out.push(c);
+        let pages = doc.get_pages().len();
+        if pages > MAX_PDF_PAGES {
+            return Err(IngestError::Invalid(format!(
+                "the PDF has {pages} pages; at most {MAX_PDF_PAGES}"
+            )));
         }
-        rest = &rest[c.len_utf8()..];
-    }
-    out
-}
-
-/// `[text](target)` at the start of `s`: the text and what follows the
-/// link. The text's own `]` closes it; both parts are bounded.
-fn link(s: &str) -> Option<(&str, &str)> {
-    let window = |from: &str| -> usize {
-        from.char_indices()
-            .nth(MAX_LINK_CHARS)
-            .map_or(from.len(), |(i, _)| i)
+        let mut text = String::new();
+        for page in 1..=u32::try_from(pages).map_err(|e| bad(e.to_string()))? {
+            let mut out = pdf_extract::PlainTextOutput::new(&mut text);
+            pdf_extract::output_doc_page(&doc, &mut out, page).map_err(|e| bad(e.to_string()))?;
+            text.push_str("\n\n");
+        }
+        Ok(text)
     };
-    let body = &s[1..];
-    let close = body[..window(body)].find(']')?;
-    let after = body[close + 1..].strip_prefix('(')?;
-    let end = after[..window(after)].find(')')?;
-    Some((&body[..close], &after[end + 1..]))
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(extract))
+        .unwrap_or_else(|_| Err(bad("the parser gave up on its structure".into())))
+}
+
+/// Markdown's text without its markup, as `pulldown-cmark` reads it: a
+/// block (paragraph, heading, code block, list, quote, table) ends with a
+/// blank line so the chunker sees it as a paragraph, a list item or a table
+/// row with a line break; link targets, images' URLs and raw HTML dropped.
+fn markdown_text(markdown: &str) -> String {
+    use pulldown_cmark::{Event, Options, Parser, TagEnd};
+    let mut out = String::with_capacity(markdown.len());
+    let options = Options::ENABLE_TABLES | Options::ENABLE_STRIKETHROUGH;
+    for event in Parser::new_ext(markdown, options) {
+        match event {
+            Event::Text(text) | Event::Code(text) => out.push_str(&text),
+            Event::SoftBreak | Event::HardBreak => out.push('\n'),
+            Event::End(TagEnd::Item | TagEnd::TableRow | TagEnd::TableHead) => {
+                end_line(&mut out, "\n");
+            }
+            Event::End(TagEnd::TableCell) => out.push(' '),
+            Event::End(
+                TagEnd::Paragraph
+                | TagEnd::Heading(_)
+                | TagEnd::CodeBlock
+                | TagEnd::List(_)
+                | TagEnd::BlockQuote(_)
+                | TagEnd::Table,
+            ) => end_line(&mut out, "\n\n"),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Ends the text's last line with `ending`, unless it already ends so.
+fn end_line(out: &mut String, ending: &str) {
+    let trimmed = out.trim_end_matches('\n').len();
+    let have = out.len() - trimmed;
+    if have < ending.len() {
+        out.truncate(trimmed);
+        out.push_str(ending);
+    }
 }
 
 /// Cuts the text into chunks of about [`CHUNK_CHARS`] characters, at
@@ -219,14 +239,30 @@ mod tests {
             MediaType::Markdown,
         )
         .unwrap();
-        assert_eq!(text, "Refunds\n\nKeep every receipt\nSee the policy\n");
+        assert_eq!(text, "Refunds\n\nKeep every receipt\nSee the policy\n\n");
         let text = parse(b"a [b] c [d](e) and [[[[", MediaType::Markdown).unwrap();
-        assert_eq!(text, "a [b] c d and [[[[\n");
+        assert_eq!(text, "a [b] c d and [[[[\n\n");
+        let text = parse(
+            b"```\nlet x = 1;\n```\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n<b>raw</b> tail\n",
+            MediaType::Markdown,
+        )
+        .unwrap();
+        assert_eq!(text, "let x = 1;\n\na b \n1 2 \n\nraw tail\n\n");
     }
 
     #[test]
     fn bad_input_is_refused() {
         assert!(parse(&[0xff, 0xfe], MediaType::Text).is_err());
         assert!(parse(b"  \n ", MediaType::Text).is_err());
+        assert!(parse(b"%PDF-1.4 not really", MediaType::Pdf).is_err());
+        assert!(parse(b"", MediaType::Pdf).is_err());
+    }
+
+    #[test]
+    fn a_pdf_is_detected_by_its_bytes_or_its_name() {
+        assert_eq!(MediaType::detect("x.bin", b"%PDF-1.7\n"), MediaType::Pdf);
+        assert_eq!(MediaType::detect("X.PDF", b""), MediaType::Pdf);
+        assert_eq!(MediaType::detect("a.Md", b"# t"), MediaType::Markdown);
+        assert_eq!(MediaType::detect("a.txt", b"t"), MediaType::Text);
     }
 }

@@ -428,11 +428,14 @@ impl Pool {
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub(crate) struct RunRow {
     pub(crate) turn_id: String,
+    pub(crate) tenant: String,
     pub(crate) document_id: String,
     pub(crate) version: String,
     pub(crate) name: String,
     pub(crate) chunks: i64,
     pub(crate) stored: i64,
+    /// The version's number once published.
+    pub(crate) version_no: Option<i64>,
 }
 
 impl Pool {
@@ -464,14 +467,22 @@ impl Pool {
         .map_err(db)
     }
 
-    /// The tenant's latest `limit` ingestions, newest first, with the chunks
-    /// of their version stored so far.
-    pub(crate) async fn runs(&self, tenant: &str, limit: i64) -> Result<Vec<RunRow>, IngestError> {
+    /// The latest `limit` ingestions of `tenant` (of every tenant for
+    /// `None`), newest first, with the chunks of their version stored so
+    /// far and the version's number once published.
+    pub(crate) async fn runs(
+        &self,
+        tenant: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<RunRow>, IngestError> {
         on_pool!(self, p => sqlx::query_as::<_, RunRow>(
-            "SELECT r.turn_id, r.document_id, r.version, r.name, r.chunks, \
+            "SELECT r.turn_id, r.tenant, r.document_id, r.version, r.name, r.chunks, \
                (SELECT COUNT(*) FROM ingest_chunks c \
-                WHERE c.document_id = r.document_id AND c.version = r.version) AS stored \
-             FROM ingest_runs r WHERE r.tenant = $1 ORDER BY r.created_at_ms DESC, r.turn_id LIMIT $2",
+                WHERE c.document_id = r.document_id AND c.version = r.version) AS stored, \
+               (SELECT v.version_no FROM ingest_versions v \
+                WHERE v.document_id = r.document_id AND v.version = r.version) AS version_no \
+             FROM ingest_runs r WHERE ($1 IS NULL OR r.tenant = $1) \
+             ORDER BY r.created_at_ms DESC, r.turn_id LIMIT $2",
         )
         .bind(tenant)
         .bind(limit)

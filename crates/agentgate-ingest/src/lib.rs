@@ -16,6 +16,9 @@
 //! | unfenced blue-green switch | the `publish` tool step switches the current version in its completion transaction, checked by the engine's fence and by the document row's |
 //! | duplicate cleaner | [`Ingestor::reconcile`] counts chunks by what they belong to (nothing is a duplicate by construction); [`Ingestor::clean`] deletes superseded versions after a grace, each as a fenced turn |
 //!
+//! Text, Markdown (`pulldown-cmark`) and PDF (`pdf-extract`) are parsed;
+//! a PDF in a blocking thread bounded by [`limits::MAX_PARSE_TIME`].
+//!
 //! The vector search is exact: the tenant's current chunks (at most
 //! [`limits::MAX_SEARCH_CHUNKS`]) are read in one statement and scored by
 //! cosine in process. Tested on SQLite and PostgreSQL.
@@ -40,9 +43,10 @@ pub use embed::{Embedder, HttpEmbedder, OfflineEmbedder};
 use crate::chunk::{chunk_id, chunks, document_id, parse, sha256_hex};
 use crate::db::{ChunkRow, Pool};
 use crate::limits::{
-    EMBED_BATCH, EMBED_RETRIES, EMBED_RETRY_PAUSE, FIRST_WAIT_STEP, MAX_DOCUMENT_BYTES,
-    MAX_INGEST_WAIT, MAX_NAME_BYTES, MAX_QUERY_BYTES, MAX_RECOVER_PER_PASS, MAX_SEARCH_CHUNKS,
-    MAX_SEARCH_HITS, MAX_TENANT_BYTES, MAX_WAIT_STEP, OLD_VERSION_GRACE,
+    EMBED_BATCH, EMBED_RETRIES, EMBED_RETRY_PAUSE, FIRST_WAIT_STEP, MAX_CONCURRENT_PARSES,
+    MAX_DOCUMENT_BYTES, MAX_INGEST_WAIT, MAX_NAME_BYTES, MAX_PARSE_TIME, MAX_QUERY_BYTES,
+    MAX_RECOVER_PER_PASS, MAX_SEARCH_CHUNKS, MAX_SEARCH_HITS, MAX_TENANT_BYTES, MAX_WAIT_STEP,
+    OLD_VERSION_GRACE,
 };
 
 /// What went wrong with an ingestion.
@@ -149,12 +153,18 @@ pub enum IngestionState {
 /// One ingestion in a tenant's list.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct IngestionView {
+    /// The ingestion's turn.
+    pub turn_id: String,
+    /// The tenant (the turn's user).
+    pub tenant: String,
     /// The document.
     pub document_id: String,
     /// The upload's name.
     pub name: String,
     /// The version it ingests.
     pub version: String,
+    /// The version's number among the document's versions, once published.
+    pub version_no: Option<i64>,
     /// Where it is, from the engine's record of its turn.
     pub state: IngestionState,
     /// Chunks of its version in the index now.
@@ -188,6 +198,8 @@ pub struct Ingestor {
     gate: Gate,
     pool: Pool,
     embedder: Arc<dyn Embedder>,
+    /// [`MAX_CONCURRENT_PARSES`] permits; a parse holds one in its thread.
+    parsing: Arc<tokio::sync::Semaphore>,
 }
 
 /// The session of a document's ingestions and updates.
@@ -211,7 +223,37 @@ impl Ingestor {
             gate,
             pool: Pool::open(store_url).await?,
             embedder,
+            parsing: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_PARSES)),
         })
+    }
+
+    /// [`parse`] in a blocking thread, at most [`MAX_CONCURRENT_PARSES`] at
+    /// once, refused after [`MAX_PARSE_TIME`] (waiting for a permit
+    /// included). A parse that ran out of time cannot be stopped, so its
+    /// thread keeps its permit until it ends: a run of hostile files slows
+    /// uploads down instead of piling up threads.
+    async fn parse(&self, content: &[u8], media_type: MediaType) -> Result<String, IngestError> {
+        let too_slow = || {
+            IngestError::Invalid(format!(
+                "parsing the document took longer than {MAX_PARSE_TIME:?}"
+            ))
+        };
+        let parsing = async {
+            let permit = Arc::clone(&self.parsing)
+                .acquire_owned()
+                .await
+                .map_err(|e| IngestError::Corrupt(format!("the parse permits closed: {e}")))?;
+            let content = content.to_vec();
+            tokio::task::spawn_blocking(move || {
+                let _permit = permit;
+                parse(&content, media_type)
+            })
+            .await
+            .map_err(|e| IngestError::Corrupt(format!("the parse thread failed: {e}")))?
+        };
+        tokio::time::timeout(MAX_PARSE_TIME, parsing)
+            .await
+            .map_err(|_| too_slow())?
     }
 
     /// The embedder (its call counts).
@@ -247,7 +289,7 @@ impl Ingestor {
     /// `invalid` (the bytes, the limits, another tenant's document); `store`.
     pub async fn accept(&self, upload: &Upload) -> Result<Accepted, IngestError> {
         check_upload(upload)?;
-        let count = chunks(&parse(&upload.content, upload.media_type)?)?.len();
+        let count = chunks(&self.parse(&upload.content, upload.media_type).await?)?.len();
         let sha = sha256_hex(&upload.content);
         let document_id = match &upload.document_id {
             Some(id) => id.clone(),
@@ -514,7 +556,7 @@ impl Ingestor {
             .blob(tenant, sha)
             .await?
             .ok_or_else(|| IngestError::Corrupt(format!("no stored bytes for {sha}")))?;
-        let text = parse(&blob.content, blob.media_type)?;
+        let text = self.parse(&blob.content, blob.media_type).await?;
         let pieces = chunks(&text)?;
         let count = i64::try_from(pieces.len()).map_err(|e| IngestError::Corrupt(e.to_string()))?;
         let others = self.pool.tenant_chunks(tenant, document_id).await?;
@@ -679,10 +721,29 @@ impl Ingestor {
     /// # Errors
     /// `engine`, `store`.
     pub async fn ingestions(&self, tenant: &str) -> Result<Vec<IngestionView>, IngestError> {
-        let runs = self
-            .pool
-            .runs(tenant, limits::MAX_LISTED_INGESTIONS)
-            .await?;
+        self.views(Some(tenant), limits::MAX_LISTED_INGESTIONS)
+            .await
+    }
+
+    /// The latest `limit` ingestions of every tenant (at most
+    /// [`limits::MAX_LISTED_INGESTIONS`]), newest first: the dashboard's
+    /// view, the same states as [`Ingestor::ingestions`].
+    ///
+    /// # Errors
+    /// `engine`, `store`.
+    pub async fn recent(&self, limit: usize) -> Result<Vec<IngestionView>, IngestError> {
+        let limit = i64::try_from(limit)
+            .unwrap_or(i64::MAX)
+            .min(limits::MAX_LISTED_INGESTIONS);
+        self.views(None, limit).await
+    }
+
+    async fn views(
+        &self,
+        tenant: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<IngestionView>, IngestError> {
+        let runs = self.pool.runs(tenant, limit).await?;
         let mut views = Vec::with_capacity(runs.len());
         for run in runs {
             let turn_id = agentgate::TurnId::new(run.turn_id.clone())?;
@@ -705,9 +766,12 @@ impl Ingestor {
                 _ => IngestionState::Failed,
             };
             views.push(IngestionView {
+                turn_id: run.turn_id,
+                tenant: run.tenant,
                 document_id: run.document_id,
                 name: run.name,
                 version: run.version,
+                version_no: run.version_no,
                 state,
                 chunks_stored: run.stored,
                 chunks: run.chunks,

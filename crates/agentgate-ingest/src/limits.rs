@@ -11,6 +11,17 @@ pub const MAX_NAME_BYTES: usize = 256;
 /// The longest tenant id, in bytes (a tenant is the turn's user).
 pub const MAX_TENANT_BYTES: usize = 100;
 
+/// The most pages a PDF may have.
+pub const MAX_PDF_PAGES: usize = 500;
+
+/// The longest one document's parsing may take (a PDF's text extraction
+/// is CPU work in a blocking thread) before the upload is refused.
+pub const MAX_PARSE_TIME: Duration = Duration::from_secs(20);
+
+/// The most documents parsed at once in one process; a parse that ran out
+/// of time keeps its permit until its thread really ends.
+pub const MAX_CONCURRENT_PARSES: usize = 2;
+
 /// A chunk's target size in characters; a paragraph longer than this is
 /// cut at a character boundary.
 pub const CHUNK_CHARS: usize = 800;

@@ -31,11 +31,73 @@ fn document(seed: &str, paragraphs: usize) -> Vec<u8> {
         .into_bytes()
 }
 
+/// `text` as a PDF: its paragraphs set in Helvetica, `per_page` to a page.
+/// Written by hand (objects, then a cross-reference table of their byte
+/// offsets), so the test depends on the parser alone.
+fn pdf(text: &[u8], per_page: usize) -> Vec<u8> {
+    let text = std::str::from_utf8(text).unwrap();
+    let paragraphs: Vec<&str> = text.split("\n\n").collect();
+    let pages: Vec<&[&str]> = paragraphs.chunks(per_page).collect();
+    let escape = |line: &str| {
+        line.replace('\\', "\\\\")
+            .replace('(', "\\(")
+            .replace(')', "\\)")
+    };
+    let kids: Vec<String> = (0..pages.len())
+        .map(|i| format!("{} 0 R", 4 + 2 * i))
+        .collect();
+    let mut objects = vec![
+        "<< /Type /Catalog /Pages 2 0 R >>".to_owned(),
+        format!(
+            "<< /Type /Pages /Kids [{}] /Count {} >>",
+            kids.join(" "),
+            pages.len()
+        ),
+        "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica /Encoding /WinAnsiEncoding >>"
+            .to_owned(),
+    ];
+    for (i, page) in pages.iter().enumerate() {
+        let mut content = String::from("BT /F1 9 Tf 14 TL 40 800 Td\n");
+        for paragraph in *page {
+            content.push_str(&format!("({}) Tj T* T*\n", escape(paragraph)));
+        }
+        content.push_str("ET");
+        objects.push(format!(
+            "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 595 842] \
+             /Resources << /Font << /F1 3 0 R >> >> /Contents {} 0 R >>",
+            5 + 2 * i
+        ));
+        objects.push(format!(
+            "<< /Length {} >>\nstream\n{content}\nendstream",
+            content.len()
+        ));
+    }
+    let mut out = b"%PDF-1.4\n".to_vec();
+    let mut offsets = Vec::new();
+    for (i, object) in objects.iter().enumerate() {
+        offsets.push(out.len());
+        out.extend(format!("{} 0 obj\n{object}\nendobj\n", i + 1).bytes());
+    }
+    let xref = out.len();
+    out.extend(format!("xref\n0 {}\n0000000000 65535 f \n", objects.len() + 1).bytes());
+    for offset in offsets {
+        out.extend(format!("{offset:010} 00000 n \n").bytes());
+    }
+    out.extend(
+        format!(
+            "trailer\n<< /Size {} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n",
+            objects.len() + 1
+        )
+        .bytes(),
+    );
+    out
+}
+
 fn upload(tenant: &str, name: &str, content: &[u8]) -> Upload {
     Upload {
         tenant: tenant.to_owned(),
         name: name.to_owned(),
-        media_type: MediaType::from_name(name),
+        media_type: MediaType::detect(name, content),
         content: content.to_vec(),
         document_id: None,
     }
@@ -99,17 +161,20 @@ async fn at_once(ingestor: &Ingestor, uploads: usize, one: &Upload) -> Vec<Inges
     done
 }
 
-/// Three uploads of one file at once (seed 003's triple click), then a
-/// storm of 50 of another: each is one ingestion, every caller gets the
+/// Three uploads of one PDF at once (seed 003's triple click), then a
+/// storm of 50 of a text file: each is one ingestion, every caller gets the
 /// same document, the embedder is paid once per chunk, and the index holds
 /// each chunk once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn uploads_of_one_file_at_once_make_one_ingestion() {
     for target in all_targets().await {
         let (ingestor, embedder) = ingestor(&target, Config::default()).await;
-        for (uploads, seed) in [(3, "triple"), (50, "storm")] {
+        for (uploads, seed, kind) in [(3, "triple", "pdf"), (50, "storm", "txt")] {
             let (calls, texts) = (embedder.calls(), embedder.texts());
-            let file = upload("acme", &format!("{seed}.txt"), &document(seed, 120));
+            let text = document(seed, 120);
+            let content = if kind == "pdf" { pdf(&text, 40) } else { text };
+            let file = upload("acme", &format!("{seed}.{kind}"), &content);
+            assert_eq!(file.media_type == MediaType::Pdf, kind == "pdf", "{file:?}");
             let done = at_once(&ingestor, uploads, &file).await;
             let first = done[0].clone();
             assert!(
@@ -139,7 +204,7 @@ async fn uploads_of_one_file_at_once_make_one_ingestion() {
                 target.name
             );
             println!(
-                "{} {seed}: {uploads} uploads -> 1 ingestion, {chunks} chunks, {} texts embedded in {} calls",
+                "{} {seed}.{kind}: {uploads} uploads -> 1 ingestion, {chunks} chunks, {} texts embedded in {} calls",
                 target.name,
                 embedder.texts() - texts,
                 embedder.calls() - calls
@@ -169,6 +234,18 @@ async fn uploads_of_one_file_at_once_make_one_ingestion() {
             .map(|h| (&h.document_id, h.chunk_index))
             .collect();
         assert_eq!(ids.len(), hits.len(), "{}: no passage twice", target.name);
+        // The PDF's text came through its parser: a sentence of it is found.
+        let from_pdf = ingestor
+            .search("acme", "triple receipt 7: lunch with the team", 5)
+            .await
+            .unwrap();
+        assert!(
+            from_pdf
+                .iter()
+                .any(|h| h.name == "triple.pdf" && h.text.contains("paid by card, total 3")),
+            "{}: {from_pdf:?}",
+            target.name
+        );
     }
 }
 
@@ -467,6 +544,14 @@ async fn updates_under_load_never_show_a_gap_or_a_mix() {
             ingestor.reconcile().await.unwrap().current_chunks,
             again.chunks
         );
+        // The list and the dashboard's view show it: indexed, version 53.
+        let newest = ingestor.ingestions("upd").await.unwrap().remove(0);
+        assert_eq!(newest.state, agentgate_ingest::IngestionState::Indexed);
+        assert_eq!(newest.version_no, Some(53), "{}: {newest:?}", target.name);
+        assert_eq!(newest.tenant, "upd");
+        let recent = ingestor.recent(500).await.unwrap();
+        assert!(recent.len() <= 50, "bounded by MAX_LISTED_INGESTIONS");
+        assert_eq!(recent[0].turn_id, newest.turn_id, "{}", target.name);
         let denied = ingestor.delete("someone-else", &first.document_id).await;
         assert!(
             matches!(denied, Err(agentgate_ingest::IngestError::Invalid(_))),

@@ -77,7 +77,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .ingest(&Upload {
             tenant: tenant.clone(),
             name: file.clone(),
-            media_type: MediaType::from_name(file),
+            media_type: MediaType::detect(file, &content),
             content,
             document_id: None,
         })
