@@ -248,6 +248,7 @@ mod tests {
             pending: None,
             confirmation: None,
             confirmed_by: None,
+            cancel_requested_at_ms: None,
             created_at_ms: 0,
             updated_at_ms: 0,
         }

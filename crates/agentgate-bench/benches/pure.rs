@@ -123,10 +123,18 @@ fn tool_claim(c: &mut Criterion) {
     };
     let mut group = c.benchmark_group("decide_tool_claim");
     group.bench_function("first_claim", |b| {
-        b.iter(|| decide_tool_claim(black_box(None), Fence(7), NOW_MS + 30_000, NOW_MS))
+        b.iter(|| decide_tool_claim(black_box(None), None, Fence(7), NOW_MS + 30_000, NOW_MS))
     });
     group.bench_function("cached", |b| {
-        b.iter(|| decide_tool_claim(black_box(Some(&done)), Fence(7), NOW_MS + 30_000, NOW_MS))
+        b.iter(|| {
+            decide_tool_claim(
+                black_box(Some(&done)),
+                None,
+                Fence(7),
+                NOW_MS + 30_000,
+                NOW_MS,
+            )
+        })
     });
     group.finish();
 }

@@ -381,6 +381,104 @@ async fn replay_and_payload_mismatch() {
     assert_eq!(replay.body["turn"]["error"], "bad input");
 }
 
+/// A cancel over HTTP, as a page's stop button sends it: no lease token,
+/// idempotent, checked against the owner; the holder learns it on its
+/// heartbeat and tool claim, ends the turn `cancelled` with its partial
+/// answer, and a repeat of the request replays that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_over_http_is_learned_by_the_holder_and_replayed() {
+    let dir = scratch();
+    let server = Server::start(dir.path(), &[]);
+    let client = server.client();
+    let (turn_id, token) = lease(&client.begin("gina", "chat-c", "msg-1", &json!("hi")).await);
+    let cancel = format!("/v1/turns/{turn_id}/cancel");
+    let heartbeat = format!("/v1/turns/{turn_id}/heartbeat");
+    let beat = client
+        .post(&heartbeat, Some(&token), &json!({}))
+        .await
+        .expect(200, "");
+    assert_eq!(beat.body["cancel_requested"], false);
+    // Another user's turn is not found, and nothing is written.
+    client
+        .post(&format!("{cancel}?user_id=mallory"), None, &json!({}))
+        .await
+        .expect(404, "not_found");
+    let beat = client
+        .post(&heartbeat, Some(&token), &json!({}))
+        .await
+        .expect(200, "");
+    assert_eq!(beat.body["cancel_requested"], false);
+    let first = client
+        .post(&format!("{cancel}?user_id=gina"), None, &json!({}))
+        .await
+        .expect(200, "");
+    assert_eq!(first.body["turn"]["state"], "running");
+    let at = first.body["turn"]["cancel_requested_at_ms"]
+        .as_i64()
+        .expect("recorded");
+    let second = client.post(&cancel, None, &json!({})).await.expect(200, "");
+    assert_eq!(
+        second.body["turn"]["cancel_requested_at_ms"], at,
+        "idempotent"
+    );
+    let beat = client
+        .post(&heartbeat, Some(&token), &json!({}))
+        .await
+        .expect(200, "");
+    assert_eq!(beat.body["cancel_requested"], true);
+    client
+        .post(
+            &format!("/v1/turns/{turn_id}/tools"),
+            Some(&token),
+            &json!({"tool": "book", "args": {"amount": 1}}),
+        )
+        .await
+        .expect(409, "turn_cancelled");
+    // The holder's ending needs its lease; a wrong token changes nothing.
+    let end = format!("/v1/turns/{turn_id}/end-cancelled");
+    client
+        .post(
+            &end,
+            Some("lt_wrong_token_wrong_token_wrong"),
+            &json!({"partial": "x"}),
+        )
+        .await
+        .expect(409, "lease_lost");
+    let ended = client
+        .post(
+            &end,
+            Some(&token),
+            &json!({"partial": {"text": "I was saying"}}),
+        )
+        .await
+        .expect(200, "");
+    assert_eq!(ended.body["turn"]["state"], "cancelled");
+    client
+        .post(&heartbeat, Some(&token), &json!({}))
+        .await
+        .expect(409, "lease_lost");
+    let after = client.post(&cancel, None, &json!({})).await.expect(200, "");
+    assert_eq!(after.body["turn"]["state"], "cancelled");
+    let replay = client
+        .begin("gina", "chat-c", "msg-1", &json!("hi"))
+        .await
+        .expect(200, "");
+    assert_eq!(replay.body["turn"]["state"], "cancelled");
+    assert_eq!(
+        replay.body["turn"]["response"],
+        json!({"text": "I was saying"})
+    );
+    client
+        .post("/v1/turns/turn_nope/cancel", None, &json!({}))
+        .await
+        .expect(404, "not_found");
+    // The session is free for the next message.
+    client
+        .begin("gina", "chat-c", "msg-2", &json!("next"))
+        .await
+        .expect(201, "");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_and_missing_lease_tokens() {
     let dir = scratch();

@@ -126,6 +126,9 @@ impl Store for Faulty {
     async fn turn(&self, turn_id: &TurnId) -> Result<Option<TurnView>> {
         self.inner.turn(turn_id).await
     }
+    async fn request_cancel(&self, turn_id: &TurnId) -> Result<Option<TurnView>> {
+        self.inner.request_cancel(turn_id).await
+    }
     async fn executions(
         &self,
         turn_id: &TurnId,

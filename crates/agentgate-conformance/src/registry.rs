@@ -40,6 +40,10 @@ macro_rules! for_each_check {
                 "2x cap sessions of one user: exactly cap start, no lease left by a rejected one";
             tool_storm: any,
                 "100 claims of one tool call: 1 executes, 99 in flight, then the cached result";
+            cancel_races_claims_and_ending: any,
+                "10 cancel requests race 40 tool claims: claims after it refused, one cancelled ending, replayed";
+            cancel_is_learned_by_the_watchdog: any,
+                "a cancel request fires the holder's signal via its heartbeat; dropped, it ends cancelled";
             execution_limit_storm: any,
                 "100 first claims one short of the execution limit: exactly 1 executes";
             same_transaction_effect: any,

@@ -195,7 +195,7 @@ fn decide_existing(facts: &BeginFacts<'_>, turn: &TurnSnapshot) -> BeginDecision
         return replay(turn);
     }
     let kind = match turn.state {
-        TurnState::Succeeded | TurnState::Confirmed => return replay(turn),
+        TurnState::Succeeded | TurnState::Confirmed | TurnState::Cancelled => return replay(turn),
         TurnState::Failed if !turn.retryable => return replay(turn),
         TurnState::AwaitingConfirmation => {
             return match session.and_then(|s| s.live_pending(facts.now_ms)) {
@@ -510,16 +510,26 @@ pub enum ToolDecision {
     Reject(Error),
 }
 
-/// Decides a tool claim by a caller holding a live lease with `fence`.
+/// Decides a tool claim by a caller holding a live lease with `fence`;
+/// `cancelled` is the turn's id when a cancel was requested for it.
 pub fn decide_tool_claim(
     existing: Option<&ExecutionSnapshot>,
+    cancelled: Option<&str>,
     fence: Fence,
     lease_expires_at_ms: i64,
     now_ms: i64,
 ) -> ToolDecision {
+    // A turn asked to stop runs no more tools, not even a cached one: its
+    // holder is to end it, not to go on.
+    if let Some(turn_id) = cancelled {
+        return ToolDecision::Reject(Error::TurnCancelled {
+            turn_id: turn_id.to_owned(),
+        });
+    }
     // The SQL stores also state this first case (and the per-turn execution
-    // limit) in one statement for their fast path: SQLite and PostgreSQL
-    // `first_claim`, MySQL `fast.rs`. Change them with it.
+    // limit, and no cancel request) in one statement for their fast path:
+    // SQLite and PostgreSQL `first_claim`, MySQL `fast.rs`. Change them
+    // with it.
     let Some(execution) = existing else {
         return ToolDecision::Insert;
     };

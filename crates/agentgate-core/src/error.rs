@@ -69,6 +69,13 @@ pub enum Error {
         /// Why, for logs; never contains the token.
         reason: &'static str,
     },
+    /// The turn was asked to stop (`POST /v1/turns/{id}/cancel`): its
+    /// holder may claim no more tools and should end it cancelled.
+    #[error("turn {turn_id} was cancelled")]
+    TurnCancelled {
+        /// The cancelled turn.
+        turn_id: String,
+    },
     /// A repeat of a request with a different payload.
     #[error("client_request_id was already used with a different payload")]
     PayloadMismatch,
@@ -121,6 +128,8 @@ pub enum ErrorKind {
     ToolInFlight,
     /// `lease_lost`
     LeaseLost,
+    /// `turn_cancelled`
+    TurnCancelled,
     /// `payload_mismatch`
     PayloadMismatch,
     /// `user_at_capacity`
@@ -146,6 +155,7 @@ impl ErrorKind {
             Self::AwaitingConfirmation => "awaiting_confirmation",
             Self::ToolInFlight => "tool_in_flight",
             Self::LeaseLost => "lease_lost",
+            Self::TurnCancelled => "turn_cancelled",
             Self::PayloadMismatch => "payload_mismatch",
             Self::UserAtCapacity => "user_at_capacity",
             Self::UnknownToolOutcome => "unknown_tool_outcome",
@@ -216,6 +226,7 @@ impl Error {
             Self::AwaitingConfirmation { .. } => ErrorKind::AwaitingConfirmation,
             Self::ToolInFlight { .. } => ErrorKind::ToolInFlight,
             Self::LeaseLost { .. } => ErrorKind::LeaseLost,
+            Self::TurnCancelled { .. } => ErrorKind::TurnCancelled,
             Self::PayloadMismatch => ErrorKind::PayloadMismatch,
             Self::UserAtCapacity { .. } => ErrorKind::UserAtCapacity,
             Self::UnknownToolOutcome { .. } => ErrorKind::UnknownToolOutcome,
@@ -278,6 +289,7 @@ mod tests {
             ErrorKind::AwaitingConfirmation,
             ErrorKind::ToolInFlight,
             ErrorKind::LeaseLost,
+            ErrorKind::TurnCancelled,
             ErrorKind::PayloadMismatch,
             ErrorKind::UserAtCapacity,
             ErrorKind::UnknownToolOutcome,

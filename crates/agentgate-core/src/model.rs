@@ -59,6 +59,10 @@ wire_enum!(
         /// one within the orphan grace: ended by the sweeper, its session
         /// and permit released. A repeat of its request restarts it.
         Abandoned => "abandoned",
+        /// Asked to stop, and ended so by its holder, with what it had done
+        /// so far; a repeat of its request replays it (a person who stopped
+        /// a reply does not want it run again by a retry).
+        Cancelled => "cancelled",
     }
 );
 
@@ -307,6 +311,12 @@ pub enum Ending {
         /// What the person is asked to approve.
         pending: CanonicalJson,
     },
+    /// Stopped at a cancel request, with what it had produced so far
+    /// (stored as its response, replayed to a repeat).
+    Cancel {
+        /// The partial response.
+        partial: CanonicalJson,
+    },
 }
 
 /// How a tool execution ends: the state it ends in, and the value its
@@ -372,6 +382,11 @@ impl Ending {
                 pending: Some(pending.as_str()),
                 ..none
             },
+            Ending::Cancel { partial } => EndingColumns {
+                state: TurnState::Cancelled.as_str(),
+                response: Some(partial.as_str()),
+                ..none
+            },
         }
     }
 }
@@ -411,6 +426,10 @@ pub struct TurnView {
     /// Set on a confirmed turn: the continuation that took the decision.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub confirmed_by: Option<TurnId>,
+    /// Store-clock time a cancel was requested, ms since the Unix epoch:
+    /// the holder learns it on its next heartbeat and tool claim.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cancel_requested_at_ms: Option<i64>,
     /// Store-clock creation time, ms since the Unix epoch.
     pub created_at_ms: i64,
     /// Store-clock time of the latest change, ms since the Unix epoch.

@@ -58,6 +58,9 @@ pub enum Completion<'a> {
 pub struct LeaseStatus {
     /// Remaining lease on the store's clock.
     pub lease_expires_in_ms: i64,
+    /// Whether the turn was asked to stop ([`Store::request_cancel`]): the
+    /// holder should end it with [`crate::model::Ending::Cancel`].
+    pub cancel_requested: bool,
 }
 
 /// A backend that keeps agentgate's records and leases.
@@ -123,6 +126,17 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// # Errors
     /// `store_unavailable`.
     async fn turn(&self, turn_id: &TurnId) -> Result<Option<TurnView>>;
+
+    /// Asks a running turn to stop, cooperatively: records the request on
+    /// the turn (once; a repeat changes nothing) without a lease token. Its
+    /// holder learns it on its next heartbeat (`cancel_requested`) and tool
+    /// claim (`turn_cancelled`), and ends it [`crate::model::Ending::Cancel`].
+    /// A turn that already ended is left as it is. Returns the turn's view
+    /// after the request; `None` when there is no such turn.
+    ///
+    /// # Errors
+    /// `store_unavailable`.
+    async fn request_cancel(&self, turn_id: &TurnId) -> Result<Option<TurnView>>;
 
     /// One page of a turn's tool executions, oldest first: those after
     /// `page.after` in (claim number, id) order, read with a keyset query,

@@ -140,7 +140,9 @@ impl ChatOutcome {
     /// The outcome of an ended turn from the engine's view of it.
     pub fn from_view(view: &TurnView, replayed: bool) -> Self {
         let reply = match view.state {
-            TurnState::Succeeded => view.response.as_ref().and_then(Reply::from_value),
+            TurnState::Succeeded | TurnState::Cancelled => {
+                view.response.as_ref().and_then(Reply::from_value)
+            }
             TurnState::AwaitingConfirmation | TurnState::Confirmed => {
                 view.pending.as_ref().and_then(Reply::from_value)
             }

@@ -41,6 +41,9 @@ pub enum TurnStateDto {
     /// within the orphan grace: ended by the sweeper, its session released.
     /// A repeat of its request restarts it.
     Abandoned,
+    /// Asked to stop and ended so by its holder; `response` holds what it
+    /// had produced. Repeats of its request replay it.
+    Cancelled,
 }
 
 impl From<TurnState> for TurnStateDto {
@@ -52,6 +55,7 @@ impl From<TurnState> for TurnStateDto {
             TurnState::AwaitingConfirmation => Self::AwaitingConfirmation,
             TurnState::Confirmed => Self::Confirmed,
             TurnState::Abandoned => Self::Abandoned,
+            TurnState::Cancelled => Self::Cancelled,
         }
     }
 }
@@ -399,6 +403,9 @@ pub struct TurnDto {
     /// Set on a confirmed turn: the continuation that took the decision.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub confirmed_by: Option<String>,
+    /// Set once a cancel was requested: store-clock ms since the Unix epoch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cancel_requested_at_ms: Option<i64>,
     /// Store-clock creation time, ms since the Unix epoch.
     pub created_at_ms: i64,
     /// Store-clock time of the latest change, ms since the Unix epoch.
@@ -421,6 +428,7 @@ impl From<TurnView> for TurnDto {
             pending: view.pending,
             confirmation: view.confirmation.map(ConfirmationDto::from),
             confirmed_by: view.confirmed_by.map(|id| id.to_string()),
+            cancel_requested_at_ms: view.cancel_requested_at_ms,
             created_at_ms: view.created_at_ms,
             updated_at_ms: view.updated_at_ms,
         }
@@ -492,6 +500,20 @@ pub struct ExecutionPageResponse {
 pub struct HeartbeatResponse {
     /// Remaining lease on the store's clock after the renewal.
     pub lease_expires_in_ms: i64,
+    /// `true` once the turn was asked to stop (`POST /v1/turns/{id}/cancel`):
+    /// stop working and end it with `POST /v1/turns/{id}/end-cancelled`.
+    pub cancel_requested: bool,
+}
+
+/// Body of `POST /v1/turns/{turn_id}/end-cancelled`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EndCancelledRequest {
+    /// What the turn had produced when it stopped (say, the reply so far);
+    /// stored as its response and replayed to repeats. Default `null`.
+    #[serde(default)]
+    #[schema(value_type = Option<JsonValue>)]
+    pub partial: Value,
 }
 
 /// A claimed execution the caller must now run.

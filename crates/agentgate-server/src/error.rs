@@ -62,6 +62,9 @@ pub enum ErrorCode {
     /// 409: a tool's previous attempt has an unknown outcome and a person
     /// must decide (library callers only).
     UnknownToolOutcome,
+    /// 409: the turn was asked to stop (`POST /v1/turns/{id}/cancel`): it
+    /// claims no more tools; its holder ends it with `end-cancelled`.
+    TurnCancelled,
     /// 422: the `client_request_id` was used with a different payload.
     PayloadMismatch,
     /// 422: a tool execution used all its attempts; it will not run again.
@@ -99,6 +102,7 @@ impl ErrorCode {
             Self::ToolInFlight => "tool_in_flight",
             Self::LeaseLost => "lease_lost",
             Self::UnknownToolOutcome => "unknown_tool_outcome",
+            Self::TurnCancelled => "turn_cancelled",
             Self::PayloadMismatch => "payload_mismatch",
             Self::AttemptsExhausted => "attempts_exhausted",
             Self::UserAtCapacity => "user_at_capacity",
@@ -119,6 +123,7 @@ impl ErrorCode {
             ErrorKind::AwaitingConfirmation => Self::AwaitingConfirmation,
             ErrorKind::ToolInFlight => Self::ToolInFlight,
             ErrorKind::LeaseLost => Self::LeaseLost,
+            ErrorKind::TurnCancelled => Self::TurnCancelled,
             ErrorKind::PayloadMismatch => Self::PayloadMismatch,
             ErrorKind::UserAtCapacity => Self::UserAtCapacity,
             ErrorKind::UnknownToolOutcome => Self::UnknownToolOutcome,
@@ -159,7 +164,8 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | ErrorCode::AwaitingConfirmation
         | ErrorCode::ToolInFlight
         | ErrorCode::LeaseLost
-        | ErrorCode::UnknownToolOutcome => StatusCode::CONFLICT,
+        | ErrorCode::UnknownToolOutcome
+        | ErrorCode::TurnCancelled => StatusCode::CONFLICT,
         ErrorCode::PayloadMismatch | ErrorCode::AttemptsExhausted => {
             StatusCode::UNPROCESSABLE_ENTITY
         }
@@ -493,7 +499,9 @@ pub(crate) enum ClaimErrors {
     #[response(status = 404)]
     NotFound(ErrorBody),
     /// `tool_in_flight` (this tool call is running under the caller's own
-    /// lease; retry after `Retry-After` seconds) or `lease_lost` (stop).
+    /// lease; retry after `Retry-After` seconds), `turn_cancelled` (the turn
+    /// was asked to stop: end it with `end-cancelled`) or `lease_lost`
+    /// (stop).
     #[response(
         status = 409,
         headers(("Retry-After" = u64, description = "tool_in_flight only: seconds until the turn's lease runs out, rounded up, at least 1"))
@@ -602,6 +610,7 @@ mod tests {
             (ErrorKind::AwaitingConfirmation, 409),
             (ErrorKind::ToolInFlight, 409),
             (ErrorKind::LeaseLost, 409),
+            (ErrorKind::TurnCancelled, 409),
             (ErrorKind::PayloadMismatch, 422),
             (ErrorKind::UserAtCapacity, 429),
             (ErrorKind::StoreUnavailable, 503),

@@ -76,6 +76,8 @@ pub(crate) fn v1_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(turns::complete))
         .routes(routes!(turns::fail))
         .routes(routes!(turns::await_confirmation))
+        .routes(routes!(turns::cancel))
+        .routes(routes!(turns::end_cancelled))
         .routes(routes!(tools::claim))
         .routes(routes!(tools::complete))
         .routes(routes!(tools::fail))

@@ -351,6 +351,14 @@ impl Store for Faulty {
         self.after(call, result, |_| None).await
     }
 
+    async fn request_cancel(&self, turn_id: &TurnId) -> Result<Option<TurnView>> {
+        let call = self
+            .before("request_cancel", turn_id.as_str(), None)
+            .await?;
+        let result = self.inner.request_cancel(turn_id).await;
+        self.after(call, result, |_| None).await
+    }
+
     async fn executions(
         &self,
         turn_id: &TurnId,

@@ -125,6 +125,8 @@ struct TurnRow {
     /// With [`OrphanClock::FirstListed`]: when a listing first found the
     /// running turn without a live lease (cleared by a grant).
     orphaned_at_ms: Option<i64>,
+    /// When a cancel was requested for the running turn.
+    cancel_requested_at_ms: Option<i64>,
 }
 
 #[derive(Clone, Debug)]
@@ -357,6 +359,7 @@ impl SimStore {
             pending: row.pending.as_deref().map(parse),
             confirmation: row.confirmation.clone(),
             confirmed_by: row.confirmed_by.as_deref().map(|t| id(TurnId::new(t))),
+            cancel_requested_at_ms: row.cancel_requested_at_ms,
             created_at_ms: row.created_at_ms,
             updated_at_ms: row.updated_at_ms,
         }
@@ -595,6 +598,7 @@ impl SimStore {
                     updated_at_ms: now,
                     ended_at_ms: None,
                     orphaned_at_ms: None,
+                    cancel_requested_at_ms: None,
                 },
             );
             confirmation
@@ -650,57 +654,67 @@ impl SimStore {
         });
         let key = idempotency_key(&lease.turn_id, call);
         let caller = Self::caller_fence(state, lease);
-        let (execution_id, attempt, previous) =
-            match decide_tool_claim(snapshot.as_ref(), live.fence, live.lease_expires_at_ms, now) {
-                ToolDecision::Reject(error) => return Err(error),
-                ToolDecision::Cached => {
-                    let execution_id = existing_id.unwrap_or_default();
-                    let result = state
-                        .executions
-                        .get(&execution_id)
-                        .and_then(|row| row.result.as_deref())
-                        .map_or(Value::Null, parse);
-                    return Ok(ToolClaim::Cached {
-                        execution_id: id(ExecutionId::new(execution_id)),
-                        result,
-                    });
+        let cancelled = state
+            .turns
+            .get(lease.turn_id.as_str())
+            .filter(|t| t.cancel_requested_at_ms.is_some())
+            .map(|_| lease.turn_id.as_str().to_owned());
+        let (execution_id, attempt, previous) = match decide_tool_claim(
+            snapshot.as_ref(),
+            cancelled.as_deref(),
+            live.fence,
+            live.lease_expires_at_ms,
+            now,
+        ) {
+            ToolDecision::Reject(error) => return Err(error),
+            ToolDecision::Cached => {
+                let execution_id = existing_id.unwrap_or_default();
+                let result = state
+                    .executions
+                    .get(&execution_id)
+                    .and_then(|row| row.result.as_deref())
+                    .map_or(Value::Null, parse);
+                return Ok(ToolClaim::Cached {
+                    execution_id: id(ExecutionId::new(execution_id)),
+                    result,
+                });
+            }
+            ToolDecision::Insert => {
+                let count = state
+                    .executions
+                    .values()
+                    .filter(|e| e.turn_id == lease.turn_id.as_str())
+                    .count();
+                let count = i64::try_from(count).expect("a turn's executions fit in i64");
+                check_execution_room(lease.turn_id.as_str(), count)?;
+                let execution_id = Self::mint(state, "exec");
+                state.by_call.insert(call_key, execution_id.clone());
+                state.executions.insert(
+                    execution_id.clone(),
+                    ExecutionRow {
+                        turn_id: lease.turn_id.as_str().to_owned(),
+                        tool: call.tool.as_str().to_owned(),
+                        key: key.clone(),
+                        state: ToolState::Running,
+                        attempt: 1,
+                        fence: live.fence.0,
+                        result: None,
+                        error: None,
+                    },
+                );
+                (execution_id, 1, None)
+            }
+            ToolDecision::Reclaim { attempt, previous } => {
+                let execution_id = existing_id.unwrap_or_default();
+                if let Some(row) = state.executions.get_mut(&execution_id) {
+                    row.state = ToolState::Running;
+                    row.attempt = attempt;
+                    row.fence = live.fence.0;
+                    row.error = None;
                 }
-                ToolDecision::Insert => {
-                    let count = state
-                        .executions
-                        .values()
-                        .filter(|e| e.turn_id == lease.turn_id.as_str())
-                        .count();
-                    let count = i64::try_from(count).expect("a turn's executions fit in i64");
-                    check_execution_room(lease.turn_id.as_str(), count)?;
-                    let execution_id = Self::mint(state, "exec");
-                    state.by_call.insert(call_key, execution_id.clone());
-                    state.executions.insert(
-                        execution_id.clone(),
-                        ExecutionRow {
-                            turn_id: lease.turn_id.as_str().to_owned(),
-                            tool: call.tool.as_str().to_owned(),
-                            key: key.clone(),
-                            state: ToolState::Running,
-                            attempt: 1,
-                            fence: live.fence.0,
-                            result: None,
-                            error: None,
-                        },
-                    );
-                    (execution_id, 1, None)
-                }
-                ToolDecision::Reclaim { attempt, previous } => {
-                    let execution_id = existing_id.unwrap_or_default();
-                    if let Some(row) = state.executions.get_mut(&execution_id) {
-                        row.state = ToolState::Running;
-                        row.attempt = attempt;
-                        row.fence = live.fence.0;
-                        row.error = None;
-                    }
-                    (execution_id, attempt, Some(previous))
-                }
-            };
+                (execution_id, attempt, Some(previous))
+            }
+        };
         self.record(
             now,
             Event::Write {
@@ -829,6 +843,10 @@ impl SimStore {
                 row.state = TurnState::AwaitingConfirmation;
                 row.pending = Some(pending.as_str().to_owned());
                 pending_until = Some(now + confirmation_ttl);
+            }
+            Ending::Cancel { partial } => {
+                row.state = TurnState::Cancelled;
+                row.response = Some(partial.as_str().to_owned());
             }
         }
         row.updated_at_ms = now;
@@ -1085,8 +1103,13 @@ impl Store for SimStore {
                     expires_at_ms: now + ttl,
                 },
             );
+            let cancel_requested = state
+                .turns
+                .get(lease.turn_id.as_str())
+                .is_some_and(|t| t.cancel_requested_at_ms.is_some());
             Ok(LeaseStatus {
                 lease_expires_in_ms: ttl,
+                cancel_requested,
             })
         })
     }
@@ -1135,6 +1158,18 @@ impl Store for SimStore {
             .turns
             .get(turn_id.as_str())
             .map(|row| Self::view(turn_id.as_str(), row)))
+    }
+
+    async fn request_cancel(&self, turn_id: &TurnId) -> Result<Option<TurnView>> {
+        self.step(|_, state, now| {
+            Ok(state.turns.get_mut(turn_id.as_str()).map(|row| {
+                if row.state == TurnState::Running && row.cancel_requested_at_ms.is_none() {
+                    row.cancel_requested_at_ms = Some(now);
+                    row.updated_at_ms = now;
+                }
+                Self::view(turn_id.as_str(), row)
+            }))
+        })
     }
 
     async fn executions(

@@ -171,8 +171,8 @@ pub(crate) async fn claim(
            (SELECT COUNT(*) FROM ag_tool_executions x WHERE x.turn_id = t.turn_id) + 1, \
            {NOW_MS}, {NOW_MS} \
          FROM ag_turns t JOIN ag_sessions s ON s.session_id = t.session_id \
-         WHERE {} AND (SELECT COUNT(*) FROM ag_tool_executions x \
-                       WHERE x.turn_id = t.turn_id) < ? \
+         WHERE {} AND t.cancel_requested_at_ms IS NULL \
+           AND (SELECT COUNT(*) FROM ag_tool_executions x WHERE x.turn_id = t.turn_id) < ? \
          FOR UPDATE",
         holder.condition()
     );
@@ -473,7 +473,7 @@ mod tests {
     /// the procedure must select exactly those columns, in that order.
     #[test]
     fn the_ending_procedure_selects_the_turn_columns_in_order() {
-        let migration = include_str!("../migrations/0006_fast_procedures.sql");
+        let migration = include_str!("../migrations/0008_cancel.sql");
         let body = &migration[migration
             .find("CREATE PROCEDURE ag_end_turn_fast")
             .expect("the ending procedure")..];

@@ -133,6 +133,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (5, include_str!("../migrations/0005_confirms_pending.sql")),
     (6, include_str!("../migrations/0006_fast_procedures.sql")),
     (7, include_str!("../migrations/0007_claim_seq.sql")),
+    (8, include_str!("../migrations/0008_cancel.sql")),
 ];
 
 /// agentgate on a MySQL or MariaDB database.

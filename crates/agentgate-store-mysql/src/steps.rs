@@ -127,19 +127,6 @@ impl LeaseSql for Rows {
 
 #[async_trait::async_trait]
 impl HeartbeatSql for Sql<'_> {
-    async fn turn_state(&self, lease: &LeaseRef) -> Result<Option<String>> {
-        // VARBINARY, as every text column here (see `rows`).
-        let state: Option<Vec<u8>> =
-            sqlx::query_scalar("SELECT state FROM ag_turns WHERE turn_id = ?")
-                .bind(lease.turn_id.as_str())
-                .fetch_optional(&self.0.pool)
-                .await
-                .map_err(map_sqlx)?;
-        state
-            .map(|s| String::from_utf8(s).map_err(|_| corrupt("a turn's state is not UTF-8")))
-            .transpose()
-    }
-
     /// One statement, its own transaction: renews session lease and permit
     /// (the same row); the turn needs no write while it runs. sqlx asks for
     /// "found rows", so a renewal within the same millisecond still counts.

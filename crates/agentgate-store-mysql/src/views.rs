@@ -63,7 +63,8 @@ pub(crate) async fn set_user_cap(
 /// their confirmation expired too). A running turn is never deleted: once
 /// orphaned past its grace it is ended `abandoned` first and kept for the
 /// retention like any ending. Binds: cutoff, pending cutoff.
-const SWEEPABLE_TURNS: &str = "((t.state IN ('succeeded', 'failed', 'confirmed', 'abandoned') \
+const SWEEPABLE_TURNS: &str =
+    "((t.state IN ('succeeded', 'failed', 'confirmed', 'abandoned', 'cancelled') \
       AND t.ended_at_ms < ?) \
     OR (t.state = 'awaiting_confirmation' AND t.ended_at_ms < ?))";
 

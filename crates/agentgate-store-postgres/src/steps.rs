@@ -51,14 +51,6 @@ use agentgate_store_sql::{Retry, StepTx};
 
 #[async_trait::async_trait]
 impl HeartbeatSql for Sql<'_> {
-    async fn turn_state(&self, lease: &LeaseRef) -> Result<Option<String>> {
-        sqlx::query_scalar("SELECT state FROM ag_turns WHERE turn_id = $1")
-            .bind(lease.turn_id.as_str())
-            .fetch_optional(&self.0.pool)
-            .await
-            .map_err(map_sqlx)
-    }
-
     /// One statement, its own transaction: renews session lease and permit
     /// (the same row); the turn needs no write while it runs.
     async fn renew_row_lease(&self, lease: &LeaseRef, ttl_ms: i64) -> Result<bool> {
@@ -132,7 +124,8 @@ impl ClaimSql for Sql<'_> {
                {NOW_MS}, {NOW_MS} \
              FROM (SELECT s.fence, \
                      (SELECT COUNT(*) FROM ag_tool_executions e WHERE e.turn_id = $2) AS executions \
-                   FROM ag_sessions s JOIN ag_turns t ON t.session_id = s.session_id WHERE {}) AS live \
+                   FROM ag_sessions s JOIN ag_turns t ON t.session_id = s.session_id \
+                   WHERE {} AND t.cancel_requested_at_ms IS NULL) AS live \
              WHERE live.executions < {MAX_EXECUTIONS_PER_TURN} \
              ON CONFLICT DO NOTHING",
             holder.condition(2, 6)

@@ -23,7 +23,8 @@ use crate::rows::{execution_snapshot, json, Columns, EXECUTION_COLUMNS};
 use crate::{Retry, StepTx};
 
 /// What a claim's full path reads in one statement: the call's execution,
-/// if any, with its stored result, and how many executions the turn has.
+/// if any, with its stored result, how many executions the turn has, and
+/// whether a cancel was requested for it.
 #[derive(Debug)]
 pub struct Lookup {
     /// The call's execution.
@@ -32,6 +33,8 @@ pub struct Lookup {
     pub result: Option<String>,
     /// The turn's executions, the call's own included.
     pub executions: i64,
+    /// Whether a cancel was requested for the turn.
+    pub cancel_requested: bool,
 }
 
 impl Lookup {
@@ -46,6 +49,7 @@ impl Lookup {
             execution: execution_snapshot(row)?,
             result: row.text("result")?,
             executions: row.int_required("executions")?,
+            cancel_requested: row.int("cancel_requested_at_ms")?.is_some(),
         })
     }
 }
@@ -55,8 +59,9 @@ impl Lookup {
 pub trait ClaimSql: StepTx {
     /// The first claim of a call in one autocommit statement: inserts
     /// `execution_id` running under the live lease's fence, attempt 1, when
-    /// the lease is live, the call has no execution and the turn is below
-    /// its bound; `false` when it inserted nothing.
+    /// the lease is live, no cancel was requested for the turn, the call
+    /// has no execution and the turn is below its bound; `false` when it
+    /// inserted nothing.
     async fn first_claim(
         &self,
         lease: &LeaseRef,
@@ -112,6 +117,7 @@ async fn claim_once<S: ClaimSql>(sql: &S, lease: &LeaseRef, call: &ToolCall) -> 
     let key = idempotency_key(&lease.turn_id, call);
     let decision = decide_tool_claim(
         lookup.execution.as_ref(),
+        lookup.cancel_requested.then_some(lease.turn_id.as_str()),
         live.fence,
         live.lease_expires_at_ms,
         live.now_ms,
@@ -177,6 +183,7 @@ async fn lookup<S: ClaimSql>(
 ) -> Result<Lookup> {
     let statement = Statement::new(format!(
         "SELECT (SELECT COUNT(*) FROM ag_tool_executions WHERE turn_id = $1) AS executions, \
+         (SELECT cancel_requested_at_ms FROM ag_turns WHERE turn_id = $1) AS cancel_requested_at_ms, \
          {EXECUTION_COLUMNS} FROM (SELECT 1) AS one \
          LEFT JOIN ag_tool_executions e ON e.turn_id = $1 AND e.tool = $2 AND e.args_hash = $3"
     ))

@@ -9,17 +9,21 @@
 //! heartbeat is `lease_lost` (SPEC §5), and its leftover key is released
 //! again so the session frees now. A refusal is explained by the store's
 //! read-only lease check; nothing was written.
+//!
+//! A renewal also tells the holder whether its turn was asked to stop
+//! (`cancel_requested`), read from the turn's row: the one read of the
+//! layered path, one more read after the row path's renewal.
 
 use agentgate_core::error::{Error, Result};
 use agentgate_core::model::{LeaseRef, TurnState};
 use agentgate_core::store::LeaseStatus;
 
+use crate::query::{On, Run, Statement};
+use crate::rows::Columns;
+
 /// The SQL a store supplies for a heartbeat.
 #[async_trait::async_trait]
-pub trait HeartbeatSql: crate::query::Run {
-    /// The turn's state as stored; `None` when there is no such turn.
-    async fn turn_state(&self, lease: &LeaseRef) -> Result<Option<String>>;
-
+pub trait HeartbeatSql: Run {
     /// Renews the session row's lease in one statement conditioned on the
     /// caller holding it, live; whether it did.
     async fn renew_row_lease(&self, lease: &LeaseRef, ttl_ms: i64) -> Result<bool>;
@@ -52,12 +56,13 @@ pub async fn heartbeat_once<S: HeartbeatSql>(sql: &S, lease: &LeaseRef) -> Resul
     if let Some(layer) = sql.leases() {
         let digest = lease.token.digest_hex();
         if let Some(remaining) = layer.renew(lease.turn_id.as_str(), &digest, ttl_ms).await? {
-            return match sql.turn_state(lease).await?.as_deref() {
-                Some(state) if state == TurnState::Running.as_str() => Ok(LeaseStatus {
+            return match running(sql, lease).await? {
+                Some((true, cancel_requested)) => Ok(LeaseStatus {
                     lease_expires_in_ms: remaining,
+                    cancel_requested,
                 }),
                 None => Err(Error::not_found(format!("turn {}", lease.turn_id))),
-                Some(_) => {
+                Some((false, _)) => {
                     if let Err(error) = layer.release(lease.turn_id.as_str(), &digest).await {
                         tracing::debug!(%error, "releasing an ended turn's leftover lease failed");
                     }
@@ -68,8 +73,14 @@ pub async fn heartbeat_once<S: HeartbeatSql>(sql: &S, lease: &LeaseRef) -> Resul
             };
         }
     } else if sql.renew_row_lease(lease, ttl_ms).await? {
+        // Renewed, so the turn runs (the renewal's condition says so); a
+        // row gone since is an ended-and-swept turn: not found.
+        let (_, cancel_requested) = running(sql, lease)
+            .await?
+            .ok_or_else(|| Error::not_found(format!("turn {}", lease.turn_id)))?;
         return Ok(LeaseStatus {
             lease_expires_in_ms: ttl_ms,
+            cancel_requested,
         });
     }
     // A lease that was not live for the renewal cannot have become live
@@ -78,4 +89,19 @@ pub async fn heartbeat_once<S: HeartbeatSql>(sql: &S, lease: &LeaseRef) -> Resul
     Err(Error::LeaseLost {
         reason: "lease expired",
     })
+}
+
+/// Whether the turn runs, and whether a cancel was requested for it; `None`
+/// when there is no such turn.
+async fn running<S: Run>(sql: &S, lease: &LeaseRef) -> Result<Option<(bool, bool)>> {
+    let statement =
+        Statement::new("SELECT state, cancel_requested_at_ms FROM ag_turns WHERE turn_id = $1")
+            .text(lease.turn_id.as_str());
+    let Some(row) = sql.fetch_optional(On::Read, statement).await? else {
+        return Ok(None);
+    };
+    let row = S::columns(&row);
+    let state: TurnState = row.text_required("state")?.parse()?;
+    let cancel_requested = row.int("cancel_requested_at_ms")?.is_some();
+    Ok(Some((state == TurnState::Running, cancel_requested)))
 }

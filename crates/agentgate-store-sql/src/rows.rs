@@ -24,7 +24,8 @@ use serde_json::Value;
 /// clause.
 pub const TURN_COLUMNS: &str = "turn_id, session_id, user_id, client_request_id, \
     fingerprint, state, attempt, fence, response, error, retryable, pending, \
-    confirms_turn_id, confirms_pending, decision, confirmed_by, created_at_ms, updated_at_ms";
+    confirms_turn_id, confirms_pending, decision, confirmed_by, created_at_ms, updated_at_ms, \
+    cancel_requested_at_ms";
 
 /// The columns [`execution_snapshot`] and [`execution_view`] read.
 pub const EXECUTION_COLUMNS: &str =
@@ -143,6 +144,8 @@ pub struct TurnRow {
     pub created_at_ms: i64,
     #[allow(missing_docs)]
     pub updated_at_ms: i64,
+    /// When a cancel was requested, if one was.
+    pub cancel_requested_at_ms: Option<i64>,
 }
 
 impl TurnRow {
@@ -182,6 +185,7 @@ impl TurnRow {
             confirmed_by: row.text("confirmed_by")?,
             created_at_ms: row.int_required("created_at_ms")?,
             updated_at_ms: row.int_required("updated_at_ms")?,
+            cancel_requested_at_ms: row.int("cancel_requested_at_ms")?,
         })
     }
 
@@ -234,6 +238,7 @@ impl TurnRow {
             pending: json(self.pending)?,
             confirmation,
             confirmed_by: self.confirmed_by.map(|t| id(TurnId::new, t)).transpose()?,
+            cancel_requested_at_ms: self.cancel_requested_at_ms,
             created_at_ms: self.created_at_ms,
             updated_at_ms: self.updated_at_ms,
         })

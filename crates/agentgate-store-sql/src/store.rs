@@ -94,6 +94,13 @@ macro_rules! impl_store {
                 $crate::views::turn(&crate::steps::Sql(self), turn_id).await
             }
 
+            async fn request_cancel(
+                &self,
+                turn_id: &::agentgate_core::ids::TurnId,
+            ) -> ::agentgate_core::error::Result<Option<::agentgate_core::model::TurnView>> {
+                $crate::views::request_cancel(&crate::steps::Sql(self), turn_id).await
+            }
+
             async fn executions(
                 &self,
                 turn_id: &::agentgate_core::ids::TurnId,

@@ -139,6 +139,31 @@ pub async fn turn<S: ViewSql>(sql: &S, turn_id: &TurnId) -> Result<Option<TurnVi
         .transpose()
 }
 
+/// Records a cancel request on a running turn (once: a repeat, or a turn
+/// that ended, changes nothing), then reads its view.
+///
+/// # Errors
+/// The store's error; `corrupt` when more than one row changed.
+pub async fn request_cancel<S: ViewSql>(sql: &S, turn_id: &TurnId) -> Result<Option<TurnView>> {
+    let written = sql
+        .execute(
+            On::Write,
+            Statement::new(format!(
+                "UPDATE ag_turns SET cancel_requested_at_ms = {now}, updated_at_ms = {now} \
+                 WHERE turn_id = $1 AND state = 'running' AND cancel_requested_at_ms IS NULL",
+                now = S::NOW_MS
+            ))
+            .text(turn_id.as_str()),
+        )
+        .await?;
+    if written > 1 {
+        return Err(Error::corrupt(format!(
+            "a cancel request changed {written} turns {turn_id}"
+        )));
+    }
+    turn(sql, turn_id).await
+}
+
 /// Ordering keys and stored sizes (`execution_id`, `claim_seq`, result +
 /// error bytes) of up to `fetch` executions of the turn after the key
 /// `after`, in key order.

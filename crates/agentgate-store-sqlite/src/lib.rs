@@ -73,6 +73,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (6, include_str!("../migrations/0006_begin_new.sql")),
     (7, include_str!("../migrations/0007_end_release.sql")),
     (8, include_str!("../migrations/0008_begin_layered.sql")),
+    (9, include_str!("../migrations/0009_cancel.sql")),
 ];
 
 /// agentgate on an embedded SQLite file.

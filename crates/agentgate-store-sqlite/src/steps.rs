@@ -171,14 +171,6 @@ pub(crate) async fn locked_step(
 
 #[async_trait::async_trait]
 impl HeartbeatSql for Sql<'_> {
-    async fn turn_state(&self, lease: &LeaseRef) -> Result<Option<String>> {
-        sqlx::query_scalar("SELECT state FROM ag_turns WHERE turn_id = ?")
-            .bind(lease.turn_id.as_str())
-            .fetch_optional(&self.0.reader)
-            .await
-            .map_err(map_sqlx)
-    }
-
     /// One autocommit statement on the writer renews session lease and
     /// permit (the same row).
     async fn renew_row_lease(&self, lease: &LeaseRef, ttl_ms: i64) -> Result<bool> {
@@ -221,8 +213,9 @@ impl StepTx for Sql<'_> {
 
 #[async_trait::async_trait]
 impl ClaimSql for Sql<'_> {
-    /// One autocommit statement: inserts when the lease is live, the call
-    /// has no execution yet and the turn is below its bound. SQLite has one
+    /// One autocommit statement: inserts when the lease is live, no cancel
+    /// was requested, the call has no execution yet and the turn is below
+    /// its bound. SQLite has one
     /// writer, so the statement's check and write see the same state.
     async fn first_claim(
         &self,
@@ -242,6 +235,8 @@ impl ClaimSql for Sql<'_> {
              FROM (SELECT {} AS fence, \
                      (SELECT COUNT(*) FROM ag_tool_executions WHERE turn_id = ?1) AS executions) live \
              WHERE live.fence IS NOT NULL AND live.executions < ?7 \
+               AND NOT EXISTS (SELECT 1 FROM ag_turns c \
+                               WHERE c.turn_id = ?1 AND c.cancel_requested_at_ms IS NOT NULL) \
              ON CONFLICT DO NOTHING",
             proof.live_fence()
         );

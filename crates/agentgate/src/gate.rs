@@ -188,6 +188,19 @@ impl Gate {
         self.begin_command(&command).await
     }
 
+    /// Asks the running turn `turn_id` to stop (no lease needed; a repeat,
+    /// or a turn that already ended, changes nothing). Its holder's
+    /// [`crate::Turn::cancellation`] fires at its next heartbeat (at most a
+    /// third of the TTL away) or tool claim; it then ends the turn
+    /// `cancelled`. Returns the turn's view; `None` when there is no such
+    /// turn.
+    ///
+    /// # Errors
+    /// `store_unavailable`.
+    pub async fn request_cancel(&self, turn_id: &TurnId) -> Result<Option<TurnView>> {
+        self.store.request_cancel(turn_id).await
+    }
+
     /// Takes over the longest-orphaned turn that `filter` admits (a running
     /// turn whose lease expired without an ending), exactly like a takeover,
     /// for a recovery worker to resume. `None` when there is none. Many

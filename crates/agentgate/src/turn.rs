@@ -24,17 +24,24 @@ use agentgate_core::model::{
 use agentgate_core::retry;
 use agentgate_core::store::{BoxFuture, Completion, LeaseStatus, Store};
 use serde_json::{json, Value};
+use std::sync::atomic::{AtomicBool, Ordering};
 use tokio_util::sync::CancellationToken;
 
 use crate::effect::{ClosureEffect, SqlTx};
-use crate::watchdog::Watchdog;
+use crate::watchdog::{CancelSignal, Watchdog};
 
 /// A running turn: proof of the session lease and the user's permit.
 pub struct Turn {
     store: Arc<dyn Store>,
     grant: Grant,
     lease: LeaseRef,
+    /// Fires when the lease is lost.
     lost: CancellationToken,
+    /// Fires when the lease is lost or a cancel was requested: the signal
+    /// callers stop on ([`Turn::cancellation`]); a child of `lost`.
+    stop: CancellationToken,
+    /// Set once the holder learned that a cancel was requested.
+    cancel_requested: Arc<AtomicBool>,
     watchdog: Option<Watchdog>,
     /// Set once an ending reached the store (or the lease was found gone).
     ended: bool,
@@ -207,6 +214,8 @@ impl Turn {
             token: grant.lease_token.clone(),
         };
         let lost = CancellationToken::new();
+        let stop = lost.child_token();
+        let cancel_requested = Arc::new(AtomicBool::new(false));
         let watchdog = Watchdog::spawn(
             Arc::clone(&store),
             lease.clone(),
@@ -214,12 +223,18 @@ impl Turn {
             requested_at,
             std::time::Duration::from_millis(u64::try_from(grant.lease_expires_in_ms).unwrap_or(0)),
             lost.clone(),
+            CancelSignal {
+                requested: Arc::clone(&cancel_requested),
+                stop: stop.clone(),
+            },
         );
         Self {
             store,
             grant,
             lease,
             lost,
+            stop,
+            cancel_requested,
             watchdog: Some(watchdog),
             ended: false,
         }
@@ -260,15 +275,23 @@ impl Turn {
         self.grant.confirmation.as_ref()
     }
 
-    /// Fires when the lease is lost or could not be renewed in time: stop
-    /// work; any further change will be refused as `lease_lost`.
+    /// Fires when work on the turn must stop: the lease was lost or could
+    /// not be renewed in time (any further change will be refused as
+    /// `lease_lost`), or a cancel was requested ([`Turn::cancel_requested`]:
+    /// end it with [`Turn::end_cancelled`], or drop it, which ends it so).
     pub fn cancellation(&self) -> CancellationToken {
-        self.lost.clone()
+        self.stop.clone()
     }
 
     /// Whether the cancellation signal has fired.
     pub fn is_cancelled(&self) -> bool {
-        self.lost.is_cancelled()
+        self.stop.is_cancelled()
+    }
+
+    /// Whether the holder has learned (on a heartbeat, the watchdog's or
+    /// its own, or on a tool claim) that a cancel was requested.
+    pub fn cancel_requested(&self) -> bool {
+        self.cancel_requested.load(Ordering::SeqCst)
     }
 
     /// Renews the lease now (the watchdog also does it every TTL/3).
@@ -276,7 +299,19 @@ impl Turn {
     /// # Errors
     /// `lease_lost`, `store_unavailable`.
     pub async fn heartbeat(&self) -> Result<LeaseStatus> {
-        self.store.heartbeat(&self.lease).await
+        let status = self.store.heartbeat(&self.lease).await?;
+        if status.cancel_requested {
+            self.learn_cancel();
+        }
+        Ok(status)
+    }
+
+    fn learn_cancel(&self) {
+        CancelSignal {
+            requested: Arc::clone(&self.cancel_requested),
+            stop: self.stop.clone(),
+        }
+        .fire();
     }
 
     /// Claims the tool execution keyed by `(this turn, tool, args)`.
@@ -286,7 +321,11 @@ impl Turn {
     /// same call is running under this lease; `lease_lost`; `store_unavailable`.
     pub async fn tool(&self, tool: &str, args: &Value) -> Result<ToolStep<'_>> {
         let call = ToolCall::new(ToolName::new(tool)?, args)?;
-        Ok(match self.store.claim_tool(&self.lease, &call).await? {
+        let claim = self.store.claim_tool(&self.lease, &call).await;
+        if matches!(&claim, Err(e) if e.kind() == ErrorKind::TurnCancelled) {
+            self.learn_cancel();
+        }
+        Ok(match claim? {
             ToolClaim::Cached { result, .. } => ToolStep::Cached(result),
             ToolClaim::Execute {
                 execution_id,
@@ -398,6 +437,19 @@ impl Turn {
         }
     }
 
+    /// Ends the turn `cancelled`, with what it produced so far (`partial`,
+    /// replayed to a repeat of its request), after a cancel request, or of
+    /// the holder's own accord. The tools that ran are in its journal.
+    ///
+    /// # Errors
+    /// As [`Turn::succeed`].
+    pub async fn end_cancelled(self, partial: &Value) -> Result<TurnView, EndError> {
+        match CanonicalJson::new("partial", partial) {
+            Ok(partial) => self.end(Ending::Cancel { partial }).await,
+            Err(error) => Err(EndError::keeping(self, error)),
+        }
+    }
+
     async fn end(mut self, ending: Ending) -> Result<TurnView, EndError> {
         // The watchdog keeps renewing until the ending is stored: a retry
         // below needs a live lease, and a turn handed back must keep it.
@@ -445,6 +497,7 @@ impl Turn {
             Ending::Succeed { .. } => TurnState::Succeeded,
             Ending::Fail { .. } => TurnState::Failed,
             Ending::AwaitConfirmation { .. } => TurnState::AwaitingConfirmation,
+            Ending::Cancel { .. } => TurnState::Cancelled,
         };
         let view = self.store.turn(&self.grant.turn_id).await.ok()??;
         (view.fence == self.grant.fence && view.state == expected).then_some(view)
@@ -506,15 +559,24 @@ impl From<EndError> for Error {
     }
 }
 
-async fn release_dropped(store: Arc<dyn Store>, lease: LeaseRef) {
-    let error = CanonicalJson::new(
-        "error",
-        &json!({"code": "dropped", "message": "turn dropped without an ending"}),
-    )
-    .expect("a small constant is within the JSON limits");
-    let ending = Ending::Fail {
-        error,
-        retryable: true,
+/// Ends a turn dropped without an ending: `cancelled` (with no partial
+/// response) when its holder had learned of a cancel request, so a retry
+/// does not run what a person stopped; else a retryable failure.
+async fn release_dropped(store: Arc<dyn Store>, lease: LeaseRef, cancel_requested: bool) {
+    let ending = if cancel_requested {
+        Ending::Cancel {
+            partial: CanonicalJson::new("partial", &Value::Null)
+                .expect("null is within the JSON limits"),
+        }
+    } else {
+        Ending::Fail {
+            error: CanonicalJson::new(
+                "error",
+                &json!({"code": "dropped", "message": "turn dropped without an ending"}),
+            )
+            .expect("a small constant is within the JSON limits"),
+            retryable: true,
+        }
     };
     for attempt in 1..=RELEASE_ATTEMPTS {
         match store.end_turn(&lease, &ending).await {
@@ -541,7 +603,11 @@ impl Drop for Turn {
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 tracing::debug!(turn_id = %self.lease.turn_id, "turn dropped without an ending; releasing");
-                runtime.spawn(release_dropped(Arc::clone(&self.store), self.lease.clone()));
+                runtime.spawn(release_dropped(
+                    Arc::clone(&self.store),
+                    self.lease.clone(),
+                    self.cancel_requested(),
+                ));
             }
             Err(_) => tracing::warn!(
                 turn_id = %self.lease.turn_id,

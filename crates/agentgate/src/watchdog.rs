@@ -9,6 +9,7 @@
 use agentgate_core::limits::RETRY_DIVISOR;
 use agentgate_core::limits::SAFETY_MARGIN_DIVISOR;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -46,6 +47,7 @@ impl Watchdog {
         granted_at: Instant,
         lease_expires_in: Duration,
         lost: CancellationToken,
+        cancel: CancelSignal,
     ) -> Self {
         let stop = CancellationToken::new();
         let task_stop = stop.clone();
@@ -68,7 +70,7 @@ impl Watchdog {
                 // simulation replays a seed exactly).
                 biased;
                 () = task_stop.cancelled() => {}
-                () = renew(heartbeat, &lease.turn_id, schedule, &lost, &publish) => {}
+                () = renew(heartbeat, &lease.turn_id, schedule, (&lost, &cancel), &publish) => {}
             }
         });
         Self { stop, give_up_at }
@@ -96,13 +98,33 @@ struct Schedule {
     lease_expires_in: Duration,
 }
 
+/// How a holder learns of a cancel request: the flag it reads, and the
+/// signal its work stops on. The lease stays renewed: the holder still has
+/// to end the turn.
+#[derive(Clone, Debug)]
+pub(crate) struct CancelSignal {
+    pub(crate) requested: Arc<AtomicBool>,
+    pub(crate) stop: CancellationToken,
+}
+
+impl CancelSignal {
+    /// Records the request and fires the stop signal (once).
+    pub(crate) fn fire(&self) {
+        if !self.requested.swap(true, Ordering::SeqCst) {
+            self.stop.cancel();
+        }
+    }
+}
+
 /// Renews by calling `heartbeat` every TTL/3 until the lease is lost or its
-/// deadline passes, then fires `lost`. Publishes each new give-up instant.
+/// deadline passes, then fires `lost`; a renewal that reports a cancel
+/// request fires `cancel` and goes on renewing. Publishes each new give-up
+/// instant.
 async fn renew<F, Fut>(
     mut heartbeat: F,
     turn_id: &TurnId,
     schedule: Schedule,
-    lost: &CancellationToken,
+    (lost, cancel): (&CancellationToken, &CancelSignal),
     publish: &watch::Sender<Instant>,
 ) where
     F: FnMut() -> Fut,
@@ -129,6 +151,10 @@ async fn renew<F, Fut>(
         }
         match timeout_at(give_up_at, heartbeat()).await {
             Ok(Ok(status)) => {
+                if status.cancel_requested && !cancel.requested.load(Ordering::SeqCst) {
+                    tracing::info!(%turn_id, "a cancel was requested; signalling the turn");
+                    cancel.fire();
+                }
                 sent_at = attempt_at;
                 expires_in =
                     Duration::from_millis(u64::try_from(status.lease_expires_in_ms).unwrap_or(0));
@@ -174,6 +200,8 @@ mod tests {
         cancelled: Option<Duration>,
         /// The last give-up instant published, from the grant.
         give_up: Duration,
+        /// Whether a cancel request was signalled.
+        cancel_signalled: bool,
     }
 
     /// Runs the watchdog for at most `limit` on a lease granted now for the
@@ -201,7 +229,11 @@ mod tests {
             lease_expires_in: TTL,
         };
         let turn_id = TurnId::new("t-watchdog").unwrap();
-        let watched = renew(heartbeat, &turn_id, schedule, &lost, &publish);
+        let cancel = CancelSignal {
+            requested: Arc::new(AtomicBool::new(false)),
+            stop: lost.child_token(),
+        };
+        let watched = renew(heartbeat, &turn_id, schedule, (&lost, &cancel), &publish);
         let returned = tokio::time::timeout(limit, watched).await.is_ok();
         let cancelled = lost.is_cancelled().then(|| granted_at.elapsed());
         // The watchdog returns exactly when it cancels.
@@ -211,12 +243,14 @@ mod tests {
             sent: sent.into_inner().unwrap(),
             cancelled,
             give_up,
+            cancel_signalled: cancel.stop.is_cancelled() && cancel.requested.load(Ordering::SeqCst),
         }
     }
 
     fn renewed(ms: i64) -> Option<Result<LeaseStatus>> {
         Some(Ok(LeaseStatus {
             lease_expires_in_ms: ms,
+            cancel_requested: false,
         }))
     }
 
@@ -231,6 +265,25 @@ mod tests {
         assert_eq!(run.cancelled, None);
         // Last renewal sent at 90 s for 30 s, minus the 6 s margin.
         assert_eq!(run.give_up, Duration::from_secs(114));
+    }
+
+    /// A renewal that reports a cancel request signals the turn's holder,
+    /// and the lease goes on being renewed: the holder still ends the turn.
+    #[tokio::test(start_paused = true)]
+    async fn a_cancel_request_signals_the_holder_and_renewals_go_on() {
+        let run = run(
+            |n| {
+                Some(Ok(LeaseStatus {
+                    lease_expires_in_ms: 30_000,
+                    cancel_requested: n >= 1,
+                }))
+            },
+            Duration::from_secs(45),
+        )
+        .await;
+        assert!(run.cancel_signalled, "{run:?}");
+        assert_eq!(run.cancelled, None, "the lease is not lost");
+        assert_eq!(run.sent, secs(&[10, 20, 30, 40]));
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,6 +1,7 @@
 //! The checks. Each takes a fresh [`Target`], attacks one invariant, asserts
 //! both the success side and the refusal side, and prints its counts.
 
+mod cancel;
 mod confirm_races;
 mod confirmation;
 mod inflight;
@@ -25,6 +26,7 @@ use std::time::Duration;
 use agentgate::{Begun, Config, Error, Gate, Turn};
 use tokio::sync::Barrier;
 
+pub use cancel::{cancel_is_learned_by_the_watchdog, cancel_races_claims_and_ending};
 pub use confirm_races::{confirmation_races_a_new_message, confirmation_rejected_and_repeated};
 pub use confirmation::{confirmation_flow, confirmation_race, pending_confirmation_expires};
 pub use inflight::old_writes_in_flight_during_takeover;

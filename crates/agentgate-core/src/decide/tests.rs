@@ -723,7 +723,7 @@ fn execution(state: ToolState, attempt: u32, fence: Fence) -> ExecutionSnapshot 
 }
 
 fn claim(existing: Option<ExecutionSnapshot>) -> ToolDecision {
-    decide_tool_claim(existing.as_ref(), FENCE, LEASE_EXPIRES_AT_MS, NOW)
+    decide_tool_claim(existing.as_ref(), None, FENCE, LEASE_EXPIRES_AT_MS, NOW)
 }
 
 fn assert_reclaim(decision: ToolDecision, attempt: u32, previous: PreviousOutcome) {
@@ -788,6 +788,7 @@ fn a_running_execution_under_the_callers_own_fence_is_in_flight() {
 fn a_tool_in_flight_retry_after_is_never_zero() {
     let decision = decide_tool_claim(
         Some(&execution(ToolState::Running, 1, FENCE)),
+        None,
         FENCE,
         NOW,
         NOW,
@@ -795,6 +796,21 @@ fn a_tool_in_flight_retry_after_is_never_zero() {
     let error = tool_rejected(decision);
     assert_eq!(error.kind(), ErrorKind::ToolInFlight, "{error:?}");
     assert_eq!(error.retry_after(), Some(ms(1)));
+}
+
+#[test]
+fn a_cancelled_turn_claims_no_tool_not_even_a_cached_one() {
+    for existing in [
+        None,
+        Some(execution(ToolState::Succeeded, 1, FENCE)),
+        Some(execution(ToolState::Failed, 1, FENCE)),
+        Some(execution(ToolState::Running, 1, Fence(FENCE.0 - 1))),
+    ] {
+        let decision = decide_tool_claim(existing.as_ref(), Some("t1"), FENCE, NOW + 1, NOW);
+        let error = tool_rejected(decision);
+        assert_eq!(error.kind(), ErrorKind::TurnCancelled, "{existing:?}");
+        assert_eq!(error.retry_after(), None);
+    }
 }
 
 #[test]

@@ -1,4 +1,5 @@
-//! Turn calls: begin (and confirmation), heartbeat, and the three endings.
+//! Turn calls: begin (and confirmation), heartbeat, the endings, and the
+//! cancel request.
 
 use agentgate::canonical::CanonicalJson;
 use agentgate::model::{BeginCommand, BeginOutcome, Ending, LeaseRef};
@@ -9,11 +10,12 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use crate::dto::{
-    AwaitConfirmationRequest, BeginRequest, BeginResponse, CompleteTurnRequest, FailTurnRequest,
-    GrantDto, HeartbeatResponse, ReplayResponse, TurnDto, TurnResponse,
+    AwaitConfirmationRequest, BeginRequest, BeginResponse, CompleteTurnRequest,
+    EndCancelledRequest, FailTurnRequest, GrantDto, HeartbeatResponse, OwnerQuery, ReplayResponse,
+    TurnDto, TurnResponse,
 };
-use crate::error::{ApiError, BeginErrors, HeartbeatErrors, LeaseErrors};
-use crate::extract::{ApiJson, ApiPath, LeaseHeader};
+use crate::error::{ApiError, BeginErrors, ErrorCode, HeartbeatErrors, LeaseErrors, ReadErrors};
+use crate::extract::{ApiJson, ApiPath, ApiQuery, LeaseHeader};
 use crate::guard::CallerUser;
 use crate::metrics::BeginLabel;
 use crate::AppState;
@@ -138,6 +140,7 @@ pub(crate) async fn heartbeat(
     tracing::debug!(turn_id = %lease.turn_id, "heartbeat");
     Ok(Json(HeartbeatResponse {
         lease_expires_in_ms: status.lease_expires_in_ms,
+        cancel_requested: status.cancel_requested,
     }))
 }
 
@@ -246,4 +249,76 @@ pub(crate) async fn await_confirmation(
     let lease = lease.for_turn(turn_id)?;
     let pending = CanonicalJson::new("pending", &request.pending)?;
     end(&state, &lease, Ending::AwaitConfirmation { pending }).await
+}
+
+/// Ask a running turn to stop. Needs no lease token; idempotent.
+///
+/// Cooperative: the request is recorded on the turn, and its holder learns
+/// it on its next heartbeat (`cancel_requested: true`, at most a third of
+/// the lease TTL away) and tool claim (409 `turn_cancelled`); it then ends
+/// the turn `cancelled` with what it had produced
+/// (`POST /v1/turns/{turn_id}/end-cancelled`). A turn that already ended is
+/// left as it is: the answer shows its state.
+#[utoipa::path(
+    post,
+    path = "/v1/turns/{turn_id}/cancel",
+    tag = "turns",
+    params(("turn_id" = crate::schema::Id, Path, description = "The turn"), OwnerQuery),
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "The turn after the request: `cancel_requested_at_ms` set while it runs", body = TurnResponse),
+        ReadErrors,
+    )
+)]
+pub(crate) async fn cancel(
+    State(state): State<AppState>,
+    ApiPath(turn_id): ApiPath<String>,
+    caller: CallerUser,
+    ApiQuery(query): ApiQuery<OwnerQuery>,
+) -> Result<Json<TurnResponse>, ApiError> {
+    let query = super::views::owner_filter(query, &caller)?;
+    let turn_id = agentgate::TurnId::new(turn_id)?;
+    let store = state.gate().store();
+    // The owner is checked before anything is written.
+    super::views::owned_turn(store.as_ref(), &turn_id, &query).await?;
+    let view = store
+        .request_cancel(&turn_id)
+        .await?
+        .ok_or_else(|| ApiError::new(ErrorCode::NotFound, "turn not found"))?;
+    tracing::info!(turn_id = %view.turn_id, state = view.state.as_str(), "cancel requested");
+    Ok(Json(TurnResponse {
+        turn: TurnDto::from(view),
+    }))
+}
+
+/// End the turn `cancelled`, releasing the session and the permit.
+///
+/// The holder's answer to a cancel request (or its own decision to stop):
+/// `partial` is stored as the turn's response, and repeats of the request
+/// replay it rather than run it again. The tools that ran are in
+/// `GET /v1/turns/{turn_id}`.
+#[utoipa::path(
+    post,
+    path = "/v1/turns/{turn_id}/end-cancelled",
+    tag = "turns",
+    request_body = EndCancelledRequest,
+    params(
+        ("turn_id" = crate::schema::Id, Path, description = "The turn"),
+        ("Lease-Token" = crate::schema::LeaseTokenText, Header, description = "The lease token returned by begin"),
+    ),
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "Ended: the turn, `state: cancelled`", body = TurnResponse),
+        LeaseErrors,
+    )
+)]
+pub(crate) async fn end_cancelled(
+    State(state): State<AppState>,
+    ApiPath(turn_id): ApiPath<String>,
+    lease: LeaseHeader,
+    ApiJson(request): ApiJson<EndCancelledRequest>,
+) -> Result<Json<TurnResponse>, ApiError> {
+    let lease = lease.for_turn(turn_id)?;
+    let partial = CanonicalJson::new("partial", &request.partial)?;
+    end(&state, &lease, Ending::Cancel { partial }).await
 }

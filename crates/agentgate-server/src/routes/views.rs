@@ -23,7 +23,7 @@ use crate::AppState;
 /// Checks the optional owner filter; a mismatch is reported as `not_found`.
 /// The owner filter in force: the query's, or with a trusted user header
 /// the header's user (a query naming another user is then refused).
-fn owner_filter(query: OwnerQuery, caller: &CallerUser) -> Result<OwnerQuery, ApiError> {
+pub(crate) fn owner_filter(query: OwnerQuery, caller: &CallerUser) -> Result<OwnerQuery, ApiError> {
     let Some(bound) = caller.bound() else {
         return Ok(query);
     };
@@ -130,7 +130,7 @@ pub(crate) async fn turn_executions(
 }
 
 /// The turn, if it exists and the owner filter admits it; else `not_found`.
-async fn owned_turn(
+pub(crate) async fn owned_turn(
     store: &dyn agentgate::store::Store,
     turn_id: &TurnId,
     owner: &OwnerQuery,

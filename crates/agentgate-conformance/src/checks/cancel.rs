@@ -1,0 +1,197 @@
+//! Cancel (SPEC §4, "the second message"): a request to stop a running
+//! turn, made without its lease, races the holder's tool claims and its
+//! ending. The turn ends exactly once, no tool runs after the request is
+//! seen, none runs twice, and a repeat of the request replays the
+//! cancellation instead of running it again.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentgate::{Begun, ErrorKind, ToolState, ToolStep, TurnState};
+use agentgate_core::store::all_executions;
+use serde_json::json;
+
+use super::{config, must_start, report, short_ttl, start_within, storm};
+use crate::Target;
+
+/// Rounds of [`cancel_races_claims_and_ending`].
+const ROUNDS: usize = 10;
+
+/// Tool claims per round, each a distinct call, racing the cancel requests.
+const CLAIMS: usize = 40;
+
+/// Cancel requests per round, racing the claims and each other.
+const CANCELS: usize = 10;
+
+/// Each round: one running turn; 40 claims of distinct tools and 10 cancel
+/// requests released together. Every claim either executes (and completes)
+/// or is refused `turn_cancelled`; after the storm every claim, even of a
+/// call that already succeeded, is refused; the heartbeat says
+/// `cancel_requested`; the request's time is recorded once; the holder's
+/// ending stores `cancelled` with its partial response, once; the old lease
+/// then changes nothing; a repeat of the request replays the cancellation.
+pub async fn cancel_races_claims_and_ending(target: &Target) {
+    let gate = target.gate(config()).await;
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for round in 0..ROUNDS {
+        let session = format!("cancel-session-{round}");
+        let turn = Arc::new(must_start(&gate, "cancel-user", &session, "r1").await);
+        let id = turn.id().clone();
+        let results = storm(CLAIMS + CANCELS, |i| {
+            let (turn, gate, id) = (Arc::clone(&turn), gate.clone(), id.clone());
+            async move {
+                if i >= CLAIMS {
+                    let view = gate.request_cancel(&id).await.expect("cancel request");
+                    let view = view.expect("the turn exists");
+                    assert_eq!(view.state, TurnState::Running, "{view:?}");
+                    assert!(view.cancel_requested_at_ms.is_some(), "{view:?}");
+                    return "cancel_requested";
+                }
+                match turn.tool("book", &json!({"item": i})).await {
+                    Ok(ToolStep::Execute(execution)) => {
+                        execution.complete(&json!({"booked": i})).await.expect(
+                            "a claimed tool completes: cancel stops claims, not completions",
+                        );
+                        "executed"
+                    }
+                    Ok(ToolStep::Cached(_)) => {
+                        panic!("a first claim of a distinct call is never cached")
+                    }
+                    Err(error) => {
+                        assert_eq!(error.kind(), ErrorKind::TurnCancelled, "{error}");
+                        "turn_cancelled"
+                    }
+                }
+            }
+        })
+        .await;
+        for class in results {
+            *counts.entry(class.to_owned()).or_default() += 1;
+        }
+        // Seen now, whichever way the race went.
+        let status = turn.heartbeat().await.expect("the lease is still live");
+        assert!(status.cancel_requested, "the heartbeat reports the request");
+        assert!(turn.cancel_requested() && turn.is_cancelled());
+        let refused = turn.tool("book", &json!({"item": 0})).await;
+        assert_eq!(
+            refused.as_ref().map(|_| ()).expect_err("refused").kind(),
+            ErrorKind::TurnCancelled
+        );
+        let requested_at = gate
+            .store()
+            .turn(&id)
+            .await
+            .expect("view")
+            .and_then(|v| v.cancel_requested_at_ms)
+            .expect("recorded");
+        // Executions: every executed call succeeded once; none is left running.
+        let executions = all_executions(gate.store().as_ref(), &id)
+            .await
+            .expect("executions");
+        assert!(
+            executions
+                .iter()
+                .all(|e| e.state == ToolState::Succeeded && e.attempt == 1),
+            "{executions:?}"
+        );
+        let turn = Arc::try_unwrap(turn).expect("every task finished");
+        let partial = json!({"text": "stopped", "executed": executions.len()});
+        let ended = turn
+            .end_cancelled(&partial)
+            .await
+            .expect("the ending is stored");
+        assert_eq!(ended.state, TurnState::Cancelled);
+        assert_eq!(ended.response.as_ref(), Some(&partial));
+        assert_eq!(
+            ended.cancel_requested_at_ms,
+            Some(requested_at),
+            "recorded once"
+        );
+        // After the ending: a cancel request changes nothing, the repeat of
+        // the request replays the cancellation, and the session is free.
+        let again = gate
+            .request_cancel(&id)
+            .await
+            .expect("cancel")
+            .expect("turn");
+        assert_eq!(again.state, TurnState::Cancelled);
+        assert_eq!(again.updated_at_ms, ended.updated_at_ms, "nothing written");
+        match gate
+            .begin("cancel-user", &session, "r1", &json!({"text": "r1"}))
+            .await
+        {
+            Ok(Begun::Replay(view)) => {
+                assert_eq!(view.state, TurnState::Cancelled);
+                assert_eq!(view.response.as_ref(), Some(&partial));
+            }
+            other => panic!(
+                "expected a replay of the cancellation, got {:?}",
+                other.map(|_| ())
+            ),
+        }
+        must_start(&gate, "cancel-user", &session, "r2")
+            .await
+            .succeed(&json!("ok"))
+            .await
+            .expect("the session is free");
+        *counts.entry("ended_cancelled_once".to_owned()).or_default() += 1;
+    }
+    let missing = agentgate::TurnId::new("turn_no_such_turn").expect("id");
+    assert!(gate
+        .request_cancel(&missing)
+        .await
+        .expect("answer")
+        .is_none());
+    assert_eq!(counts.get("cancel_requested"), Some(&(ROUNDS * CANCELS)));
+    assert_eq!(
+        counts.get("executed").copied().unwrap_or(0)
+            + counts.get("turn_cancelled").copied().unwrap_or(0),
+        ROUNDS * CLAIMS,
+        "{counts:?}"
+    );
+    report(target, "cancel_races_claims_and_ending", &counts);
+}
+
+/// A holder that claims no tool learns of a cancel request from its
+/// watchdog's next heartbeat (within a third of the TTL, bounded here by
+/// the TTL): its cancellation signal fires while its lease stays live, and
+/// dropping it ends the turn `cancelled` (not a retryable failure a retry
+/// would run again) and frees the session at once.
+pub async fn cancel_is_learned_by_the_watchdog(target: &Target) {
+    let gate = target.gate(short_ttl()).await;
+    let turn = must_start(&gate, "cancel-watch-user", "cancel-watch", "r1").await;
+    let id = turn.id().clone();
+    let signal = turn.cancellation();
+    gate.request_cancel(&id)
+        .await
+        .expect("cancel")
+        .expect("turn");
+    let ttl = gate.config().lease_ttl;
+    tokio::time::timeout(ttl, signal.cancelled())
+        .await
+        .expect("the watchdog's heartbeat fires the signal within the TTL");
+    assert!(turn.cancel_requested());
+    turn.heartbeat().await.expect("the lease is still live");
+    drop(turn);
+    let next = start_within(
+        &gate,
+        "cancel-watch-user",
+        "cancel-watch",
+        "r2",
+        Duration::from_secs(5),
+    )
+    .await;
+    next.succeed(&json!("ok")).await.expect("succeed");
+    let view = gate.store().turn(&id).await.expect("view").expect("turn");
+    assert_eq!(view.state, TurnState::Cancelled, "{view:?}");
+    let counts = [
+        ("signalled_by_heartbeat".to_owned(), 1),
+        ("dropped_ends_cancelled".to_owned(), 1),
+    ];
+    report(
+        target,
+        "cancel_is_learned_by_the_watchdog",
+        &counts.into_iter().collect(),
+    );
+}
