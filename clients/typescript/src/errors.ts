@@ -83,6 +83,8 @@ export class RequestInFlight extends codeClass("request_in_flight") {}
 export class AwaitingConfirmation extends codeClass("awaiting_confirmation") {}
 /** 409: the same tool call is running under this lease; wait and claim again. */
 export class ToolInFlight extends codeClass("tool_in_flight") {}
+/** 409: the turn was asked to stop (`POST /v1/turns/{id}/cancel`): claim no more tools; end it with `end-cancelled`. */
+export class TurnCancelled extends codeClass("turn_cancelled") {}
 /** 409: the turn was taken over, expired or ended: stop, nothing sent under this lease can change it. */
 export class LeaseLost extends codeClass("lease_lost") {}
 /** 409: a tool execution's outcome is unknown and must be settled first. */
@@ -117,6 +119,7 @@ const CLASS_BY_CODE: Record<ErrorCode, new (message: string, options?: Agentgate
   request_in_flight: RequestInFlight,
   awaiting_confirmation: AwaitingConfirmation,
   tool_in_flight: ToolInFlight,
+  turn_cancelled: TurnCancelled,
   lease_lost: LeaseLost,
   unknown_tool_outcome: UnknownToolOutcome,
   payload_mismatch: PayloadMismatch,

@@ -187,6 +187,31 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/turns/{turn_id}/cancel": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Ask a running turn to stop. Needs no lease token; idempotent.
+         * @description Cooperative: the request is recorded on the turn, and its holder learns
+         *     it on its next heartbeat (`cancel_requested: true`, at most a third of
+         *     the lease TTL away) and tool claim (409 `turn_cancelled`); it then ends
+         *     the turn `cancelled` with what it had produced
+         *     (`POST /v1/turns/{turn_id}/end-cancelled`). A turn that already ended is
+         *     left as it is: the answer shows its state.
+         */
+        post: operations["cancel"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/turns/{turn_id}/complete": {
         parameters: {
             query?: never;
@@ -201,6 +226,29 @@ export interface paths {
          * @description Repeats of the turn's request replay this response.
          */
         post: operations["complete_turn"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/turns/{turn_id}/end-cancelled": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * End the turn `cancelled`, releasing the session and the permit.
+         * @description The holder's answer to a cancel request (or its own decision to stop):
+         *     `partial` is stored as the turn's response, and repeats of the request
+         *     replay it rather than run it again. The tools that ran are in
+         *     `GET /v1/turns/{turn_id}`.
+         */
+        post: operations["end_cancelled"];
         delete?: never;
         options?: never;
         head?: never;
@@ -472,6 +520,10 @@ export interface components {
             /** @description `up` or `down`. */
             status: string;
         };
+        /** @description Body of `POST /v1/turns/{turn_id}/end-cancelled`. */
+        EndCancelledRequest: {
+            partial?: null | components["schemas"]["JsonValue"];
+        };
         /** @description The body of every error response. */
         ErrorBody: {
             /** @description What went wrong. */
@@ -481,7 +533,7 @@ export interface components {
          * @description Every error code the server sends, in `error.code`.
          * @enum {string}
          */
-        ErrorCode: "invalid_request" | "unauthorized" | "origin_not_allowed" | "host_not_allowed" | "user_mismatch" | "not_found" | "method_not_allowed" | "request_timeout" | "payload_too_large" | "unsupported_media_type" | "session_busy" | "request_in_flight" | "awaiting_confirmation" | "tool_in_flight" | "lease_lost" | "unknown_tool_outcome" | "payload_mismatch" | "attempts_exhausted" | "user_at_capacity" | "effect_failed" | "internal" | "store_unavailable" | "overloaded";
+        ErrorCode: "invalid_request" | "unauthorized" | "origin_not_allowed" | "host_not_allowed" | "user_mismatch" | "not_found" | "method_not_allowed" | "request_timeout" | "payload_too_large" | "unsupported_media_type" | "session_busy" | "request_in_flight" | "awaiting_confirmation" | "tool_in_flight" | "lease_lost" | "unknown_tool_outcome" | "turn_cancelled" | "payload_mismatch" | "attempts_exhausted" | "user_at_capacity" | "effect_failed" | "internal" | "store_unavailable" | "overloaded";
         /** @description What went wrong, with what a caller needs to act on it. */
         ErrorDetail: {
             /**
@@ -651,6 +703,11 @@ export interface components {
         /** @description 200 from a heartbeat. */
         HeartbeatResponse: {
             /**
+             * @description `true` once the turn was asked to stop (`POST /v1/turns/{id}/cancel`):
+             *     stop working and end it with `POST /v1/turns/{id}/end-cancelled`.
+             */
+            cancel_requested: boolean;
+            /**
              * Format: int64
              * @description Remaining lease on the store's clock after the renewal.
              */
@@ -755,6 +812,11 @@ export interface components {
              * @description Attempts so far.
              */
             attempt: number;
+            /**
+             * Format: int64
+             * @description Set once a cancel was requested: store-clock ms since the Unix epoch.
+             */
+            cancel_requested_at_ms?: number | null;
             /** @description Its request id. */
             client_request_id: string;
             confirmation?: null | components["schemas"]["ConfirmationDto"];
@@ -801,7 +863,7 @@ export interface components {
          * @description Where a turn is in its life.
          * @enum {string}
          */
-        TurnStateDto: "running" | "succeeded" | "failed" | "awaiting_confirmation" | "confirmed" | "abandoned";
+        TurnStateDto: "running" | "succeeded" | "failed" | "awaiting_confirmation" | "confirmed" | "abandoned" | "cancelled";
         /** @description 200 from `GET /v1/turns/{turn_id}`. */
         TurnStateResponse: {
             /**
@@ -1550,6 +1612,98 @@ export interface operations {
             };
         };
     };
+    cancel: {
+        parameters: {
+            query?: {
+                /**
+                 * @description When given, a record of any other user is reported as `not_found`,
+                 *     so one user cannot learn about another's sessions and turns.
+                 */
+                user_id?: components["schemas"]["Id"];
+            };
+            header?: never;
+            path: {
+                /** @description The turn */
+                turn_id: components["schemas"]["Id"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The turn after the request: `cancel_requested_at_ms` set while it runs */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TurnResponse"];
+                };
+            };
+            /**
+             * @description `invalid_request`: an id (path or `user_id` query) that is empty,
+             *     over 128 characters or holds a control character.
+             */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description `unauthorized`: API keys are configured and the bearer key is missing
+             *     or wrong.
+             */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description `origin_not_allowed`, `host_not_allowed` (a page elsewhere, or a
+             *     foreign `Host`), or `user_mismatch` (a trusted user header is
+             *     configured and names another user).
+             */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description `not_found`: no such record, or it belongs to a user other than the
+             *     `user_id` query parameter.
+             */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description `store_unavailable`: the store (or the Redis lease layer) is down
+             *     or the request took longer than the server's timeout.
+             */
+            503: {
+                headers: {
+                    /** @description Seconds before trying again, at least 1 */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     complete_turn: {
         parameters: {
             query?: never;
@@ -1570,6 +1724,138 @@ export interface operations {
         };
         responses: {
             /** @description Ended: the turn, `state: succeeded` */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TurnResponse"];
+                };
+            };
+            /**
+             * @description `invalid_request`: missing or malformed `Lease-Token` header,
+             *     malformed JSON, a missing, unknown or oversized field.
+             */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description `unauthorized`: API keys are configured and the bearer key is missing
+             *     or wrong.
+             */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description `origin_not_allowed` or `host_not_allowed`: a browser sent this for
+             *     a page that is neither this server nor an allowed origin, or under a
+             *     `Host` this server does not answer to.
+             */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `not_found`: no such turn or tool execution. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `request_timeout`: the body did not arrive within 10 s. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description `lease_lost`: wrong token, taken over, expired, or the turn (or tool
+             *     execution) already ended. Stop: this lease can change nothing.
+             */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `payload_too_large`: the body is over the server's limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description `unsupported_media_type`: the body was not sent as
+             *     `Content-Type: application/json`.
+             */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description `store_unavailable`: the store (or the Redis lease layer) is down
+             *     or the request took longer than the server's timeout.
+             */
+            503: {
+                headers: {
+                    /** @description Seconds before trying again, at least 1 */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    end_cancelled: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description The lease token returned by begin */
+                "Lease-Token": components["schemas"]["LeaseToken"];
+            };
+            path: {
+                /** @description The turn */
+                turn_id: components["schemas"]["Id"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["EndCancelledRequest"];
+            };
+        };
+        responses: {
+            /** @description Ended: the turn, `state: cancelled` */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -2105,7 +2391,9 @@ export interface operations {
             };
             /**
              * @description `tool_in_flight` (this tool call is running under the caller's own
-             *     lease; retry after `Retry-After` seconds) or `lease_lost` (stop).
+             *     lease; retry after `Retry-After` seconds), `turn_cancelled` (the turn
+             *     was asked to stop: end it with `end-cancelled`) or `lease_lost`
+             *     (stop).
              */
             409: {
                 headers: {

@@ -864,6 +864,15 @@ async fn finish_failed(
     events: Option<&EventSender>,
     failure: Failure,
 ) -> Result<ChatOutcome> {
+    // Asked to stop through the engine (`POST /v1/turns/{id}/cancel`): the
+    // turn ends cancelled, which a repeat of the message replays instead of
+    // running the turn again; what ran is in its journal.
+    if turn.cancel_requested() {
+        if let Err(end_error) = turn.end_cancelled(&Value::Null).await {
+            tracing::warn!(%end_error, "could not record the turn's cancellation; the lease will expire");
+        }
+        return Err(report(events, LedgerError::Cancelled));
+    }
     let (error, ending) = match failure {
         Failure::Stopped(Stop::Caller) => (
             LedgerError::Cancelled,

@@ -370,6 +370,65 @@ async fn a_caller_cancel_releases_the_lease_and_the_retry_resumes() {
     assert_eq!(count_entries(&store.url).await, 1);
 }
 
+/// A cancel requested through the engine (as `POST /v1/turns/{id}/cancel`
+/// sends it) reaches the agent through its turn's heartbeat: the reply
+/// stops, the turn ends `cancelled` (not a retryable failure), the booking
+/// already made stays booked once, and a repeat of the message replays the
+/// cancellation instead of running again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_cancel_stops_the_reply_and_the_repeat_replays_it() {
+    let store = store();
+    let (model, booked) = HangAfterBooking::new();
+    let config = Config {
+        lease_ttl: std::time::Duration::from_millis(900),
+        ..Config::default()
+    };
+    let app = app_on(&store.url, config, model).await;
+    let Started::Running(turn) = app
+        .start_message(&message("s1", "m1", "地铁 4"))
+        .await
+        .expect("start")
+    else {
+        panic!("fresh request");
+    };
+    let turn_id = agentgate::TurnId::new(turn.turn_id()).expect("id");
+    let run = tokio::spawn(turn.run(None, CancellationToken::new()));
+    booked.await.expect("booked");
+    app.gate()
+        .request_cancel(&turn_id)
+        .await
+        .expect("request")
+        .expect("turn");
+    let error = tokio::time::timeout(std::time::Duration::from_secs(5), run)
+        .await
+        .expect("stopped within a few heartbeats")
+        .expect("joined")
+        .expect_err("cancelled");
+    assert!(matches!(error, LedgerError::Cancelled), "{error}");
+    let view = app
+        .gate()
+        .store()
+        .turn(&turn_id)
+        .await
+        .expect("view")
+        .expect("turn");
+    assert_eq!(view.state, TurnState::Cancelled, "{view:?}");
+    assert_eq!(
+        count_entries(&store.url).await,
+        1,
+        "the booking made stays, once"
+    );
+    match app
+        .start_message(&message("s1", "m1", "地铁 4"))
+        .await
+        .expect("repeat")
+    {
+        Started::Replay(outcome) => assert_eq!(outcome.state, TurnState::Cancelled),
+        Started::Running(_) => panic!("a cancelled message must not run again"),
+    }
+    assert_eq!(count_entries(&store.url).await, 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_message_while_one_runs_is_refused_as_session_busy() {
     let store = store();

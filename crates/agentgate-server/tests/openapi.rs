@@ -24,6 +24,8 @@ const SPEC_ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/turns/{turn_id}/complete"),
     ("post", "/v1/turns/{turn_id}/fail"),
     ("post", "/v1/turns/{turn_id}/await-confirmation"),
+    ("post", "/v1/turns/{turn_id}/cancel"),
+    ("post", "/v1/turns/{turn_id}/end-cancelled"),
     ("get", "/v1/turns/{turn_id}"),
     ("get", "/v1/turns/{turn_id}/executions"),
     ("get", "/v1/sessions/{session_id}"),

@@ -27,6 +27,7 @@ __all__ = [
     "AwaitingConfirmation",
     "ToolInFlight",
     "LeaseLost",
+    "TurnCancelled",
     "UnknownToolOutcome",
     "PayloadMismatch",
     "AttemptsExhausted",
@@ -173,6 +174,13 @@ class LeaseLost(AgentgateError):
     code = "lease_lost"
 
 
+class TurnCancelled(AgentgateError):
+    """409: the turn was asked to stop (``POST /v1/turns/{id}/cancel``): claim
+    no more tools; end it with ``end-cancelled`` and what it had produced."""
+
+    code = "turn_cancelled"
+
+
 class UnknownToolOutcome(AgentgateError):
     """409: a tool call's earlier attempt may have taken effect."""
 
@@ -279,6 +287,7 @@ _BY_CODE: Dict[str, Type[AgentgateError]] = {
         AwaitingConfirmation,
         ToolInFlight,
         LeaseLost,
+        TurnCancelled,
         UnknownToolOutcome,
         PayloadMismatch,
         AttemptsExhausted,
