@@ -162,6 +162,45 @@ test("a PDF dropped three times fast is one document; the agent answers from it;
   await page.close();
 });
 
+test("while the list cannot be read the pane says so and looks again; an accepted upload that never started is reported", async () => {
+  const user = unique("docs-outage");
+  const page = await browser.newTab(chatUrl(server.base, user, unique("s")));
+  await page.waitForSelector("#documents li.muted");
+  // The server stops answering the list right after the upload is
+  // accepted (as when it is killed): three reads fail at the network.
+  let failures = 3;
+  await page.route("**/app/documents?*", (route) => {
+    if (route.request().method() === "GET" && failures > 0) {
+      failures -= 1;
+      return route.abort("connectionrefused");
+    }
+    return route.continue();
+  });
+  await page.setInputFiles("#file", { name: "outage.md", mimeType: "text/markdown", buffer: Buffer.from(policy()) });
+  await page.waitForSelector("#documents-notice[data-kind=error]:not([hidden])");
+  assert.match(await page.locator("#documents-notice").innerText(), /not answering; the list below may be out of date/);
+  await page.screenshot({ path: path.join(ARTIFACTS, "documents-list-offline.png") });
+  // Back: the list is read again by itself and the notice goes.
+  await page.waitForSelector("#documents li.doc[data-state=indexed]", { timeout: 30_000 });
+  await eventually(async () => page.locator("#documents-notice").isHidden(), { what: "the notice cleared" });
+  assert.equal(failures, 0);
+  await page.unroute("**/app/documents?*");
+
+  // A 202 whose ingestion never began (the server died between the answer
+  // and the background run; simulated by answering for it): after the
+  // bounded look the person is told to drop it again.
+  await page.route("**/app/documents?*", (route) =>
+    route.request().method() === "POST"
+      ? route.fulfill({ status: 202, contentType: "application/json", body: JSON.stringify({ document_id: "doc_000000000000000000000000", version: "f".repeat(64), chunks: 1 }) })
+      : route.continue(),
+  );
+  await page.setInputFiles("#file", { name: "lost.md", mimeType: "text/markdown", buffer: Buffer.from("# Lost\n\nNever ingested.") });
+  await page.waitForSelector("#documents-notice[data-kind=error]:not([hidden])", { timeout: 20_000 });
+  assert.match(await page.locator("#documents-notice").innerText(), /lost\.md was accepted but its ingestion did not start.*Drop it again/);
+  await page.screenshot({ path: path.join(ARTIFACTS, "documents-not-started.png") });
+  await page.close();
+});
+
 test("a file that is not text is refused with a notice and nothing is listed", async () => {
   const user = unique("docs-bad");
   const page = await browser.newTab(chatUrl(server.base, user, unique("s")));

@@ -70,6 +70,8 @@ const els = {
 const DOCUMENTS_BUSY_MS = 700;
 /** How long an accepted upload is looked for in the list before it is given up on. */
 const DOCUMENT_APPEAR_MS = 10_000;
+/** How often the documents list is read again while the server does not answer. */
+const DOCUMENTS_RETRY_MS = 2_000;
 
 const state = {
   user: "demo-user",
@@ -695,11 +697,17 @@ function renderDocuments(ingestions) {
 let documentsTimer = null;
 
 /**
- * Versions accepted by the server and not listed yet, with the time they
- * were accepted: the ingestion is recorded when its background run begins,
- * so the list is read again until it shows them (for DOCUMENT_APPEAR_MS).
+ * Versions accepted by the server and not listed yet: version → {name,
+ * since}. The ingestion is recorded when its background run begins, so the
+ * list is read again until it shows them; one not listed within
+ * DOCUMENT_APPEAR_MS never began (the server stopped first), and the person
+ * is told to drop it again (safe: one ingestion per content).
  */
 const awaited = new Map();
+/** Whether the last list read showed an ingestion still processing. */
+let documentsBusy = false;
+/** Whether the notice now shown says the list could not be read. */
+let listNoticeShown = false;
 
 /** Reads the user's ingestions; reads again soon while one runs or an accepted one is not listed yet. */
 async function loadDocuments() {
@@ -712,15 +720,32 @@ async function loadDocuments() {
       els.drop.hidden = true;
       els.docSearch.hidden = true;
       documentsNotice(t("doc.unavailable"));
+      return;
+    }
+    // The server did not answer (or is down): what is shown may be stale.
+    // Say so, and look again while something was in progress.
+    if (awaited.size > 0 || documentsBusy) {
+      listNoticeShown = true;
+      documentsNotice(t("doc.list_offline"), "error");
+      documentsTimer = setTimeout(loadDocuments, DOCUMENTS_RETRY_MS);
     }
     return;
   }
-  renderDocuments(result.body.ingestions);
-  for (const [version, since] of awaited) {
-    const listed = result.body.ingestions.some((i) => i.version === version);
-    if (listed || Date.now() - since > DOCUMENT_APPEAR_MS) awaited.delete(version);
+  if (listNoticeShown) {
+    listNoticeShown = false;
+    documentsNotice("");
   }
-  if (awaited.size > 0 || result.body.ingestions.some((i) => i.state === "processing")) {
+  renderDocuments(result.body.ingestions);
+  for (const [version, { name, since }] of awaited) {
+    if (result.body.ingestions.some((i) => i.version === version)) {
+      awaited.delete(version);
+    } else if (Date.now() - since > DOCUMENT_APPEAR_MS) {
+      awaited.delete(version);
+      documentsNotice(t("doc.not_started", { name }), "error");
+    }
+  }
+  documentsBusy = result.body.ingestions.some((i) => i.state === "processing");
+  if (awaited.size > 0 || documentsBusy) {
     documentsTimer = setTimeout(loadDocuments, DOCUMENTS_BUSY_MS);
   }
 }
@@ -738,7 +763,7 @@ async function uploadFile(file, documentId = null) {
   const result = await postBytes(`/app/documents?${params}`, await file.arrayBuffer());
   if (result.ok) {
     documentsNotice("");
-    awaited.set(result.body.version, Date.now());
+    awaited.set(result.body.version, { name: file.name, since: Date.now() });
   } else {
     const error = (result.body && result.body.error) || {};
     const message =
