@@ -55,6 +55,12 @@ function counter(label, value, more, key) {
   );
 }
 
+/** A progress bar filled to `percent` (clamped to 0–100). */
+function bar(percent) {
+  const width = Math.max(0, Math.min(100, percent));
+  return h("div", { class: "bar", "aria-hidden": "true" }, h("span", { style: { width: `${width}%` } }));
+}
+
 function emptyRow(columns, text, id) {
   return h("tr", { id }, h("td", { colspan: columns, class: "muted" }, text));
 }
@@ -125,11 +131,7 @@ function render(data) {
               "td",
               { class: "lease" },
               `${(l.lease_expires_in_ms / 1000).toFixed(1)} s`,
-              h(
-                "div",
-                { class: "bar", "aria-hidden": "true" },
-                h("span", { style: { width: `${Math.max(0, Math.min(100, (100 * l.lease_expires_in_ms) / data.lease_ttl_ms))}%` } }),
-              ),
+              bar((100 * l.lease_expires_in_ms) / data.lease_ttl_ms),
             ),
           ),
         ),
@@ -148,7 +150,7 @@ function render(data) {
               "td",
               { class: "lease" },
               `of ${p.max_turns_per_user}`,
-              h("div", { class: "bar", "aria-hidden": "true" }, h("span", { style: { width: `${(100 * p.live_turns) / Math.max(1, p.max_turns_per_user)}%` } })),
+              bar((100 * p.live_turns) / Math.max(1, p.max_turns_per_user)),
             ),
           ),
         ),
@@ -208,7 +210,7 @@ function render(data) {
                 "td",
                 { class: "lease" },
                 `${i.chunks_stored} of ${i.chunks}`,
-                h("div", { class: "bar", "aria-hidden": "true" }, h("span", { style: { width: `${i.chunks > 0 ? (100 * i.chunks_stored) / i.chunks : 0}%` } })),
+                bar(i.chunks > 0 ? (100 * i.chunks_stored) / i.chunks : 0),
               ),
               h("td", { class: "num" }, i.version_no == null ? "–" : `v${i.version_no}`),
             ),

@@ -37,11 +37,10 @@ pub struct Turn {
     lease: LeaseRef,
     /// Fires when the lease is lost.
     lost: CancellationToken,
-    /// Fires when the lease is lost or a cancel was requested: the signal
-    /// callers stop on ([`Turn::cancellation`]); a child of `lost`.
-    stop: CancellationToken,
-    /// Set once the holder learned that a cancel was requested.
-    cancel_requested: Arc<AtomicBool>,
+    /// Whether the holder learned of a cancel request, and the signal
+    /// callers stop on ([`Turn::cancellation`]): a child of `lost`, so it
+    /// fires on a lost lease too.
+    cancel: CancelSignal,
     watchdog: Option<Watchdog>,
     /// Set once an ending reached the store (or the lease was found gone).
     ended: bool,
@@ -214,8 +213,10 @@ impl Turn {
             token: grant.lease_token.clone(),
         };
         let lost = CancellationToken::new();
-        let stop = lost.child_token();
-        let cancel_requested = Arc::new(AtomicBool::new(false));
+        let cancel = CancelSignal {
+            requested: Arc::new(AtomicBool::new(false)),
+            stop: lost.child_token(),
+        };
         let watchdog = Watchdog::spawn(
             Arc::clone(&store),
             lease.clone(),
@@ -223,18 +224,14 @@ impl Turn {
             requested_at,
             std::time::Duration::from_millis(u64::try_from(grant.lease_expires_in_ms).unwrap_or(0)),
             lost.clone(),
-            CancelSignal {
-                requested: Arc::clone(&cancel_requested),
-                stop: stop.clone(),
-            },
+            cancel.clone(),
         );
         Self {
             store,
             grant,
             lease,
             lost,
-            stop,
-            cancel_requested,
+            cancel,
             watchdog: Some(watchdog),
             ended: false,
         }
@@ -280,18 +277,18 @@ impl Turn {
     /// `lease_lost`), or a cancel was requested ([`Turn::cancel_requested`]:
     /// end it with [`Turn::end_cancelled`], or drop it, which ends it so).
     pub fn cancellation(&self) -> CancellationToken {
-        self.stop.clone()
+        self.cancel.stop.clone()
     }
 
     /// Whether the cancellation signal has fired.
     pub fn is_cancelled(&self) -> bool {
-        self.stop.is_cancelled()
+        self.cancel.stop.is_cancelled()
     }
 
     /// Whether the holder has learned (on a heartbeat, the watchdog's or
     /// its own, or on a tool claim) that a cancel was requested.
     pub fn cancel_requested(&self) -> bool {
-        self.cancel_requested.load(Ordering::SeqCst)
+        self.cancel.requested.load(Ordering::SeqCst)
     }
 
     /// Renews the lease now (the watchdog also does it every TTL/3).
@@ -301,17 +298,9 @@ impl Turn {
     pub async fn heartbeat(&self) -> Result<LeaseStatus> {
         let status = self.store.heartbeat(&self.lease).await?;
         if status.cancel_requested {
-            self.learn_cancel();
+            self.cancel.fire();
         }
         Ok(status)
-    }
-
-    fn learn_cancel(&self) {
-        CancelSignal {
-            requested: Arc::clone(&self.cancel_requested),
-            stop: self.stop.clone(),
-        }
-        .fire();
     }
 
     /// Claims the tool execution keyed by `(this turn, tool, args)`.
@@ -323,7 +312,7 @@ impl Turn {
         let call = ToolCall::new(ToolName::new(tool)?, args)?;
         let claim = self.store.claim_tool(&self.lease, &call).await;
         if matches!(&claim, Err(e) if e.kind() == ErrorKind::TurnCancelled) {
-            self.learn_cancel();
+            self.cancel.fire();
         }
         Ok(match claim? {
             ToolClaim::Cached { result, .. } => ToolStep::Cached(result),

@@ -279,8 +279,12 @@ pub(crate) async fn cancel(
     let query = super::views::owner_filter(query, &caller)?;
     let turn_id = agentgate::TurnId::new(turn_id)?;
     let store = state.gate().store();
-    // The owner is checked before anything is written.
-    super::views::owned_turn(store.as_ref(), &turn_id, &query).await?;
+    // With an owner filter, the owner is checked before anything is written
+    // (a turn of another user is not found); without one, the request's own
+    // read says whether the turn exists.
+    if query.user_id.is_some() {
+        super::views::owned_turn(store.as_ref(), &turn_id, &query).await?;
+    }
     let view = store
         .request_cancel(&turn_id)
         .await?
