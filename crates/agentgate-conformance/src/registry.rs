@@ -43,7 +43,7 @@ macro_rules! for_each_check {
             cancel_races_claims_and_ending: any,
                 "10 cancel requests race 40 tool claims: claims after it refused, one cancelled ending, replayed";
             cancel_is_learned_by_the_watchdog: any,
-                "a cancel request fires the holder's signal via its heartbeat; dropped, it ends cancelled";
+                "a cancel from elsewhere reaches the holder by heartbeat, from its own gate at once; dropped, it ends cancelled";
             execution_limit_storm: any,
                 "100 first claims one short of the execution limit: exactly 1 executes";
             same_transaction_effect: any,

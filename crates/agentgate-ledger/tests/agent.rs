@@ -370,9 +370,8 @@ async fn a_caller_cancel_releases_the_lease_and_the_retry_resumes() {
     assert_eq!(count_entries(&store.url).await, 1);
 }
 
-/// A cancel requested through the engine (as `POST /v1/turns/{id}/cancel`
-/// sends it) reaches the agent through its turn's heartbeat: the reply
-/// stops, the turn ends `cancelled` (not a retryable failure), the booking
+/// A cancel requested through the engine (the app's gate, as its stop
+/// button sends it) reaches the agent's turn: the reply stops, the turn ends `cancelled` (not a retryable failure), the booking
 /// already made stays booked once, and a repeat of the message replays the
 /// cancellation instead of running again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,6 +16,7 @@ use serde_json::Value;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::turn::Turn;
+use crate::watchdog::LocalTurns;
 
 /// What [`Gate::begin`] did.
 #[derive(Debug)]
@@ -52,6 +53,8 @@ pub struct Gate {
     _sweeper: Arc<DropGuard>,
     /// Orphans this gate's sweeper ended `abandoned`, for metrics.
     abandoned: Arc<std::sync::atomic::AtomicU64>,
+    /// The turns this gate holds in this process.
+    local: LocalTurns,
 }
 
 impl Gate {
@@ -115,6 +118,7 @@ impl Gate {
             store,
             _sweeper: Arc::new(stop.drop_guard()),
             abandoned,
+            local: LocalTurns::default(),
         }
     }
 
@@ -189,16 +193,24 @@ impl Gate {
     }
 
     /// Asks the running turn `turn_id` to stop (no lease needed; a repeat,
-    /// or a turn that already ended, changes nothing). Its holder's
-    /// [`crate::Turn::cancellation`] fires at its next heartbeat (at most a
-    /// third of the TTL away) or tool claim; it then ends the turn
-    /// `cancelled`. Returns the turn's view; `None` when there is no such
-    /// turn.
+    /// or a turn that already ended, changes nothing). A holder in this
+    /// process on this gate is signalled at once; one elsewhere when its
+    /// next heartbeat (at most a third of the TTL away) or tool claim
+    /// reports it. Either way its [`crate::Turn::cancellation`] fires, and
+    /// it ends the turn `cancelled`. Returns the turn's view; `None` when
+    /// there is no such turn.
     ///
     /// # Errors
     /// `store_unavailable`.
     pub async fn request_cancel(&self, turn_id: &TurnId) -> Result<Option<TurnView>> {
-        self.store.request_cancel(turn_id).await
+        let view = self.store.request_cancel(turn_id).await?;
+        if view.as_ref().is_some_and(|v| {
+            v.cancel_requested_at_ms.is_some()
+                && v.state == agentgate_core::model::TurnState::Running
+        }) {
+            self.local.fire(turn_id);
+        }
+        Ok(view)
     }
 
     /// Takes over the longest-orphaned turn that `filter` admits (a running
@@ -225,7 +237,12 @@ impl Gate {
             "orphan claimed"
         );
         Ok(Some(Recovered {
-            turn: Turn::start(Arc::clone(&self.store), claimed.grant, requested_at),
+            turn: Turn::start(
+                Arc::clone(&self.store),
+                claimed.grant,
+                requested_at,
+                self.local.clone(),
+            ),
             payload: claimed.payload,
             journal: claimed.journal,
             orphaned_for_ms: claimed.orphaned_for_ms,
@@ -242,7 +259,12 @@ impl Gate {
             BeginOutcome::Replay(view) => Begun::Replay(view),
             BeginOutcome::Started(grant) => {
                 tracing::debug!(turn_id = %grant.turn_id, fence = %grant.fence, attempt = grant.attempt, "turn started");
-                Begun::Started(Turn::start(Arc::clone(&self.store), grant, requested_at))
+                Begun::Started(Turn::start(
+                    Arc::clone(&self.store),
+                    grant,
+                    requested_at,
+                    self.local.clone(),
+                ))
             }
         })
     }

@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio_util::sync::CancellationToken;
 
 use crate::effect::{ClosureEffect, SqlTx};
-use crate::watchdog::{CancelSignal, Watchdog};
+use crate::watchdog::{CancelSignal, LocalTurns, Watchdog};
 
 /// A running turn: proof of the session lease and the user's permit.
 pub struct Turn {
@@ -41,6 +41,8 @@ pub struct Turn {
     /// callers stop on ([`Turn::cancellation`]): a child of `lost`, so it
     /// fires on a lost lease too.
     cancel: CancelSignal,
+    /// Where the gate finds this turn to signal a cancel at once.
+    local: LocalTurns,
     watchdog: Option<Watchdog>,
     /// Set once an ending reached the store (or the lease was found gone).
     ended: bool,
@@ -207,6 +209,7 @@ impl Turn {
         store: Arc<dyn Store>,
         grant: Grant,
         requested_at: tokio::time::Instant,
+        local: LocalTurns,
     ) -> Self {
         let lease = LeaseRef {
             turn_id: grant.turn_id.clone(),
@@ -226,12 +229,14 @@ impl Turn {
             lost.clone(),
             cancel.clone(),
         );
+        local.add(&grant.turn_id, grant.fence.0, cancel.clone());
         Self {
             store,
             grant,
             lease,
             lost,
             cancel,
+            local,
             watchdog: Some(watchdog),
             ended: false,
         }
@@ -583,6 +588,7 @@ async fn release_dropped(store: Arc<dyn Store>, lease: LeaseRef, cancel_requeste
 
 impl Drop for Turn {
     fn drop(&mut self) {
+        self.local.remove(&self.grant.turn_id, self.grant.fence.0);
         self.watchdog.take();
         if self.ended {
             return;

@@ -116,6 +116,46 @@ impl CancelSignal {
     }
 }
 
+/// The turns a [`crate::Gate`] holds in this process, by id and fence, so
+/// a cancel requested through that gate reaches a local holder at once;
+/// a holder elsewhere learns it on its next heartbeat. An entry lives as
+/// long as its `Turn`, so the map holds at most the live turns.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct LocalTurns(
+    Arc<std::sync::Mutex<std::collections::HashMap<(String, i64), CancelSignal>>>,
+);
+
+impl LocalTurns {
+    fn map(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<(String, i64), CancelSignal>> {
+        // A panic while holding this lock leaves the map consistent (every
+        // operation is one insert, remove or read), so a poisoned lock is used.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) fn add(&self, turn_id: &TurnId, fence: i64, signal: CancelSignal) {
+        self.map()
+            .insert((turn_id.as_str().to_owned(), fence), signal);
+    }
+
+    pub(crate) fn remove(&self, turn_id: &TurnId, fence: i64) {
+        self.map().remove(&(turn_id.as_str().to_owned(), fence));
+    }
+
+    /// Signals every local holder of `turn_id` (the store recorded the
+    /// request first, so the flag is true).
+    pub(crate) fn fire(&self, turn_id: &TurnId) {
+        for ((id, _), signal) in self.map().iter() {
+            if id == turn_id.as_str() {
+                signal.fire();
+            }
+        }
+    }
+}
+
 /// Renews by calling `heartbeat` every TTL/3 until the lease is lost or its
 /// deadline passes, then fires `lost`; a renewal that reports a cancel
 /// request fires `cancel` and goes on renewing. Publishes each new give-up

@@ -153,20 +153,25 @@ pub async fn cancel_races_claims_and_ending(target: &Target) {
     report(target, "cancel_races_claims_and_ending", &counts);
 }
 
-/// A holder that claims no tool learns of a cancel request from its
-/// watchdog's next heartbeat (within a third of the TTL, bounded here by
-/// the TTL): its cancellation signal fires while its lease stays live, and
-/// dropping it ends the turn `cancelled` (not a retryable failure a retry
-/// would run again) and frees the session at once.
+/// A holder that claims no tool learns of a cancel request made elsewhere
+/// from its watchdog's next heartbeat (within a third of the TTL, bounded
+/// here by the TTL): its cancellation signal fires while its lease stays
+/// live, and dropping it ends the turn `cancelled` (not a retryable failure
+/// a retry would run again) and frees the session at once. A request
+/// through the holder's own gate signals it at once, before any heartbeat.
 pub async fn cancel_is_learned_by_the_watchdog(target: &Target) {
     let gate = target.gate(short_ttl()).await;
     let turn = must_start(&gate, "cancel-watch-user", "cancel-watch", "r1").await;
     let id = turn.id().clone();
     let signal = turn.cancellation();
-    gate.request_cancel(&id)
+    // Through the store, as from another node: only the heartbeat can tell
+    // this holder.
+    gate.store()
+        .request_cancel(&id)
         .await
         .expect("cancel")
         .expect("turn");
+    assert!(!signal.is_cancelled(), "not told yet");
     let ttl = gate.config().lease_ttl;
     tokio::time::timeout(ttl, signal.cancelled())
         .await
@@ -185,9 +190,25 @@ pub async fn cancel_is_learned_by_the_watchdog(target: &Target) {
     next.succeed(&json!("ok")).await.expect("succeed");
     let view = gate.store().turn(&id).await.expect("view").expect("turn");
     assert_eq!(view.state, TurnState::Cancelled, "{view:?}");
+    // Through the holder's own gate: signalled at once. With the default
+    // TTL its first heartbeat is ten seconds away; this allows a sixth.
+    let gate = target.gate(config()).await;
+    let turn = must_start(&gate, "cancel-watch-user", "cancel-local", "r1").await;
+    let signal = turn.cancellation();
+    gate.request_cancel(turn.id())
+        .await
+        .expect("cancel")
+        .expect("turn");
+    tokio::time::timeout(gate.config().lease_ttl / 6, signal.cancelled())
+        .await
+        .expect("a local holder is signalled before any heartbeat");
+    assert!(turn.cancel_requested());
+    let ended = turn.end_cancelled(&json!(null)).await.expect("ended");
+    assert_eq!(ended.state, TurnState::Cancelled);
     let counts = [
         ("signalled_by_heartbeat".to_owned(), 1),
         ("dropped_ends_cancelled".to_owned(), 1),
+        ("signalled_locally_at_once".to_owned(), 1),
     ];
     report(
         target,
