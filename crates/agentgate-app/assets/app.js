@@ -237,6 +237,7 @@ function liveAssistant() {
   const li = h("li", { class: "msg assistant", dataset: { state: "running" } }, text, tools, extra, status);
   const calls = new Map();
   let streamed = "";
+  let stopRequested = false;
   const bubble = {
     li,
     done: false,
@@ -245,6 +246,12 @@ function liveAssistant() {
       switch (name) {
         case "started":
           li.dataset.turnId = data.turn_id;
+          fill(
+            extra,
+            stopButton(data.turn_id, status, () => {
+              stopRequested = true;
+            }),
+          );
           // The session now has this message: its entry in the list must
           // not keep saying "no messages yet" while the reply runs.
           loadSessions();
@@ -288,18 +295,28 @@ function liveAssistant() {
         }
         case "final":
           text.classList.remove("working");
+          fill(extra);
           bubble.outcome = data.outcome;
           renderOutcome(bubble, data.outcome, { text, extra, status });
           bubble.done = true;
           break;
         case "error":
           text.classList.remove("working");
+          fill(extra);
+          bubble.done = true;
+          if (stopRequested && data.code === "cancelled") {
+            // Stopped at the person's request: the turn ended cancelled,
+            // and sending the message again replays that; no retry offered.
+            li.dataset.state = "cancelled";
+            text.textContent = t("stopped");
+            status.textContent = "";
+            break;
+          }
           li.classList.add("failed");
           li.dataset.state = "error";
           li.dataset.code = data.code;
           text.textContent = data.message;
           status.textContent = data.retryable ? t("status.retryable_error") : "";
-          bubble.done = true;
           break;
         default:
           break;
@@ -516,6 +533,11 @@ function recordedAssistant(turn, pending) {
       text.classList.add("working");
       text.textContent = t("status.working");
       status.textContent = t("status.running");
+      fill(extra, stopButton(turn.turn_id, status));
+      break;
+    case "cancelled":
+      text.textContent = t("stopped");
+      fill(extra, bookedList(reply.entries));
       break;
     case "awaiting_confirmation": {
       const live = Boolean(pending && pending.turn_id === turn.turn_id);
@@ -547,8 +569,35 @@ function recordedAssistant(turn, pending) {
     default:
       fill(extra, bookedList(reply.entries));
   }
-  li.dataset.state = turn.state === "running" ? "running" : ["failed", "abandoned"].includes(turn.state) ? "error" : "final";
+  li.dataset.state =
+    turn.state === "running" ? "running" : turn.state === "cancelled" ? "cancelled" : ["failed", "abandoned"].includes(turn.state) ? "error" : "final";
   return li;
+}
+
+/**
+ * The Stop button of a running reply: asks the engine to cancel the turn
+ * (its holder stops at once on this node, within a heartbeat on another)
+ * and says so; the reply then shows that it was stopped.
+ */
+function stopButton(turnId, status, onRequested = () => {}) {
+  const button = h("button", { type: "button", class: "stop" }, t("stop"));
+  button.addEventListener("click", async () => {
+    button.disabled = true;
+    onRequested();
+    status.textContent = t("status.stopping");
+    const params = new URLSearchParams({ user_id: state.user, turn_id: turnId });
+    const result = await postBytes(`/app/stop?${params}`, new ArrayBuffer(0));
+    if (!result.ok) {
+      button.disabled = false;
+      const error = (result.body && result.body.error) || {};
+      status.textContent =
+        result.status === 0 ? t("status.stop_offline") : t("status.stop_refused", { message: error.message || error.code || result.status });
+    } else if (result.body.state !== "running") {
+      // It had already ended; the transcript shows how.
+      loadTranscript();
+    }
+  });
+  return button;
 }
 
 /** A retry of a recorded turn: the same request, with the same id. */

@@ -191,3 +191,48 @@ pub(crate) async fn settings(
         max_turns_per_user: engine.max_turns_per_user,
     }))
 }
+
+/// `?user_id=&turn_id=`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct StopQuery {
+    user_id: String,
+    turn_id: String,
+}
+
+/// What a stop request found.
+#[derive(Debug, Serialize)]
+pub(crate) struct StopResponse {
+    /// The turn's state after the request (`running` until its holder ends
+    /// it `cancelled`; an ended turn is left as it was).
+    state: TurnState,
+    /// Whether the request is recorded on the running turn.
+    cancel_requested: bool,
+}
+
+/// `POST /app/stop`: the Stop button. The engine's cancel request for one
+/// of the user's turns: a holder on this node is signalled at once, one on
+/// another node at its next heartbeat; it ends the turn `cancelled`, which
+/// a repeat of the message replays.
+pub(crate) async fn stop(
+    State(state): State<AppState>,
+    caller: CallerUser,
+    ApiQuery(query): ApiQuery<StopQuery>,
+) -> Result<Json<StopResponse>, ApiError> {
+    caller.check(&query.user_id)?;
+    let user_id = UserId::new(query.user_id)?;
+    let turn_id = agentgate::TurnId::new(query.turn_id)?;
+    let gate = state.gate();
+    let not_found = || ApiError::new(agentgate_server::ErrorCode::NotFound, "turn not found");
+    // Another user's turn is not found, and nothing is written.
+    gate.store()
+        .turn(&turn_id)
+        .await?
+        .filter(|view| view.user_id == user_id)
+        .ok_or_else(not_found)?;
+    let view = gate.request_cancel(&turn_id).await?.ok_or_else(not_found)?;
+    Ok(Json(StopResponse {
+        state: view.state,
+        cancel_requested: view.cancel_requested_at_ms.is_some(),
+    }))
+}

@@ -290,6 +290,7 @@ fn routes(state: &AppState) -> Router<AppState> {
         .route("/app/transcript", get(api::transcript))
         .route("/app/ledger", get(api::ledger))
         .route("/app/settings", get(api::settings))
+        .route("/app/stop", post(api::stop))
         .route(
             "/app/documents",
             get(documents::list).post(documents::upload),

@@ -1,0 +1,65 @@
+// The Stop button (issue 13's cancel) in headless Chromium against the real
+// binary: a running reply stops when a person presses Stop, nothing is
+// booked after it, the session takes the next message at once, and a
+// reload shows the reply as stopped with no retry offered. (That a repeat
+// of the stopped message replays the stop is checked in the engine's
+// conformance suite and the ledger's tests.)
+
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import path from "node:path";
+import { ARTIFACTS, startServer, launchBrowser, entries, chatUrl, eventually, unique } from "../lib/harness.mjs";
+
+/** Per model round: a booking takes three, so a reply runs about 6 s, long enough to stop. */
+const THINK_TIME_MS = 2_000;
+
+let server;
+let browser;
+
+before(async () => {
+  server = await startServer({ name: "stop", thinkTimeMs: THINK_TIME_MS });
+  browser = await launchBrowser();
+});
+
+after(async () => {
+  await browser?.close();
+  await server?.stop();
+});
+
+test("Stop on a running reply stops it before it books; the session is free; a reload shows it stopped", async () => {
+  const user = unique("stop");
+  const session = unique("s");
+  const page = await browser.newTab(chatUrl(server.base, user, session));
+  await page.fill("#composer-input", "taxi 18 yesterday");
+  await page.click("#send");
+  const live = page.locator("#messages li.msg.assistant").last();
+  await live.locator("button.stop").waitFor();
+  await page.screenshot({ path: path.join(ARTIFACTS, "stop-running.png") });
+  const pressed = Date.now();
+  await live.locator("button.stop").click();
+  await page.waitForSelector("#messages li.msg.assistant[data-state=cancelled]", { timeout: 10_000 });
+  const tookMs = Date.now() - pressed;
+  assert.ok(tookMs < THINK_TIME_MS * 2, `stopped in ${tookMs} ms, before the reply's rounds ran out`);
+  assert.match(await live.innerText(), /You stopped this reply\./);
+  assert.equal(await live.locator("button.retry").count(), 0, "no retry offered for a stopped reply");
+  await page.screenshot({ path: path.join(ARTIFACTS, "stop-stopped.png") });
+  // Nothing was booked, now or later (its rounds would have ended by now).
+  await new Promise((resolve) => setTimeout(resolve, THINK_TIME_MS));
+  assert.equal((await entries(server.base, user)).length, 0);
+
+  // The session takes the next message at once.
+  await page.fill("#composer-input", "lunch 35");
+  await page.click("#send");
+  await page.waitForSelector("#messages li.msg.assistant[data-state=final]", { timeout: 20_000 });
+  assert.equal((await entries(server.base, user)).length, 1);
+
+  // A reload shows the stopped reply as stopped, with no retry.
+  await page.reload();
+  await page.waitForSelector("#messages li.msg.assistant[data-state=cancelled]");
+  const stopped = page.locator("#messages li.msg.assistant[data-state=cancelled]");
+  assert.match(await stopped.innerText(), /You stopped this reply\./);
+  assert.equal(await stopped.locator("button.retry").count(), 0);
+  await page.screenshot({ path: path.join(ARTIFACTS, "stop-after-reload.png") });
+  await eventually(async () => (await entries(server.base, user)).length === 1, { what: "still one entry" });
+  await page.close();
+});
