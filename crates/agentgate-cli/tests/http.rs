@@ -1293,3 +1293,144 @@ fn help_lists_every_flag_with_its_env_but_never_a_secret() {
     }
     assert!(!help.contains("env-secret"));
 }
+
+/// The second message over HTTP: a begin with `on_busy: "wait"` is answered
+/// when the holder ends (201, after the ending, not before); one with
+/// `interrupt` asks the holder to stop, and the holder, told by its
+/// heartbeat, ends `cancelled`; a bad policy or bound is a typed 400 that
+/// changes nothing; and a force-release ends a holder that does not answer,
+/// after which its every write is `lease_lost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_second_message_waits_interrupts_and_a_stuck_holder_is_released() {
+    let dir = scratch();
+    let server = Server::start(dir.path(), &[]);
+    let client = server.client();
+    let begin = |request: &str, extra: Value| {
+        let mut body = json!({
+            "user_id": "hana", "session_id": "chat-w", "client_request_id": request,
+            "payload": {"text": request},
+        });
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        body
+    };
+    // An unknown policy, a bound over the limit, a bound for reject, a
+    // negative bound: each refused, and no turn recorded.
+    for bad in [
+        json!({"on_busy": "queue"}),
+        json!({"on_busy": "wait", "wait_ms": 20_001}),
+        json!({"on_busy": "reject", "wait_ms": 10}),
+        json!({"on_busy": "wait", "wait_ms": -1}),
+    ] {
+        client
+            .post("/v1/turns", None, &begin("bad", bad))
+            .await
+            .expect(400, "invalid_request");
+    }
+    client
+        .get("/v1/sessions/chat-w")
+        .await
+        .expect(404, "not_found");
+    let (first, token) = lease(&client.begin("hana", "chat-w", "m1", &json!("m1")).await);
+    client
+        .post("/v1/turns", None, &begin("m2", json!({})))
+        .await
+        .expect(409, "session_busy");
+    // A waiter, answered once the holder ends.
+    let waiter = {
+        let client = client.clone();
+        let body = begin("m2", json!({"on_busy": "wait", "wait_ms": 15_000}));
+        tokio::spawn(async move { client.post("/v1/turns", None, &body).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "it waits while the holder runs");
+    client
+        .post(
+            &format!("/v1/turns/{first}/complete"),
+            Some(&token),
+            &json!({"response": "one"}),
+        )
+        .await
+        .expect(200, "");
+    let second = waiter.await.unwrap().expect(201, "");
+    let (second_id, second_token) = lease(&second);
+    // An interrupter: the holder learns it on its heartbeat and stops.
+    let interrupter = {
+        let client = client.clone();
+        let body = begin("m3", json!({"on_busy": "interrupt", "wait_ms": 15_000}));
+        tokio::spawn(async move { client.post("/v1/turns", None, &body).await })
+    };
+    let heartbeat = format!("/v1/turns/{second_id}/heartbeat");
+    let mut told = false;
+    for _ in 0..100 {
+        let beat = client
+            .post(&heartbeat, Some(&second_token), &json!({}))
+            .await
+            .expect(200, "");
+        if beat.body["cancel_requested"] == true {
+            told = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(told, "the interrupt reached the holder's heartbeat");
+    client
+        .post(
+            &format!("/v1/turns/{second_id}/end-cancelled"),
+            Some(&second_token),
+            &json!({"partial": "two, stopped"}),
+        )
+        .await
+        .expect(200, "");
+    let third = interrupter.await.unwrap().expect(201, "");
+    let (third_id, third_token) = lease(&third);
+    let view = client
+        .get(&format!("/v1/turns/{second_id}"))
+        .await
+        .expect(200, "");
+    assert_eq!(view.body["turn"]["state"], "cancelled");
+    // The third holder stops answering: an operator releases the session.
+    let release = "/v1/sessions/chat-w/release";
+    client
+        .post(&format!("{release}?user_id=mallory"), None, &json!({}))
+        .await
+        .expect(404, "not_found");
+    let released = client
+        .post(&format!("{release}?user_id=hana"), None, &json!({}))
+        .await
+        .expect(200, "");
+    assert_eq!(released.body["released"]["turn_id"], third_id.as_str());
+    assert_eq!(released.body["released"]["state"], "abandoned");
+    assert_eq!(released.body["released"]["error"]["code"], "released");
+    let again = client.post(release, None, &json!({})).await.expect(200, "");
+    assert_eq!(again.body["released"], Value::Null, "nothing held");
+    for (path, body) in [
+        (format!("/v1/turns/{third_id}/heartbeat"), json!({})),
+        (
+            format!("/v1/turns/{third_id}/tools"),
+            json!({"tool": "book", "args": {}}),
+        ),
+        (
+            format!("/v1/turns/{third_id}/complete"),
+            json!({"response": "late"}),
+        ),
+    ] {
+        client
+            .post(&path, Some(&third_token), &body)
+            .await
+            .expect(409, "lease_lost");
+    }
+    client
+        .post("/v1/sessions/no-such/release", None, &json!({}))
+        .await
+        .expect(404, "not_found");
+    let metrics = client.get("/metrics").await.text;
+    for line in [
+        "agentgate_busy_begins_total{outcome=\"started\",policy=\"wait\"} 1",
+        "agentgate_busy_begins_total{outcome=\"started\",policy=\"interrupt\"} 1",
+        "agentgate_force_releases_total 1",
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+}

@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
-use agentgate::store::{Completion, LeaseStatus, Store};
+use agentgate::store::{Completion, LeaseStatus, ReleaseWatch, Store};
 use agentgate::{
     Config, Error, ExecutionId, Result, SessionId, SessionView, TurnId, TurnView, UserId, UserView,
 };
@@ -128,6 +128,13 @@ impl Store for Faulty {
     }
     async fn request_cancel(&self, turn_id: &TurnId) -> Result<Option<TurnView>> {
         self.inner.request_cancel(turn_id).await
+    }
+    async fn force_release(&self, session_id: &SessionId) -> Result<Option<TurnView>> {
+        self.check()?;
+        self.inner.force_release(session_id).await
+    }
+    fn watch_releases(&self, session_id: &SessionId) -> Box<dyn ReleaseWatch> {
+        self.inner.watch_releases(session_id)
     }
     async fn executions(
         &self,

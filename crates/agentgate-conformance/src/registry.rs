@@ -44,6 +44,12 @@ macro_rules! for_each_check {
                 "10 cancel requests race 40 tool claims: claims after it refused, one cancelled ending, replayed";
             cancel_is_learned_by_the_watchdog: any,
                 "a cancel from elsewhere reaches the holder by heartbeat, from its own gate at once; dropped, it ends cancelled";
+            wait_storm_one_holder_at_a_time: any,
+                "20 waiting begins on one session all start, one holder at a time; bounded waiters time out on time";
+            interrupt_stops_the_holder_then_starts: any,
+                "interrupt stops the holder (own gate at once, another by heartbeat) and starts; a stubborn one is force-released";
+            force_release_races_the_ending: any,
+                "a force-release fences every later write of the holder; raced with its ending, the turn ends once";
             execution_limit_storm: any,
                 "100 first claims one short of the execution limit: exactly 1 executes";
             same_transaction_effect: any,

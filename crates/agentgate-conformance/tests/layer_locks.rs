@@ -135,6 +135,10 @@ impl LeaseLayer for Probing {
         self.probe().await;
         self.inner.release(turn_id, token_digest).await
     }
+    async fn revoke(&self, turn_id: &str) -> Result<()> {
+        self.probe().await;
+        self.inner.revoke(turn_id).await
+    }
     async fn holder(&self, session_id: &str) -> Result<Option<HolderView>> {
         self.probe().await;
         self.inner.holder(session_id).await

@@ -11,7 +11,7 @@ use std::time::Duration;
 use crate::error::Error;
 use crate::ids::Fence;
 use crate::limits::{DEAD_CONTINUATION_RETRY, MAX_TOOL_ATTEMPTS, MAX_TURN_ATTEMPTS};
-use crate::model::{PreviousOutcome, ToolState, TurnState};
+use crate::model::{BusyPolicy, OnBusy, PreviousOutcome, ToolState, TurnState};
 
 /// A session's lease as read from the store.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -472,6 +472,98 @@ pub fn check_execution_room(turn_id: &str, executions: i64) -> Result<(), Error>
 /// The error an orphan ended `abandoned` by the sweeper records, the same
 /// on every store.
 pub const ABANDONED_ERROR: &str = r#"{"code":"abandoned","message":"the turn's holder stopped without an ending and no one resumed it within the orphan grace"}"#;
+
+/// What a begin under an [`OnBusy`] policy does after an attempt failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BusyStep {
+    /// Give the attempt's error to the caller: not a busy session, the
+    /// `reject` policy, or the bound ran out.
+    Refuse,
+    /// Ask `turn_id` (the session's holder) to stop, then wait as below.
+    Interrupt {
+        /// The holder to interrupt.
+        turn_id: String,
+        /// Longest to wait before the next attempt.
+        poll: Duration,
+    },
+    /// Wait for a release of the session, at most `poll`, then try again.
+    Wait {
+        /// Longest to wait before the next attempt.
+        poll: Duration,
+    },
+}
+
+/// The next step of a begin under `on_busy` whose attempt failed with
+/// `error`, `elapsed` after the first attempt, having already asked
+/// `interrupted` to stop. Only `session_busy` waits, and a transient
+/// conflict (the store's begin gave up because the session's state kept
+/// changing under it: a storm of waiters on one session does that); a busy
+/// request (`request_in_flight`), a full user (`user_at_capacity`), a
+/// pending confirmation and an outage are answered at once. The poll is the
+/// holder's remaining lease (when it may simply expire), at most
+/// [`crate::limits::MAX_BUSY_POLL`], and never past the bound.
+pub fn busy_step(
+    error: &Error,
+    on_busy: OnBusy,
+    elapsed: Duration,
+    interrupted: Option<&str>,
+) -> BusyStep {
+    let left = on_busy.wait.saturating_sub(elapsed);
+    if on_busy.policy == BusyPolicy::Reject || left.is_zero() {
+        return BusyStep::Refuse;
+    }
+    let (active_turn_id, retry_after) = match error {
+        Error::SessionBusy {
+            active_turn_id,
+            retry_after,
+        } => (active_turn_id, *retry_after),
+        contended if contended.is_conflict() => {
+            return BusyStep::Wait {
+                poll: crate::limits::MAX_BUSY_POLL.min(left),
+            }
+        }
+        _ => return BusyStep::Refuse,
+    };
+    let poll = retry_after
+        .min(crate::limits::MAX_BUSY_POLL)
+        .min(left)
+        .max(Duration::from_millis(1));
+    match on_busy.policy {
+        BusyPolicy::Interrupt if interrupted != Some(active_turn_id.as_str()) => {
+            BusyStep::Interrupt {
+                turn_id: active_turn_id.clone(),
+                poll,
+            }
+        }
+        _ => BusyStep::Wait { poll },
+    }
+}
+
+/// The error a turn ended by an operator's force-release records, the same
+/// on every store.
+pub const RELEASED_ERROR: &str = r#"{"code":"released","message":"an operator force-released the turn's session; a repeat of its request restarts it"}"#;
+
+/// What a force-release of a session ends, judged from its row under the
+/// session's lock: the holder the row names, live or expired (a stuck
+/// holder is exactly what an operator releases), which must be a running
+/// turn; `None` when the row names no holder.
+///
+/// # Errors
+/// `corrupt` when the row names a holder whose turn is missing or no longer
+/// running: every ending clears the holder in its own transaction.
+pub fn release_target<'a>(
+    holder_turn_id: Option<&'a str>,
+    holder_state: Option<&str>,
+) -> Result<Option<&'a str>, Error> {
+    match (holder_turn_id, holder_state) {
+        (None, _) => Ok(None),
+        (Some(turn_id), Some("running")) => Ok(Some(turn_id)),
+        (Some(turn_id), state) => Err(Error::corrupt(format!(
+            "the session names {turn_id} as its holder, but that turn is {}",
+            state.map_or("missing".to_owned(), |s| format!("{s:?}"))
+        ))),
+    }
+}
 
 /// Whether an orphan without a live lease since `orphaned_since_ms` has
 /// waited out its grace and is to be ended `abandoned`.

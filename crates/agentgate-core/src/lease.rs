@@ -121,6 +121,15 @@ pub trait LeaseLayer: Send + Sync + std::fmt::Debug + 'static {
     /// `store_unavailable`.
     async fn release(&self, turn_id: &str, token_digest: &str) -> Result<()>;
 
+    /// Drops the lease and permit of `turn_id`, whoever holds its token:
+    /// an operator's force-release, after the SQL store bumped the
+    /// session's fence (which already refuses the old holder's writes).
+    /// A no-op when the layer holds nothing for it.
+    ///
+    /// # Errors
+    /// `store_unavailable`.
+    async fn revoke(&self, turn_id: &str) -> Result<()>;
+
     /// The live holder of `session_id`, if any.
     ///
     /// # Errors

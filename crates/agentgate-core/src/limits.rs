@@ -141,3 +141,23 @@ pub const MAX_EXECUTION_PAGE: u32 = 200;
 /// it, but always carries at least one (each is at most [`MAX_JSON_BYTES`]).
 /// Without it, 200 results of 1 MiB make one read cost 200 MiB of memory.
 pub const MAX_EXECUTION_PAGE_BYTES: usize = 4 * 1024 * 1024;
+
+/// Longest a begin with the `wait` or `interrupt` policy waits for its
+/// session to come free. Below the HTTP service's request timeout (30 s),
+/// so a waiting begin answers before the server gives up on it.
+pub const MAX_BUSY_WAIT: Duration = Duration::from_secs(20);
+
+/// How long `wait` and `interrupt` wait when the caller names no bound:
+/// long enough for a remote holder to learn of an interrupt on its next
+/// heartbeat (a third of the default 30 s TTL).
+pub const DEFAULT_BUSY_WAIT: Duration = Duration::from_secs(12);
+
+/// Longest a waiting begin sleeps between attempts when no notification
+/// wakes it (a store without one, a holder on another node, a lease that
+/// simply expired): the poll is this, or the holder's remaining lease when
+/// sooner, with jitter so waiters do not retry in step.
+pub const MAX_BUSY_POLL: Duration = Duration::from_millis(500);
+
+/// Most sessions one store handle watches for waiting begins at once;
+/// past it a waiter still waits, by its bounded poll alone.
+pub const MAX_WATCHED_SESSIONS: usize = 10_000;

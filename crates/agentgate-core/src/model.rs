@@ -98,6 +98,70 @@ wire_enum!(
     }
 );
 
+wire_enum!(
+    /// What a begin does when its session is held by another turn.
+    BusyPolicy {
+        /// Refuse at once with `session_busy` (the default).
+        Reject => "reject",
+        /// Wait, up to a bound, for the session to come free, woken by the
+        /// store's release notification, then start.
+        Wait => "wait",
+        /// Ask the running turn to stop (a cancel request), wait for it to
+        /// end, up to a bound, then start.
+        Interrupt => "interrupt",
+    }
+);
+
+/// A begin's policy for a busy session, with its bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OnBusy {
+    /// What to do.
+    pub policy: BusyPolicy,
+    /// How long `wait` and `interrupt` wait at most; zero for `reject`.
+    pub wait: std::time::Duration,
+}
+
+impl OnBusy {
+    /// Refuse a busy session at once.
+    pub const REJECT: Self = Self {
+        policy: BusyPolicy::Reject,
+        wait: std::time::Duration::ZERO,
+    };
+
+    /// Validates a policy and its bound: `wait_ms` defaults to
+    /// [`crate::limits::DEFAULT_BUSY_WAIT`] for `wait` and `interrupt`.
+    ///
+    /// # Errors
+    /// `invalid_request` for a bound over
+    /// [`crate::limits::MAX_BUSY_WAIT`], or any bound with `reject`.
+    pub fn new(policy: BusyPolicy, wait_ms: Option<u64>) -> Result<Self> {
+        let max = crate::limits::MAX_BUSY_WAIT;
+        let wait = match (policy, wait_ms) {
+            (BusyPolicy::Reject, None) => std::time::Duration::ZERO,
+            (BusyPolicy::Reject, Some(_)) => {
+                return Err(Error::invalid(
+                    "wait_ms applies to the wait and interrupt policies, not reject",
+                ))
+            }
+            (_, None) => crate::limits::DEFAULT_BUSY_WAIT,
+            (_, Some(ms)) if u128::from(ms) > max.as_millis() => {
+                return Err(Error::invalid(format!(
+                    "wait_ms is {ms}, the limit is {}",
+                    max.as_millis()
+                )))
+            }
+            (_, Some(ms)) => std::time::Duration::from_millis(ms),
+        };
+        Ok(Self { policy, wait })
+    }
+}
+
+impl Default for OnBusy {
+    fn default() -> Self {
+        Self::REJECT
+    }
+}
+
 /// A begin that answers a pending confirmation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Confirmation {

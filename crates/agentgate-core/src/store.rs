@@ -138,6 +138,28 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// `store_unavailable`.
     async fn request_cancel(&self, turn_id: &TurnId) -> Result<Option<TurnView>>;
 
+    /// An operator's force-release of `session_id`: ends the turn its row
+    /// names as holder (live or expired) `abandoned`, with
+    /// [`crate::decide::RELEASED_ERROR`], frees the session and the permit,
+    /// and bumps the session's fence, in one atomic step; with a lease
+    /// layer, then revokes the holder's lease there. Every later write of
+    /// the old holder is refused (`lease_lost`); a repeat of its request
+    /// restarts it. Returns the released turn's view; `None` when the
+    /// session has no holder (or does not exist), and nothing was written.
+    ///
+    /// # Errors
+    /// `store_unavailable`; `corrupt` for a holder that is not a running
+    /// turn.
+    async fn force_release(&self, session_id: &SessionId) -> Result<Option<TurnView>>;
+
+    /// A watch on releases of `session_id` (an ending, an abandon, a
+    /// force-release), taken before a begin attempt so that a release
+    /// between the attempt and the wait is not missed. How far it reaches
+    /// is the store's: in-process on every store, across nodes where the
+    /// store has a notification. A waiter never relies on it alone: it
+    /// waits at most its poll.
+    fn watch_releases(&self, session_id: &SessionId) -> Box<dyn ReleaseWatch>;
+
     /// One page of a turn's tool executions, oldest first: those after
     /// `page.after` in (claim number, id) order, read with a keyset query,
     /// at most `page.limit()` of them and at most
@@ -250,6 +272,14 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         }
         Ok(abandoned)
     }
+}
+
+/// A watch taken by [`Store::watch_releases`].
+#[async_trait]
+pub trait ReleaseWatch: Send {
+    /// Resolves when the session may have been released since the watch
+    /// was taken, or after `max`; whether a release woke it.
+    async fn wait(&mut self, max: std::time::Duration) -> bool;
 }
 
 /// [`Store::claim_orphan`], also returning `mark()` as taken just before the

@@ -102,6 +102,30 @@ impl From<PreviousOutcome> for PreviousOutcomeDto {
     }
 }
 
+/// What a begin does when its session is held by another turn.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BusyPolicyDto {
+    /// Refuse at once: 409 `session_busy` (the default).
+    #[default]
+    Reject,
+    /// Wait up to `wait_ms` for the session to come free, then start.
+    Wait,
+    /// Ask the running turn to stop (a cancel request), wait up to
+    /// `wait_ms` for it to end, then start.
+    Interrupt,
+}
+
+impl From<BusyPolicyDto> for agentgate::BusyPolicy {
+    fn from(policy: BusyPolicyDto) -> Self {
+        match policy {
+            BusyPolicyDto::Reject => Self::Reject,
+            BusyPolicyDto::Wait => Self::Wait,
+            BusyPolicyDto::Interrupt => Self::Interrupt,
+        }
+    }
+}
+
 /// A person's answer to a pending confirmation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -153,6 +177,15 @@ pub struct BeginRequest {
     /// Set to answer a pending confirmation of an earlier turn.
     #[serde(default)]
     pub confirmation: Option<ConfirmationRequest>,
+    /// What to do when the session is held by another turn: `reject`
+    /// (default), `wait` or `interrupt`.
+    #[serde(default)]
+    pub on_busy: BusyPolicyDto,
+    /// How long `wait` and `interrupt` wait at most, in milliseconds
+    /// (default 12000, at most 20000). Only with those policies.
+    #[serde(default)]
+    #[schema(maximum = 20000)]
+    pub wait_ms: Option<u64>,
 }
 
 impl fmt::Debug for BeginRequest {
@@ -679,6 +712,14 @@ impl From<SessionView> for SessionDto {
 pub struct SessionResponse {
     /// The session.
     pub session: SessionDto,
+}
+
+/// Answer of `POST /v1/sessions/{session_id}/release`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReleaseResponse {
+    /// The turn that held the session, now ended `abandoned` (error code
+    /// `released`); `null` when the session had no holder.
+    pub released: Option<TurnDto>,
 }
 
 /// A user as callers see it.

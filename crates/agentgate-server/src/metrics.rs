@@ -78,6 +78,9 @@ pub struct Metrics {
     orphaned_turns: IntGauge,
     abandoned_turns: IntGauge,
     request_seconds: HistogramVec,
+    busy_begins: IntCounterVec,
+    cancel_requests: IntCounter,
+    force_releases: IntCounter,
 }
 
 /// The counters the dashboard shows: a snapshot of this process's metrics.
@@ -217,6 +220,24 @@ fn build() -> prometheus::Result<Metrics> {
     )?;
     registry.register(Box::new(abandoned_turns.clone()))?;
     registry.register(Box::new(request_seconds.clone()))?;
+    let busy_begins = IntCounterVec::new(
+        Opts::new(
+            "busy_begins_total",
+            "Begins by busy policy (reject, wait, interrupt) and outcome: started (or replayed), timed_out (session_busy after waiting, or at once for reject), refused (another error)",
+        ),
+        &["policy", "outcome"],
+    )?;
+    registry.register(Box::new(busy_begins.clone()))?;
+    let cancel_requests = IntCounter::new(
+        "cancel_requests_total",
+        "Cancel requests received (POST /v1/turns/{id}/cancel), repeats included",
+    )?;
+    registry.register(Box::new(cancel_requests.clone()))?;
+    let force_releases = IntCounter::new(
+        "force_releases_total",
+        "Sessions force-released (POST /v1/sessions/{id}/release) that had a holder",
+    )?;
+    registry.register(Box::new(force_releases.clone()))?;
     Ok(Metrics {
         registry,
         begins,
@@ -232,6 +253,9 @@ fn build() -> prometheus::Result<Metrics> {
         orphaned_turns,
         abandoned_turns,
         request_seconds,
+        busy_begins,
+        cancel_requests,
+        force_releases,
     })
 }
 
@@ -286,6 +310,23 @@ impl Metrics {
     pub fn turn_ended(&self, state: &str) {
         self.turn_endings.with_label_values(&[state]).inc();
         self.live_turns.dec();
+    }
+
+    /// Records a begin's outcome under its busy policy.
+    pub fn busy_begin(&self, policy: agentgate::BusyPolicy, outcome: &str) {
+        self.busy_begins
+            .with_label_values(&[policy.as_str(), outcome])
+            .inc();
+    }
+
+    /// Records a cancel request.
+    pub fn cancel_requested(&self) {
+        self.cancel_requests.inc();
+    }
+
+    /// Records a force-release that ended a holder.
+    pub fn force_released(&self) {
+        self.force_releases.inc();
     }
 
     fn error(&self, code: ErrorCode) {

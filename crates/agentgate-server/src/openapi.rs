@@ -84,6 +84,7 @@ pub(crate) fn v1_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(views::turn))
         .routes(routes!(views::turn_executions))
         .routes(routes!(views::session))
+        .routes(routes!(views::release))
         .routes(routes!(views::user))
         .routes(routes!(orphans::claim))
 }
@@ -101,9 +102,11 @@ pub(crate) fn ops_routes() -> OpenApiRouter<AppState> {
 /// in full (all are POSTs). An `operationId` must be unique (OpenAPI 3.1,
 /// 4.8.10.1), and it is the name a generated client gives the operation's
 /// function; utoipa takes the handler's name, which `tools`, `turns` and
-/// `orphans` share (`claim`, `complete`, `fail`).
-const POST_OPERATION_IDS: [(&str, &str); 6] = [
+/// `orphans` share (`claim`, `complete`, `fail`), and which for `release`
+/// would not say what is released.
+const POST_OPERATION_IDS: [(&str, &str); 7] = [
     ("/v1/orphans/claim", "claim_orphan"),
+    ("/v1/sessions/{session_id}/release", "release_session"),
     ("/v1/turns/{turn_id}/tools", "claim_tool"),
     (
         "/v1/turns/{turn_id}/tools/{execution_id}/complete",

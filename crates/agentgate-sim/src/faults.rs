@@ -20,7 +20,7 @@ use agentgate_core::model::{
     SweepReport, ToolCall, ToolClaim, TurnView, UserView,
 };
 use agentgate_core::page::{ExecutionPage, ExecutionPageRequest};
-use agentgate_core::store::{Completion, LeaseStatus, Store};
+use agentgate_core::store::{Completion, LeaseStatus, ReleaseWatch, Store};
 use async_trait::async_trait;
 use serde_json::Value;
 
@@ -396,6 +396,18 @@ impl Store for Faulty {
         let call = self.before("orphans", "", None).await?;
         let result = self.inner.orphans(filter, limit).await;
         self.after(call, result, |_| None).await
+    }
+
+    async fn force_release(&self, session_id: &SessionId) -> Result<Option<TurnView>> {
+        let call = self
+            .before("force_release", session_id.as_str(), None)
+            .await?;
+        let result = self.inner.force_release(session_id).await;
+        self.after(call, result, |_| None).await
+    }
+
+    fn watch_releases(&self, session_id: &SessionId) -> Box<dyn ReleaseWatch> {
+        self.inner.watch_releases(session_id)
     }
 
     async fn abandon(&self, orphan: &Orphan) -> Result<bool> {

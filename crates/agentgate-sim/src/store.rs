@@ -18,8 +18,9 @@ use agentgate_core::canonical::CanonicalJson;
 use agentgate_core::config::Config;
 use agentgate_core::decide::{
     check_execution, check_execution_room, check_row_lease, decide_begin, decide_tool_claim,
-    BeginDecision, BeginFacts, CheckedLease, ExecutionSnapshot, HolderSnapshot, PendingSnapshot,
-    RowLeaseFacts, SessionSnapshot, StartKind, ToolDecision, TurnSnapshot, UserLoad,
+    release_target, BeginDecision, BeginFacts, CheckedLease, ExecutionSnapshot, HolderSnapshot,
+    PendingSnapshot, RowLeaseFacts, SessionSnapshot, StartKind, ToolDecision, TurnSnapshot,
+    UserLoad,
 };
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{
@@ -32,7 +33,7 @@ use agentgate_core::model::{
     ToolCall, ToolClaim, ToolState, TurnState, TurnView, UserView,
 };
 use agentgate_core::page::{assemble, ExecutionCursor, ExecutionPage, ExecutionPageRequest};
-use agentgate_core::store::{Completion, LeaseStatus, SqlEffect, Store};
+use agentgate_core::store::{Completion, LeaseStatus, ReleaseWatch, SqlEffect, Store};
 use async_trait::async_trait;
 use serde_json::Value;
 
@@ -1172,6 +1173,64 @@ impl Store for SimStore {
         })
     }
 
+    async fn force_release(&self, session_id: &SessionId) -> Result<Option<TurnView>> {
+        self.step(|s, state, now| {
+            let Some(session) = state.sessions.get(session_id.as_str()) else {
+                return Ok(None);
+            };
+            let holder = session.holder.as_ref().map(|h| h.turn_id.clone());
+            let holder_state = holder
+                .as_ref()
+                .and_then(|t| state.turns.get(t))
+                .map(|row| row.state.as_str());
+            let Some(turn_id) = release_target(holder.as_deref(), holder_state)?.map(str::to_owned)
+            else {
+                return Ok(None);
+            };
+            state.fence += 1;
+            let fence = state.fence;
+            let session = state
+                .sessions
+                .get_mut(session_id.as_str())
+                .expect("read above, under the same lock");
+            session.holder = None;
+            session.fence = fence;
+            session.updated_at_ms = now;
+            let row = state
+                .turns
+                .get_mut(&turn_id)
+                .expect("release_target checked it exists");
+            let released_fence = row.fence;
+            row.state = TurnState::Abandoned;
+            row.error = Some(RELEASED_ERROR.to_owned());
+            row.retryable = None;
+            row.updated_at_ms = now;
+            row.ended_at_ms = Some(now);
+            row.orphaned_at_ms = None;
+            let view = Self::view(&turn_id, row);
+            s.record(
+                now,
+                Event::Ended {
+                    turn: turn_id.clone(),
+                    state: TurnState::Abandoned.as_str(),
+                    response: None,
+                },
+            );
+            s.record(
+                now,
+                Event::Release {
+                    fence: released_fence,
+                },
+            );
+            Ok(Some(view))
+        })
+    }
+
+    fn watch_releases(&self, _session_id: &SessionId) -> Box<dyn ReleaseWatch> {
+        // The model has no notification: a waiter waits by its poll alone.
+        Box::new(PollOnly)
+    }
+
     async fn executions(
         &self,
         turn_id: &TurnId,
@@ -1414,5 +1473,16 @@ impl Store for SimStore {
             );
             Ok(true)
         })
+    }
+}
+
+/// A release watch that is never woken: the waiter's poll alone.
+struct PollOnly;
+
+#[async_trait]
+impl ReleaseWatch for PollOnly {
+    async fn wait(&mut self, max: std::time::Duration) -> bool {
+        tokio::time::sleep(max).await;
+        false
     }
 }

@@ -222,7 +222,7 @@ async fn read_facts(
 /// lock is held until the grant commits (in autocommit, for that statement
 /// only), and `LAST_INSERT_ID(expr)` hands the new value back in the
 /// same round trip.
-async fn next_fence(conn: &mut MySqlConnection) -> Result<Fence> {
+pub(crate) async fn next_fence(conn: &mut MySqlConnection) -> Result<Fence> {
     let done = sqlx::query("UPDATE ag_fence SET value = LAST_INSERT_ID(value + 1) WHERE id = 1")
         .execute(conn)
         .await

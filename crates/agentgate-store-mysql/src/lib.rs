@@ -144,6 +144,8 @@ pub struct MySqlStore {
     /// Where leases and permits live when not in the session rows (Redis).
     /// Fences and every durable record stay here either way.
     leases: Option<Arc<dyn LeaseLayer>>,
+    /// Waiting begins' watches on session releases.
+    wakeups: agentgate_store_sql::wakeups::Wakeups,
     /// The database's name, which the test suites' path counts are kept by.
     #[cfg(feature = "testing")]
     database: String,
@@ -218,6 +220,7 @@ impl MySqlStore {
             pool,
             config,
             leases,
+            wakeups: agentgate_store_sql::wakeups::Wakeups::default(),
             #[cfg(feature = "testing")]
             database,
         })

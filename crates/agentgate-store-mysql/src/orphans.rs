@@ -14,7 +14,9 @@
 //! turn unheld records the time on the turn (`orphaned_at_ms`).
 
 use agentgate_core::error::Result;
+use agentgate_core::ids::Fence;
 use agentgate_store_sql::orphans::OrphanSql;
+use agentgate_store_sql::query::Run;
 use agentgate_store_sql::StepTx;
 
 use crate::error::map_sqlx;
@@ -30,5 +32,9 @@ impl OrphanSql for Sql<'_> {
             .await
             .map_err(map_sqlx)?;
         Ok(tx)
+    }
+
+    async fn next_fence(&self, conn: &mut <Self as Run>::Conn) -> Result<Fence> {
+        crate::begin::next_fence(conn).await
     }
 }

@@ -148,6 +148,8 @@ pub struct PostgresStore {
     /// Where leases and permits live when not in the session rows (Redis).
     /// Fences and every durable record stay here either way.
     leases: Option<Arc<dyn LeaseLayer>>,
+    /// Waiting begins' watches on session releases.
+    wakeups: agentgate_store_sql::wakeups::Wakeups,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -209,6 +211,7 @@ impl PostgresStore {
             pool,
             config,
             leases,
+            wakeups: agentgate_store_sql::wakeups::Wakeups::default(),
         };
         store.migrate().await?;
         Ok(store)

@@ -5,7 +5,8 @@
 //! the client only if Redis lost its script cache), so it is atomic in Redis:
 //! `acquire` takes the session lease and a permit together or neither,
 //! `renew` extends both, `release` drops both, all owner-checked by the token
-//! digest. Expiry is Redis's own clock (`PEXPIRE`, `TIME`).
+//! digest; `revoke` (an operator's force-release) drops both whoever holds
+//! them. Expiry is Redis's own clock (`PEXPIRE`, `TIME`).
 //!
 //! The trade-off, plainly: Redis without persistence (or a failover) can
 //! forget a lease, and then a second turn may start on the session while the
@@ -43,6 +44,7 @@ struct Scripts {
     renew: Script,
     holds: Script,
     release: Script,
+    revoke: Script,
     user_holders: Script,
 }
 
@@ -53,6 +55,7 @@ impl Scripts {
             renew: Script::new(include_str!("lua/renew.lua")),
             holds: Script::new(include_str!("lua/holds.lua")),
             release: Script::new(include_str!("lua/release.lua")),
+            revoke: Script::new(include_str!("lua/revoke.lua")),
             user_holders: Script::new(include_str!("lua/user_holders.lua")),
         }
     }
@@ -182,9 +185,10 @@ impl LeaseLayer for RedisLeases {
                 .map_err(|e| Error::store(format!("bad lease field {text:?}: {e}")))
         };
         let expires_in_ms = parse(ms)?;
+        let fence = Fence(parse(fence)?);
         Ok(remaining(expires_in_ms).map(|expires_in_ms| LiveLease {
             session_id: session_id.clone(),
-            fence: Fence(parse(fence).unwrap_or_default()),
+            fence,
             expires_in_ms,
         }))
     }
@@ -196,6 +200,19 @@ impl LeaseLayer for RedisLeases {
             .key(self.key("t", turn_id))
             .arg(turn_id)
             .arg(token_digest)
+            .arg(&self.prefix)
+            .invoke_async(&mut self.connection.clone())
+            .await
+            .map_err(map_redis)?;
+        Ok(())
+    }
+
+    async fn revoke(&self, turn_id: &str) -> Result<()> {
+        let _revoked: i64 = self
+            .scripts
+            .revoke
+            .key(self.key("t", turn_id))
+            .arg(turn_id)
             .arg(&self.prefix)
             .invoke_async(&mut self.connection.clone())
             .await

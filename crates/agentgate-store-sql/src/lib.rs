@@ -25,6 +25,9 @@
 //!   the same transaction), over the dialect's [`tool::ToolEndingSql`].
 //! - [`views`]: the read-only views and the sweeper's cutoffs, over the
 //!   dialect's [`views::ViewSql`].
+//! - [`wakeups`]: release notifications for waiting begins, in-process,
+//!   fed by this handle's endings and releases (and, on PostgreSQL, by
+//!   `LISTEN` from other nodes).
 //!
 //! Decisions stay in `agentgate_core::decide`; this crate sequences the
 //! reads a decision needs and the writes it asks for, so every store makes
@@ -45,6 +48,7 @@ pub mod testing;
 pub mod tls;
 pub mod tool;
 pub mod views;
+pub mod wakeups;
 
 pub use async_trait::async_trait;
 pub use retry::Retry;

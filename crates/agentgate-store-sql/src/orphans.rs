@@ -1,6 +1,7 @@
 //! Orphans, written once: listing running turns whose lease is gone without
 //! an ending (for recovery workers and the sweeper), and ending one
-//! `abandoned`.
+//! `abandoned`; and an operator's force-release, which ends a session's
+//! holder the same way whether its lease is live or not.
 //!
 //! With the lease in the session row, the store's candidate query already
 //! excludes live leases and filters by orphan age. With a lease layer the
@@ -14,10 +15,11 @@ use agentgate_core::lease::held_by;
 use agentgate_core::limits::MAX_ORPHAN_SCAN;
 use agentgate_core::model::{Orphan, OrphanFilter};
 
-use agentgate_core::decide::ABANDONED_ERROR;
+use agentgate_core::decide::{release_target, ABANDONED_ERROR, RELEASED_ERROR};
 use agentgate_core::error::Error;
+use agentgate_core::ids::{Fence, SessionId, TurnId};
 
-use crate::query::{Arg, On, Statement};
+use crate::query::{Arg, On, Run, Statement};
 use crate::rows::{orphan, Columns};
 use crate::{Retry, StepTx};
 
@@ -29,6 +31,10 @@ pub trait OrphanSql: StepTx {
     /// takes it (PostgreSQL, MySQL: the row locked; SQLite: the single
     /// writer), so a takeover and the abandon are ordered.
     async fn lock_session(&self, session_id: &str) -> Result<Self::Tx>;
+
+    /// Takes the next fence from the store-wide counter inside the open
+    /// transaction `conn`.
+    async fn next_fence(&self, conn: &mut <Self as Run>::Conn) -> Result<Fence>;
 }
 
 /// When the turn last had a live lease, as far as the rows tell: the
@@ -230,4 +236,97 @@ pub async fn abandon<S: OrphanSql>(sql: &S, orphan: &Orphan) -> Result<bool> {
             done => return done,
         }
     }
+}
+
+/// One transaction holding the session's row first, as a begin does: the
+/// holder the row names (live or expired) ends `abandoned`, and the session
+/// is freed with a new fence, so the old holder's lease check fails on
+/// every store (its token no longer names the row's holder; with a layer,
+/// its layer fence is no longer the session's newest). The released turn.
+async fn force_release_once<S: OrphanSql>(sql: &S, session_id: &str) -> Result<Option<String>> {
+    let mut tx = sql.lock_session(session_id).await?;
+    let row = sql
+        .fetch_optional(
+            On::Conn(S::conn(&mut tx)),
+            Statement::new(format!(
+                "SELECT s.holder_turn_id, t.state, {} AS now_ms FROM ag_sessions s \
+                 LEFT JOIN ag_turns t ON t.turn_id = s.holder_turn_id WHERE s.session_id = $1",
+                S::NOW_MS
+            ))
+            .text(session_id),
+        )
+        .await?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let row = S::columns(&row);
+    let holder = row.text("holder_turn_id")?;
+    let state = row.text("state")?;
+    let now = row.int_required("now_ms")?;
+    let Some(turn_id) = release_target(holder.as_deref(), state.as_deref())? else {
+        return Ok(None);
+    };
+    let fence = sql.next_fence(S::conn(&mut tx)).await?;
+    let ended = sql
+        .execute(
+            On::Conn(S::conn(&mut tx)),
+            Statement::new(
+                "UPDATE ag_turns SET state = 'abandoned', error = $2, retryable = NULL, \
+                 updated_at_ms = $3, ended_at_ms = $3, orphaned_at_ms = NULL \
+                 WHERE turn_id = $1 AND state = 'running'",
+            )
+            .text(turn_id)
+            .text(RELEASED_ERROR)
+            .int(now),
+        )
+        .await?;
+    Error::expect_rows(ended, 1, "the released turn (read running under the lock)")?;
+    let freed = sql
+        .execute(
+            On::Conn(S::conn(&mut tx)),
+            Statement::new(
+                "UPDATE ag_sessions SET holder_turn_id = NULL, lease_token_hash = NULL, \
+                 lease_expires_at_ms = NULL, fence = $3, updated_at_ms = $4 \
+                 WHERE session_id = $1 AND holder_turn_id = $2",
+            )
+            .text(session_id)
+            .text(turn_id)
+            .int(fence.0)
+            .int(now),
+        )
+        .await?;
+    Error::expect_rows(freed, 1, "the released session (read under the lock)")?;
+    let turn_id = turn_id.to_owned();
+    sql.commit(tx).await?;
+    Ok(Some(turn_id))
+}
+
+/// An operator's force-release of `session_id` (see
+/// [`agentgate_core::store::Store::force_release`]): the released turn, or
+/// `None` when the session has no holder. With a lease layer the holder's
+/// lease is revoked there after the SQL step, which alone already refuses
+/// its writes.
+///
+/// # Errors
+/// `store_unavailable`; `corrupt` for a holder that is not a running turn.
+pub async fn force_release<S: OrphanSql>(
+    sql: &S,
+    session_id: &SessionId,
+) -> Result<Option<TurnId>> {
+    let mut retry = Retry::new();
+    let released = loop {
+        match force_release_once(sql, session_id.as_str()).await {
+            Err(error) => retry.after(error).await?,
+            Ok(released) => break released,
+        }
+    };
+    let Some(turn_id) = released else {
+        return Ok(None);
+    };
+    if let Some(layer) = sql.leases() {
+        layer.revoke(&turn_id).await?;
+    }
+    Ok(Some(TurnId::new(turn_id).map_err(|e| {
+        Error::corrupt(format!("the released holder's id: {e}"))
+    })?))
 }

@@ -84,7 +84,9 @@ macro_rules! impl_store {
                 lease: &::agentgate_core::model::LeaseRef,
                 ending: &::agentgate_core::model::Ending,
             ) -> ::agentgate_core::error::Result<::agentgate_core::model::TurnView> {
-                crate::steps::end_turn(self, lease, ending).await
+                let view = crate::steps::end_turn(self, lease, ending).await?;
+                self.wakeups.released(view.session_id.as_str());
+                Ok(view)
             }
 
             async fn turn(
@@ -99,6 +101,33 @@ macro_rules! impl_store {
                 turn_id: &::agentgate_core::ids::TurnId,
             ) -> ::agentgate_core::error::Result<Option<::agentgate_core::model::TurnView>> {
                 $crate::views::request_cancel(&crate::steps::Sql(self), turn_id).await
+            }
+
+            async fn force_release(
+                &self,
+                session_id: &::agentgate_core::ids::SessionId,
+            ) -> ::agentgate_core::error::Result<Option<::agentgate_core::model::TurnView>> {
+                let sql = crate::steps::Sql(self);
+                let released = $crate::orphans::force_release(&sql, session_id).await?;
+                if released.is_some() {
+                    self.wakeups.released(session_id.as_str());
+                }
+                match released {
+                    Some(turn_id) => match $crate::views::turn(&sql, &turn_id).await? {
+                        Some(view) => Ok(Some(view)),
+                        None => Err(::agentgate_core::error::Error::corrupt(format!(
+                            "the released turn {turn_id} is missing right after its release"
+                        ))),
+                    },
+                    None => Ok(None),
+                }
+            }
+
+            fn watch_releases(
+                &self,
+                session_id: &::agentgate_core::ids::SessionId,
+            ) -> Box<dyn ::agentgate_core::store::ReleaseWatch> {
+                self.wakeups.watch(session_id)
             }
 
             async fn executions(
@@ -161,7 +190,11 @@ macro_rules! impl_store {
                 &self,
                 orphan: &::agentgate_core::model::Orphan,
             ) -> ::agentgate_core::error::Result<bool> {
-                $crate::orphans::abandon(&crate::steps::Sql(self), orphan).await
+                let abandoned = $crate::orphans::abandon(&crate::steps::Sql(self), orphan).await?;
+                if abandoned {
+                    self.wakeups.released(orphan.session_id.as_str());
+                }
+                Ok(abandoned)
             }
         }
     };

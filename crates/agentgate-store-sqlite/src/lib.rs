@@ -85,6 +85,8 @@ pub struct SqliteStore {
     /// Where leases and permits live when not in the session rows (Redis).
     /// Fences and every durable record stay here either way.
     leases: Option<Arc<dyn LeaseLayer>>,
+    /// Waiting begins' watches on session releases.
+    wakeups: agentgate_store_sql::wakeups::Wakeups,
     /// Explicit write transactions begun (`BEGIN IMMEDIATE`), for
     /// [`SqliteStore::transactions_begun`].
     transactions: Arc<AtomicU64>,
@@ -178,6 +180,7 @@ impl SqliteStore {
             reader,
             config: config.clone(),
             leases,
+            wakeups: agentgate_store_sql::wakeups::Wakeups::default(),
             transactions: Arc::default(),
         };
         store.migrate().await?;

@@ -14,7 +14,9 @@
 //! turn unheld records the time on the turn (`orphaned_at_ms`).
 
 use agentgate_core::error::Result;
+use agentgate_core::ids::Fence;
 use agentgate_store_sql::orphans::OrphanSql;
+use agentgate_store_sql::query::Run;
 use agentgate_store_sql::StepTx;
 
 use crate::steps::Sql;
@@ -24,5 +26,9 @@ impl OrphanSql for Sql<'_> {
     async fn lock_session(&self, _session_id: &str) -> Result<<Self as StepTx>::Tx> {
         // The single writer: no other step writes while this one runs.
         self.0.write().await
+    }
+
+    async fn next_fence(&self, conn: &mut <Self as Run>::Conn) -> Result<Fence> {
+        crate::begin::next_fence(conn).await
     }
 }

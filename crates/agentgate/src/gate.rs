@@ -9,12 +9,14 @@ use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{ClientRequestId, SessionId, TurnId, UserId};
 use agentgate_core::lease::LeaseLayer;
 use agentgate_core::model::{
-    BeginCommand, BeginOutcome, Confirmation, Decision, JournalEntry, OrphanFilter, TurnView,
+    BeginCommand, BeginOutcome, Confirmation, Decision, JournalEntry, OnBusy, OrphanFilter,
+    TurnView,
 };
 use agentgate_core::store::Store;
 use serde_json::Value;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use crate::busy::BusyReport;
 use crate::turn::Turn;
 use crate::watchdog::LocalTurns;
 
@@ -213,6 +215,55 @@ impl Gate {
         Ok(view)
     }
 
+    /// Force-releases `session_id` (an operator's call): see
+    /// [`Store::force_release`]. A holder in this process on this gate is
+    /// signalled at once; its every later write is refused either way.
+    /// Returns the released turn (`abandoned`), or `None` when the session
+    /// had no holder.
+    ///
+    /// # Errors
+    /// `store_unavailable`.
+    pub async fn force_release(&self, session_id: &SessionId) -> Result<Option<TurnView>> {
+        let released = self.store.force_release(session_id).await?;
+        if let Some(view) = &released {
+            tracing::warn!(%session_id, turn_id = %view.turn_id, "session force-released");
+            self.local.fire(&view.turn_id);
+        }
+        Ok(released)
+    }
+
+    /// Begins `command` under `on_busy` when its session is held by
+    /// another turn: `reject` answers `session_busy` at once (as
+    /// [`Gate::begin_command`]), `wait` waits up to `on_busy.wait` for the
+    /// session to come free, `interrupt` first asks the holder to stop (a
+    /// cancel request). See [`crate::busy`].
+    ///
+    /// # Errors
+    /// As [`Gate::begin`]; `session_busy` when the bound ran out.
+    pub async fn begin_on_busy(
+        &self,
+        command: &BeginCommand,
+        on_busy: OnBusy,
+    ) -> Result<(Begun, BusyReport)> {
+        let done = crate::busy::begin(self, command, on_busy).await?;
+        Ok((self.begun(done.outcome, done.requested_at), done.report))
+    }
+
+    /// [`Gate::begin_on_busy`] for a caller that runs no [`Turn`] here (the
+    /// HTTP service: its caller heartbeats): the store's outcome, with no
+    /// watchdog started.
+    ///
+    /// # Errors
+    /// As [`Gate::begin_on_busy`].
+    pub async fn begin_outcome_on_busy(
+        &self,
+        command: &BeginCommand,
+        on_busy: OnBusy,
+    ) -> Result<(BeginOutcome, BusyReport)> {
+        let done = crate::busy::begin(self, command, on_busy).await?;
+        Ok((done.outcome, done.report))
+    }
+
     /// Takes over the longest-orphaned turn that `filter` admits (a running
     /// turn whose lease expired without an ending), exactly like a takeover,
     /// for a recovery worker to resume. `None` when there is none. Many
@@ -255,7 +306,14 @@ impl Gate {
     /// As [`Gate::begin`].
     pub async fn begin_command(&self, command: &BeginCommand) -> Result<Begun> {
         let requested_at = tokio::time::Instant::now();
-        Ok(match self.store.begin(command).await? {
+        let outcome = self.store.begin(command).await?;
+        Ok(self.begun(outcome, requested_at))
+    }
+
+    /// A store's begin outcome as a [`Begun`], a start's watchdog deadline
+    /// counted from `requested_at`.
+    fn begun(&self, outcome: BeginOutcome, requested_at: tokio::time::Instant) -> Begun {
+        match outcome {
             BeginOutcome::Replay(view) => Begun::Replay(view),
             BeginOutcome::Started(grant) => {
                 tracing::debug!(turn_id = %grant.turn_id, fence = %grant.fence, attempt = grant.attempt, "turn started");
@@ -266,7 +324,7 @@ impl Gate {
                     self.local.clone(),
                 ))
             }
-        })
+        }
     }
 }
 

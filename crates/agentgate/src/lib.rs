@@ -29,6 +29,8 @@
 //!
 //! Modules:
 //! - [`gate`]: [`Gate`], opening a store by URL, beginning turns, the sweeper.
+//! - [`busy`]: a begin on a busy session under its policy (`reject`,
+//!   `wait`, `interrupt`).
 //! - [`turn`]: the [`Turn`] guard, its watchdog and cancellation signal, tools
 //!   and endings.
 //! - [`effect`]: [`SqlTx`], running a tool's side effect in the same SQL
@@ -38,6 +40,7 @@
 //! `agentgate_core`.
 #![forbid(unsafe_code)]
 
+pub mod busy;
 pub mod effect;
 pub mod gate;
 pub mod turn;
@@ -49,10 +52,11 @@ pub use agentgate_core::ids::{
     ClientRequestId, ExecutionId, Fence, SessionId, ToolName, TurnId, UserId,
 };
 pub use agentgate_core::model::{
-    ConfirmationContext, Decision, ExecutionView, JournalEntry, JournalOutcome, OrphanFilter,
-    PreviousOutcome, SessionView, ToolState, TurnState, TurnView, UserView,
+    BusyPolicy, ConfirmationContext, Decision, ExecutionView, JournalEntry, JournalOutcome, OnBusy,
+    OrphanFilter, PreviousOutcome, SessionView, ToolState, TurnState, TurnView, UserView,
 };
 pub use agentgate_core::{canonical, limits, model, page, store};
+pub use busy::BusyReport;
 pub use effect::SqlTx;
 pub use gate::{Begun, Gate, Recovered};
 pub use turn::{EndError, Execution, ToolPolicy, ToolStep, Turn, Verifier};

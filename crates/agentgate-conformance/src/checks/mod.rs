@@ -1,6 +1,7 @@
 //! The checks. Each takes a fresh [`Target`], attacks one invariant, asserts
 //! both the success side and the refusal side, and prints its counts.
 
+mod busy;
 mod cancel;
 mod confirm_races;
 mod confirmation;
@@ -26,6 +27,10 @@ use std::time::Duration;
 use agentgate::{Begun, Config, Error, Gate, Turn};
 use tokio::sync::Barrier;
 
+pub use busy::{
+    force_release_races_the_ending, interrupt_stops_the_holder_then_starts,
+    wait_storm_one_holder_at_a_time,
+};
 pub use cancel::{cancel_is_learned_by_the_watchdog, cancel_races_claims_and_ending};
 pub use confirm_races::{confirmation_races_a_new_message, confirmation_rejected_and_repeated};
 pub use confirmation::{confirmation_flow, confirmation_race, pending_confirmation_expires};

@@ -165,6 +165,9 @@ impl LeaseLayer for Liar {
     async fn release(&self, turn_id: &str, token_digest: &str) -> Result<()> {
         self.inner.release(turn_id, token_digest).await
     }
+    async fn revoke(&self, turn_id: &str) -> Result<()> {
+        self.inner.revoke(turn_id).await
+    }
     async fn holder(&self, session_id: &str) -> Result<Option<HolderView>> {
         self.inner.holder(session_id).await
     }
@@ -263,6 +266,9 @@ impl LeaseLayer for Sticky {
         Err(agentgate::Error::store(
             "injected: redis unreachable at release",
         ))
+    }
+    async fn revoke(&self, turn_id: &str) -> Result<()> {
+        self.inner.revoke(turn_id).await
     }
     async fn holder(&self, session_id: &str) -> Result<Option<HolderView>> {
         self.inner.holder(session_id).await

@@ -1075,12 +1075,16 @@ mod layer_acquired {
 }
 
 #[test]
-fn the_abandoned_error_is_stored_in_canonical_form() {
-    let value: serde_json::Value =
-        serde_json::from_str(crate::decide::ABANDONED_ERROR).expect("valid JSON");
-    let canonical = crate::canonical::CanonicalJson::new("error", &value).expect("canonical");
-    assert_eq!(canonical.as_str(), crate::decide::ABANDONED_ERROR);
-    assert_eq!(value["code"], "abandoned");
+fn the_abandoned_and_released_errors_are_stored_in_canonical_form() {
+    for (text, code) in [
+        (crate::decide::ABANDONED_ERROR, "abandoned"),
+        (crate::decide::RELEASED_ERROR, "released"),
+    ] {
+        let value: serde_json::Value = serde_json::from_str(text).expect("valid JSON");
+        let canonical = crate::canonical::CanonicalJson::new("error", &value).expect("canonical");
+        assert_eq!(canonical.as_str(), text);
+        assert_eq!(value["code"], code);
+    }
 }
 
 #[test]
@@ -1127,5 +1131,124 @@ fn an_execution_is_the_callers_to_end_only_while_running_under_its_fence() {
             matches!(error, Error::LeaseLost { reason: r } if r == reason),
             "{row:?}: {error}"
         );
+    }
+}
+
+fn busy(turn_id: &str, retry_after: Duration) -> Error {
+    Error::SessionBusy {
+        active_turn_id: turn_id.to_owned(),
+        retry_after,
+    }
+}
+
+fn policy(policy: BusyPolicy, wait_ms: u64) -> OnBusy {
+    OnBusy::new(policy, Some(wait_ms)).expect("within the limit")
+}
+
+#[test]
+fn reject_refuses_a_busy_session_at_once() {
+    let step = busy_step(&busy("t1", ms(900)), OnBusy::REJECT, ms(0), None);
+    assert_eq!(step, BusyStep::Refuse);
+}
+
+#[test]
+fn wait_polls_at_most_the_poll_limit_and_never_past_its_bound() {
+    let wait = policy(BusyPolicy::Wait, 2_000);
+    // A long lease left: the poll limit.
+    assert_eq!(
+        busy_step(&busy("t1", ms(30_000)), wait, ms(0), None),
+        BusyStep::Wait {
+            poll: crate::limits::MAX_BUSY_POLL
+        }
+    );
+    // A lease about to expire: until then.
+    assert_eq!(
+        busy_step(&busy("t1", ms(40)), wait, ms(0), None),
+        BusyStep::Wait { poll: ms(40) }
+    );
+    // Close to the bound: only what is left of it.
+    assert_eq!(
+        busy_step(&busy("t1", ms(30_000)), wait, ms(1_900), None),
+        BusyStep::Wait { poll: ms(100) }
+    );
+    // The bound ran out.
+    assert_eq!(
+        busy_step(&busy("t1", ms(30_000)), wait, ms(2_000), None),
+        BusyStep::Refuse
+    );
+}
+
+#[test]
+fn only_a_busy_session_or_a_transient_conflict_waits() {
+    let wait = policy(BusyPolicy::Wait, 2_000);
+    let in_flight = Error::RequestInFlight {
+        active_turn_id: "t1".into(),
+        retry_after: ms(100),
+    };
+    let outage = Error::store("connection refused");
+    for error in [in_flight, outage, Error::PayloadMismatch] {
+        assert_eq!(
+            busy_step(&error, wait, ms(0), None),
+            BusyStep::Refuse,
+            "{error}"
+        );
+    }
+    let contended = Error::conflict("the session kept changing");
+    assert_eq!(
+        busy_step(&contended, wait, ms(1_800), None),
+        BusyStep::Wait { poll: ms(200) }
+    );
+}
+
+#[test]
+fn interrupt_asks_each_holder_once() {
+    let interrupt = policy(BusyPolicy::Interrupt, 5_000);
+    assert_eq!(
+        busy_step(&busy("t1", ms(30_000)), interrupt, ms(0), None),
+        BusyStep::Interrupt {
+            turn_id: "t1".into(),
+            poll: crate::limits::MAX_BUSY_POLL
+        }
+    );
+    assert_eq!(
+        busy_step(&busy("t1", ms(30_000)), interrupt, ms(10), Some("t1")),
+        BusyStep::Wait {
+            poll: crate::limits::MAX_BUSY_POLL
+        }
+    );
+    // Another turn took the session meanwhile: it is asked too.
+    assert!(matches!(
+        busy_step(&busy("t2", ms(30_000)), interrupt, ms(10), Some("t1")),
+        BusyStep::Interrupt { turn_id, .. } if turn_id == "t2"
+    ));
+}
+
+#[test]
+fn a_busy_policy_is_bounded() {
+    let max = crate::limits::MAX_BUSY_WAIT.as_millis() as u64;
+    assert!(OnBusy::new(BusyPolicy::Wait, Some(max)).is_ok());
+    let over = OnBusy::new(BusyPolicy::Wait, Some(max + 1)).expect_err("over the limit");
+    assert_eq!(over.kind(), ErrorKind::InvalidRequest);
+    let stray = OnBusy::new(BusyPolicy::Reject, Some(10)).expect_err("reject waits for nothing");
+    assert_eq!(stray.kind(), ErrorKind::InvalidRequest);
+    assert_eq!(
+        OnBusy::new(BusyPolicy::Interrupt, None)
+            .expect("default")
+            .wait,
+        crate::limits::DEFAULT_BUSY_WAIT
+    );
+}
+
+#[test]
+fn a_release_ends_the_running_holder_the_row_names() {
+    assert_eq!(release_target(None, None).expect("no holder"), None);
+    assert_eq!(
+        release_target(Some("t1"), Some("running")).expect("held"),
+        Some("t1")
+    );
+    for state in [Some("succeeded"), Some("abandoned"), None] {
+        let error = release_target(Some("t1"), state).expect_err("a holder that ended");
+        assert_eq!(error.kind(), ErrorKind::StoreUnavailable, "{state:?}");
+        assert!(error.to_string().contains("corrupt"), "{error}");
     }
 }

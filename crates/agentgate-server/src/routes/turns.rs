@@ -3,6 +3,7 @@
 
 use agentgate::canonical::CanonicalJson;
 use agentgate::model::{BeginCommand, BeginOutcome, Ending, LeaseRef};
+use agentgate::{BusyPolicy, OnBusy};
 use agentgate::{ClientRequestId, SessionId, UserId};
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -61,16 +62,35 @@ pub(crate) async fn begin(
     ApiJson(request): ApiJson<BeginRequest>,
 ) -> Result<Response, ApiError> {
     caller.check(&request.user_id)?;
+    let on_busy = OnBusy::new(request.on_busy.into(), request.wait_ms)?;
     let outcome = match command(&request) {
         Ok(command) => state
             .gate()
-            .store()
-            .begin(&command)
+            .begin_outcome_on_busy(&command, on_busy)
             .await
+            .map(|(outcome, report)| {
+                if on_busy.policy != BusyPolicy::Reject {
+                    tracing::debug!(
+                        attempts = report.attempts,
+                        woken = report.woken,
+                        waited_ms = report.waited.as_millis() as u64,
+                        "begin under its busy policy"
+                    );
+                }
+                outcome
+            })
             .map_err(ApiError::from),
         Err(error) => Err(error),
     };
     let metrics = state.metrics();
+    metrics.busy_begin(
+        on_busy.policy,
+        match &outcome {
+            Ok(_) => "started",
+            Err(error) if error.code() == ErrorCode::SessionBusy => "timed_out",
+            Err(_) => "refused",
+        },
+    );
     match outcome {
         Ok(BeginOutcome::Started(grant)) => {
             metrics.begin(match (grant.takeover, grant.attempt) {
@@ -290,6 +310,7 @@ pub(crate) async fn cancel(
         .await?
         .ok_or_else(|| ApiError::new(ErrorCode::NotFound, "turn not found"))?;
     tracing::info!(turn_id = %view.turn_id, state = view.state.as_str(), "cancel requested");
+    state.metrics().cancel_requested();
     Ok(Json(TurnResponse {
         turn: TurnDto::from(view),
     }))

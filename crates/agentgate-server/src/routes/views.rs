@@ -12,8 +12,8 @@ use axum::extract::State;
 use axum::Json;
 
 use crate::dto::{
-    ExecutionDto, ExecutionPageQuery, ExecutionPageResponse, OwnerQuery, SessionDto,
-    SessionResponse, TurnDto, TurnStateResponse, UserDto, UserResponse,
+    ExecutionDto, ExecutionPageQuery, ExecutionPageResponse, OwnerQuery, ReleaseResponse,
+    SessionDto, SessionResponse, TurnDto, TurnStateResponse, UserDto, UserResponse,
 };
 use crate::error::{ApiError, ErrorCode, ReadErrors};
 use crate::extract::{ApiPath, ApiQuery};
@@ -182,6 +182,51 @@ pub(crate) async fn session(
     check_owner(&query, &view.user_id, "session")?;
     Ok(Json(SessionResponse {
         session: SessionDto::from(view),
+    }))
+}
+
+/// Force-release a session (an operator's call, for a conversation stuck
+/// behind a holder that does not answer its cancel request).
+///
+/// In one atomic step the turn the session names as holder, live or
+/// expired, ends `abandoned` (error code `released`), the session and the
+/// permit are freed, and the session's fence is bumped, so every later
+/// write of the old holder is refused with 409 `lease_lost`; with a Redis
+/// lease layer its lease is then revoked there. A repeat of the released
+/// turn's request restarts it. `released` is `null` when the session had no
+/// holder: nothing was written.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{session_id}/release",
+    tag = "views",
+    params(("session_id" = crate::schema::Id, Path, description = "The session"), OwnerQuery),
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "The released turn (`state: abandoned`), or `null`", body = ReleaseResponse),
+        ReadErrors,
+    )
+)]
+pub(crate) async fn release(
+    State(state): State<AppState>,
+    ApiPath(session_id): ApiPath<String>,
+    caller: CallerUser,
+    ApiQuery(query): ApiQuery<OwnerQuery>,
+) -> Result<Json<ReleaseResponse>, ApiError> {
+    let query = owner_filter(query, &caller)?;
+    let session_id = SessionId::new(session_id)?;
+    let store = state.gate().store();
+    let view = store
+        .session(&session_id)
+        .await?
+        .ok_or_else(|| ApiError::new(ErrorCode::NotFound, "session not found"))?;
+    check_owner(&query, &view.user_id, "session")?;
+    let released = store.force_release(&session_id).await?;
+    if let Some(turn) = &released {
+        state.metrics().force_released();
+        tracing::warn!(session_id = %session_id, turn_id = %turn.turn_id, "session force-released");
+    }
+    Ok(Json(ReleaseResponse {
+        released: released.map(TurnDto::from),
     }))
 }
 

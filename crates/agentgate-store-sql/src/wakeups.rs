@@ -1,0 +1,144 @@
+//! Release notifications for waiting begins, in-process, written once.
+//!
+//! Every store handle keeps one [`Wakeups`]: a map from a watched session
+//! to a counter that each release of it (an ending, an abandon, a
+//! force-release made through this handle, or a notification from another
+//! node where the store has one) bumps. A waiting begin takes a watch
+//! before its attempt, so a release between the attempt and its wait is
+//! seen; the entry goes when its last watch does. At most
+//! [`MAX_WATCHED_SESSIONS`] sessions are watched at once; past that a
+//! waiter waits by its bounded poll alone, as it does for a release no
+//! notification reports (a lease that simply expired).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use agentgate_core::ids::SessionId;
+use agentgate_core::limits::MAX_WATCHED_SESSIONS;
+use agentgate_core::store::ReleaseWatch;
+use tokio::sync::watch;
+
+type Map = HashMap<String, watch::Sender<u64>>;
+
+/// The sessions watched through one store handle. Clones share it.
+#[derive(Clone, Debug, Default)]
+pub struct Wakeups {
+    watched: Arc<Mutex<Map>>,
+}
+
+fn lock(map: &Mutex<Map>) -> std::sync::MutexGuard<'_, Map> {
+    // The map holds no invariant a panicking holder could break halfway.
+    map.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Wakeups {
+    /// Wakes the watches of `session_id`, if any.
+    pub fn released(&self, session_id: &str) {
+        if let Some(sender) = lock(&self.watched).get(session_id) {
+            sender.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    /// A watch on `session_id`'s releases from now on.
+    pub fn watch(&self, session_id: &SessionId) -> Box<dyn ReleaseWatch> {
+        let mut map = lock(&self.watched);
+        let receiver = match map.get(session_id.as_str()) {
+            Some(sender) => Some(sender.subscribe()),
+            None if map.len() < MAX_WATCHED_SESSIONS => {
+                let (sender, receiver) = watch::channel(0);
+                map.insert(session_id.as_str().to_owned(), sender);
+                Some(receiver)
+            }
+            None => None,
+        };
+        Box::new(Watch {
+            receiver,
+            session_id: session_id.as_str().to_owned(),
+            watched: Arc::clone(&self.watched),
+        })
+    }
+
+    /// How many sessions are watched now.
+    pub fn watched(&self) -> usize {
+        lock(&self.watched).len()
+    }
+}
+
+struct Watch {
+    /// `None` past [`MAX_WATCHED_SESSIONS`]: the poll alone.
+    receiver: Option<watch::Receiver<u64>>,
+    session_id: String,
+    watched: Arc<Mutex<Map>>,
+}
+
+#[async_trait::async_trait]
+impl ReleaseWatch for Watch {
+    async fn wait(&mut self, max: Duration) -> bool {
+        let Some(receiver) = self.receiver.as_mut() else {
+            tokio::time::sleep(max).await;
+            return false;
+        };
+        // The sender lives while this receiver does (it is removed only
+        // when its last receiver goes), so `changed` fails only if the map
+        // entry was replaced, which `Drop` below never does while we live.
+        matches!(
+            tokio::time::timeout(max, receiver.changed()).await,
+            Ok(Ok(()))
+        )
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let Some(receiver) = self.receiver.take() else {
+            return;
+        };
+        drop(receiver);
+        let mut map = lock(&self.watched);
+        if map
+            .get(&self.session_id)
+            .is_some_and(|sender| sender.receiver_count() == 0)
+        {
+            map.remove(&self.session_id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn session(id: &str) -> SessionId {
+        SessionId::new(id).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_release_after_the_watch_wakes_it_and_another_session_does_not() {
+        let wakeups = Wakeups::default();
+        let mut watch = wakeups.watch(&session("s1"));
+        wakeups.released("s2");
+        assert!(
+            !watch.wait(Duration::from_millis(20)).await,
+            "another session"
+        );
+        // Released before the wait began, after the watch was taken: seen.
+        wakeups.released("s1");
+        assert!(watch.wait(Duration::from_secs(5)).await);
+        assert!(!watch.wait(Duration::from_millis(20)).await, "seen once");
+    }
+
+    #[tokio::test]
+    async fn the_entry_goes_with_its_last_watch() {
+        let wakeups = Wakeups::default();
+        let first = wakeups.watch(&session("s1"));
+        let second = wakeups.watch(&session("s1"));
+        assert_eq!(wakeups.watched(), 1);
+        drop(first);
+        assert_eq!(wakeups.watched(), 1, "one watch is left");
+        drop(second);
+        assert_eq!(wakeups.watched(), 0);
+        wakeups.released("s1");
+    }
+}

@@ -1,0 +1,119 @@
+//! A begin on a busy session under its [`OnBusy`] policy: `reject` answers
+//! at once, `wait` waits for the session to come free, `interrupt` asks the
+//! holder to stop first. The decision after each attempt is
+//! [`busy_step`]'s; this module only sleeps, watches and asks.
+//!
+//! A waiter takes a release watch before each attempt
+//! ([`Store::watch_releases`]), so an ending between the attempt and the
+//! wait wakes it, and it never waits longer than its poll
+//! ([`agentgate_core::limits::MAX_BUSY_POLL`], jittered) without trying
+//! again: a lease that merely expires, or a release on a node whose
+//! notification does not reach this one, is found by the next attempt.
+//! Every attempt is the store's one atomic begin, so any number of waiters
+//! get at most one holder at a time, and the bound is checked before each
+//! wait: a waiter starts or answers `session_busy` within its bound plus
+//! one attempt.
+
+use std::hash::{BuildHasher, Hasher};
+use std::time::Duration;
+
+use agentgate_core::decide::{busy_step, BusyStep};
+use agentgate_core::error::Result;
+use agentgate_core::ids::TurnId;
+use agentgate_core::model::{BeginCommand, BeginOutcome, OnBusy};
+use tokio::time::Instant;
+
+use crate::gate::Gate;
+
+/// How a begin under a policy went, for metrics and logs.
+#[derive(Clone, Debug, Default)]
+pub struct BusyReport {
+    /// Begin attempts made (1 when the session was free).
+    pub attempts: u32,
+    /// Waits a release notification cut short.
+    pub woken: u32,
+    /// Time spent waiting between attempts.
+    pub waited: Duration,
+    /// The holder this begin asked to stop (`interrupt`).
+    pub interrupted: Option<TurnId>,
+}
+
+/// A begin's outcome under its policy, and when its last attempt was sent
+/// (a watchdog's local deadline counts from there).
+pub(crate) struct BusyOutcome {
+    pub outcome: BeginOutcome,
+    pub report: BusyReport,
+    pub requested_at: Instant,
+}
+
+/// Somewhere in the upper half of `poll`, so waiters woken together spread
+/// out. The randomness is std's per-process hasher keys; nothing here needs
+/// more than that.
+fn jittered(poll: Duration) -> Duration {
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(0);
+    let fraction = hasher.finish() % 1_000;
+    let half = poll / 2;
+    half + (poll - half).mul_f64(fraction as f64 / 1_000.0)
+}
+
+/// Begins `command` under `on_busy` (see the module docs).
+///
+/// # Errors
+/// The last attempt's error: `session_busy` when the bound ran out, any
+/// other begin error at once; `store_unavailable` from a cancel request.
+pub(crate) async fn begin(
+    gate: &Gate,
+    command: &BeginCommand,
+    on_busy: OnBusy,
+) -> Result<BusyOutcome> {
+    let store = gate.store();
+    let started = Instant::now();
+    let mut report = BusyReport::default();
+    loop {
+        let mut watch = store.watch_releases(&command.session_id);
+        let requested_at = Instant::now();
+        report.attempts += 1;
+        let error = match store.begin(command).await {
+            Ok(outcome) => {
+                return Ok(BusyOutcome {
+                    outcome,
+                    report,
+                    requested_at,
+                })
+            }
+            Err(error) => error,
+        };
+        let interrupted = report.interrupted.as_ref().map(TurnId::as_str);
+        let poll = match busy_step(&error, on_busy, started.elapsed(), interrupted) {
+            BusyStep::Refuse => return Err(error),
+            BusyStep::Wait { poll } => poll,
+            BusyStep::Interrupt { turn_id, poll } => {
+                let turn_id = TurnId::new(turn_id)?;
+                gate.request_cancel(&turn_id).await?;
+                tracing::info!(session_id = %command.session_id, %turn_id, "holder interrupted");
+                report.interrupted = Some(turn_id);
+                poll
+            }
+        };
+        let waiting = Instant::now();
+        if watch.wait(jittered(poll)).await {
+            report.woken += 1;
+        }
+        report.waited += waiting.elapsed();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_stays_in_the_upper_half_of_the_poll() {
+        for _ in 0..1_000 {
+            let poll = Duration::from_millis(500);
+            let jittered = jittered(poll);
+            assert!(jittered >= poll / 2 && jittered <= poll, "{jittered:?}");
+        }
+    }
+}
