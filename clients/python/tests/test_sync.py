@@ -93,6 +93,56 @@ def test_session_busy_wait_succeeds_when_the_holder_finishes_within_it(server, i
     assert server.metric("agentgate_conflicts_total", code="session_busy") > busy_before, "never waited"
 
 
+def test_on_busy_wait_is_answered_by_the_server_when_the_holder_ends(server, ids):
+    gate = Gate(server.url)
+    holder = gate.turn(ids("u"), ids("s"), "msg-1", {}).__enter__()
+    finisher = threading.Timer(0.6, lambda: holder.complete("first"))
+    finisher.start()
+    busy_before = server.metric("agentgate_conflicts_total", code="session_busy")
+    try:
+        with gate.turn(ids("u"), ids("s"), "msg-2", {}, on_busy="wait", wait_ms=10_000) as second:
+            second.complete("second")
+    finally:
+        finisher.join()
+        holder.__exit__(None, None, None)
+    # One begin, answered by the server once the holder ended: no 409 sent.
+    assert server.metric("agentgate_conflicts_total", code="session_busy") == busy_before
+    assert server.metric("agentgate_busy_begins_total", policy="wait", outcome="started") >= 1
+
+
+def test_on_busy_interrupt_stops_the_holder_and_release_fences_a_stubborn_one(server, ids):
+    gate = Gate(server.url)
+    user, session = ids("u"), ids("s")
+    holder = gate.turn(user, session, "msg-1", {}).__enter__()
+
+    def stop_when_told():
+        while not holder.lost.is_set():
+            try:
+                holder.claim_tool("book", {"amount": 1})
+            except agentgate.TurnCancelled:
+                holder.end_cancelled({"text": "stopped"})
+                return
+            time.sleep(0.05)
+
+    stopper = threading.Thread(target=stop_when_told)
+    stopper.start()
+    with pytest.raises(agentgate.LeaseLost):
+        with gate.turn(user, session, "msg-2", {}, on_busy="interrupt", wait_ms=10_000) as second:
+            stopper.join(timeout=10)
+            assert gate.get_turn(holder.turn_id)["turn"]["state"] == "cancelled"
+            # The second holder stops answering: an operator releases it,
+            # and its late ending is refused.
+            released = gate.release_session(session, user_id=user)
+            assert released["turn_id"] == second.turn_id and released["state"] == "abandoned"
+            second.complete("late")
+    assert second.lost.is_set()
+    assert gate.release_session(session) is None
+    with pytest.raises(ValueError):
+        gate.turn(user, session, "msg-3", {}, on_busy="queue")
+    with pytest.raises(ValueError):
+        gate.turn(user, session, "msg-3", {}, on_busy="wait", wait_ms=60_000)
+
+
 def test_user_at_capacity_raises_UserAtCapacity_and_waits_for_a_permit(start_server, ids):
     server = start_server("--max-turns-per-user", "1")
     gate = Gate(server.url)

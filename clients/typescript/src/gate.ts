@@ -65,6 +65,39 @@ export interface TurnRequest<P> {
   waitMs?: number;
   /** Answer a pending confirmation of an earlier turn. */
   confirmation?: { turnId: string; decision: Decision };
+  /**
+   * What the server does when the session is held by another turn:
+   * `"reject"` (default: `SessionBusy` at once), `"wait"` (waits there up
+   * to `busyWaitMs` for it to come free, woken by the store's release
+   * notification), `"interrupt"` (first asks the running turn to stop).
+   */
+  onBusy?: BusyPolicy;
+  /** The server-side bound of `"wait"` and `"interrupt"` (default 12000, at most {@link MAX_BUSY_WAIT_MS}). */
+  busyWaitMs?: number;
+}
+
+/** A begin's policy for a busy session. */
+export type BusyPolicy = "reject" | "wait" | "interrupt";
+
+/** The server's bound on a waiting begin (`MAX_BUSY_WAIT`). */
+export const MAX_BUSY_WAIT_MS = 20_000;
+
+function busyFields(request: { onBusy?: BusyPolicy; busyWaitMs?: number }): { on_busy?: BusyPolicy; wait_ms?: number } {
+  if (request.onBusy === undefined) {
+    if (request.busyWaitMs !== undefined) throw new RangeError("busyWaitMs needs onBusy 'wait' or 'interrupt'");
+    return {};
+  }
+  if (!["reject", "wait", "interrupt"].includes(request.onBusy)) throw new RangeError(`unknown onBusy ${JSON.stringify(request.onBusy)}`);
+  if (request.busyWaitMs === undefined) return { on_busy: request.onBusy };
+  const ms = request.busyWaitMs;
+  if (request.onBusy === "reject" || !Number.isInteger(ms) || ms < 0 || ms > MAX_BUSY_WAIT_MS) {
+    throw new RangeError(`busyWaitMs must be an integer 0..${MAX_BUSY_WAIT_MS} with 'wait' or 'interrupt'`);
+  }
+  return { on_busy: request.onBusy, wait_ms: ms };
+}
+
+function owned(path: string, userId: string | undefined): string {
+  return userId === undefined ? path : `${path}?user_id=${encodeURIComponent(userId)}`;
 }
 
 export interface OrphanFilter {
@@ -135,6 +168,7 @@ export class Gate {
       ...(request.confirmation === undefined
         ? {}
         : { confirmation: { turn_id: request.confirmation.turnId, decision: request.confirmation.decision } }),
+      ...busyFields(request),
     } satisfies Schemas["BeginRequest"];
     const answer = await waitOut(request.waitMs ?? 0, WAITABLE_BEGIN_CODES, undefined, () =>
       this.#http.send<Schemas["BeginResponse"] | Schemas["ReplayResponse"]>("POST", "/v1/turns", { body: beginRequest }),
@@ -169,6 +203,27 @@ export class Gate {
     const turn = new Turn<P>(this.#http, claimed.turn, claimed.payload as P, claimed.journal);
     const response = await runTurn(turn, body);
     return { turnId: turn.turnId, response };
+  }
+
+  /**
+   * `POST /v1/turns/{id}/cancel`: asks a running turn to stop (no lease
+   * needed, idempotent). Its holder learns it on its next heartbeat and
+   * tool claim (`TurnCancelled`). `userId` checks the owner.
+   */
+  async requestCancel(turnId: string, userId?: string): Promise<TurnDto> {
+    const path = owned(`/v1/turns/${encodeURIComponent(turnId)}/cancel`, userId);
+    return (await this.#http.send<Schemas["TurnResponse"]>("POST", path, { body: {} })).body.turn;
+  }
+
+  /**
+   * `POST /v1/sessions/{id}/release`: an operator's force-release. The
+   * holder (live or expired) ends `abandoned` and its every later write is
+   * refused `LeaseLost`; resolves that turn, or `null` when the session had
+   * no holder.
+   */
+  async releaseSession(sessionId: string, userId?: string): Promise<TurnDto | null> {
+    const path = owned(`/v1/sessions/${encodeURIComponent(sessionId)}/release`, userId);
+    return (await this.#http.send<Schemas["ReleaseResponse"]>("POST", path, { body: {} })).body.released ?? null;
   }
 
   /** `GET /v1/turns/{id}`: the turn, whether it is orphaned, and its first page of executions. */

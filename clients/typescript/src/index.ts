@@ -2,7 +2,7 @@
  * `@agentgate/client`: the agentgate HTTP service from TypeScript or
  * JavaScript (ESM, the runtime's `fetch`, no dependencies).
  *
- * - `gate.ts`: {@link Gate} (`turn`, `claimOrphan`) and {@link Turn} (`tool`, `signal`).
+ * - `gate.ts`: {@link Gate} (`turn`, `claimOrphan`, `requestCancel`, `releaseSession`) and {@link Turn} (`tool`, `signal`).
  * - `errors.ts`: one error class per server error code, under `AgentgateError`.
  * - `http.ts`: one request and its answer; the only module that knows headers.
  * - `openapi.ts`: wire types GENERATED from the server's `/openapi.json` (`npm run gen`).
@@ -12,9 +12,11 @@ export {
   Gate,
   Turn,
   DEFAULT_TOOL_WAIT_MS,
+  MAX_BUSY_WAIT_MS,
   MAX_WAIT_ATTEMPTS,
   POLL_FIRST_MS,
   POLL_MAX_MS,
+  type BusyPolicy,
   type ConfirmationDto,
   type Decision,
   type GateOptions,

@@ -123,6 +123,33 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{session_id}/release": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Force-release a session (an operator's call, for a conversation stuck
+         *     behind a holder that does not answer its cancel request).
+         * @description In one atomic step the turn the session names as holder, live or
+         *     expired, ends `abandoned` (error code `released`), the session and the
+         *     permit are freed, and the session's fence is bumped, so every later
+         *     write of the old holder is refused with 409 `lease_lost`; with a Redis
+         *     lease layer its lease is then revoked there. A repeat of the released
+         *     turn's request restarts it. `released` is `null` when the session had no
+         *     holder: nothing was written.
+         */
+        post: operations["release_session"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/turns": {
         parameters: {
             query?: never;
@@ -419,18 +446,34 @@ export interface components {
              */
             client_request_id: components["schemas"]["Id"];
             confirmation?: null | components["schemas"]["ConfirmationRequest"];
+            /**
+             * @description What to do when the session is held by another turn: `reject`
+             *     (default), `wait` or `interrupt`.
+             */
+            on_busy?: components["schemas"]["BusyPolicyDto"];
             /** @description The message; any JSON. Absent is the same as `null`. */
             payload?: components["schemas"]["JsonValue"];
             /** @description The conversation; bound to its first user. */
             session_id: components["schemas"]["Id"];
             /** @description The account the turn runs for. */
             user_id: components["schemas"]["Id"];
+            /**
+             * Format: int64
+             * @description How long `wait` and `interrupt` wait at most, in milliseconds
+             *     (default 12000, at most 20000). Only with those policies.
+             */
+            wait_ms?: number | null;
         };
         /** @description 201 from `POST /v1/turns`: a lease was granted; run the turn. */
         BeginResponse: {
             /** @description The granted turn. */
             turn: components["schemas"]["GrantDto"];
         };
+        /**
+         * @description What a begin does when its session is held by another turn.
+         * @enum {string}
+         */
+        BusyPolicyDto: "reject" | "wait" | "interrupt";
         /** @description Body of `POST /v1/orphans/claim`; every field optional. */
         ClaimOrphanRequest: {
             /**
@@ -774,6 +817,10 @@ export interface components {
          * @enum {string}
          */
         PreviousOutcomeDto: "failed" | "unknown";
+        /** @description Answer of `POST /v1/sessions/{session_id}/release`. */
+        ReleaseResponse: {
+            released?: null | components["schemas"]["TurnDto"];
+        };
         /** @description 200 from `POST /v1/turns`: the request already ended; no lease was taken. */
         ReplayResponse: {
             /** @description Always true. */
@@ -1158,6 +1205,98 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["SessionResponse"];
+                };
+            };
+            /**
+             * @description `invalid_request`: an id (path or `user_id` query) that is empty,
+             *     over 128 characters or holds a control character.
+             */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description `unauthorized`: API keys are configured and the bearer key is missing
+             *     or wrong.
+             */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description `origin_not_allowed`, `host_not_allowed` (a page elsewhere, or a
+             *     foreign `Host`), or `user_mismatch` (a trusted user header is
+             *     configured and names another user).
+             */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description `not_found`: no such record, or it belongs to a user other than the
+             *     `user_id` query parameter.
+             */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description `store_unavailable`: the store (or the Redis lease layer) is down
+             *     or the request took longer than the server's timeout.
+             */
+            503: {
+                headers: {
+                    /** @description Seconds before trying again, at least 1 */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    release_session: {
+        parameters: {
+            query?: {
+                /**
+                 * @description When given, a record of any other user is reported as `not_found`,
+                 *     so one user cannot learn about another's sessions and turns.
+                 */
+                user_id?: components["schemas"]["Id"];
+            };
+            header?: never;
+            path: {
+                /** @description The session */
+                session_id: components["schemas"]["Id"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The released turn (`state: abandoned`), or `null` */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ReleaseResponse"];
                 };
             };
             /**

@@ -49,6 +49,45 @@ describe("one server (default lease TTL, 30 s)", () => {
     assert.equal(called, false);
   });
 
+  test("onBusy wait: the server answers the begin once the holder ends; releaseSession fences a stuck holder", async () => {
+    const holding = deferred();
+    const release = deferred();
+    const ids = { userId: "onbusy-user", sessionId: "onbusy-session" };
+    const holder = gate.turn({ ...ids, clientRequestId: "msg-1", payload: 1 }, async (turn) => {
+      holding.resolve(turn.turnId);
+      await release.promise;
+      return "first";
+    });
+    await holding.promise;
+    const order = [];
+    const waiter = gate.turn({ ...ids, clientRequestId: "msg-2", payload: 2, onBusy: "wait", busyWaitMs: 10_000 }, async () => {
+      order.push("second ran");
+      return "second";
+    });
+    await sleep(300);
+    order.push("first ends");
+    release.resolve();
+    assert.equal(await holder, "first");
+    assert.equal(await waiter, "second");
+    assert.deepEqual(order, ["first ends", "second ran"], "the waiter started only after the holder ended");
+    // A holder that stops answering, released by an operator.
+    const stuck = deferred();
+    const unblock = deferred();
+    const lost = gate.turn({ ...ids, clientRequestId: "msg-3", payload: 3 }, async (turn) => {
+      stuck.resolve(turn.turnId);
+      await unblock.promise;
+      return "late";
+    }).then(() => "resolved", (error) => error.code);
+    const stuckTurn = await stuck.promise;
+    const released = await gate.releaseSession(ids.sessionId, ids.userId);
+    assert.equal(released.turn_id, stuckTurn);
+    assert.equal(released.state, "abandoned");
+    unblock.resolve();
+    assert.equal(await lost, "lease_lost", "the released holder's ending is refused");
+    assert.equal(await gate.releaseSession(ids.sessionId), null);
+    await assert.rejects(gate.turn({ ...ids, clientRequestId: "x", payload: 0, onBusy: "wait", busyWaitMs: 60_000 }, () => 0), RangeError);
+  });
+
   test("session_busy: a waiter gives up after waitMs with SessionBusy naming the holder", async () => {
     const holding = deferred();
     const release = deferred();

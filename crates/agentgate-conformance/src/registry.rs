@@ -48,6 +48,8 @@ macro_rules! for_each_check {
                 "20 waiting begins on one session all start, one holder at a time; bounded waiters time out on time";
             interrupt_stops_the_holder_then_starts: any,
                 "interrupt stops the holder (own gate at once, another by heartbeat) and starts; a stubborn one is force-released";
+            a_release_on_another_node_wakes_a_waiter: any,
+                "a waiter on one store handle starts when the holder on another ends (PostgreSQL: woken by NOTIFY)";
             force_release_races_the_ending: any,
                 "a force-release fences every later write of the holder; raced with its ending, the turn ends once";
             execution_limit_storm: any,

@@ -57,6 +57,7 @@ mod begin;
 mod connect;
 mod error;
 mod lease;
+mod notify;
 mod orphans;
 mod rows;
 mod run;
@@ -150,6 +151,9 @@ pub struct PostgresStore {
     leases: Option<Arc<dyn LeaseLayer>>,
     /// Waiting begins' watches on session releases.
     wakeups: agentgate_store_sql::wakeups::Wakeups,
+    /// The `LISTEN` task that feeds `wakeups` from other nodes, started by
+    /// the first waiting begin.
+    listener: notify::Slot,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -212,6 +216,7 @@ impl PostgresStore {
             config,
             leases,
             wakeups: agentgate_store_sql::wakeups::Wakeups::default(),
+            listener: notify::Slot::default(),
         };
         store.migrate().await?;
         Ok(store)
@@ -270,7 +275,7 @@ impl PostgresStore {
     }
 }
 
-agentgate_store_sql::impl_store!(PostgresStore);
+agentgate_store_sql::impl_store!(PostgresStore, listen = crate::notify::listen);
 
 #[cfg(test)]
 mod tests {

@@ -24,6 +24,8 @@ use crate::steps::Sql;
 
 #[async_trait::async_trait]
 impl OrphanSql for Sql<'_> {
+    const ANNOUNCE_RELEASE: Option<&'static str> = Some(crate::notify::ANNOUNCE);
+
     async fn lock_session(&self, session_id: &str) -> Result<<Self as StepTx>::Tx> {
         let mut tx = self.0.transaction().await?;
         sqlx::query("SELECT 1 FROM ag_sessions WHERE session_id = $1 FOR UPDATE")

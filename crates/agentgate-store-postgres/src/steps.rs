@@ -42,6 +42,7 @@ use sqlx::{PgConnection, Postgres, Transaction};
 
 use crate::error::map_sqlx;
 use crate::lease::{check_lease, Holder, LiveLease};
+use crate::notify::CHANNEL;
 use crate::rows::{turn_view, TURN_COLUMNS};
 use crate::{PostgresStore, NOW_MS};
 use agentgate_store_sql::claim::ClaimSql;
@@ -216,8 +217,9 @@ pub(crate) async fn end_turn(
 /// condition on the newest row, which a committed takeover fails). `ended`
 /// requires the turn to be running under that lease's fence, and `released`
 /// follows `ended`, so neither writes unless both do. An ending that awaits
-/// confirmation records the pending turn on the session. Zero rows are
-/// explained after, read-only.
+/// confirmation records the pending turn on the session, and the release
+/// is announced to other nodes' waiters (`pg_notify`, sent at commit).
+/// Zero rows are explained after, read-only.
 async fn end_turn_once(
     store: &PostgresStore,
     lease: &LeaseRef,
@@ -245,7 +247,8 @@ async fn end_turn_once(
            pending_turn_id = CASE WHEN $6::BIGINT IS NULL THEN s.pending_turn_id ELSE $7 END, \
            pending_expires_at_ms = CASE WHEN $6::BIGINT IS NULL THEN s.pending_expires_at_ms \
              ELSE {NOW_MS} + $6::BIGINT END \
-           FROM ended e WHERE s.session_id = e.session_id AND s.holder_turn_id = $7 RETURNING 1) \
+           FROM ended e WHERE s.session_id = e.session_id AND s.holder_turn_id = $7 \
+           RETURNING pg_notify('{CHANNEL}', s.session_id)) \
          SELECT {TURN_COLUMNS} FROM ended",
         holder.condition(7, 8)
     );

@@ -32,6 +32,12 @@ pub trait OrphanSql: StepTx {
     /// writer), so a takeover and the abandon are ordered.
     async fn lock_session(&self, session_id: &str) -> Result<Self::Tx>;
 
+    /// A statement that announces, inside the transaction that frees it,
+    /// that the session `$1` was released, for other nodes' waiting begins
+    /// (PostgreSQL: `pg_notify`, sent at commit); `None` where the store
+    /// has no notification.
+    const ANNOUNCE_RELEASE: Option<&'static str> = None;
+
     /// Takes the next fence from the store-wide counter inside the open
     /// transaction `conn`.
     async fn next_fence(&self, conn: &mut <Self as Run>::Conn) -> Result<Fence>;
@@ -138,6 +144,18 @@ async fn stamp_orphaned<S: OrphanSql>(sql: &S, orphan: &Orphan) -> Result<Option
     }
 }
 
+/// Announces the release of `session_id` inside `tx`, where the store can.
+async fn announce<S: OrphanSql>(sql: &S, tx: &mut S::Tx, session_id: &str) -> Result<()> {
+    if let Some(statement) = S::ANNOUNCE_RELEASE {
+        sql.fetch_optional(
+            On::Conn(S::conn(tx)),
+            Statement::new(statement).text(session_id),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
 /// One transaction holding the session's row first, as a begin does, so a
 /// concurrent takeover and this step are ordered: the turn ends only if it
 /// still runs under the orphan's fence with no live row lease (a takeover
@@ -184,6 +202,7 @@ async fn abandon_once<S: OrphanSql>(sql: &S, orphan: &Orphan) -> Result<bool> {
         .int(now),
     )
     .await?;
+    announce(sql, &mut tx, orphan.session_id.as_str()).await?;
     sql.commit(tx).await?;
     Ok(true)
 }
@@ -297,6 +316,7 @@ async fn force_release_once<S: OrphanSql>(sql: &S, session_id: &str) -> Result<O
         .await?;
     Error::expect_rows(freed, 1, "the released session (read under the lock)")?;
     let turn_id = turn_id.to_owned();
+    announce(sql, &mut tx, session_id).await?;
     sql.commit(tx).await?;
     Ok(Some(turn_id))
 }

@@ -17,7 +17,10 @@
 //!   [`ViewSql`](crate::views::ViewSql), plus
 //!   `crate::views::{set_user_cap, sweep}(&Store, …)`;
 //! - `crate::orphans`: [`OrphanSql`](crate::orphans::OrphanSql) for `crate::steps::Sql`;
-//! - a `config: Config` field.
+//! - a `config: Config` field and a `wakeups:`
+//!   [`Wakeups`](crate::wakeups::Wakeups) field;
+//! - optionally `listen = path`: a `fn(&Store)` called before every release
+//!   watch, which starts (once) whatever feeds `wakeups` from other nodes.
 
 /// Implements `agentgate_core::store::Store` for `$store` over the layout
 /// the [module documentation](self) names.
@@ -27,6 +30,9 @@
 #[macro_export]
 macro_rules! impl_store {
     ($store:ty) => {
+        $crate::impl_store!($store, listen = $crate::store::in_process_only);
+    };
+    ($store:ty, listen = $listen:path) => {
         #[$crate::async_trait]
         impl ::agentgate_core::store::Store for $store {
             fn config(&self) -> &::agentgate_core::config::Config {
@@ -127,6 +133,7 @@ macro_rules! impl_store {
                 &self,
                 session_id: &::agentgate_core::ids::SessionId,
             ) -> Box<dyn ::agentgate_core::store::ReleaseWatch> {
+                $listen(self);
                 self.wakeups.watch(session_id)
             }
 
@@ -199,3 +206,7 @@ macro_rules! impl_store {
         }
     };
 }
+
+/// The `listen` of a store whose releases reach only this process's
+/// waiters (SQLite, MySQL): nothing to start.
+pub fn in_process_only<T>(_store: &T) {}

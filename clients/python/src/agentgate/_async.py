@@ -122,9 +122,13 @@ class AsyncGate:
         wait: float = 0.0,
         *,
         confirmation: Optional[Mapping[str, str]] = None,
+        on_busy: Optional[str] = None,
+        wait_ms: Optional[int] = None,
     ) -> "AsyncTurn":
         """``async with gate.turn(...) as turn:``; see :meth:`Gate.turn`."""
-        return AsyncTurn(self, user_id, session_id, client_request_id, payload, wait, confirmation)
+        turn = AsyncTurn(self, user_id, session_id, client_request_id, payload, wait, confirmation)
+        turn.on_busy = _core.busy_policy(on_busy, wait_ms)
+        return turn
 
     async def run_turn(
         self,
@@ -178,6 +182,16 @@ class AsyncGate:
 
     async def get_turn(self, turn_id: str) -> Dict[str, Any]:
         return dict((await self.request("GET", f"/v1/turns/{turn_id}"))[1])
+
+    async def request_cancel(self, turn_id: str, user_id: Optional[str] = None) -> Dict[str, Any]:
+        """``POST /v1/turns/{id}/cancel``; see :meth:`Gate.request_cancel`."""
+        return dict((await self.request("POST", f"/v1/turns/{turn_id}/cancel", {}, params=_core.owner(user_id)))[1])
+
+    async def release_session(self, session_id: str, user_id: Optional[str] = None) -> Optional[Dict[str, Any]]:
+        """``POST /v1/sessions/{id}/release``; see :meth:`Gate.release_session`."""
+        data = (await self.request("POST", f"/v1/sessions/{session_id}/release", {}, params=_core.owner(user_id)))[1]
+        released = data["released"]
+        return None if released is None else dict(released)
 
     async def get_session(self, session_id: str) -> Dict[str, Any]:
         return dict((await self.request("GET", f"/v1/sessions/{session_id}"))[1])
@@ -254,6 +268,7 @@ class AsyncTurn:
         self.payload = payload
         self.wait = wait
         self._confirmation_request = dict(confirmation) if confirmation else None
+        self.on_busy: Dict[str, Any] = {}
         self.turn_id: str = ""
         self.fence: int = 0
         self.attempt: int = 0
@@ -288,6 +303,7 @@ class AsyncTurn:
             body["payload"] = self.payload
         if self._confirmation_request is not None:
             body["confirmation"] = self._confirmation_request
+        body.update(self.on_busy)
         deadline = time.monotonic() + max(0.0, self.wait)
         pause = 0.0
         while True:
@@ -512,6 +528,12 @@ class AsyncTurn:
         self._ending = True
         try:
             data = await self._write(f"/v1/turns/{self.turn_id}/{path}", body, lambda: self._ending_landed(state))
+        except LeaseLost as error:
+            # Refused for good (taken over, released, expired): the lease is
+            # gone, so leaving the block must not report an unended turn.
+            self._ending = False
+            self._mark_lost(error, False)
+            raise
         except BaseException:
             self._ending = False
             raise
@@ -524,6 +546,9 @@ class AsyncTurn:
 
     async def fail(self, error: Any, retryable: bool = True) -> Dict[str, Any]:
         return await self._end("fail", "failed", {"error": error, "retryable": retryable})
+
+    async def end_cancelled(self, partial: Any = None) -> Dict[str, Any]:
+        return await self._end("end-cancelled", "cancelled", {"partial": partial})
 
     async def await_confirmation(self, pending: Any) -> Dict[str, Any]:
         return await self._end("await-confirmation", "awaiting_confirmation", {"pending": pending})

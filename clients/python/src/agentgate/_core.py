@@ -87,6 +87,33 @@ BEGIN_WAITABLE = (
 current_turn: contextvars.ContextVar[Any] = contextvars.ContextVar("agentgate_current_turn", default=None)
 
 
+#: The server's bound on a waiting begin (``MAX_BUSY_WAIT``), in ms.
+BUSY_WAIT_MAX_MS = 20_000
+
+BUSY_POLICIES = ("reject", "wait", "interrupt")
+
+
+def busy_policy(on_busy: Optional[str], wait_ms: Optional[int]) -> Dict[str, Any]:
+    """The begin's ``on_busy`` fields, checked before anything is sent."""
+    if on_busy is None:
+        if wait_ms is not None:
+            raise ValueError("wait_ms needs on_busy='wait' or 'interrupt'")
+        return {}
+    if on_busy not in BUSY_POLICIES:
+        raise ValueError(f"on_busy must be one of {BUSY_POLICIES}, not {on_busy!r}")
+    fields: Dict[str, Any] = {"on_busy": on_busy}
+    if wait_ms is not None:
+        if on_busy == "reject" or not 0 <= wait_ms <= BUSY_WAIT_MAX_MS:
+            raise ValueError(f"wait_ms must be 0..{BUSY_WAIT_MAX_MS} with 'wait' or 'interrupt', not {wait_ms!r}")
+        fields["wait_ms"] = wait_ms
+    return fields
+
+
+def owner(user_id: Optional[str]) -> Optional[Dict[str, str]]:
+    """The owner check of a call that takes ``?user_id=``."""
+    return None if user_id is None else {"user_id": user_id}
+
+
 def next_pause_s(
     previous_pause_s: float,
     error: BaseException,

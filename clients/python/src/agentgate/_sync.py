@@ -111,6 +111,8 @@ class Gate:
         wait: float = 0.0,
         *,
         confirmation: Optional[Mapping[str, str]] = None,
+        on_busy: Optional[str] = None,
+        wait_ms: Optional[int] = None,
     ) -> "Turn":
         """A turn, begun when its ``with`` block is entered.
 
@@ -123,8 +125,16 @@ class Gate:
         refusal is raised. (A begin whose grant was lost on the way is
         refused ``request_in_flight`` by its own lease, and taken over once
         that lease expires, if ``wait`` lasts that long.)
+
+        ``on_busy`` asks the server instead: ``"wait"`` waits there up to
+        ``wait_ms`` (default 12000, at most 20000) for the session to come
+        free, woken by the store's release notification; ``"interrupt"``
+        first asks the running turn to stop. Without it a busy session is
+        refused at once (``"reject"``).
         """
-        return Turn(self, user_id, session_id, client_request_id, payload, wait, confirmation)
+        turn = Turn(self, user_id, session_id, client_request_id, payload, wait, confirmation)
+        turn.on_busy = _core.busy_policy(on_busy, wait_ms)
+        return turn
 
     def run_turn(
         self,
@@ -188,6 +198,22 @@ class Gate:
     def get_turn(self, turn_id: str) -> Dict[str, Any]:
         """``GET /v1/turns/{id}``: the turn, ``orphaned``, its first executions."""
         return dict(self.request("GET", f"/v1/turns/{turn_id}")[1])
+
+    def request_cancel(self, turn_id: str, user_id: Optional[str] = None) -> Dict[str, Any]:
+        """``POST /v1/turns/{id}/cancel``: ask a running turn to stop (no
+        lease needed, idempotent). Its holder learns it on its next
+        heartbeat and tool claim (:class:`~agentgate.TurnCancelled`).
+        Returns the turn's view; ``user_id`` checks the owner."""
+        return dict(self.request("POST", f"/v1/turns/{turn_id}/cancel", {}, params=_core.owner(user_id))[1])
+
+    def release_session(self, session_id: str, user_id: Optional[str] = None) -> Optional[Dict[str, Any]]:
+        """``POST /v1/sessions/{id}/release``: an operator's force-release.
+        The holder (live or expired) ends ``abandoned`` and every later
+        write of it is refused :class:`~agentgate.LeaseLost`; returns that
+        turn, or ``None`` when the session had no holder."""
+        data = self.request("POST", f"/v1/sessions/{session_id}/release", {}, params=_core.owner(user_id))[1]
+        released = data["released"]
+        return None if released is None else dict(released)
 
     def get_session(self, session_id: str) -> Dict[str, Any]:
         return dict(self.request("GET", f"/v1/sessions/{session_id}")[1])
@@ -278,6 +304,7 @@ class Turn:
         self.payload = payload
         self.wait = wait
         self._confirmation_request = dict(confirmation) if confirmation else None
+        self.on_busy: Dict[str, Any] = {}
         self.turn_id: str = ""
         self.fence: int = 0
         self.attempt: int = 0
@@ -310,6 +337,7 @@ class Turn:
             body["payload"] = self.payload
         if self._confirmation_request is not None:
             body["confirmation"] = self._confirmation_request
+        body.update(self.on_busy)
         deadline = time.monotonic() + max(0.0, self.wait)
         pause = 0.0
         while True:
@@ -506,6 +534,12 @@ class Turn:
         self._ending = True
         try:
             data = self._write(f"/v1/turns/{self.turn_id}/{path}", body, lambda: self._ending_landed(state))
+        except LeaseLost as error:
+            # Refused for good (taken over, released, expired): the lease is
+            # gone, so leaving the block must not report an unended turn.
+            self._ending = False
+            self._mark_lost(error)
+            raise
         except BaseException:
             self._ending = False
             raise
@@ -524,6 +558,11 @@ class Turn:
     def await_confirmation(self, pending: Any) -> Dict[str, Any]:
         """End the turn waiting for a person's decision on ``pending``."""
         return self._end("await-confirmation", "awaiting_confirmation", {"pending": pending})
+
+    def end_cancelled(self, partial: Any = None) -> Dict[str, Any]:
+        """End the turn ``cancelled`` with what it had produced: the answer
+        to a cancel request (or an interrupt), which a repeat replays."""
+        return self._end("end-cancelled", "cancelled", {"partial": partial})
 
     # --- tools ----------------------------------------------------------
 

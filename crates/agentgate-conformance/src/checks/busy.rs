@@ -394,3 +394,52 @@ pub async fn force_release_races_the_ending(target: &Target) {
     }
     report(target, "force_release_races_the_ending", &counts);
 }
+
+/// A waiter on one node (store handle) behind a holder on another: it
+/// starts once the holder ends there. On PostgreSQL the ending's
+/// `NOTIFY` wakes it (at least one wake counted: a poll that times out
+/// is not one); on the other stores no notification crosses handles and
+/// its bounded poll finds the free session. Prints how long after the
+/// ending's answer the waiter started, and how.
+pub async fn a_release_on_another_node_wakes_a_waiter(target: &Target) {
+    let node_a = target.gate(config()).await;
+    let node_b = target.gate(config()).await;
+    let session = "cross-node-wait";
+    let holder = must_start(&node_a, "cross-user", session, "first").await;
+    let waiter = {
+        let node_b = node_b.clone();
+        tokio::spawn(async move {
+            let (begun, report) = node_b
+                .begin_on_busy(
+                    &command("cross-user", session, "second"),
+                    on_busy(BusyPolicy::Wait, 20_000),
+                )
+                .await
+                .expect("the waiter starts within its bound");
+            (started(begun), report, Instant::now())
+        })
+    };
+    // Long enough for the waiter's first attempt and its listener.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert!(!waiter.is_finished(), "it waits while the holder runs");
+    holder.succeed(&json!("one")).await.expect("ended");
+    let ended_at = Instant::now();
+    let (next, busy, started_at) = waiter.await.expect("waiter");
+    next.succeed(&json!("two")).await.expect("ended");
+    let notified = target.store_url.starts_with("postgres");
+    if notified {
+        assert!(busy.woken >= 1, "the NOTIFY woke it: {busy:?}");
+    }
+    let after_ms = started_at.saturating_duration_since(ended_at).as_millis();
+    let counts: BTreeMap<String, usize> = [
+        ("attempts".to_owned(), busy.attempts as usize),
+        ("woken".to_owned(), busy.woken as usize),
+        (
+            "started_ms_after_the_ending".to_owned(),
+            usize::try_from(after_ms).unwrap_or(usize::MAX),
+        ),
+    ]
+    .into_iter()
+    .collect();
+    report(target, "a_release_on_another_node_wakes_a_waiter", &counts);
+}

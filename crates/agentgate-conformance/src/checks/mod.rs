@@ -28,8 +28,8 @@ use agentgate::{Begun, Config, Error, Gate, Turn};
 use tokio::sync::Barrier;
 
 pub use busy::{
-    force_release_races_the_ending, interrupt_stops_the_holder_then_starts,
-    wait_storm_one_holder_at_a_time,
+    a_release_on_another_node_wakes_a_waiter, force_release_races_the_ending,
+    interrupt_stops_the_holder_then_starts, wait_storm_one_holder_at_a_time,
 };
 pub use cancel::{cancel_is_learned_by_the_watchdog, cancel_races_claims_and_ending};
 pub use confirm_races::{confirmation_races_a_new_message, confirmation_rejected_and_repeated};

@@ -1,0 +1,95 @@
+//! Release notifications across nodes: `LISTEN`/`NOTIFY`.
+//!
+//! Every step that frees a session (an ending, an abandon, a
+//! force-release) calls `pg_notify` on [`CHANNEL`] with the session id
+//! inside its own statement or transaction, so the notification is sent at
+//! commit and only then. The first waiting begin of a store handle starts
+//! one listener task, on a connection of its own (not one of the store's
+//! pool), which wakes that handle's waiters. A notification lost while the
+//! listener reconnects costs a waiter nothing but its poll.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use agentgate_core::limits::STORE_ACQUIRE_TIMEOUT;
+use agentgate_store_sql::wakeups::Wakeups;
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+
+use crate::PostgresStore;
+
+/// The channel every release is announced on; the payload is the session id.
+pub(crate) const CHANNEL: &str = "agentgate_release";
+
+/// What a shared step runs inside the transaction that frees session `$1`.
+pub(crate) const ANNOUNCE: &str = "SELECT pg_notify('agentgate_release', $1)";
+
+/// The shortest and longest pause before the listener connects again after
+/// losing its connection.
+const RECONNECT_MIN: Duration = Duration::from_millis(100);
+const RECONNECT_MAX: Duration = Duration::from_secs(5);
+
+/// The running listener of one store handle (and its clones); stopped when
+/// the last of them goes.
+#[derive(Debug)]
+pub(crate) struct Listener {
+    task: tokio::task::AbortHandle,
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The listener slot a store handle and its clones share.
+pub(crate) type Slot = Arc<OnceLock<Listener>>;
+
+/// Starts the store's listener unless it runs already (the `listen` of
+/// `impl_store!`).
+pub(crate) fn listen(store: &PostgresStore) {
+    store.listener.get_or_init(|| {
+        let options = (*store.pool.connect_options()).clone();
+        let wakeups = store.wakeups.clone();
+        Listener {
+            task: tokio::spawn(run(options, wakeups)).abort_handle(),
+        }
+    });
+}
+
+async fn run(options: PgConnectOptions, wakeups: Wakeups) {
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(STORE_ACQUIRE_TIMEOUT)
+        .connect_lazy_with(options);
+    let mut pause = RECONNECT_MIN;
+    loop {
+        match listen_once(&pool, &wakeups).await {
+            Ok(never) => match never {},
+            Err(error) => {
+                tracing::warn!(%error, "release listener lost its connection; waiters poll meanwhile");
+            }
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(RECONNECT_MAX);
+    }
+}
+
+async fn listen_once(
+    pool: &sqlx::PgPool,
+    wakeups: &Wakeups,
+) -> Result<std::convert::Infallible, sqlx::Error> {
+    let mut listener = PgListener::connect_with(pool).await?;
+    listener.listen(CHANNEL).await?;
+    loop {
+        let notification = listener.recv().await?;
+        wakeups.released(notification.payload());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_announcement_is_on_the_channel_listened_to() {
+        assert!(super::ANNOUNCE.contains(&format!("'{}'", super::CHANNEL)));
+    }
+}
