@@ -57,7 +57,7 @@ test("Stop on a running reply stops it before it books; the session is free; a r
   await page.reload();
   await page.waitForSelector("#messages li.msg.assistant[data-state=cancelled]");
   const stopped = page.locator("#messages li.msg.assistant[data-state=cancelled]");
-  assert.match(await stopped.innerText(), /You stopped this reply\./);
+  assert.match(await stopped.innerText(), /This reply was stopped before it finished\./);
   assert.equal(await stopped.locator("button.retry").count(), 0);
   await page.screenshot({ path: path.join(ARTIFACTS, "stop-after-reload.png") });
   await eventually(async () => (await entries(server.base, user)).length === 1, { what: "still one entry" });

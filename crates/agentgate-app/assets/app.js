@@ -64,7 +64,11 @@ const els = {
   docSearch: document.getElementById("doc-search"),
   docQuery: document.getElementById("doc-query"),
   hits: document.getElementById("hits"),
+  busyPolicy: document.getElementById("busy-policy"),
 };
+
+/** The engine's default bound on a waiting begin (`DEFAULT_BUSY_WAIT`), for the notice after it ran out. */
+const BUSY_WAIT_MS = 12_000;
 
 /** How often the documents list is read while an ingestion runs. */
 const DOCUMENTS_BUSY_MS = 700;
@@ -121,6 +125,29 @@ function sleep(ms) {
 function seconds(ms) {
   return Math.max(1, Math.ceil((ms || 0) / 1000));
 }
+
+/** The conversation's policy for a message sent while a reply runs: reject, wait or interrupt. */
+function busyPolicy(user, session) {
+  try {
+    const saved = localStorage.getItem(`agentgate.busy.${user}.${session}`);
+    return ["wait", "interrupt"].includes(saved) ? saved : "reject";
+  } catch {
+    return "reject";
+  }
+}
+
+function saveBusyPolicy(policy) {
+  try {
+    localStorage.setItem(`agentgate.busy.${state.user}.${state.session}`, policy);
+  } catch {
+    // Private mode: the choice lasts for this page only.
+  }
+}
+
+/** This tab's interrupting messages per session still being answered. */
+const interrupting = new Map();
+/** How this tab saw a reply stopped (turn id → notice key), so a re-render keeps saying it. */
+const stoppedBy = new Map();
 
 /** Tells the other tabs of this browser that this conversation changed. */
 function broadcast() {
@@ -229,7 +256,7 @@ function describeArgs(name, args) {
 }
 
 /** The assistant's side of a turn being streamed. */
-function liveAssistant() {
+function liveAssistant(session = state.session) {
   const text = h("div", { class: "bubble working" }, "");
   const tools = h("ul", { class: "tools", "aria-label": "Tool calls" });
   const extra = h("div", {});
@@ -304,11 +331,15 @@ function liveAssistant() {
           text.classList.remove("working");
           fill(extra);
           bubble.done = true;
-          if (stopRequested && data.code === "cancelled") {
-            // Stopped at the person's request: the turn ended cancelled,
-            // and sending the message again replays that; no retry offered.
+          if (data.code === "cancelled") {
+            // Stopped (by this tab's Stop, by a newer message of this
+            // conversation that interrupts it, or from elsewhere): the
+            // turn ended cancelled, and sending the message again replays
+            // that; no retry offered.
             li.dataset.state = "cancelled";
-            text.textContent = t("stopped");
+            const cause = stopRequested ? "stopped.by_you" : interrupting.has(session) ? "stopped.by_message" : "stopped";
+            if (li.dataset.turnId) stoppedBy.set(li.dataset.turnId, cause);
+            text.textContent = t(cause);
             status.textContent = "";
             break;
           }
@@ -536,7 +567,7 @@ function recordedAssistant(turn, pending) {
       fill(extra, stopButton(turn.turn_id, status));
       break;
     case "cancelled":
-      text.textContent = t("stopped");
+      text.textContent = t(stoppedBy.get(turn.turn_id) || "stopped");
       fill(extra, bookedList(reply.entries));
       break;
     case "awaiting_confirmation": {
@@ -587,6 +618,7 @@ function stopButton(turnId, status, onRequested = () => {}) {
     status.textContent = t("status.stopping");
     const params = new URLSearchParams({ user_id: state.user, turn_id: turnId });
     const result = await postBytes(`/app/stop?${params}`, new ArrayBuffer(0));
+    if (result.ok && result.body.state === "running") stoppedBy.set(turnId, "stopped.by_you");
     if (!result.ok) {
       button.disabled = false;
       const error = (result.body && result.body.error) || {};
@@ -1105,6 +1137,12 @@ async function deliver(message, { auto = false } = {}) {
   let assistant = null;
   sending.set(message.id, (sending.get(message.id) || 0) + 1);
   state.activeStreams += 1;
+  const policy = busyPolicy(message.user, message.session);
+  const running =
+    visible() && (state.running || Boolean(els.messages.querySelector("li.msg.assistant[data-state=running]")));
+  if (bubble && running && policy === "wait") setStatus(bubble.li, t("status.waiting_turn"));
+  if (bubble && running && policy === "interrupt") setStatus(bubble.li, t("status.interrupting"));
+  if (policy === "interrupt") interrupting.set(message.session, (interrupting.get(message.session) || 0) + 1);
   const result = await postStream(
     "/app/messages",
     {
@@ -1113,6 +1151,7 @@ async function deliver(message, { auto = false } = {}) {
       client_request_id: message.id,
       text: message.text,
       utc_offset_minutes: -new Date().getTimezoneOffset(),
+      on_busy: policy,
     },
     {
       onOpen() {
@@ -1121,7 +1160,7 @@ async function deliver(message, { auto = false } = {}) {
         if (visible() && els.input.value.trim() === message.text) els.input.value = "";
         hideNotice("kept");
         hideNotice("inflight");
-        assistant = liveAssistant();
+        assistant = liveAssistant(message.session);
         if (bubble && visible()) {
           setStatus(bubble.li, "");
           bubble.li.after(assistant.li);
@@ -1139,6 +1178,11 @@ async function deliver(message, { auto = false } = {}) {
     },
   );
   state.activeStreams -= 1;
+  if (policy === "interrupt") {
+    const n = (interrupting.get(message.session) || 1) - 1;
+    if (n > 0) interrupting.set(message.session, n);
+    else interrupting.delete(message.session);
+  }
   const left = (sending.get(message.id) || 1) - 1;
   if (left > 0) sending.set(message.id, left);
   else sending.delete(message.id);
@@ -1248,7 +1292,11 @@ function refused(message, bubble, status, error, auto) {
   switch (code) {
     case "session_busy":
       state.busyText = message.text;
-      showNotice(t("notice.busy", { seconds: secs }), "warn", "busy");
+      if (busyPolicy(message.user, message.session) === "reject") {
+        showNotice(t("notice.busy", { seconds: secs }), "warn", "busy");
+      } else {
+        showNotice(t("notice.busy_waited", { seconds: seconds(BUSY_WAIT_MS) }), "warn", "busy");
+      }
       syncNow();
       break;
     case "awaiting_confirmation":
@@ -1296,6 +1344,7 @@ function pumpOutbox() {
 
 async function switchSession(sessionId) {
   state.session = sessionId;
+  els.busyPolicy.value = busyPolicy(state.user, sessionId);
   state.draft = null;
   state.busyText = null;
   state.signature = "";
@@ -1340,6 +1389,7 @@ function wire() {
     event.preventDefault();
     switchUser(els.userInput.value);
   });
+  els.busyPolicy.addEventListener("change", () => saveBusyPolicy(els.busyPolicy.value));
   els.newSession.addEventListener("click", () => {
     switchSession(newSessionId());
     els.input.focus();

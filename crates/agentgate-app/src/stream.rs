@@ -30,7 +30,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
-use agentgate_server::dto::DecisionDto;
+use agentgate::OnBusy;
+use agentgate_server::dto::{BusyPolicyDto, DecisionDto};
 use agentgate_server::metrics::{BeginLabel, Metrics};
 use agentgate_server::{ApiError, ApiJson, AppState, CallerUser};
 
@@ -50,6 +51,11 @@ pub(crate) struct MessageRequest {
     /// The browser's zone, minutes east of UTC.
     #[serde(default)]
     utc_offset_minutes: Option<i32>,
+    /// The conversation's policy for a message sent while a reply runs:
+    /// `reject` (default), `wait` or `interrupt`, with the engine's default
+    /// bound.
+    #[serde(default)]
+    on_busy: BusyPolicyDto,
 }
 
 /// `POST /app/confirmations`: a person's answer to a pending confirmation.
@@ -79,6 +85,7 @@ pub(crate) async fn send_message(
         client_request_id: request.client_request_id,
         text: request.text,
         utc_offset_minutes: request.utc_offset_minutes,
+        on_busy: OnBusy::new(request.on_busy.into(), None)?,
     };
     let started = mount.app.start_message(&message).await;
     respond(&state, mount.on_disconnect, started)

@@ -19,7 +19,10 @@
 
 use std::sync::Arc;
 
-use agentgate::{Begun, Decision, Gate, Turn, TurnState, TurnView};
+use agentgate::model::BeginCommand;
+use agentgate::{
+    Begun, ClientRequestId, Decision, Gate, OnBusy, SessionId, Turn, TurnState, TurnView, UserId,
+};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
@@ -73,6 +76,9 @@ pub struct UserMessage {
     /// The sender's time zone (minutes east of UTC, as the browser knows it);
     /// `None` uses the app's default.
     pub utc_offset_minutes: Option<i32>,
+    /// What to do when a reply of this conversation is still running:
+    /// refuse (`session_busy`), wait for it, or interrupt it.
+    pub on_busy: OnBusy,
 }
 
 /// A person's answer to a pending confirmation.
@@ -243,16 +249,21 @@ impl LedgerApp {
             check_utc_offset(offset)?;
         }
         let payload = message_payload(text, message.utc_offset_minutes);
-        let begun = self
+        let command = BeginCommand::new(
+            UserId::new(message.user_id.as_str())?,
+            SessionId::new(message.session_id.as_str())?,
+            ClientRequestId::new(message.client_request_id.as_str())?,
+            &payload,
+            None,
+        )?;
+        let (begun, report) = self
             .inner
             .gate
-            .begin(
-                &message.user_id,
-                &message.session_id,
-                &message.client_request_id,
-                &payload,
-            )
+            .begin_on_busy(&command, message.on_busy)
             .await?;
+        if let Some(interrupted) = &report.interrupted {
+            tracing::info!(%interrupted, session_id = %message.session_id, "a new message interrupted the running reply");
+        }
         Ok(match begun {
             Begun::Replay(view) => {
                 agent::record_replay(&self.inner, &view, text, json!({})).await;

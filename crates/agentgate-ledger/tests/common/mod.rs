@@ -55,6 +55,7 @@ pub fn message(session: &str, request: &str, text: &str) -> UserMessage {
         client_request_id: request.into(),
         text: text.into(),
         utc_offset_minutes: None,
+        on_busy: agentgate::OnBusy::REJECT,
     }
 }
 
