@@ -81,6 +81,18 @@ test("'stops the reply': a correction typed mid-reply stops the first before it 
   await page.screenshot({ path: path.join(ARTIFACTS, "second-message-interrupted.png") });
   const booked = await entries(server.base, user);
   assert.deepEqual(booked.map((e) => e.amount_cents), [2800], JSON.stringify(booked));
+  // The dashboard counts the interrupt and shows the stopped turn.
+  const dashboard = await browser.newTab(`${server.base}/dashboard`);
+  const busy = dashboard.locator('[data-counter="busy"] .detail');
+  await dashboard.waitForFunction(
+    () => /interrupt started [1-9]/.test(document.querySelector('[data-counter="busy"] .detail')?.textContent || ""),
+    null,
+    { timeout: 5_000 },
+  );
+  assert.match(await busy.innerText(), /wait started [1-9]/, "the first test's waiter is counted too");
+  assert.ok(await dashboard.locator("#turns tbody tr[data-state=cancelled]").count() >= 1);
+  await dashboard.screenshot({ path: path.join(ARTIFACTS, "second-message-dashboard.png") });
+  await dashboard.close();
   // After a reload the first reply still reads as stopped, with no retry.
   await page.reload();
   await page.waitForSelector("#messages li.msg.assistant[data-state=cancelled]");

@@ -74,6 +74,9 @@ function turnChip(turn) {
   if (turn.state === "running" && turn.orphaned) {
     return h("span", { class: "state orphaned", title: "running, but its lease expired: the holder died; waiting for a takeover, the recovery worker or abandonment" }, "orphaned");
   }
+  if (turn.state === "running" && turn.cancel_requested) {
+    return h("span", { class: "state cancel-requested", title: "asked to stop (Stop, an interrupting message or a cancel request); its holder learns it on its next heartbeat or tool claim" }, "stop requested");
+  }
   return stateChip(turn.state);
 }
 
@@ -96,6 +99,18 @@ function paged(key, rows, pager) {
   return shown;
 }
 
+/** Begins that found the session busy and waited or interrupted, by what came of them ("interrupt started": 1); refusals of the default policy are the conflicts. */
+function busyDetail(busy) {
+  const shown = {};
+  for (const [key, n] of Object.entries(busy || {})) {
+    const [outcome, policy] = key.split(" ");
+    // A begin that found the session free is no second message.
+    if (policy === "reject" || outcome === "started") continue;
+    shown[`${policy} ${outcome === "started_after_wait" ? "started" : outcome.replaceAll("_", " ")}`] = n;
+  }
+  return shown;
+}
+
 function render(data) {
   last = data;
   const c = data.counters;
@@ -113,6 +128,8 @@ function render(data) {
     counter("Unknown tool outcomes · this node", c.unknown_tool_outcomes, "re-run after a holder died", "unknown"),
     counter("Lease lost · this node", c.lease_lost, "calls refused to a stale holder", "lease_lost"),
     counter("Turns ended · this node", sum(c.turn_endings), detail(c.turn_endings), "endings"),
+    counter("Second messages · this node", sum(busyDetail(c.busy_begins)), detail(busyDetail(c.busy_begins)) || "none waited or interrupted", "busy"),
+    counter("Stops · this node", c.cancel_requests, `cancel requests; ${c.force_releases} force-released`, "stops"),
   );
   els.liveCount.textContent = `${liveCount} held`;
   fill(

@@ -231,6 +231,7 @@ pub(crate) async fn stop(
         .filter(|view| view.user_id == user_id)
         .ok_or_else(not_found)?;
     let view = gate.request_cancel(&turn_id).await?.ok_or_else(not_found)?;
+    state.metrics().cancel_requested();
     Ok(Json(StopResponse {
         state: view.state,
         cancel_requested: view.cancel_requested_at_ms.is_some(),

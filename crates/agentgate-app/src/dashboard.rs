@@ -66,6 +66,9 @@ pub(crate) struct TurnRow {
     orphaned: bool,
     attempt: u32,
     fence: i64,
+    /// A running turn asked to stop (a Stop, an interrupting message, a
+    /// cancel request) that has not ended yet.
+    cancel_requested: bool,
     /// Set on a confirmation turn: the decision it took.
     #[serde(skip_serializing_if = "Option::is_none")]
     decision: Option<&'static str>,
@@ -84,6 +87,8 @@ impl TurnRow {
             orphaned,
             attempt: view.attempt,
             fence: view.fence.0,
+            cancel_requested: view.state == agentgate::TurnState::Running
+                && view.cancel_requested_at_ms.is_some(),
             decision: view.confirmation.as_ref().map(|c| c.decision.as_str()),
             updated_at_ms: view.updated_at_ms,
         }

@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use agentgate::OnBusy;
 use agentgate_server::dto::{BusyPolicyDto, DecisionDto};
+use agentgate_server::metrics::busy_outcome;
 use agentgate_server::metrics::{BeginLabel, Metrics};
 use agentgate_server::{ApiError, ApiJson, AppState, CallerUser};
 
@@ -87,7 +88,17 @@ pub(crate) async fn send_message(
         utc_offset_minutes: request.utc_offset_minutes,
         on_busy: OnBusy::new(request.on_busy.into(), None)?,
     };
-    let started = mount.app.start_message(&message).await;
+    let policy = message.on_busy.policy;
+    let started = mount.app.start_message_reporting(&message).await;
+    state.metrics().busy_begin(
+        policy,
+        match &started {
+            Ok((_, report)) => busy_outcome(report),
+            Err(error) if error.code() == "session_busy" => "timed_out",
+            Err(_) => "refused",
+        },
+    );
+    let started = started.map(|(started, _)| started);
     respond(&state, mount.on_disconnect, started)
 }
 

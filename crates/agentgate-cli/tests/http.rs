@@ -1427,8 +1427,8 @@ async fn a_second_message_waits_interrupts_and_a_stuck_holder_is_released() {
         .expect(404, "not_found");
     let metrics = client.get("/metrics").await.text;
     for line in [
-        "agentgate_busy_begins_total{outcome=\"started\",policy=\"wait\"} 1",
-        "agentgate_busy_begins_total{outcome=\"started\",policy=\"interrupt\"} 1",
+        "agentgate_busy_begins_total{outcome=\"started_after_wait\",policy=\"wait\"} 1",
+        "agentgate_busy_begins_total{outcome=\"started_after_wait\",policy=\"interrupt\"} 1",
         "agentgate_force_releases_total 1",
     ] {
         assert!(metrics.contains(line), "{line} in\n{metrics}");

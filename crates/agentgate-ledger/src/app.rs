@@ -21,7 +21,8 @@ use std::sync::Arc;
 
 use agentgate::model::BeginCommand;
 use agentgate::{
-    Begun, ClientRequestId, Decision, Gate, OnBusy, SessionId, Turn, TurnState, TurnView, UserId,
+    Begun, BusyReport, ClientRequestId, Decision, Gate, OnBusy, SessionId, Turn, TurnState,
+    TurnView, UserId,
 };
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
@@ -235,6 +236,18 @@ impl LedgerApp {
     /// `awaiting_confirmation`, `user_at_capacity`, `payload_mismatch`,
     /// `not_found`, `invalid_request`, `store_unavailable`).
     pub async fn start_message(&self, message: &UserMessage) -> Result<Started> {
+        Ok(self.start_message_reporting(message).await?.0)
+    }
+
+    /// [`LedgerApp::start_message`], with how its busy policy went (how
+    /// many begins it took, whether it interrupted a running reply).
+    ///
+    /// # Errors
+    /// As [`LedgerApp::start_message`].
+    pub async fn start_message_reporting(
+        &self,
+        message: &UserMessage,
+    ) -> Result<(Started, BusyReport)> {
         let text = message.text.trim();
         if text.is_empty() {
             return Err(LedgerError::invalid("text must not be empty"));
@@ -264,7 +277,7 @@ impl LedgerApp {
         if let Some(interrupted) = &report.interrupted {
             tracing::info!(%interrupted, session_id = %message.session_id, "a new message interrupted the running reply");
         }
-        Ok(match begun {
+        let started = match begun {
             Begun::Replay(view) => {
                 agent::record_replay(&self.inner, &view, text, json!({})).await;
                 Started::Replay(ChatOutcome::from_view(&view, true))
@@ -279,7 +292,8 @@ impl LedgerApp {
                         .unwrap_or(self.inner.config.utc_offset_minutes),
                 },
             }),
-        })
+        };
+        Ok((started, report))
     }
 
     /// Begins the confirmation turn answering a pending one. Of two tabs

@@ -102,6 +102,12 @@ pub struct Counters {
     pub turn_endings: BTreeMap<String, u64>,
     /// Leases this process granted minus turns it ended.
     pub live_turns: i64,
+    /// Begins by busy policy and outcome, keyed `"policy outcome"`.
+    pub busy_begins: BTreeMap<String, u64>,
+    /// Cancel requests received.
+    pub cancel_requests: u64,
+    /// Sessions force-released that had a holder.
+    pub force_releases: u64,
 }
 
 /// A labelled counter's values by its one label.
@@ -118,6 +124,32 @@ fn by_label(vec: &IntCounterVec) -> BTreeMap<String, u64> {
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
             let value = metric.get_counter().get_value() as u64;
             values.insert(label, value);
+        }
+    }
+    values
+}
+
+/// The outcome label of a begin that started under its busy policy:
+/// `started` when the session was free at once, `started_after_wait` when it
+/// waited (or interrupted) first.
+pub fn busy_outcome(report: &agentgate::BusyReport) -> &'static str {
+    if report.attempts > 1 || report.interrupted.is_some() {
+        "started_after_wait"
+    } else {
+        "started"
+    }
+}
+
+/// A counter with several labels by its label values joined with spaces.
+fn by_labels(vec: &IntCounterVec) -> BTreeMap<String, u64> {
+    let mut values = BTreeMap::new();
+    for family in vec.collect() {
+        for metric in family.get_metric() {
+            let labels: Vec<&str> = metric.get_label().iter().map(|p| p.value()).collect();
+            // Counters are integers kept as f64 by the exposition format.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let value = metric.get_counter().get_value() as u64;
+            values.insert(labels.join(" "), value);
         }
     }
     values
@@ -223,7 +255,7 @@ fn build() -> prometheus::Result<Metrics> {
     let busy_begins = IntCounterVec::new(
         Opts::new(
             "busy_begins_total",
-            "Begins by busy policy (reject, wait, interrupt) and outcome: started (or replayed), timed_out (session_busy after waiting, or at once for reject), refused (another error)",
+            "Begins by busy policy (reject, wait, interrupt) and outcome: started (or replayed) with the session free, started_after_wait, timed_out (session_busy after waiting, or at once for reject), refused (another error)",
         ),
         &["policy", "outcome"],
     )?;
@@ -350,6 +382,9 @@ impl Metrics {
             lease_lost: self.lease_lost.get(),
             turn_endings: by_label(&self.turn_endings),
             live_turns: self.live_turns.get(),
+            busy_begins: by_labels(&self.busy_begins),
+            cancel_requests: self.cancel_requests.get(),
+            force_releases: self.force_releases.get(),
         }
     }
 
@@ -423,6 +458,12 @@ mod tests {
         assert_eq!(counters.unknown_tool_outcomes, 1);
         assert_eq!(counters.turn_endings.get("succeeded"), Some(&1));
         assert_eq!(counters.live_turns, 1, "two grants, one ending");
+        metrics.busy_begin(agentgate::BusyPolicy::Wait, "started");
+        metrics.cancel_requested();
+        let counters = metrics.counters();
+        // Labels in the registry's order: outcome, then policy.
+        assert_eq!(counters.busy_begins.get("started wait"), Some(&1));
+        assert_eq!(counters.cancel_requests, 1);
     }
 
     #[test]

@@ -18,7 +18,7 @@ use crate::dto::{
 use crate::error::{ApiError, BeginErrors, ErrorCode, HeartbeatErrors, LeaseErrors, ReadErrors};
 use crate::extract::{ApiJson, ApiPath, ApiQuery, LeaseHeader};
 use crate::guard::CallerUser;
-use crate::metrics::BeginLabel;
+use crate::metrics::{busy_outcome, BeginLabel};
 use crate::AppState;
 
 fn command(request: &BeginRequest) -> Result<BeginCommand, ApiError> {
@@ -77,7 +77,7 @@ pub(crate) async fn begin(
                         "begin under its busy policy"
                     );
                 }
-                outcome
+                (outcome, busy_outcome(&report))
             })
             .map_err(ApiError::from),
         Err(error) => Err(error),
@@ -86,11 +86,12 @@ pub(crate) async fn begin(
     metrics.busy_begin(
         on_busy.policy,
         match &outcome {
-            Ok(_) => "started",
+            Ok((_, label)) => label,
             Err(error) if error.code() == ErrorCode::SessionBusy => "timed_out",
             Err(_) => "refused",
         },
     );
+    let outcome = outcome.map(|(outcome, _)| outcome);
     match outcome {
         Ok(BeginOutcome::Started(grant)) => {
             metrics.begin(match (grant.takeover, grant.attempt) {
