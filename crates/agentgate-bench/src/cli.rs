@@ -55,6 +55,10 @@ pub struct BenchArgs {
     /// Documents of the ingestion row, per loop (0 skips it; no row on MySQL).
     #[arg(long, default_value_t = 20)]
     ingest_documents: usize,
+    /// Rounds per mode of the wake row (a waiting begin after the holder
+    /// ends, same node and another node; 0 skips it).
+    #[arg(long, default_value_t = 20)]
+    wake_rounds: usize,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -80,6 +84,7 @@ impl BenchArgs {
             live_turns: self.live_turns,
             count_turns: self.count_turns,
             ingest_documents: self.ingest_documents,
+            wake_rounds: self.wake_rounds,
             // This very binary is `agentgate serve` for HTTP runs.
             server_binary: std::env::current_exe().ok(),
             progress: true,

@@ -15,6 +15,8 @@
 //! - [`count`] and `counting`: round trips per turn, counted (sqlx
 //!   statement events, SQLite transaction hooks, a wire-counting proxy).
 //! - `storm`: concurrent duplicate begins of one request.
+//! - `wake`: how soon a waiting begin starts after the holder ends, against
+//!   the store's raw notification.
 //! - `populate`: bulk rows in the store's own tables, for scaling.
 //! - [`report`]: the result, as JSON or text; `stats`: percentiles;
 //!   `machine`: what it ran on; `progress`: the bar on stderr.
@@ -44,6 +46,7 @@ mod stats;
 mod storm;
 mod target;
 mod url;
+mod wake;
 mod workload;
 
 use std::path::PathBuf;
@@ -97,6 +100,8 @@ pub struct BenchOptions {
     pub count_turns: u32,
     /// Documents of the ingestion row, per loop (0: skip it).
     pub ingest_documents: usize,
+    /// Rounds of the wake row, per mode (0: skip it).
+    pub wake_rounds: usize,
     /// The `agentgate` binary for HTTP runs; without it, the server runs in
     /// this process and its memory is not measured.
     pub server_binary: Option<PathBuf>,
@@ -120,6 +125,7 @@ impl Default for BenchOptions {
             live_turns: 10_000,
             count_turns: 200,
             ingest_documents: 20,
+            wake_rounds: 20,
             server_binary: None,
             progress: true,
         }
@@ -176,6 +182,10 @@ impl BenchOptions {
                 "ingest documents must be at most {}",
                 limits::MAX_INGEST_DOCUMENTS
             ),
+        )?;
+        check(
+            self.wake_rounds <= limits::MAX_WAKE_ROUNDS,
+            format!("wake rounds must be at most {}", limits::MAX_WAKE_ROUNDS),
         )
     }
 }

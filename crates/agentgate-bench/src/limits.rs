@@ -119,3 +119,6 @@ pub const MAX_WIRE_HEADER_BYTES: usize = 32;
 /// reports a failure. Every begin is one short store step; a minute means
 /// the store is wedged.
 pub const STORM_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Most rounds per mode of the wake row.
+pub const MAX_WAKE_ROUNDS: usize = 10_000;

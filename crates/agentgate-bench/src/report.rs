@@ -125,6 +125,8 @@ pub struct Report {
     pub memory: Option<Memory>,
     /// The ingestion row (SQLite and PostgreSQL).
     pub ingestion: Option<crate::ingest::Ingestion>,
+    /// The wake row: a waiting begin after the holder ends.
+    pub wake: Option<crate::wake::Wake>,
     /// The machine the run was on.
     pub machine: Machine,
 }
@@ -240,6 +242,30 @@ impl Report {
                 );
             }
             None => text.push_str("ingestion: skipped (0 documents, or MySQL)\n"),
+        }
+        match &self.wake {
+            Some(w) => {
+                let raw = w.raw_notify.as_ref().map_or_else(
+                    || "no raw notification on this store".to_owned(),
+                    |r| {
+                        format!(
+                            "raw notification p50 {:.2} / p99 {:.2} ms",
+                            r.p50_ms, r.p99_ms
+                        )
+                    },
+                );
+                let _ = writeln!(
+                    text,
+                    "wake ({} rounds): ending → waiter granted, same node p50 {:.2} / p99 {:.2} ms, other node p50 {:.2} / p99 {:.2} ms ({} woken by a notification); {raw}",
+                    w.rounds,
+                    w.same_node.p50_ms,
+                    w.same_node.p99_ms,
+                    w.other_node.p50_ms,
+                    w.other_node.p99_ms,
+                    w.other_node_woken
+                );
+            }
+            None => text.push_str("wake: skipped (0 rounds)\n"),
         }
         text
     }

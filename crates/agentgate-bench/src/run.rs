@@ -66,8 +66,9 @@ fn phases(options: &BenchOptions) -> u64 {
         0
     };
     let memory = u64::from(options.via == Via::Http && options.live_turns > 0);
-    // open, populate, count, warm-up, rounds, storm, scaling, memory, ingestion
-    4 + u64::from(options.rounds) + 1 + scaling + memory + 1
+    // open, populate, count, warm-up, rounds, storm, scaling, memory,
+    // ingestion, wake
+    4 + u64::from(options.rounds) + 1 + scaling + memory + 2
 }
 
 /// The engine's settings in a bench: the defaults, but the sweeper idle
@@ -251,6 +252,9 @@ async fn measure(options: &BenchOptions, target: &Target, progress: &Progress) -
     )
     .await?;
     progress.done();
+    progress.phase(format!("wake: {} rounds per mode", options.wake_rounds));
+    let wake = crate::wake::measure(target, &config, options.wake_rounds).await?;
+    progress.done();
     pool.close().await;
     loader.close().await;
     drop(loops);
@@ -295,6 +299,7 @@ async fn measure(options: &BenchOptions, target: &Target, progress: &Progress) -
         peak_rss_mib: memory.map(|m| m.peak_rss_mib),
         memory,
         ingestion,
+        wake,
         machine,
     })
 }

@@ -1,0 +1,184 @@
+//! The wake row (issue 13's `wait`): how soon a waiting begin starts after
+//! the holder of its session ends, against the store's raw notification
+//! round trip, in the same run, on the same store.
+//!
+//! Each round: a holder starts a turn on node A (one `Gate`); a waiter
+//! begins a second message on the same session with `on_busy: wait`,
+//! either through the same `Gate` ("same node": the in-process watch wakes
+//! it) or through a second one on the same store ("other node": on
+//! PostgreSQL the ending's `NOTIFY`, elsewhere the bounded poll). Once the
+//! waiter is waiting, the holder ends its turn; the figure is from the
+//! ending's call to the waiter's grant, so it holds the ending's own round
+//! trip, the wake and the waiter's begin. The raw baseline is the bare
+//! notification: on PostgreSQL a `pg_notify` on one connection until a
+//! `LISTEN`ing connection has it; SQLite and MySQL have none, so no
+//! baseline (their other-node wake is the poll's).
+
+use std::time::Duration;
+
+use agentgate::model::BeginCommand;
+use agentgate::{Begun, BusyPolicy, ClientRequestId, Config, Gate, OnBusy, SessionId, UserId};
+use serde::Serialize;
+use serde_json::json;
+use tokio::time::Instant;
+
+use crate::error::{BenchError, Result};
+use crate::stats::{Samples, StepLatency};
+use crate::target::{Dialect, Target};
+
+/// How long a waiter is given to make its first attempt and start waiting
+/// before the holder ends.
+const SETTLE: Duration = Duration::from_millis(30);
+
+/// The waiter's bound.
+const WAIT_MS: u64 = 10_000;
+
+/// What the wake row measured.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Wake {
+    /// Rounds per mode.
+    pub rounds: usize,
+    /// Ending called → waiter granted, the waiter on the holder's node.
+    pub same_node: StepLatency,
+    /// The same, the waiter on another node (store handle).
+    pub other_node: StepLatency,
+    /// Of the other-node waiters, how many a notification woke (the rest
+    /// found the session free on their poll).
+    pub other_node_woken: usize,
+    /// The raw notification round trip, where the store has one.
+    pub raw_notify: Option<StepLatency>,
+    /// `other_node.p50_ms` ÷ `raw_notify.p50_ms`.
+    pub other_node_to_raw_p50: Option<f64>,
+}
+
+fn command(session: &str, request: &str) -> Result<BeginCommand> {
+    let id = |e: agentgate::Error| BenchError::Options(format!("wake ids: {e}"));
+    BeginCommand::new(
+        UserId::new("wake-user").map_err(id)?,
+        SessionId::new(session).map_err(id)?,
+        ClientRequestId::new(request).map_err(id)?,
+        &json!({"text": request}),
+        None,
+    )
+    .map_err(id)
+}
+
+fn started(begun: Begun) -> Result<agentgate::Turn> {
+    match begun {
+        Begun::Started(turn) => Ok(turn),
+        Begun::Replay(view) => Err(BenchError::Options(format!(
+            "wake: a new request replayed {}",
+            view.turn_id
+        ))),
+    }
+}
+
+/// One round: the latency from the holder's ending call to the waiter's
+/// grant, and whether a notification woke the waiter.
+async fn round(holder: &Gate, waiter: &Gate, session: &str) -> Result<(Duration, bool)> {
+    let first = started(holder.begin_command(&command(session, "first")?).await?)?;
+    let second = command(session, "second")?;
+    let on_busy = OnBusy::new(BusyPolicy::Wait, Some(WAIT_MS))?;
+    let waiter = waiter.clone();
+    let waiting = tokio::spawn(async move {
+        let (begun, report) = waiter.begin_on_busy(&second, on_busy).await?;
+        let granted = Instant::now();
+        started(begun)?
+            .succeed(&json!("second"))
+            .await
+            .map_err(|e| e.error)?;
+        Ok::<_, BenchError>((granted, report.woken > 0))
+    });
+    tokio::time::sleep(SETTLE).await;
+    let ending = Instant::now();
+    first.succeed(&json!("first")).await.map_err(|e| e.error)?;
+    let (granted, woken) = waiting
+        .await
+        .map_err(|e| BenchError::Options(format!("wake waiter: {e}")))??;
+    Ok((granted.saturating_duration_since(ending), woken))
+}
+
+/// The raw `pg_notify` → `LISTEN` round trip, `rounds` times.
+async fn raw_postgres(store_url: &str, rounds: usize) -> Result<StepLatency> {
+    use sqlx::postgres::{PgListener, PgPoolOptions};
+    let map = |e: sqlx::Error| BenchError::Options(format!("raw notify: {e}"));
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect(store_url)
+        .await
+        .map_err(map)?;
+    let mut listener = PgListener::connect_with(&pool).await.map_err(map)?;
+    listener.listen("agentgate_bench_wake").await.map_err(map)?;
+    let mut samples = Samples::default();
+    for n in 0..rounds {
+        let sent = Instant::now();
+        sqlx::query("SELECT pg_notify('agentgate_bench_wake', $1)")
+            .bind(n.to_string())
+            .execute(&pool)
+            .await
+            .map_err(map)?;
+        let got = tokio::time::timeout(Duration::from_secs(5), listener.recv())
+            .await
+            .map_err(|_| BenchError::Options("raw notify: no notification in 5 s".into()))?
+            .map_err(map)?;
+        if got.payload() != n.to_string() {
+            return Err(BenchError::Options(format!(
+                "raw notify: got {:?}, sent {n}",
+                got.payload()
+            )));
+        }
+        samples.push(sent.elapsed());
+    }
+    pool.close().await;
+    Ok(samples.summary())
+}
+
+/// Runs the row (`rounds` per mode; 0 skips it).
+///
+/// # Errors
+/// Any failure of a begin, an ending or the raw notification.
+pub(crate) async fn measure(
+    target: &Target,
+    config: &Config,
+    rounds: usize,
+) -> Result<Option<Wake>> {
+    if rounds == 0 {
+        return Ok(None);
+    }
+    let open = || {
+        Gate::connect(
+            &target.store_url,
+            target.redis_url.as_deref(),
+            config.clone(),
+        )
+    };
+    let node_a = open().await?;
+    let node_b = open().await?;
+    let mut same = Samples::default();
+    let mut other = Samples::default();
+    let mut woken = 0;
+    for n in 0..rounds {
+        let (latency, _) = round(&node_a, &node_a, &format!("wake-same-{n}")).await?;
+        same.push(latency);
+        let (latency, was_woken) = round(&node_a, &node_b, &format!("wake-other-{n}")).await?;
+        other.push(latency);
+        woken += usize::from(was_woken);
+    }
+    let raw_notify = match target.dialect {
+        Dialect::Postgres => Some(raw_postgres(&target.store_url, rounds).await?),
+        Dialect::Sqlite | Dialect::MySql => None,
+    };
+    let other_node = other.summary();
+    let other_node_to_raw_p50 = raw_notify
+        .as_ref()
+        .filter(|raw| raw.p50_ms > 0.0)
+        .map(|raw| other_node.p50_ms / raw.p50_ms);
+    Ok(Some(Wake {
+        rounds,
+        same_node: same.summary(),
+        other_node,
+        other_node_woken: woken,
+        raw_notify,
+        other_node_to_raw_p50,
+    }))
+}
