@@ -30,6 +30,9 @@ use crate::target::{Dialect, Target};
 /// before the holder ends.
 const SETTLE: Duration = Duration::from_millis(30);
 
+/// The bound on each raw step.
+const RAW_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The waiter's bound.
 const WAIT_MS: u64 = 10_000;
 
@@ -98,38 +101,50 @@ async fn round(holder: &Gate, waiter: &Gate, session: &str) -> Result<(Duration,
     Ok((granted.saturating_duration_since(ending), woken))
 }
 
-/// The raw `pg_notify` → `LISTEN` round trip, `rounds` times.
+/// The raw `pg_notify` → `LISTEN` round trip, `rounds` times: one plain
+/// connection sends, a listener on a connection of its own receives.
 async fn raw_postgres(store_url: &str, rounds: usize) -> Result<StepLatency> {
-    use sqlx::postgres::{PgListener, PgPoolOptions};
+    use sqlx::postgres::{PgConnection, PgListener};
+    use sqlx::Connection as _;
     let map = |e: sqlx::Error| BenchError::Options(format!("raw notify: {e}"));
-    let pool = PgPoolOptions::new()
-        .max_connections(2)
-        .connect(store_url)
+    let bounded = |what: &'static str| {
+        move |_| BenchError::Options(format!("raw notify: {what} took over {RAW_TIMEOUT:?}"))
+    };
+    let mut sender = tokio::time::timeout(RAW_TIMEOUT, PgConnection::connect(store_url))
         .await
+        .map_err(bounded("connecting"))?
         .map_err(map)?;
-    let mut listener = PgListener::connect_with(&pool).await.map_err(map)?;
+    let mut listener = tokio::time::timeout(RAW_TIMEOUT, PgListener::connect(store_url))
+        .await
+        .map_err(bounded("connecting the listener"))?
+        .map_err(map)?;
     listener.listen("agentgate_bench_wake").await.map_err(map)?;
     let mut samples = Samples::default();
     for n in 0..rounds {
+        let payload = n.to_string();
         let sent = Instant::now();
-        sqlx::query("SELECT pg_notify('agentgate_bench_wake', $1)")
-            .bind(n.to_string())
-            .execute(&pool)
+        tokio::time::timeout(
+            RAW_TIMEOUT,
+            sqlx::query("SELECT pg_notify('agentgate_bench_wake', $1)")
+                .bind(&payload)
+                .execute(&mut sender),
+        )
+        .await
+        .map_err(bounded("a notify"))?
+        .map_err(map)?;
+        let got = tokio::time::timeout(RAW_TIMEOUT, listener.recv())
             .await
+            .map_err(bounded("a notification"))?
             .map_err(map)?;
-        let got = tokio::time::timeout(Duration::from_secs(5), listener.recv())
-            .await
-            .map_err(|_| BenchError::Options("raw notify: no notification in 5 s".into()))?
-            .map_err(map)?;
-        if got.payload() != n.to_string() {
+        if got.payload() != payload {
             return Err(BenchError::Options(format!(
-                "raw notify: got {:?}, sent {n}",
+                "raw notify: got {:?}, sent {payload}",
                 got.payload()
             )));
         }
         samples.push(sent.elapsed());
     }
-    pool.close().await;
+    let _ = sender.close().await;
     Ok(samples.summary())
 }
 
