@@ -16,6 +16,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use agentgate_core::canonical::CanonicalJson;
 use agentgate_core::config::Config;
+use agentgate_core::decide::RELEASED_ERROR;
 use agentgate_core::decide::{
     check_execution, check_execution_room, check_row_lease, decide_begin, decide_tool_claim,
     release_target, BeginDecision, BeginFacts, CheckedLease, ExecutionSnapshot, HolderSnapshot,
