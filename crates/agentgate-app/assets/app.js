@@ -1279,6 +1279,13 @@ function refused(message, bubble, status, error, auto) {
     syncNow();
     return;
   }
+  const waits = busyPolicy(message.user, message.session) !== "reject";
+  if (auto && code === "session_busy" && waits) {
+    // Its conversation waits for a running reply (one a recovery worker
+    // may still be resuming after a crash): keep sending it, same id.
+    scheduleResend(message, error.retry_after_ms || 0, false, bubble);
+    return;
+  }
   if (auto && (code === "session_busy" || code === "user_at_capacity") && !(visible && keepInBoxPossible(message))) {
     // The box holds something else: keep it queued instead, honouring Retry-After.
     scheduleResend(message, error.retry_after_ms || 0, false, bubble);
