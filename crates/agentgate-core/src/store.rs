@@ -280,6 +280,13 @@ pub trait ReleaseWatch: Send {
     /// Resolves when the session may have been released since the watch
     /// was taken, or after `max`; whether a release woke it.
     async fn wait(&mut self, max: std::time::Duration) -> bool;
+
+    /// Whether a release made on another node reaches this watch now: its
+    /// store has a notification and this node is listening to it. `false`
+    /// means a release elsewhere is found by the waiter's poll alone.
+    fn across_nodes(&self) -> bool {
+        false
+    }
 }
 
 /// [`Store::claim_orphan`], also returning `mark()` as taken just before the

@@ -6,7 +6,8 @@
 //! commit and only then. The first waiting begin of a store handle starts
 //! one listener task, on a connection of its own (not one of the store's
 //! pool), which wakes that handle's waiters. A notification lost while the
-//! listener reconnects costs a waiter nothing but its poll.
+//! listener reconnects is made up for: each time it starts listening it
+//! wakes every waiter of its handle, which tries again.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -66,6 +67,7 @@ async fn run(options: PgConnectOptions, wakeups: Wakeups) {
         match listen_once(&pool, &wakeups).await {
             Ok(never) => match never {},
             Err(error) => {
+                wakeups.listening(false);
                 tracing::warn!(%error, "release listener lost its connection; waiters poll meanwhile");
             }
         }
@@ -80,10 +82,15 @@ async fn listen_once(
 ) -> Result<std::convert::Infallible, sqlx::Error> {
     let mut listener = PgListener::connect_with(pool).await?;
     listener.listen(CHANNEL).await?;
-    loop {
-        let notification = listener.recv().await?;
+    wakeups.listening(true);
+    // `try_recv`, not `recv`: `recv` reconnects by itself, and a
+    // reconnect must be seen, to wake the waiters it left unwarned.
+    while let Some(notification) = listener.try_recv().await? {
         wakeups.released(notification.payload());
     }
+    Err(sqlx::Error::Protocol(
+        "the listening connection closed".to_owned(),
+    ))
 }
 
 #[cfg(test)]

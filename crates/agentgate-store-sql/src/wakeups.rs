@@ -9,8 +9,14 @@
 //! [`MAX_WATCHED_SESSIONS`] sessions are watched at once; past that a
 //! waiter waits by its bounded poll alone, as it does for a release no
 //! notification reports (a lease that simply expired).
+//!
+//! Where releases on other nodes arrive by notification (PostgreSQL), the
+//! listener says when it is listening ([`Wakeups::listening`]); each time
+//! it starts listening it wakes every watch, since a release announced
+//! while it was not listening reached no one.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -25,6 +31,8 @@ type Map = HashMap<String, watch::Sender<u64>>;
 #[derive(Clone, Debug, Default)]
 pub struct Wakeups {
     watched: Arc<Mutex<Map>>,
+    /// Whether releases on other nodes reach these watches now.
+    listening: Arc<AtomicBool>,
 }
 
 fn lock(map: &Mutex<Map>) -> std::sync::MutexGuard<'_, Map> {
@@ -37,6 +45,18 @@ impl Wakeups {
     pub fn released(&self, session_id: &str) {
         if let Some(sender) = lock(&self.watched).get(session_id) {
             sender.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    /// Marks whether this handle hears other nodes' releases now. Turning
+    /// it on wakes every watch: what was announced before reached no one,
+    /// so each waiter tries again at once rather than after its poll.
+    pub fn listening(&self, listening: bool) {
+        self.listening.store(listening, Ordering::SeqCst);
+        if listening {
+            for sender in lock(&self.watched).values() {
+                sender.send_modify(|n| *n = n.wrapping_add(1));
+            }
         }
     }
 
@@ -56,6 +76,7 @@ impl Wakeups {
             receiver,
             session_id: session_id.as_str().to_owned(),
             watched: Arc::clone(&self.watched),
+            listening: Arc::clone(&self.listening),
         })
     }
 
@@ -70,6 +91,7 @@ struct Watch {
     receiver: Option<watch::Receiver<u64>>,
     session_id: String,
     watched: Arc<Mutex<Map>>,
+    listening: Arc<AtomicBool>,
 }
 
 #[async_trait::async_trait]
@@ -86,6 +108,10 @@ impl ReleaseWatch for Watch {
             tokio::time::timeout(max, receiver.changed()).await,
             Ok(Ok(()))
         )
+    }
+
+    fn across_nodes(&self) -> bool {
+        self.receiver.is_some() && self.listening.load(Ordering::SeqCst)
     }
 }
 
@@ -127,6 +153,24 @@ mod tests {
         wakeups.released("s1");
         assert!(watch.wait(Duration::from_secs(5)).await);
         assert!(!watch.wait(Duration::from_millis(20)).await, "seen once");
+    }
+
+    #[tokio::test]
+    async fn starting_to_listen_wakes_every_watch_and_is_reported() {
+        let wakeups = Wakeups::default();
+        let mut first = wakeups.watch(&session("s1"));
+        let mut second = wakeups.watch(&session("s2"));
+        assert!(!first.across_nodes(), "not listening yet");
+        wakeups.listening(true);
+        assert!(first.across_nodes() && second.across_nodes());
+        assert!(first.wait(Duration::from_secs(5)).await, "resync wake");
+        assert!(second.wait(Duration::from_secs(5)).await, "resync wake");
+        wakeups.listening(false);
+        assert!(!first.across_nodes());
+        assert!(
+            !first.wait(Duration::from_millis(20)).await,
+            "no wake on loss"
+        );
     }
 
     #[tokio::test]

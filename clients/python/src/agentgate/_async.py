@@ -70,7 +70,7 @@ class AsyncGate:
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = http_client or httpx.AsyncClient(
-            base_url=base_url.rstrip("/"), timeout=timeout, headers=headers
+            base_url=base_url.rstrip("/"), timeout=timeout, headers=headers, limits=_core.http_limits()
         )
 
     async def aclose(self) -> None:

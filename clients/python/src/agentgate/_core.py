@@ -67,6 +67,14 @@ WRITE_PAUSE_MAX_S = 1.0
 EXECUTION_PAGES_MAX = 5
 EXECUTION_PAGE_LIMIT = 200
 
+#: Connections the default HTTP client opens to the server, and keeps
+#: alive: the same number. httpcore 1.0.9 can close a surplus keep-alive
+#: connection it has already handed to a waiting request in another thread
+#: (encode/httpcore#1110), which surfaces as a ``ReadError`` (EBADF) or a
+#: read that hangs until its timeout; with no surplus, that close never
+#: happens below this many threads at once.
+HTTP_MAX_CONNECTIONS = 100
+
 #: Answers after which a write's outcome is unknown and it may be repeated.
 WRITE_TRANSIENT = (StoreUnavailable, Overloaded, RequestTimeout, httpx.TransportError)
 
@@ -91,6 +99,11 @@ current_turn: contextvars.ContextVar[Any] = contextvars.ContextVar("agentgate_cu
 BUSY_WAIT_MAX_MS = 20_000
 
 BUSY_POLICIES = ("reject", "wait", "interrupt")
+
+
+def http_limits() -> httpx.Limits:
+    """The default client's connection limits (:data:`HTTP_MAX_CONNECTIONS`)."""
+    return httpx.Limits(max_connections=HTTP_MAX_CONNECTIONS, max_keepalive_connections=HTTP_MAX_CONNECTIONS)
 
 
 def busy_policy(on_busy: Optional[str], wait_ms: Optional[int]) -> Dict[str, Any]:

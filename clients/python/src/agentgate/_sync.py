@@ -53,7 +53,9 @@ class Gate:
         http_client: Optional[httpx.Client] = None,
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = http_client or httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout, headers=headers)
+        self._http = http_client or httpx.Client(
+            base_url=base_url.rstrip("/"), timeout=timeout, headers=headers, limits=_core.http_limits()
+        )
 
     def close(self) -> None:
         self._http.close()

@@ -419,14 +419,31 @@ pub async fn a_release_on_another_node_wakes_a_waiter(target: &Target) {
             (started(begun), report, Instant::now())
         })
     };
-    // Long enough for the waiter's first attempt and its listener.
+    let notified = target.store_url.starts_with("postgres");
+    if notified {
+        // Node B's listener connects on its first watch; under a loaded
+        // server that can take a while, and a release before it listens
+        // would reach the waiter by its poll. So: until it listens.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !node_b
+            .store()
+            .watch_releases(&SessionId::new(session).expect("id"))
+            .across_nodes()
+        {
+            assert!(
+                Instant::now() < deadline,
+                "node B's listener never listened"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // Long enough for the waiter's first attempt.
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     assert!(!waiter.is_finished(), "it waits while the holder runs");
     holder.succeed(&json!("one")).await.expect("ended");
     let ended_at = Instant::now();
     let (next, busy, started_at) = waiter.await.expect("waiter");
     next.succeed(&json!("two")).await.expect("ended");
-    let notified = target.store_url.starts_with("postgres");
     if notified {
         assert!(busy.woken >= 1, "the NOTIFY woke it: {busy:?}");
     }
