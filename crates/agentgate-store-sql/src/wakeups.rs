@@ -40,11 +40,16 @@ fn lock(map: &Mutex<Map>) -> std::sync::MutexGuard<'_, Map> {
     map.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Wakes every watch of one session.
+fn wake(sender: &watch::Sender<u64>) {
+    sender.send_modify(|n| *n = n.wrapping_add(1));
+}
+
 impl Wakeups {
     /// Wakes the watches of `session_id`, if any.
     pub fn released(&self, session_id: &str) {
         if let Some(sender) = lock(&self.watched).get(session_id) {
-            sender.send_modify(|n| *n = n.wrapping_add(1));
+            wake(sender);
         }
     }
 
@@ -54,9 +59,7 @@ impl Wakeups {
     pub fn listening(&self, listening: bool) {
         self.listening.store(listening, Ordering::SeqCst);
         if listening {
-            for sender in lock(&self.watched).values() {
-                sender.send_modify(|n| *n = n.wrapping_add(1));
-            }
+            lock(&self.watched).values().for_each(wake);
         }
     }
 
