@@ -80,13 +80,25 @@ class Diff:
         return allowed
 
     def properties(self, doc: dict, schema: Any) -> tuple[dict, set[str]]:
-        """Properties and required names of an object schema, across its branches."""
+        """Properties and required names of an object schema. Properties
+        across its branches, each as the first branch to name it states it
+        (an alternative that narrows one does not restate it); required
+        names of the schema and its allOf parts only: what one anyOf or
+        oneOf alternative requires binds only a body that takes it."""
         props: dict[str, Any] = {}
-        required: set[str] = set()
         for branch in self.branches(doc, schema):
-            props.update(branch.get("properties", {}))
-            required.update(branch.get("required", []))
-        return props, required
+            for name, prop in branch.get("properties", {}).items():
+                props.setdefault(name, prop)
+        return props, self.required(doc, schema)
+
+    def required(self, doc: dict, schema: Any, depth: int = 0) -> set[str]:
+        schema = self.resolve(doc, schema)
+        if not isinstance(schema, dict) or depth > MAX_DEPTH:
+            return set()
+        names = set(schema.get("required", []))
+        for part in schema.get("allOf", []):
+            names |= self.required(doc, part, depth + 1)
+        return names
 
     def enum(self, doc: dict, schema: Any) -> set | None:
         values = None

@@ -58,6 +58,28 @@ def test_a_new_required_request_field_is_breaking(new):
     assert found == ["new required request property POST /v1/turns body.tenant"], found
 
 
+def wrap_begin_request(new, alternatives):
+    """BeginRequest as `allOf` its old object and `anyOf` `alternatives`."""
+    schemas = new["components"]["schemas"]
+    derived = schemas["BeginRequest"]
+    schemas["BeginRequest"] = {"allOf": [derived, {"anyOf": alternatives}]}
+
+
+def test_a_field_required_by_one_alternative_only_is_not_a_new_required_field(new):
+    wrap_begin_request(new, [
+        {"properties": {"wait_ms": {"type": "null"}}},
+        {"required": ["on_busy"], "properties": {"on_busy": {"type": "string", "enum": ["wait", "interrupt"]}}},
+    ])
+    assert breaking(new) == []
+
+
+def test_a_field_required_by_an_all_of_part_is_a_new_required_field(new):
+    schemas = new["components"]["schemas"]
+    schemas["BeginRequest"] = {"allOf": [schemas["BeginRequest"], {"required": ["on_busy"]}]}
+    found = breaking(new)
+    assert any("new required request property" in f and "on_busy" in f for f in found), found
+
+
 def test_a_new_required_header_is_breaking(new):
     new["paths"]["/v1/turns"]["post"].setdefault("parameters", []).append(
         {"in": "header", "name": "X-Tenant", "required": True, "schema": {"type": "string"}})

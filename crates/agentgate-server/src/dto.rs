@@ -183,8 +183,8 @@ pub struct BeginRequest {
     pub on_busy: BusyPolicyDto,
     /// How long `wait` and `interrupt` wait at most, in milliseconds
     /// (default 12000, at most 20000). Only with those policies.
-    #[serde(default)]
-    #[schema(maximum = 20000)]
+    #[serde(default, deserialize_with = "wait_ms")]
+    #[schema(minimum = 0, maximum = 20000)]
     pub wait_ms: Option<u64>,
 }
 
@@ -789,7 +789,7 @@ pub struct DependencyHealth {
 pub struct ClaimOrphanRequest {
     /// Only orphans whose lease has been dead at least this long, so a
     /// client's own retry comes first (0: any orphan).
-    #[serde(default, deserialize_with = "whole_number")]
+    #[serde(default, deserialize_with = "min_orphaned_ms")]
     #[schema(minimum = 0, maximum = 2_592_000_000_u64)]
     pub min_orphaned_ms: u64,
     /// Only orphans of these users (absent or empty: any user); at most 100.
@@ -806,8 +806,7 @@ pub struct ClaimOrphanRequest {
 /// A non-negative integer as JSON Schema's `integer` means it: any number
 /// with no fractional part, so `17088.0` is `17088` (serde's `u64` refuses
 /// it). The range is checked by the engine.
-fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
-    let number = serde_json::Number::deserialize(d)?;
+fn whole(field: &str, number: &serde_json::Number) -> Result<u64, String> {
     if let Some(whole) = number.as_u64() {
         return Ok(whole);
     }
@@ -815,10 +814,23 @@ fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error>
         // Below 2^53 (I-JSON has refused anything larger), so exact.
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         Some(float) if float.fract() == 0.0 && float >= 0.0 => Ok(float as u64),
-        _ => Err(serde::de::Error::custom(format!(
-            "min_orphaned_ms is {number}, not a non-negative whole number"
-        ))),
+        _ => Err(format!(
+            "{field} is {number}, not a non-negative whole number"
+        )),
     }
+}
+
+/// `min_orphaned_ms` by [`whole`].
+fn min_orphaned_ms<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    whole("min_orphaned_ms", &serde_json::Number::deserialize(d)?).map_err(serde::de::Error::custom)
+}
+
+/// `wait_ms` by [`whole`]; `null` is absent.
+fn wait_ms<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    Option::<serde_json::Number>::deserialize(d)?
+        .map(|number| whole("wait_ms", &number))
+        .transpose()
+        .map_err(serde::de::Error::custom)
 }
 
 /// What became of one tool execution of a claimed orphan.

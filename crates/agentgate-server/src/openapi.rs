@@ -29,7 +29,7 @@ use crate::AppState;
         title = "agentgate",
         description = "Concurrency control for AI-agent backends: one turn per conversation, \
             N turns per user, request replay, exactly-once tool executions, fenced takeover. \
-            Every error is `{\"error\": {\"code\", \"message\", \"retry_after_ms\"?, \"active_turn_id\"?}}` \
+            Every error is `{\"error\": {\"code\", \"message\", \"retry_after_ms\"?, \"active_turn_id\"?, \"execution_id\"?}}` \
             with a meaningful status; 409 and 429 conflicts and every 503 carry `Retry-After` (seconds). \
             JSON bodies must be sent as `Content-Type: application/json` (else 415). A request whose \
             `Origin` or `Host` names neither this server nor an allowed origin or host is refused 403.",
@@ -132,7 +132,55 @@ pub fn document() -> Document {
             .unwrap_or_else(|| panic!("POST {path} is a route"));
         operation.operation_id = Some(id.to_owned());
     }
+    wait_ms_needs_a_waiting_policy(&mut document);
     document
+}
+
+/// States in `BeginRequest`'s schema what the server refuses with 400
+/// `invalid_request` ([`agentgate::OnBusy::new`]): a `wait_ms` beside the
+/// `reject` policy, named or defaulted, is a contradiction. The struct's
+/// derived schema cannot relate two fields, so it is wrapped: `allOf` the
+/// derived object and `anyOf` "no `wait_ms`" (absent or `null`) or "a waiting
+/// `on_busy`".
+fn wait_ms_needs_a_waiting_policy(document: &mut Document) {
+    use utoipa::openapi::schema::{AllOfBuilder, AnyOfBuilder, ObjectBuilder, Schema, Type};
+    use utoipa::openapi::RefOr;
+
+    let schemas = &mut document
+        .components
+        .as_mut()
+        .expect("the document names its components")
+        .schemas;
+    let derived = schemas
+        .remove("BeginRequest")
+        .expect("BeginRequest is POST /v1/turns's body");
+    let no_wait =
+        ObjectBuilder::new().property("wait_ms", ObjectBuilder::new().schema_type(Type::Null));
+    let waiting = ObjectBuilder::new().required("on_busy").property(
+        "on_busy",
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some(["wait", "interrupt"])),
+    );
+    let either = AnyOfBuilder::new()
+        .description(Some(
+            "`wait_ms` only with `on_busy` `wait` or `interrupt`, never with `reject` (the default)",
+        ))
+        .item(no_wait)
+        .item(waiting);
+    let description = match &derived {
+        RefOr::T(Schema::Object(object)) => object.description.clone(),
+        _ => panic!("BeginRequest derives an object schema"),
+    };
+    let constrained = AllOfBuilder::new()
+        .description(description)
+        .item(derived)
+        .item(either)
+        .build();
+    schemas.insert(
+        "BeginRequest".to_owned(),
+        RefOr::T(Schema::AllOf(constrained)),
+    );
 }
 
 /// [`document`] as JSON text.

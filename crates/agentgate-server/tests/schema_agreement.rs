@@ -501,7 +501,8 @@ fn the_document_states_the_engines_limits() {
         ("FailTurnRequest", "error", "JsonValue"),
         ("AwaitConfirmationRequest", "pending", "JsonValue"),
     ] {
-        let property = &schemas[schema]["properties"][field];
+        let object = body_object(&schemas[schema]);
+        let property = &object["properties"][field];
         let target = property["$ref"]
             .as_str()
             .or_else(|| property["allOf"][0]["$ref"].as_str())
@@ -512,9 +513,72 @@ fn the_document_states_the_engines_limits() {
             "{schema}.{field}"
         );
         assert_eq!(
-            schemas[schema]["additionalProperties"],
+            object["additionalProperties"],
             json!(false),
             "{schema}: unknown fields are refused, and documented so"
         );
     }
+}
+
+/// A request body's derived object: the schema itself, or the first part
+/// of an `allOf` that adds a constraint across its fields.
+fn body_object(schema: &Value) -> &Value {
+    schema["allOf"].get(0).unwrap_or(schema)
+}
+
+/// Mismatch: `{"on_busy": "reject", "wait_ms": 0}` was valid by the
+/// document and refused 400 by the server (schema fuzzing, CI of 2 Dec).
+/// Now the document says it: each body below is accepted exactly when the
+/// document's `anyOf` on `BeginRequest` holds, read from the served
+/// document rather than restated here.
+#[tokio::test]
+async fn wait_ms_is_accepted_exactly_where_the_document_allows_it() {
+    let document: Value =
+        serde_json::from_str(&agentgate_server::openapi::document_json()).unwrap();
+    let begin = &document["components"]["schemas"]["BeginRequest"];
+    let branches = begin["allOf"][1]["anyOf"].as_array().unwrap();
+    assert_eq!(branches.len(), 2, "{begin}");
+    assert_eq!(
+        branches[0]["properties"]["wait_ms"]["type"], "null",
+        "{begin}"
+    );
+    assert_eq!(branches[1]["required"], json!(["on_busy"]), "{begin}");
+    let waiting = branches[1]["properties"]["on_busy"]["enum"]
+        .as_array()
+        .unwrap();
+    let documented = |body: &Value| {
+        body.get("wait_ms").is_none_or(Value::is_null)
+            || body.get("on_busy").is_some_and(|p| waiting.contains(p))
+    };
+
+    let app = app().await;
+    let cases = [
+        json!({"on_busy": "reject", "wait_ms": 0}),
+        json!({"on_busy": "reject", "wait_ms": 5}),
+        json!({"wait_ms": 0}),
+        json!({"on_busy": "reject", "wait_ms": null}),
+        json!({"on_busy": "reject"}),
+        json!({"wait_ms": null}),
+        json!({}),
+        json!({"on_busy": "wait", "wait_ms": 0}),
+        // JSON Schema's `integer` includes a whole float (schema fuzzing).
+        json!({"on_busy": "wait", "wait_ms": 2929.0}),
+        json!({"on_busy": "interrupt", "wait_ms": 20000}),
+        json!({"on_busy": "wait"}),
+    ];
+    let mut refused = 0;
+    for (i, mut body) in cases.into_iter().enumerate() {
+        // One user per case: the per-user limit is not under test.
+        body["user_id"] = json!(format!("u{i}"));
+        body["session_id"] = json!(format!("s{i}"));
+        body["client_request_id"] = json!("r");
+        let (status, answer) = app.post("/v1/turns", None, &body).await;
+        if documented(&body) {
+            assert_eq!(status, StatusCode::CREATED, "{body}: {answer}");
+        } else {
+            assert_invalid(status, &answer, "wait_ms");
+            refused += 1;
+        }
+    }
+    assert_eq!(refused, 3, "the three contradictions are refused");
 }
