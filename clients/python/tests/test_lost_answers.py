@@ -140,6 +140,92 @@ def test_a_tool_result_that_landed_but_whose_answer_was_dropped_is_confirmed_and
     assert len(runs) == 1 and not turn.lost.is_set()
 
 
+def executions_of(server, turn_id):
+    page = Gate(server.url).request("GET", f"/v1/turns/{turn_id}/executions")[1]
+    return [(e["state"], e["attempt"]) for e in page["executions"]]
+
+
+def test_a_tool_claim_whose_answer_was_dropped_is_failed_as_never_run_and_claimed_again(server, proxy, ids):
+    # The claim lands (the execution is running under this lease) and its
+    # answer is lost: sent again, it is refused tool_in_flight, naming the
+    # execution no caller of this turn holds. It is failed as never run and
+    # claimed again; before, the turn could not run that call until its
+    # lease ran out.
+    gate = Gate(proxy.url)
+    runs = []
+
+    def book(ctx):
+        runs.append((ctx.attempt, ctx.previous_outcome))
+        return {"entry": 1}
+
+    with gate.turn(ids("u"), ids("s"), "msg-1", {}) as turn:
+        proxy.lose_next_answer()  # the claim's
+        assert turn.tool("book", {"amount": 1}, run=book) == {"entry": 1}
+        turn.complete("ok")
+    assert proxy.lost_answers == ["HTTP/1.1 201 Created"]
+    assert runs == [(2, "failed")], "run once, on the claim after the lost one was failed"
+    assert executions_of(server, turn.turn_id) == [("succeeded", 2)]
+
+
+def test_concurrent_claims_of_one_call_with_one_answer_dropped_run_it_once(server, proxy, ids):
+    # Whichever request's answer is lost (the claim that started the
+    # execution, or a sibling's tool_in_flight), every caller gets the one
+    # result and the tool runs once: only one caller of the turn can hold
+    # the execution, whether it was handed it or adopted it as lost.
+    gate = Gate(proxy.url)
+    callers = 8
+    runs = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(callers)
+
+    def book(ctx):
+        with lock:
+            runs.append(ctx.attempt)
+        time.sleep(0.05)
+        return {"entry": 1}
+
+    with gate.turn(ids("u"), ids("s"), "msg-1", {}) as turn:
+        results = []
+        errors = []
+
+        def call():
+            barrier.wait()
+            try:
+                results.append(turn.tool("book", {"amount": 1}, run=book))
+            except Exception as error:  # noqa: BLE001 - reported below
+                errors.append(error)
+
+        proxy.lose_next_answer()
+        threads = [threading.Thread(target=call) for _ in range(callers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        turn.complete("ok")
+    assert errors == []
+    assert results == [{"entry": 1}] * callers
+    assert len(proxy.lost_answers) == 1
+    assert len(runs) == 1, runs
+    assert [state for state, _ in executions_of(server, turn.turn_id)] == ["succeeded"]
+
+
+async def test_async_a_tool_claim_whose_answer_was_dropped_is_failed_and_claimed_again(server, proxy, ids):
+    runs = []
+
+    async def book(ctx):
+        runs.append((ctx.attempt, ctx.previous_outcome))
+        return {"entry": 1}
+
+    async with AsyncGate(proxy.url) as gate:
+        async with gate.turn(ids("u"), ids("s"), "msg-1", {}) as turn:
+            proxy.lose_next_answer()
+            assert await turn.tool("book", {"amount": 1}, run=book) == {"entry": 1}
+            await turn.complete("ok")
+    assert proxy.lost_answers == ["HTTP/1.1 201 Created"]
+    assert runs == [(2, "failed")]
+    assert executions_of(server, turn.turn_id) == [("succeeded", 2)]
+
+
 async def test_async_a_turn_ending_that_landed_but_whose_answer_was_dropped_is_confirmed(server, proxy, ids):
     async with AsyncGate(proxy.url) as gate:
         async with gate.turn(ids("u"), ids("s"), "msg-1", {}) as turn:

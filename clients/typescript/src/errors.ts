@@ -27,11 +27,19 @@ export class AgentgateError extends Error {
   readonly retryAfterMs: number | undefined;
   /** For `session_busy`, `request_in_flight`, `awaiting_confirmation`: the blocking turn. */
   readonly activeTurnId: string | undefined;
+  /** For `tool_in_flight`: the execution running under the caller's own lease. */
+  readonly executionId: string | undefined;
 
   constructor(
     code: ErrorCode | ClientErrorCode,
     message: string,
-    options: { status?: number; retryAfterMs?: number | undefined; activeTurnId?: string | undefined; cause?: unknown } = {},
+    options: {
+      status?: number;
+      retryAfterMs?: number | undefined;
+      activeTurnId?: string | undefined;
+      executionId?: string | undefined;
+      cause?: unknown;
+    } = {},
   ) {
     super(message, options.cause === undefined ? undefined : { cause: options.cause });
     this.name = new.target.name;
@@ -39,6 +47,7 @@ export class AgentgateError extends Error {
     this.status = options.status ?? 0;
     this.retryAfterMs = options.retryAfterMs;
     this.activeTurnId = options.activeTurnId;
+    this.executionId = options.executionId;
   }
 }
 
@@ -179,5 +188,6 @@ export function errorFromResponse(status: number, body: unknown, retryAfterHeade
     status,
     retryAfterMs,
     activeTurnId: detail.active_turn_id ?? undefined,
+    executionId: detail.execution_id ?? undefined,
   });
 }

@@ -14,6 +14,8 @@
 import {
   AgentgateError,
   LeaseLost,
+  ToolInFlight,
+  TransportError,
   TurnNotSucceeded,
 } from "./errors.js";
 import { Http, describe, isCode, type HttpOptions } from "./http.js";
@@ -47,6 +49,12 @@ export const POLL_FIRST_MS = 25;
 export const POLL_MAX_MS = 500;
 /** A second fence on every wait loop, besides its deadline. */
 export const MAX_WAIT_ATTEMPTS = 10_000;
+/** How many lost answers one tool claim sends again after, before it gives up. */
+export const MAX_LOST_CLAIM_ANSWERS = 4;
+/** What a claim whose answer was lost is failed with: it never ran. */
+const LOST_CLAIM_ERROR = {
+  lost_claim: "the claim's answer was lost in transit; the tool did not run, so it is claimed again",
+};
 /** How long `turn.tool` waits out `tool_in_flight` by default: the same call running elsewhere under this lease. */
 export const DEFAULT_TOOL_WAIT_MS = 30_000;
 /** Heartbeats never come closer than this, whatever the TTL (the server's minimum TTL is 100 ms). */
@@ -82,7 +90,10 @@ export type BusyPolicy = "reject" | "wait" | "interrupt";
 /** The server's bound on a waiting begin (`MAX_BUSY_WAIT`). */
 export const MAX_BUSY_WAIT_MS = 20_000;
 
-function busyFields(request: { onBusy?: BusyPolicy; busyWaitMs?: number }): { on_busy?: BusyPolicy; wait_ms?: number } {
+/** A begin's policy fields: `wait_ms` only beside a waiting policy, as the document says. */
+type BusyFields = Record<never, never> | { on_busy: BusyPolicy } | { on_busy: "wait" | "interrupt"; wait_ms: number };
+
+function busyFields(request: { onBusy?: BusyPolicy; busyWaitMs?: number }): BusyFields {
   if (request.onBusy === undefined) {
     if (request.busyWaitMs !== undefined) throw new RangeError("busyWaitMs needs onBusy 'wait' or 'interrupt'");
     return {};
@@ -266,6 +277,10 @@ export class Turn<P = unknown> {
   #heartbeatTimer: ReturnType<typeof setTimeout> | undefined;
   /** Set once the turn ends or is lost: a heartbeat answering after that schedules no next one. */
   #heartbeatStopped = false;
+  /** The executions this turn's callers are running (see `#claim`). */
+  readonly #held = new Set<string>();
+  /** Whether an answer to one of this turn's claims was ever lost. */
+  #answerLost = false;
   /** Local time by which the lease has certainly expired unless renewed: answer time + remaining lease. */
   #leaseDeadlineMs: number;
 
@@ -308,9 +323,7 @@ export class Turn<P = unknown> {
   async tool<R, A = unknown>(name: string, args: A, options: ToolOptions<A, R>): Promise<R> {
     const path = `/v1/turns/${encodeURIComponent(this.turnId)}/tools`;
     const claimBody = { tool: name, args: (args ?? null) as Schemas["JsonValue"] } satisfies Schemas["ClaimToolRequest"];
-    const answer = await waitOut(options.waitMs ?? DEFAULT_TOOL_WAIT_MS, WAITABLE_TOOL_CODES, this.signal, () =>
-      this.#send<Schemas["ExecuteResponse"] | Schemas["ExecutionResultResponse"]>(path, claimBody),
-    );
+    const answer = await this.#claim(path, claimBody, options.waitMs ?? DEFAULT_TOOL_WAIT_MS);
     if (answer.status === 200) return (answer.body as Schemas["ExecutionResultResponse"]).execution.result as R;
     const execution = (answer.body as Schemas["ExecuteResponse"]).execution;
     const ctx: ToolContext<A> = {
@@ -331,13 +344,90 @@ export class Turn<P = unknown> {
     } catch (error) {
       if (!this.lost) {
         const failBody = { error: { name: errorName(error), message: describe(error) } } satisfies Schemas["FailToolRequest"];
-        await this.#send(`${executionPath}/fail`, failBody).catch(() => undefined);
+        // Held until the failure is recorded: if it is not, the tool may
+        // have run, and no caller may adopt the execution as never run.
+        await this.#send(`${executionPath}/fail`, failBody).then(
+          () => this.#held.delete(execution.execution_id),
+          () => undefined,
+        );
       }
       throw error;
     }
     const completeBody = { result: (result ?? null) as Schemas["JsonValue"] } satisfies Schemas["CompleteToolRequest"];
     const done = await this.#send<Schemas["ExecutionResultResponse"]>(`${executionPath}/complete`, completeBody);
+    this.#held.delete(execution.execution_id);
     return done.body.execution.result as R;
+  }
+
+  /**
+   * Claims one call, waiting up to `waitMs` while it is in flight under
+   * this turn and sending it again while its answer is lost (a claim is
+   * safe to repeat).
+   *
+   * A claim whose answer was lost leaves its execution running with no one
+   * to run it: every later claim of that call is refused `tool_in_flight`
+   * until the lease ends. Once an answer of this turn was lost, a
+   * `tool_in_flight` naming an execution no caller here holds may be that
+   * claim: one caller adopts it, fails it as never run and claims again.
+   * Every caller handed an execution holds it first (`#held`), so no two
+   * ever run the same one; one that loses the race waits for the result.
+   */
+  async #claim(
+    path: string,
+    body: Schemas["ClaimToolRequest"],
+    waitMs: number,
+  ): Promise<{ status: number; body: Schemas["ExecuteResponse"] | Schemas["ExecutionResultResponse"] }> {
+    if (!(Number.isFinite(waitMs) && waitMs >= 0)) throw new RangeError(`waitMs must be >= 0, got ${waitMs}`);
+    const deadlineMs = Date.now() + waitMs;
+    let pollMs = POLL_FIRST_MS;
+    let adopted: string | undefined;
+    let lostAnswers = 0;
+    try {
+      for (let attempts = 1; ; attempts++) {
+        let blocker: AgentgateError;
+        try {
+          const answer = await this.#send<Schemas["ExecuteResponse"] | Schemas["ExecutionResultResponse"]>(path, body);
+          if (answer.status === 200) return answer;
+          const executionId = (answer.body as Schemas["ExecuteResponse"]).execution.execution_id;
+          if (executionId === adopted || this.#take(executionId)) {
+            adopted = undefined; // held until its outcome is recorded
+            return answer;
+          }
+          // Another caller of this turn adopted it as its lost claim: it runs it.
+          blocker = new ToolInFlight(`tool execution ${executionId} is run by another caller`, { status: 409 });
+        } catch (error) {
+          const running = error instanceof ToolInFlight ? error.executionId : undefined;
+          if (adopted === undefined && running !== undefined && this.#answerLost && this.#take(running)) {
+            adopted = running;
+            const failBody = { error: LOST_CLAIM_ERROR } satisfies Schemas["FailToolRequest"];
+            await this.#send(`${path}/${encodeURIComponent(running)}/fail`, failBody);
+            continue;
+          }
+          if (error instanceof TransportError) {
+            this.#answerLost = true;
+            lostAnswers += 1;
+            if (lostAnswers >= MAX_LOST_CLAIM_ANSWERS) throw error;
+          } else if (!isCode(error, WAITABLE_TOOL_CODES)) {
+            throw error;
+          }
+          blocker = error as AgentgateError;
+        }
+        const remainingMs = deadlineMs - Date.now();
+        if (remainingMs <= 0 || attempts >= MAX_WAIT_ATTEMPTS) throw blocker;
+        await sleep(Math.min(pollMs, blocker.retryAfterMs ?? pollMs, remainingMs));
+        this.signal.throwIfAborted();
+        pollMs = Math.min(POLL_MAX_MS, pollMs * 2);
+      }
+    } finally {
+      if (adopted !== undefined) this.#held.delete(adopted);
+    }
+  }
+
+  /** Holds `executionId` for one caller; `false` if another holds it. */
+  #take(executionId: string): boolean {
+    if (this.#held.has(executionId)) return false;
+    this.#held.add(executionId);
+    return true;
   }
 
   /**

@@ -463,7 +463,12 @@ export interface components {
              *     (default 12000, at most 20000). Only with those policies.
              */
             wait_ms?: number | null;
-        };
+        } & ({
+            wait_ms?: null;
+        } | {
+            /** @enum {string} */
+            on_busy: "wait" | "interrupt";
+        });
         /** @description 201 from `POST /v1/turns`: a lease was granted; run the turn. */
         BeginResponse: {
             /** @description The granted turn. */
@@ -586,6 +591,12 @@ export interface components {
             active_turn_id?: string | null;
             /** @description The stable code to match on. */
             code: components["schemas"]["ErrorCode"];
+            /**
+             * @description For `tool_in_flight`: the execution running under the caller's own
+             *     lease. A holder that sent the claim again after losing its answer
+             *     finds here the execution its lost claim started.
+             */
+            execution_id?: string | null;
             /** @description For a person; do not match on it. */
             message: string;
             /**

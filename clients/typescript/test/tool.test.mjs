@@ -90,3 +90,70 @@ test("a run that throws fails the execution and rethrows; the next claim runs it
   assert.deepEqual(seen[1], { attempt: 2, previousOutcome: "failed", key: seen[0].key });
   assert.equal(reconciled, false, "reconcile is only for an unknown outcome");
 });
+
+/**
+ * A fetch that delivers every request to the real server and, while
+ * `dropNext` matches one, throws its answer away: the claim lands (its
+ * execution runs under the lease) and the client never hears of it.
+ */
+function lossyFetch() {
+  const state = { dropNext: undefined, dropped: [] };
+  const fetchFunction = async (input, init) => {
+    const response = await fetch(input, init);
+    const url = typeof input === "string" ? input : input.url;
+    if (state.dropNext !== undefined && state.dropNext(init?.method ?? "GET", url)) {
+      state.dropNext = undefined;
+      state.dropped.push(`${response.status} ${new URL(url).pathname}`);
+      await response.arrayBuffer();
+      throw new TypeError("fetch failed: the answer was lost");
+    }
+    return response;
+  };
+  return { state, fetchFunction };
+}
+
+const isClaim = (method, url) => method === "POST" && new URL(url).pathname.endsWith("/tools");
+
+test("a tool claim whose answer was lost is failed as never run, claimed again, and the tool runs once", async () => {
+  const { state, fetchFunction } = lossyFetch();
+  const lossy = new Gate({ baseUrl: server.url, fetch: fetchFunction });
+  const runs = [];
+  let turnId;
+  await lossy.turn({ userId: "lossy-user", sessionId: "lossy-session", clientRequestId: "msg-1", payload: null }, async (turn) => {
+    turnId = turn.turnId;
+    state.dropNext = isClaim;
+    const result = await turn.tool("book", { amount: 1 }, {
+      run: async (ctx) => {
+        runs.push([ctx.attempt, ctx.previousOutcome]);
+        return { entry: 1 };
+      },
+    });
+    assert.deepEqual(result, { entry: 1 });
+    return "ok";
+  });
+  assert.equal(state.dropped.length, 1);
+  assert.match(state.dropped[0], /^201 /, "the lost answer was the claim's grant");
+  assert.deepEqual(runs, [[2, "failed"]], "run once, on the claim after the lost one was failed");
+  const page = await (await fetch(`${server.url}/v1/turns/${turnId}/executions`)).json();
+  assert.deepEqual(page.executions.map((e) => [e.state, e.attempt]), [["succeeded", 2]]);
+});
+
+test("concurrent callers of one call with one claim answer lost: the tool runs once and every caller gets its result", async () => {
+  const { state, fetchFunction } = lossyFetch();
+  const lossy = new Gate({ baseUrl: server.url, fetch: fetchFunction });
+  let runs = 0;
+  const results = await lossy.turn({ userId: "lossy-many", sessionId: "lossy-many-session", clientRequestId: "msg-1", payload: null }, async (turn) => {
+    state.dropNext = isClaim;
+    return Promise.all(Array.from({ length: 8 }, () =>
+      turn.tool("book", { amount: 1 }, {
+        run: async () => {
+          runs += 1;
+          await sleep(50);
+          return { entry: 1 };
+        },
+      })));
+  });
+  assert.equal(state.dropped.length, 1);
+  assert.equal(runs, 1, "run executed once");
+  assert.deepEqual(results, Array.from({ length: 8 }, () => ({ entry: 1 })));
+});

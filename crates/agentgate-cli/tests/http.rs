@@ -223,6 +223,14 @@ async fn tool_storm_with_reordered_args_runs_the_tool_once() {
     let claim = replies.iter().find(|r| r.status == 201).unwrap();
     assert_eq!(claim.body["execute"], true);
     let execution = &claim.body["execution"];
+    // Each refusal names the execution it ran into: the one claim's.
+    for reply in replies.iter().filter(|r| r.status == 409) {
+        assert_eq!(
+            reply.body["error"]["execution_id"], execution["execution_id"],
+            "{}",
+            reply.body
+        );
+    }
     assert_eq!(execution["attempt"], 1);
     assert_eq!(execution["previous_outcome"], Value::Null);
     assert!(execution["idempotency_key"].as_str().unwrap().len() > 8);

@@ -259,6 +259,16 @@ impl Error {
             _ => None,
         }
     }
+
+    /// The running execution a `tool_in_flight` names: the caller's own
+    /// claim, so a holder whose claim's answer was lost can tell it from a
+    /// sibling's.
+    pub fn execution_id(&self) -> Option<&str> {
+        match self {
+            Self::ToolInFlight { execution_id, .. } => Some(execution_id),
+            _ => None,
+        }
+    }
 }
 
 #[cfg(test)]

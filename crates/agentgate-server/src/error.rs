@@ -201,6 +201,11 @@ pub struct ErrorDetail {
     /// session; for `awaiting_confirmation`: the turn awaiting it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub active_turn_id: Option<String>,
+    /// For `tool_in_flight`: the execution running under the caller's own
+    /// lease. A holder that sent the claim again after losing its answer
+    /// finds here the execution its lost claim started.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub execution_id: Option<String>,
 }
 
 /// An error on its way to becoming a response.
@@ -210,6 +215,7 @@ pub struct ApiError {
     message: String,
     retry_after: Option<Duration>,
     active_turn_id: Option<String>,
+    execution_id: Option<String>,
 }
 
 impl ApiError {
@@ -229,6 +235,7 @@ impl ApiError {
             message,
             retry_after: None,
             active_turn_id: None,
+            execution_id: None,
         }
     }
 
@@ -270,6 +277,7 @@ impl From<Error> for ApiError {
         Self {
             retry_after: error.retry_after(),
             active_turn_id: error.active_turn_id().map(str::to_owned),
+            execution_id: error.execution_id().map(str::to_owned),
             ..Self::new(code, message)
         }
     }
@@ -304,6 +312,7 @@ impl ApiError {
             message: self.message,
             retry_after_ms,
             active_turn_id: self.active_turn_id,
+            execution_id: self.execution_id,
         }
     }
 }

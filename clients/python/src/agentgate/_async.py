@@ -287,6 +287,7 @@ class AsyncTurn:
         self._body_task: Optional["asyncio.Task[Any]"] = None
         self._cancelled_body = False
         self._context_token: Any = None
+        self._executions = _core.HeldExecutions()
 
     def __repr__(self) -> str:
         return (
@@ -557,29 +558,52 @@ class AsyncTurn:
         """See :meth:`Turn.claim_tool`."""
         deadline = time.monotonic() + max(0.0, wait)
         pause = 0.0
-        while True:
-            try:
-                status, data = await self._call(
-                    "POST", f"/v1/turns/{self.turn_id}/tools", {"tool": name, "args": args}
-                )
-                break
-            except ToolInFlight as busy:
+        adopted: Optional[str] = None
+        lost_answers = 0
+        try:
+            while True:
+                blocker: BaseException
+                try:
+                    data = (
+                        await self._call("POST", f"/v1/turns/{self.turn_id}/tools", {"tool": name, "args": args})
+                    )[1]
+                except ToolInFlight as busy:
+                    running = busy.execution_id
+                    if adopted is None and running is not None and self._executions.adopt(running):
+                        adopted = running
+                        await self._fail_lost_claim(adopted)
+                        continue
+                    blocker = busy
+                except _core.WRITE_TRANSIENT as error:
+                    self._executions.answer_lost = True
+                    lost_answers += 1
+                    if lost_answers == _core.WRITE_ATTEMPTS:
+                        raise
+                    blocker = error
+                else:
+                    execution = data["execution"]
+                    if not data.get("execute"):
+                        return False, execution.get("result")
+                    execution_id = execution["execution_id"]
+                    if execution_id == adopted or self._executions.take(execution_id):
+                        adopted = None  # held until its outcome is recorded
+                        return True, _core.tool_context(name, args, execution, self)
+                    blocker = ToolInFlight(f"tool execution {execution_id} is run by another caller", status=409)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise
-                pause = _core.next_pause_s(pause, busy, remaining, _core.TOOL_POLL_MIN_S, _core.TOOL_POLL_MAX_S)
+                    raise blocker
+                pause = _core.next_pause_s(pause, blocker, remaining, _core.TOOL_POLL_MIN_S, _core.TOOL_POLL_MAX_S)
                 await asyncio.sleep(pause)
-        execution = data["execution"]
-        if not data.get("execute"):
-            return False, execution.get("result")
-        return True, ToolContext(
-            tool=name,
-            args=args,
-            execution_id=execution["execution_id"],
-            idempotency_key=execution["idempotency_key"],
-            attempt=execution["attempt"],
-            previous_outcome=execution.get("previous_outcome"),
-            turn=self,
+                self.check()
+        finally:
+            if adopted is not None:
+                self._executions.release(adopted)
+
+    async def _fail_lost_claim(self, execution_id: str) -> None:
+        await self._write(
+            f"/v1/turns/{self.turn_id}/tools/{execution_id}/fail",
+            {"error": _core.LOST_CLAIM_ERROR},
+            lambda: self._execution_landed(execution_id, "failed"),
         )
 
     async def complete_tool(self, ctx: ToolContext, result: Any) -> None:
@@ -588,6 +612,7 @@ class AsyncTurn:
             {"result": result},
             lambda: self._execution_landed(ctx.execution_id, "succeeded"),
         )
+        self._executions.release(ctx.execution_id)
 
     async def fail_tool(self, ctx: ToolContext, error: Any) -> None:
         await self._write(
@@ -595,6 +620,7 @@ class AsyncTurn:
             {"error": error},
             lambda: self._execution_landed(ctx.execution_id, "failed"),
         )
+        self._executions.release(ctx.execution_id)
 
     async def tool(
         self,

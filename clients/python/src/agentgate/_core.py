@@ -9,6 +9,7 @@ import dataclasses
 import inspect
 import json
 import math
+import threading
 from typing import Any, Awaitable, Callable, Concatenate, Dict, Mapping, Optional, ParamSpec, Protocol, Tuple, TypeVar, overload
 
 import httpx
@@ -183,6 +184,52 @@ def retryable(error: BaseException) -> bool:
     return value if isinstance(value, bool) else True
 
 
+#: What a claim whose answer was lost is failed with: it never ran.
+LOST_CLAIM_ERROR = {
+    "lost_claim": "the claim's answer was lost in transit; the tool did not run, so it is claimed again"
+}
+
+
+class HeldExecutions:
+    """The executions one turn's callers are running, for telling a lost
+    claim of this turn's from a sibling's (sync threads and async tasks
+    alike: nothing here waits while holding the lock).
+
+    A claim whose answer was lost leaves its execution running on the
+    server with no one to run it: every later claim of that call is
+    refused ``tool_in_flight`` until the lease ends. Once an answer of
+    this turn was lost (``answer_lost``), a ``tool_in_flight`` naming an
+    execution no caller here holds may be that lost claim; exactly one
+    caller adopts it (``take``), fails it as never run and claims it again.
+    Every caller that is handed an execution to run takes it here first,
+    so no two ever run the same one: one that loses the race waits for
+    the other's result. An execution stays held until its result or
+    failure is recorded; one whose recording failed stays held, because
+    it may have run."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: set[str] = set()
+        self.answer_lost = False
+
+    def take(self, execution_id: str) -> bool:
+        """Hold ``execution_id``; ``False`` if another caller holds it."""
+        with self._lock:
+            if execution_id in self._held:
+                return False
+            self._held.add(execution_id)
+            return True
+
+    def release(self, execution_id: str) -> None:
+        """Its outcome is recorded (or it was never run)."""
+        with self._lock:
+            self._held.discard(execution_id)
+
+    def adopt(self, execution_id: str) -> bool:
+        """Take ``execution_id`` as this turn's own lost claim, if it can be."""
+        return self.answer_lost and self.take(execution_id)
+
+
 @dataclasses.dataclass(frozen=True)
 class ToolContext:
     """What ``run`` and ``reconcile`` receive for one tool execution.
@@ -206,6 +253,19 @@ class ToolContext:
         """Raise :class:`~agentgate.LeaseLost` if the turn's lease is lost;
         call it before taking an effect."""
         self.turn.check()
+
+
+def tool_context(name: str, args: Any, execution: Mapping[str, Any], turn: Any) -> ToolContext:
+    """The context of a claim answered ``execute: true``."""
+    return ToolContext(
+        tool=name,
+        args=args,
+        execution_id=execution["execution_id"],
+        idempotency_key=execution["idempotency_key"],
+        attempt=execution["attempt"],
+        previous_outcome=execution.get("previous_outcome"),
+        turn=turn,
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -323,6 +323,7 @@ class Turn:
         self._stop = threading.Event()
         self._heartbeat_thread: Optional[threading.Thread] = None
         self._context_token: Any = None
+        self._executions = _core.HeldExecutions()
 
     def __repr__(self) -> str:
         return f"Turn(turn_id={self.turn_id!r}, attempt={self.attempt}, fence={self.fence}, takeover={self.takeover})"
@@ -571,31 +572,57 @@ class Turn:
     def claim_tool(self, name: str, args: Any, wait: float = _core.TOOL_WAIT_DEFAULT_S) -> Tuple[bool, Any]:
         """Claim one tool call: ``(True, ToolContext)`` to run it, or
         ``(False, stored result)``. Waits up to ``wait`` seconds while the
-        same call is in flight under this turn (``tool_in_flight``)."""
+        same call is in flight under this turn (``tool_in_flight``) and
+        while the claim's answer is lost (sent again: a claim is safe to
+        repeat). A claim of this turn's whose answer was lost is adopted,
+        failed as never run and claimed again (see ``HeldExecutions``)."""
         deadline = time.monotonic() + max(0.0, wait)
         pause = 0.0
-        while True:
-            try:
-                status, data = self._call("POST", f"/v1/turns/{self.turn_id}/tools", {"tool": name, "args": args})
-                break
-            except ToolInFlight as busy:
+        adopted: Optional[str] = None
+        lost_answers = 0
+        try:
+            while True:
+                blocker: BaseException
+                try:
+                    data = self._call("POST", f"/v1/turns/{self.turn_id}/tools", {"tool": name, "args": args})[1]
+                except ToolInFlight as busy:
+                    running = busy.execution_id
+                    if adopted is None and running is not None and self._executions.adopt(running):
+                        adopted = running
+                        self._fail_lost_claim(adopted)
+                        continue
+                    blocker = busy
+                except _core.WRITE_TRANSIENT as error:
+                    self._executions.answer_lost = True
+                    lost_answers += 1
+                    if lost_answers == _core.WRITE_ATTEMPTS:
+                        raise
+                    blocker = error
+                else:
+                    execution = data["execution"]
+                    if not data.get("execute"):
+                        return False, execution.get("result")
+                    execution_id = execution["execution_id"]
+                    if execution_id == adopted or self._executions.take(execution_id):
+                        adopted = None  # held until its outcome is recorded
+                        return True, _core.tool_context(name, args, execution, self)
+                    # Another caller of this turn adopted it as its lost claim: it runs it.
+                    blocker = ToolInFlight(f"tool execution {execution_id} is run by another caller", status=409)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise
-                pause = _core.next_pause_s(pause, busy, remaining, _core.TOOL_POLL_MIN_S, _core.TOOL_POLL_MAX_S)
+                    raise blocker
+                pause = _core.next_pause_s(pause, blocker, remaining, _core.TOOL_POLL_MIN_S, _core.TOOL_POLL_MAX_S)
                 if self.lost.wait(pause):
                     self.check()
-        execution = data["execution"]
-        if not data.get("execute"):
-            return False, execution.get("result")
-        return True, ToolContext(
-            tool=name,
-            args=args,
-            execution_id=execution["execution_id"],
-            idempotency_key=execution["idempotency_key"],
-            attempt=execution["attempt"],
-            previous_outcome=execution.get("previous_outcome"),
-            turn=self,
+        finally:
+            if adopted is not None:
+                self._executions.release(adopted)
+
+    def _fail_lost_claim(self, execution_id: str) -> None:
+        self._write(
+            f"/v1/turns/{self.turn_id}/tools/{execution_id}/fail",
+            {"error": _core.LOST_CLAIM_ERROR},
+            lambda: self._execution_landed(execution_id, "failed"),
         )
 
     def complete_tool(self, ctx: ToolContext, result: Any) -> None:
@@ -605,6 +632,7 @@ class Turn:
             {"result": result},
             lambda: self._execution_landed(ctx.execution_id, "succeeded"),
         )
+        self._executions.release(ctx.execution_id)
 
     def fail_tool(self, ctx: ToolContext, error: Any) -> None:
         """Record the execution failed; a later claim runs it again."""
@@ -613,6 +641,7 @@ class Turn:
             {"error": error},
             lambda: self._execution_landed(ctx.execution_id, "failed"),
         )
+        self._executions.release(ctx.execution_id)
 
     def tool(
         self,

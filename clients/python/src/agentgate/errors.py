@@ -157,9 +157,18 @@ class AwaitingConfirmation(AgentgateError):
 
 
 class ToolInFlight(AgentgateError):
-    """409: the same tool call is running under this turn's lease."""
+    """409: the same tool call is running under this turn's lease
+    (``execution_id`` names the running execution)."""
 
     code = "tool_in_flight"
+
+    @property
+    def execution_id(self) -> Optional[str]:
+        """The execution running under the caller's own lease, as the
+        server named it; ``None`` from a server that does not say."""
+        detail = self.body.get("error") if isinstance(self.body, Mapping) else None
+        found = detail.get("execution_id") if isinstance(detail, Mapping) else None
+        return found if isinstance(found, str) else None
 
 
 class LeaseLost(AgentgateError):
