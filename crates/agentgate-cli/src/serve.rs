@@ -12,6 +12,10 @@ use std::time::Duration;
 use agentgate_app::{LedgerConfig, LedgerMount, ModelChoice, OnDisconnect, DEFAULT_THINK_TIME_MS};
 use agentgate_server::limits::{DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS};
 use agentgate_server::serve::DEFAULT_CONFIRMATION_TTL_MS;
+
+/// `--cancel-grace-ms`'s default: the engine's.
+#[allow(clippy::cast_possible_truncation)]
+const DEFAULT_CANCEL_GRACE_MS: u64 = agentgate::limits::DEFAULT_CANCEL_GRACE.as_millis() as u64;
 use agentgate_server::{read_key_file, shutdown_signal, ApiKey, ServeConfig, Server};
 
 use crate::BoxError;
@@ -47,6 +51,11 @@ pub struct ServeArgs {
     /// conversation are refused with awaiting_confirmation.
     #[arg(long, env = "AGENTGATE_CONFIRMATION_TTL_MS", default_value_t = DEFAULT_CONFIRMATION_TTL_MS)]
     confirmation_ttl_ms: u64,
+    /// How long a running turn asked to stop (POST /v1/turns/{id}/cancel,
+    /// or an interrupting message) has to end itself, in milliseconds
+    /// (1 s to a day); then the sweeper force-releases it.
+    #[arg(long, env = "AGENTGATE_CANCEL_GRACE_MS", default_value_t = DEFAULT_CANCEL_GRACE_MS)]
+    cancel_grace_ms: u64,
     /// API key required as `Authorization: Bearer <key>` on every /v1 call.
     /// Repeatable; in the environment, comma-separated. Prefer
     /// --api-key-file or the environment: flags show in `ps`.
@@ -187,6 +196,7 @@ impl ServeArgs {
             lease_ttl: Duration::from_millis(self.lease_ttl_ms),
             max_turns_per_user: self.max_turns_per_user,
             confirmation_ttl: Duration::from_millis(self.confirmation_ttl_ms),
+            cancel_grace: Duration::from_millis(self.cancel_grace_ms),
             api_keys,
             max_body_bytes: self.max_body_bytes,
             max_connections: self.max_connections,

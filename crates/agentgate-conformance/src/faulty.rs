@@ -12,8 +12,8 @@ use agentgate::{
 };
 use agentgate_core::canonical::CanonicalJson;
 use agentgate_core::model::{
-    BeginCommand, BeginOutcome, Ending, LeaseRef, Orphan, OrphanFilter, SweepReport, ToolCall,
-    ToolClaim,
+    BeginCommand, BeginOutcome, Ending, IgnoredCancel, LeaseRef, Orphan, OrphanFilter, SweepReport,
+    ToolCall, ToolClaim,
 };
 use agentgate_core::page::{ExecutionPage, ExecutionPageRequest};
 use async_trait::async_trait;
@@ -129,9 +129,17 @@ impl Store for Faulty {
     async fn request_cancel(&self, turn_id: &TurnId) -> Result<Option<TurnView>> {
         self.inner.request_cancel(turn_id).await
     }
-    async fn force_release(&self, session_id: &SessionId) -> Result<Option<TurnView>> {
+    async fn force_release(
+        &self,
+        session_id: &SessionId,
+        only: Option<&TurnId>,
+    ) -> Result<Option<TurnView>> {
         self.check()?;
-        self.inner.force_release(session_id).await
+        self.inner.force_release(session_id, only).await
+    }
+    async fn ignored_cancels(&self, limit: u32) -> Result<Vec<IgnoredCancel>> {
+        self.check()?;
+        self.inner.ignored_cancels(limit).await
     }
     fn watch_releases(&self, session_id: &SessionId) -> Box<dyn ReleaseWatch> {
         self.inner.watch_releases(session_id)

@@ -44,6 +44,8 @@ macro_rules! for_each_check {
                 "10 cancel requests race 40 tool claims: claims after it refused, one cancelled ending, replayed";
             cancel_is_learned_by_the_watchdog: any,
                 "a cancel from elsewhere reaches the holder by heartbeat, from its own gate at once; dropped, it ends cancelled";
+            an_ignored_cancel_is_force_released_after_its_grace: any,
+                "a holder that ignores its cancel is force-released by the sweep after the grace, not before; one that stops is kept";
             wait_storm_one_holder_at_a_time: any,
                 "20 waiting begins on one session all start, one holder at a time; bounded waiters time out on time";
             interrupt_stops_the_holder_then_starts: any,

@@ -27,6 +27,13 @@ pub struct Config {
     /// (see [`Config::orphan_grace_ms`]); the default, five minutes, is ten
     /// default TTLs.
     pub orphan_grace: Duration,
+    /// How long a running turn asked to stop ([`crate::store::Store::request_cancel`])
+    /// has to end itself before the sweeper force-releases it
+    /// ([`crate::store::Store::release_ignored_cancels`]): a holder that
+    /// ignores the request, or cannot hear it, must not keep the session
+    /// for as long as it heartbeats. The default, a minute, is two default
+    /// TTLs; the release comes within one `sweep_interval` after it.
+    pub cancel_grace: Duration,
 }
 
 impl Default for Config {
@@ -39,6 +46,7 @@ impl Default for Config {
             sweep_batch: limits::DEFAULT_SWEEP_BATCH,
             sweep_interval: Duration::from_secs(60),
             orphan_grace: Duration::from_secs(5 * 60),
+            cancel_grace: limits::DEFAULT_CANCEL_GRACE,
         }
     }
 }
@@ -112,7 +120,18 @@ impl Config {
             self.orphan_grace,
             limits::MIN_ORPHAN_GRACE,
             limits::MAX_ORPHAN_GRACE,
+        )?;
+        in_range(
+            "cancel_grace",
+            self.cancel_grace,
+            limits::MIN_CANCEL_GRACE,
+            limits::MAX_CANCEL_GRACE,
         )
+    }
+
+    /// The cancel grace in milliseconds, as stores use it.
+    pub fn cancel_grace_ms(&self) -> i64 {
+        duration_ms(self.cancel_grace)
     }
 
     /// The orphan grace in force, in milliseconds: the configured grace, or

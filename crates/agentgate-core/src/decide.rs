@@ -546,7 +546,10 @@ pub const RELEASED_ERROR: &str = r#"{"code":"released","message":"an operator fo
 /// What a force-release of a session ends, judged from its row under the
 /// session's lock: the holder the row names, live or expired (a stuck
 /// holder is exactly what an operator releases), which must be a running
-/// turn; `None` when the row names no holder.
+/// turn; `None` when the row names no holder, or when the release is of
+/// one holder (`only`, as the sweeper releases a turn that ignored its
+/// cancel) and the row names another: that turn ended meanwhile, and the
+/// session's new holder is not the one to release.
 ///
 /// # Errors
 /// `corrupt` when the row names a holder whose turn is missing or no longer
@@ -554,15 +557,23 @@ pub const RELEASED_ERROR: &str = r#"{"code":"released","message":"an operator fo
 pub fn release_target<'a>(
     holder_turn_id: Option<&'a str>,
     holder_state: Option<&str>,
+    only: Option<&str>,
 ) -> Result<Option<&'a str>, Error> {
     match (holder_turn_id, holder_state) {
         (None, _) => Ok(None),
+        (Some(turn_id), _) if only.is_some_and(|only| only != turn_id) => Ok(None),
         (Some(turn_id), Some("running")) => Ok(Some(turn_id)),
         (Some(turn_id), state) => Err(Error::corrupt(format!(
             "the session names {turn_id} as its holder, but that turn is {}",
             state.map_or("missing".to_owned(), |s| format!("{s:?}"))
         ))),
     }
+}
+
+/// Whether a turn asked to stop at `requested_at_ms` has had its grace to
+/// end itself, and is to be force-released.
+pub fn cancel_ignored(requested_at_ms: i64, now_ms: i64, grace_ms: i64) -> bool {
+    now_ms.saturating_sub(requested_at_ms) >= grace_ms
 }
 
 /// Whether an orphan without a live lease since `orphaned_since_ms` has

@@ -96,6 +96,19 @@ pub const MIN_ORPHAN_GRACE: Duration = Duration::from_secs(1);
 /// up; the turn must end so its session and permit are free.
 pub const MAX_ORPHAN_GRACE: Duration = Duration::from_secs(24 * 3600);
 
+/// The default cancel grace ([`crate::config::Config::cancel_grace`]): a
+/// minute, two default TTLs.
+pub const DEFAULT_CANCEL_GRACE: Duration = Duration::from_secs(60);
+
+/// Shortest cancel grace: a holder heartbeats every third of its TTL, and
+/// learns of a cancel on the first one after it; a second is the least it
+/// can be given to end its turn itself.
+pub const MIN_CANCEL_GRACE: Duration = Duration::from_secs(1);
+
+/// Longest cancel grace: a day, as for orphans. A turn asked to stop that
+/// still runs a day later is holding its session against its user's will.
+pub const MAX_CANCEL_GRACE: Duration = Duration::from_secs(24 * 3600);
+
 /// Largest TLS file (a CA bundle, a client certificate or key) a store URL
 /// may name. Mozilla's whole root bundle is about 220 KB; a file larger than
 /// a mebibyte is not a certificate, and is refused before it is read.

@@ -594,11 +594,24 @@ pub struct Overview {
     pub recent_executions: Vec<ExecutionView>,
 }
 
+/// A running turn that was asked to stop and has not ended within the
+/// cancel grace ([`crate::config::Config::cancel_grace`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IgnoredCancel {
+    /// The session it holds, or held until its lease lapsed.
+    pub session_id: SessionId,
+    /// The turn.
+    pub turn_id: TurnId,
+}
+
 /// What one sweep did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct SweepReport {
     /// Orphaned turns ended `abandoned` (their grace ran out unclaimed).
     pub abandoned: u64,
+    /// Running turns force-released because they were asked to stop and
+    /// did not end within the cancel grace.
+    pub released: u64,
     /// Turns deleted.
     pub turns: u64,
     /// Tool executions deleted.

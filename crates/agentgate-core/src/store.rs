@@ -21,9 +21,9 @@ use crate::config::Config;
 use crate::error::{BoxError, Result};
 use crate::ids::{ExecutionId, SessionId, TurnId, UserId};
 use crate::model::{
-    BeginCommand, BeginOutcome, ClaimedOrphan, Ending, ExecutionView, JournalEntry, LeaseRef,
-    Orphan, OrphanFilter, Overview, SessionView, SweepReport, ToolCall, ToolClaim, TurnView,
-    UserView,
+    BeginCommand, BeginOutcome, ClaimedOrphan, Ending, ExecutionView, IgnoredCancel, JournalEntry,
+    LeaseRef, Orphan, OrphanFilter, Overview, SessionView, SweepReport, ToolCall, ToolClaim,
+    TurnView, UserView,
 };
 use crate::page::{ExecutionPage, ExecutionPageRequest};
 
@@ -145,12 +145,49 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// layer, then revokes the holder's lease there. Every later write of
     /// the old holder is refused (`lease_lost`); a repeat of its request
     /// restarts it. Returns the released turn's view; `None` when the
-    /// session has no holder (or does not exist), and nothing was written.
+    /// session has no holder (or does not exist), or `only` names another
+    /// turn than its holder, and nothing was written.
     ///
     /// # Errors
     /// `store_unavailable`; `corrupt` for a holder that is not a running
     /// turn.
-    async fn force_release(&self, session_id: &SessionId) -> Result<Option<TurnView>>;
+    async fn force_release(
+        &self,
+        session_id: &SessionId,
+        only: Option<&TurnId>,
+    ) -> Result<Option<TurnView>>;
+
+    /// Running turns asked to stop at least `config().cancel_grace` ago
+    /// (store clock), the longest-asked first, at most `limit` (capped at
+    /// [`crate::limits::MAX_ORPHAN_SCAN`]).
+    ///
+    /// # Errors
+    /// `store_unavailable`.
+    async fn ignored_cancels(&self, limit: u32) -> Result<Vec<IgnoredCancel>>;
+
+    /// Force-releases ([`Store::force_release`], of that holder only) the
+    /// running turns that were asked to stop and did not end within the
+    /// cancel grace, at most [`crate::limits::MAX_ORPHAN_SCAN`] per call;
+    /// returns how many. A turn that ended meanwhile, or whose session has
+    /// passed to another turn, is left as it is. A turn whose lease lapsed
+    /// is released all the same: it was asked to stop, so no one is to
+    /// take it over.
+    ///
+    /// # Errors
+    /// `store_unavailable`.
+    async fn release_ignored_cancels(&self) -> Result<u64> {
+        let mut released = 0;
+        for ignored in self.ignored_cancels(crate::limits::MAX_ORPHAN_SCAN).await? {
+            if self
+                .force_release(&ignored.session_id, Some(&ignored.turn_id))
+                .await?
+                .is_some()
+            {
+                released += 1;
+            }
+        }
+        Ok(released)
+    }
 
     /// A watch on releases of `session_id` (an ending, an abandon, a
     /// force-release), taken before a begin attempt so that a release
@@ -200,7 +237,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn overview(&self, limit: u32) -> Result<Overview>;
 
     /// Ends orphans whose grace ran out `abandoned` (see
-    /// [`Store::abandon_orphans`]), then deletes up to `config().sweep_batch`
+    /// [`Store::abandon_orphans`]), force-releases turns that ignored their
+    /// cancel past its grace ([`Store::release_ignored_cancels`]), then
+    /// deletes up to `config().sweep_batch`
     /// records that ended more than `result_retention` ago (store clock).
     ///
     /// # Errors

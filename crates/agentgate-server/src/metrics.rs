@@ -77,6 +77,7 @@ pub struct Metrics {
     live_turns: IntGauge,
     orphaned_turns: IntGauge,
     abandoned_turns: IntGauge,
+    cancel_releases: IntGauge,
     request_seconds: HistogramVec,
     busy_begins: IntCounterVec,
     cancel_requests: IntCounter,
@@ -251,6 +252,11 @@ fn build() -> prometheus::Result<Metrics> {
         "Orphans this node's sweeper ended abandoned (unclaimed past the orphan grace) since it started",
     )?;
     registry.register(Box::new(abandoned_turns.clone()))?;
+    let cancel_releases = IntGauge::new(
+        "turns_released_after_ignored_cancel",
+        "Running turns this node's sweeper force-released because they were asked to stop and did not end within the cancel grace, since it started",
+    )?;
+    registry.register(Box::new(cancel_releases.clone()))?;
     registry.register(Box::new(request_seconds.clone()))?;
     let busy_begins = IntCounterVec::new(
         Opts::new(
@@ -284,6 +290,7 @@ fn build() -> prometheus::Result<Metrics> {
         live_turns,
         orphaned_turns,
         abandoned_turns,
+        cancel_releases,
         request_seconds,
         busy_begins,
         cancel_requests,
@@ -298,12 +305,15 @@ impl Metrics {
     }
 
     /// Sets the orphan gauges before a scrape: `orphaned` as the store
-    /// lists them now, `abandoned` as this node's sweeper counted them.
-    pub fn set_orphans(&self, orphaned: usize, abandoned: u64) {
+    /// lists them now, `abandoned` and `released` (after an ignored cancel)
+    /// as this node's sweeper counted them.
+    pub fn set_orphans(&self, orphaned: usize, abandoned: u64, released: u64) {
         self.orphaned_turns
             .set(i64::try_from(orphaned).unwrap_or(i64::MAX));
         self.abandoned_turns
             .set(i64::try_from(abandoned).unwrap_or(i64::MAX));
+        self.cancel_releases
+            .set(i64::try_from(released).unwrap_or(i64::MAX));
     }
 
     /// Records a begin's outcome.

@@ -48,6 +48,9 @@ pub struct ServeConfig {
     /// How long a pending confirmation waits for an answer before it
     /// expires (judged on the store's clock).
     pub confirmation_ttl: Duration,
+    /// How long a running turn asked to stop has to end itself before the
+    /// sweeper force-releases it.
+    pub cancel_grace: Duration,
     /// When non-empty, every `/v1` call needs one of these as a bearer key.
     pub api_keys: Vec<ApiKey>,
     /// Largest request body.
@@ -73,6 +76,7 @@ impl Default for ServeConfig {
             lease_ttl: engine.lease_ttl,
             max_turns_per_user: engine.max_turns_per_user,
             confirmation_ttl: Duration::from_millis(DEFAULT_CONFIRMATION_TTL_MS),
+            cancel_grace: engine.cancel_grace,
             api_keys: Vec::new(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_connections: DEFAULT_MAX_CONNECTIONS,
@@ -103,6 +107,7 @@ impl fmt::Debug for ServeConfig {
             .field("lease_ttl", &self.lease_ttl)
             .field("max_turns_per_user", &self.max_turns_per_user)
             .field("confirmation_ttl", &self.confirmation_ttl)
+            .field("cancel_grace", &self.cancel_grace)
             .field("api_keys", &self.api_keys.len())
             .field("max_body_bytes", &self.max_body_bytes)
             .field("max_connections", &self.max_connections)
@@ -175,6 +180,7 @@ impl Server {
             lease_ttl: config.lease_ttl,
             max_turns_per_user: config.max_turns_per_user,
             confirmation_ttl: config.confirmation_ttl,
+            cancel_grace: config.cancel_grace,
             ..Config::default()
         };
         let opening = |error: agentgate::Error| match error.kind() {
@@ -314,6 +320,7 @@ impl Starting {
             lease_ttl_ms = config.lease_ttl.as_millis() as u64,
             max_turns_per_user = config.max_turns_per_user,
             confirmation_ttl_ms = config.confirmation_ttl.as_millis() as u64,
+            cancel_grace_ms = config.cancel_grace.as_millis() as u64,
             api_key_required = state.api_keys().enabled(),
             mounted = ?mounted,
             max_connections = config.max_connections,

@@ -16,8 +16,8 @@ use agentgate_core::config::Config;
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{ExecutionId, SessionId, TurnId, UserId};
 use agentgate_core::model::{
-    BeginCommand, BeginOutcome, Ending, LeaseRef, Orphan, OrphanFilter, Overview, SessionView,
-    SweepReport, ToolCall, ToolClaim, TurnView, UserView,
+    BeginCommand, BeginOutcome, Ending, IgnoredCancel, LeaseRef, Orphan, OrphanFilter, Overview,
+    SessionView, SweepReport, ToolCall, ToolClaim, TurnView, UserView,
 };
 use agentgate_core::page::{ExecutionPage, ExecutionPageRequest};
 use agentgate_core::store::{Completion, LeaseStatus, ReleaseWatch, Store};
@@ -398,11 +398,21 @@ impl Store for Faulty {
         self.after(call, result, |_| None).await
     }
 
-    async fn force_release(&self, session_id: &SessionId) -> Result<Option<TurnView>> {
+    async fn force_release(
+        &self,
+        session_id: &SessionId,
+        only: Option<&TurnId>,
+    ) -> Result<Option<TurnView>> {
         let call = self
             .before("force_release", session_id.as_str(), None)
             .await?;
-        let result = self.inner.force_release(session_id).await;
+        let result = self.inner.force_release(session_id, only).await;
+        self.after(call, result, |_| None).await
+    }
+
+    async fn ignored_cancels(&self, limit: u32) -> Result<Vec<IgnoredCancel>> {
+        let call = self.before("ignored_cancels", "", None).await?;
+        let result = self.inner.ignored_cancels(limit).await;
         self.after(call, result, |_| None).await
     }
 

@@ -18,10 +18,10 @@ use agentgate_core::canonical::CanonicalJson;
 use agentgate_core::config::Config;
 use agentgate_core::decide::RELEASED_ERROR;
 use agentgate_core::decide::{
-    check_execution, check_execution_room, check_row_lease, decide_begin, decide_tool_claim,
-    release_target, BeginDecision, BeginFacts, CheckedLease, ExecutionSnapshot, HolderSnapshot,
-    PendingSnapshot, RowLeaseFacts, SessionSnapshot, StartKind, ToolDecision, TurnSnapshot,
-    UserLoad,
+    cancel_ignored, check_execution, check_execution_room, check_row_lease, decide_begin,
+    decide_tool_claim, release_target, BeginDecision, BeginFacts, CheckedLease, ExecutionSnapshot,
+    HolderSnapshot, PendingSnapshot, RowLeaseFacts, SessionSnapshot, StartKind, ToolDecision,
+    TurnSnapshot, UserLoad,
 };
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{
@@ -30,8 +30,8 @@ use agentgate_core::ids::{
 use agentgate_core::limits::{MAX_ORPHAN_SCAN, MAX_OVERVIEW_ROWS};
 use agentgate_core::model::{
     idempotency_key, BeginCommand, BeginOutcome, ConfirmationContext, Ending, ExecutionView, Grant,
-    HolderView, LeaseRef, LiveTurn, Orphan, OrphanFilter, Overview, SessionView, SweepReport,
-    ToolCall, ToolClaim, ToolState, TurnState, TurnView, UserView,
+    HolderView, IgnoredCancel, LeaseRef, LiveTurn, Orphan, OrphanFilter, Overview, SessionView,
+    SweepReport, ToolCall, ToolClaim, ToolState, TurnState, TurnView, UserView,
 };
 use agentgate_core::page::{assemble, ExecutionCursor, ExecutionPage, ExecutionPageRequest};
 use agentgate_core::store::{Completion, LeaseStatus, ReleaseWatch, SqlEffect, Store};
@@ -1174,7 +1174,11 @@ impl Store for SimStore {
         })
     }
 
-    async fn force_release(&self, session_id: &SessionId) -> Result<Option<TurnView>> {
+    async fn force_release(
+        &self,
+        session_id: &SessionId,
+        only: Option<&TurnId>,
+    ) -> Result<Option<TurnView>> {
         self.step(|s, state, now| {
             let Some(session) = state.sessions.get(session_id.as_str()) else {
                 return Ok(None);
@@ -1184,7 +1188,9 @@ impl Store for SimStore {
                 .as_ref()
                 .and_then(|t| state.turns.get(t))
                 .map(|row| row.state.as_str());
-            let Some(turn_id) = release_target(holder.as_deref(), holder_state)?.map(str::to_owned)
+            let only = only.map(TurnId::as_str);
+            let Some(turn_id) =
+                release_target(holder.as_deref(), holder_state, only)?.map(str::to_owned)
             else {
                 return Ok(None);
             };
@@ -1371,11 +1377,40 @@ impl Store for SimStore {
 
     async fn sweep(&self) -> Result<SweepReport> {
         let abandoned = self.abandon_orphans().await?;
+        let released = self.release_ignored_cancels().await?;
         let deleted = self.step(|s, state, now| Ok(s.sweep_step(state, now)))?;
         Ok(SweepReport {
             abandoned,
+            released,
             ..deleted
         })
+    }
+
+    async fn ignored_cancels(&self, limit: u32) -> Result<Vec<IgnoredCancel>> {
+        let limit = limit.min(MAX_ORPHAN_SCAN) as usize;
+        let state = self.lock();
+        let now = self.clock.now_ms();
+        let grace_ms = self.config.cancel_grace_ms();
+        let mut found: Vec<(i64, &String, &TurnRow)> = state
+            .turns
+            .iter()
+            .filter(|(_, row)| row.state == TurnState::Running)
+            .filter_map(|(turn_id, row)| {
+                let requested = row.cancel_requested_at_ms?;
+                cancel_ignored(requested, now, grace_ms).then_some((requested, turn_id, row))
+            })
+            .collect();
+        found.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        found
+            .into_iter()
+            .take(limit)
+            .map(|(_, turn_id, row)| {
+                Ok(IgnoredCancel {
+                    session_id: SessionId::new(row.session_id.clone())?,
+                    turn_id: TurnId::new(turn_id.clone())?,
+                })
+            })
+            .collect()
     }
 
     async fn orphans(&self, filter: &OrphanFilter, limit: u32) -> Result<Vec<Orphan>> {

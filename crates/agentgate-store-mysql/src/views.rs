@@ -91,6 +91,7 @@ pub(crate) async fn sweep(store: &MySqlStore) -> Result<SweepReport> {
     sweep_users(store, cutoffs).await?;
     Ok(SweepReport {
         abandoned: 0,
+        released: 0,
         turns,
         executions,
         sessions,

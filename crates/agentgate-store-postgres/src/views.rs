@@ -119,6 +119,7 @@ pub(crate) async fn sweep(store: &PostgresStore) -> Result<SweepReport> {
     let count = |n: i64| u64::try_from(n).map_err(|_| corrupt(format!("count {n}")));
     Ok(SweepReport {
         abandoned: 0,
+        released: 0,
         turns: count(turns)?,
         executions: count(executions)?,
         sessions,

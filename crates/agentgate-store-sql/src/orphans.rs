@@ -13,14 +13,14 @@
 use agentgate_core::error::Result;
 use agentgate_core::lease::held_by;
 use agentgate_core::limits::MAX_ORPHAN_SCAN;
-use agentgate_core::model::{Orphan, OrphanFilter};
+use agentgate_core::model::{IgnoredCancel, Orphan, OrphanFilter};
 
-use agentgate_core::decide::{release_target, ABANDONED_ERROR, RELEASED_ERROR};
+use agentgate_core::decide::{cancel_ignored, release_target, ABANDONED_ERROR, RELEASED_ERROR};
 use agentgate_core::error::Error;
 use agentgate_core::ids::{Fence, SessionId, TurnId};
 
 use crate::query::{Arg, On, Run, Statement};
-use crate::rows::{orphan, Columns};
+use crate::rows::{id, orphan, Columns};
 use crate::{Retry, StepTx};
 
 /// What a store supplies for orphans: the lock that orders an abandon with
@@ -262,7 +262,11 @@ pub async fn abandon<S: OrphanSql>(sql: &S, orphan: &Orphan) -> Result<bool> {
 /// is freed with a new fence, so the old holder's lease check fails on
 /// every store (its token no longer names the row's holder; with a layer,
 /// its layer fence is no longer the session's newest). The released turn.
-async fn force_release_once<S: OrphanSql>(sql: &S, session_id: &str) -> Result<Option<String>> {
+async fn force_release_once<S: OrphanSql>(
+    sql: &S,
+    session_id: &str,
+    only: Option<&str>,
+) -> Result<Option<String>> {
     let mut tx = sql.lock_session(session_id).await?;
     let row = sql
         .fetch_optional(
@@ -282,7 +286,7 @@ async fn force_release_once<S: OrphanSql>(sql: &S, session_id: &str) -> Result<O
     let holder = row.text("holder_turn_id")?;
     let state = row.text("state")?;
     let now = row.int_required("now_ms")?;
-    let Some(turn_id) = release_target(holder.as_deref(), state.as_deref())? else {
+    let Some(turn_id) = release_target(holder.as_deref(), state.as_deref(), only)? else {
         return Ok(None);
     };
     let fence = sql.next_fence(S::conn(&mut tx)).await?;
@@ -332,10 +336,12 @@ async fn force_release_once<S: OrphanSql>(sql: &S, session_id: &str) -> Result<O
 pub async fn force_release<S: OrphanSql>(
     sql: &S,
     session_id: &SessionId,
+    only: Option<&TurnId>,
 ) -> Result<Option<TurnId>> {
     let mut retry = Retry::new();
+    let only = only.map(TurnId::as_str);
     let released = loop {
-        match force_release_once(sql, session_id.as_str()).await {
+        match force_release_once(sql, session_id.as_str(), only).await {
             Err(error) => retry.after(error).await?,
             Ok(released) => break released,
         }
@@ -349,4 +355,39 @@ pub async fn force_release<S: OrphanSql>(
     Ok(Some(TurnId::new(turn_id).map_err(|e| {
         Error::corrupt(format!("the released holder's id: {e}"))
     })?))
+}
+
+/// The running turns asked to stop at least the cancel grace ago, the
+/// longest-asked first, at most `limit` (see
+/// [`agentgate_core::store::Store::ignored_cancels`]). The scan reads
+/// running turns only (the `(state, updated_at_ms)` index): live work, not
+/// history.
+///
+/// # Errors
+/// `store_unavailable`; `corrupt` for a stored id that is not one.
+pub async fn ignored_cancels<S: Run>(sql: &S, limit: u32) -> Result<Vec<IgnoredCancel>> {
+    let grace_ms = sql.config().cancel_grace_ms();
+    let statement = Statement::new(format!(
+        "SELECT session_id, turn_id, cancel_requested_at_ms, {now} AS now_ms FROM ag_turns \
+         WHERE state = 'running' AND cancel_requested_at_ms IS NOT NULL \
+         AND cancel_requested_at_ms <= {now} - $1 \
+         ORDER BY cancel_requested_at_ms, turn_id LIMIT $2",
+        now = S::NOW_MS
+    ))
+    .int(grace_ms)
+    .int(i64::from(limit.min(MAX_ORPHAN_SCAN)));
+    let rows = sql.fetch(On::Read, statement).await?;
+    let mut ignored = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let row = S::columns(row);
+        let requested = row.int_required("cancel_requested_at_ms")?;
+        if !cancel_ignored(requested, row.int_required("now_ms")?, grace_ms) {
+            continue;
+        }
+        ignored.push(IgnoredCancel {
+            session_id: id(SessionId::new, row.text_required("session_id")?)?,
+            turn_id: id(TurnId::new, row.text_required("turn_id")?)?,
+        });
+    }
+    Ok(ignored)
 }

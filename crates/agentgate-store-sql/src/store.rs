@@ -112,9 +112,10 @@ macro_rules! impl_store {
             async fn force_release(
                 &self,
                 session_id: &::agentgate_core::ids::SessionId,
+                only: Option<&::agentgate_core::ids::TurnId>,
             ) -> ::agentgate_core::error::Result<Option<::agentgate_core::model::TurnView>> {
                 let sql = crate::steps::Sql(self);
-                let released = $crate::orphans::force_release(&sql, session_id).await?;
+                let released = $crate::orphans::force_release(&sql, session_id, only).await?;
                 if released.is_some() {
                     self.wakeups.released(session_id.as_str());
                 }
@@ -178,11 +179,21 @@ macro_rules! impl_store {
                 &self,
             ) -> ::agentgate_core::error::Result<::agentgate_core::model::SweepReport> {
                 let abandoned = ::agentgate_core::store::Store::abandon_orphans(self).await?;
+                let released =
+                    ::agentgate_core::store::Store::release_ignored_cancels(self).await?;
                 let deleted = crate::views::sweep(self).await?;
                 Ok(::agentgate_core::model::SweepReport {
                     abandoned,
+                    released,
                     ..deleted
                 })
+            }
+
+            async fn ignored_cancels(
+                &self,
+                limit: u32,
+            ) -> ::agentgate_core::error::Result<Vec<::agentgate_core::model::IgnoredCancel>> {
+                $crate::orphans::ignored_cancels(&crate::steps::Sql(self), limit).await
             }
 
             async fn orphans(

@@ -94,6 +94,7 @@ pub(crate) async fn sweep(store: &SqliteStore) -> Result<SweepReport> {
     tx.commit().await.map_err(map_sqlx)?;
     Ok(SweepReport {
         abandoned: 0,
+        released: 0,
         turns,
         executions,
         sessions,

@@ -53,8 +53,8 @@ pub struct Recovered {
 pub struct Gate {
     store: Arc<dyn Store>,
     _sweeper: Arc<DropGuard>,
-    /// Orphans this gate's sweeper ended `abandoned`, for metrics.
-    abandoned: Arc<std::sync::atomic::AtomicU64>,
+    /// What this gate's sweeper ended, for metrics.
+    swept: Arc<Swept>,
     /// The turns this gate holds in this process.
     local: LocalTurns,
 }
@@ -110,16 +110,16 @@ impl Gate {
     /// Wraps an opened store and starts the sweeper.
     pub fn with_store(store: Arc<dyn Store>) -> Self {
         let stop = CancellationToken::new();
-        let abandoned = Arc::default();
+        let swept = Arc::default();
         tokio::spawn(sweep_forever(
             Arc::clone(&store),
             stop.clone(),
-            Arc::clone(&abandoned),
+            Arc::clone(&swept),
         ));
         Self {
             store,
             _sweeper: Arc::new(stop.drop_guard()),
-            abandoned,
+            swept,
             local: LocalTurns::default(),
         }
     }
@@ -127,7 +127,18 @@ impl Gate {
     /// How many orphans this gate's background sweeper has ended
     /// `abandoned` since it started.
     pub fn abandoned_total(&self) -> u64 {
-        self.abandoned.load(std::sync::atomic::Ordering::Relaxed)
+        self.swept
+            .abandoned
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How many turns this gate's background sweeper has force-released
+    /// since it started because they ignored their cancel past the grace
+    /// ([`Config::cancel_grace`]).
+    pub fn released_total(&self) -> u64 {
+        self.swept
+            .released
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The store, for callers that drive the protocol by lease token (the
@@ -224,7 +235,7 @@ impl Gate {
     /// # Errors
     /// `store_unavailable`.
     pub async fn force_release(&self, session_id: &SessionId) -> Result<Option<TurnView>> {
-        let released = self.store.force_release(session_id).await?;
+        let released = self.store.force_release(session_id, None).await?;
         if let Some(view) = &released {
             tracing::warn!(%session_id, turn_id = %view.turn_id, "session force-released");
             self.local.fire(&view.turn_id);
@@ -373,11 +384,14 @@ async fn lease_layer(_url: &str) -> Result<Arc<dyn LeaseLayer>> {
     ))
 }
 
-async fn sweep_forever(
-    store: Arc<dyn Store>,
-    stop: CancellationToken,
-    abandoned: Arc<std::sync::atomic::AtomicU64>,
-) {
+/// What a gate's sweeper ended since it started.
+#[derive(Debug, Default)]
+struct Swept {
+    abandoned: std::sync::atomic::AtomicU64,
+    released: std::sync::atomic::AtomicU64,
+}
+
+async fn sweep_forever(store: Arc<dyn Store>, stop: CancellationToken, swept: Arc<Swept>) {
     let config = store.config().clone();
     loop {
         tokio::select! {
@@ -388,12 +402,22 @@ async fn sweep_forever(
         }
         for _ in 0..SWEEP_BATCHES_PER_TICK {
             match store.sweep().await {
-                Ok(report) if report.abandoned > 0 => {
-                    abandoned.fetch_add(report.abandoned, std::sync::atomic::Ordering::Relaxed);
-                    tracing::info!(
-                        abandoned = report.abandoned,
-                        "orphans past their grace ended abandoned"
-                    );
+                Ok(report) if report.abandoned + report.released > 0 => {
+                    use std::sync::atomic::Ordering::Relaxed;
+                    swept.abandoned.fetch_add(report.abandoned, Relaxed);
+                    swept.released.fetch_add(report.released, Relaxed);
+                    if report.abandoned > 0 {
+                        tracing::info!(
+                            abandoned = report.abandoned,
+                            "orphans past their grace ended abandoned"
+                        );
+                    }
+                    if report.released > 0 {
+                        tracing::warn!(
+                            released = report.released,
+                            "turns that ignored their cancel past the grace force-released"
+                        );
+                    }
                     if report.turns + report.sessions < u64::from(config.sweep_batch) {
                         break;
                     }

@@ -267,7 +267,7 @@ pub async fn force_release_races_the_ending(target: &Target) {
     };
     let released = gate
         .store()
-        .force_release(&session)
+        .force_release(&session, None)
         .await
         .expect("release")
         .expect("the holder");
@@ -312,7 +312,7 @@ pub async fn force_release_races_the_ending(target: &Target) {
     );
     assert!(
         gate.store()
-            .force_release(&session)
+            .force_release(&session, None)
             .await
             .expect("release")
             .is_none(),
@@ -354,7 +354,12 @@ pub async fn force_release_races_the_ending(target: &Target) {
                         }
                     };
                 }
-                match gate.store().force_release(&session).await.expect("release") {
+                match gate
+                    .store()
+                    .force_release(&session, None)
+                    .await
+                    .expect("release")
+                {
                     Some(view) => {
                         assert_eq!(view.state, TurnState::Abandoned);
                         "released"

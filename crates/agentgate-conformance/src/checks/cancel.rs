@@ -216,3 +216,118 @@ pub async fn cancel_is_learned_by_the_watchdog(target: &Target) {
         &counts.into_iter().collect(),
     );
 }
+
+/// The cancel grace of [`an_ignored_cancel_is_force_released_after_its_grace`].
+const CANCEL_GRACE: Duration = Duration::from_secs(3);
+
+/// A holder that ignores its cancel, and goes on heartbeating, is
+/// force-released by the sweep once the cancel grace has passed, and only
+/// then: a sweep within the grace releases nothing; the first after it
+/// releases exactly that turn, which ends `abandoned` under a newer session
+/// fence, every later write of its holder refused `lease_lost`, the session
+/// free for the next message at once. A turn asked to stop that ends
+/// itself in time is never released, nor is the next holder of its
+/// session; a second sweep releases nothing more.
+pub async fn an_ignored_cancel_is_force_released_after_its_grace(target: &Target) {
+    let gate = target
+        .gate(agentgate::Config {
+            cancel_grace: CANCEL_GRACE,
+            ..config()
+        })
+        .await;
+    let user = "ignored-cancel-user";
+    let stubborn = must_start(&gate, user, "ignored-cancel", "r1").await;
+    let polite = must_start(&gate, user, "ignored-cancel-polite", "r1").await;
+    let polite_id = polite.id().clone();
+    let asked = std::time::Instant::now();
+    for id in [stubborn.id(), &polite_id] {
+        gate.store()
+            .request_cancel(id)
+            .await
+            .expect("cancel")
+            .expect("the turn exists");
+    }
+    let early = gate.store().sweep().await.expect("sweep");
+    assert!(
+        asked.elapsed() < CANCEL_GRACE,
+        "the early sweep came within the grace"
+    );
+    assert_eq!(early.released, 0, "nothing is released within the grace");
+    stubborn
+        .heartbeat()
+        .await
+        .expect("still held within the grace");
+    // The polite one stops, and its session passes to a new message that
+    // runs on past the grace: neither is the sweep's to release.
+    polite
+        .end_cancelled(&json!({"partial": "stopped"}))
+        .await
+        .expect("ended in time");
+    let next = must_start(&gate, user, "ignored-cancel-polite", "r2").await;
+
+    tokio::time::sleep(CANCEL_GRACE.saturating_sub(asked.elapsed()) + Duration::from_millis(200))
+        .await;
+    let due = gate.store().sweep().await.expect("sweep");
+    assert_eq!(due.released, 1, "exactly the turn that ignored its cancel");
+    let view = gate
+        .store()
+        .turn(stubborn.id())
+        .await
+        .expect("view")
+        .expect("turn");
+    assert_eq!(view.state, TurnState::Abandoned, "{view:?}");
+    let session = gate
+        .store()
+        .session(&agentgate::SessionId::new("ignored-cancel").expect("id"))
+        .await
+        .expect("view")
+        .expect("session");
+    assert!(session.holder.is_none(), "{session:?}");
+    assert!(session.fence > stubborn.fence(), "{session:?}");
+    let refused = stubborn.heartbeat().await.expect_err("released");
+    assert_eq!(refused.kind(), ErrorKind::LeaseLost, "{refused}");
+    let refused = stubborn
+        .tool("book", &json!({"late": true}))
+        .await
+        .map(|_| ())
+        .expect_err("released");
+    assert_eq!(refused.kind(), ErrorKind::LeaseLost, "{refused}");
+    let refused = stubborn
+        .succeed(&json!("late"))
+        .await
+        .expect_err("released");
+    assert_eq!(
+        refused.error.kind(),
+        ErrorKind::LeaseLost,
+        "{}",
+        refused.error
+    );
+    let after = must_start(&gate, user, "ignored-cancel", "r2").await;
+
+    next.heartbeat()
+        .await
+        .expect("the next holder keeps its session");
+    let polite_view = gate
+        .store()
+        .turn(&polite_id)
+        .await
+        .expect("view")
+        .expect("turn");
+    assert_eq!(polite_view.state, TurnState::Cancelled, "{polite_view:?}");
+    let again = gate.store().sweep().await.expect("sweep");
+    assert_eq!(again.released, 0, "released once");
+    next.succeed(&json!("ok")).await.expect("ended");
+    after.succeed(&json!("ok")).await.expect("ended");
+    let counts = [
+        ("released_within_grace".to_owned(), early.released as usize),
+        ("released_after_grace".to_owned(), due.released as usize),
+        ("writes_refused_after".to_owned(), 3),
+        ("ended_in_time_kept".to_owned(), 1),
+        ("next_holder_kept".to_owned(), 1),
+    ];
+    report(
+        target,
+        "an_ignored_cancel_is_force_released_after_its_grace",
+        &counts.into_iter().collect(),
+    );
+}

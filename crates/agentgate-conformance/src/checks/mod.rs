@@ -31,7 +31,10 @@ pub use busy::{
     a_release_on_another_node_wakes_a_waiter, force_release_races_the_ending,
     interrupt_stops_the_holder_then_starts, wait_storm_one_holder_at_a_time,
 };
-pub use cancel::{cancel_is_learned_by_the_watchdog, cancel_races_claims_and_ending};
+pub use cancel::{
+    an_ignored_cancel_is_force_released_after_its_grace, cancel_is_learned_by_the_watchdog,
+    cancel_races_claims_and_ending,
+};
 pub use confirm_races::{confirmation_races_a_new_message, confirmation_rejected_and_repeated};
 pub use confirmation::{confirmation_flow, confirmation_race, pending_confirmation_expires};
 pub use inflight::old_writes_in_flight_during_takeover;

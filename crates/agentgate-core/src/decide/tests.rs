@@ -1241,14 +1241,37 @@ fn a_busy_policy_is_bounded() {
 
 #[test]
 fn a_release_ends_the_running_holder_the_row_names() {
-    assert_eq!(release_target(None, None).expect("no holder"), None);
+    assert_eq!(release_target(None, None, None).expect("no holder"), None);
     assert_eq!(
-        release_target(Some("t1"), Some("running")).expect("held"),
+        release_target(Some("t1"), Some("running"), None).expect("held"),
         Some("t1")
     );
     for state in [Some("succeeded"), Some("abandoned"), None] {
-        let error = release_target(Some("t1"), state).expect_err("a holder that ended");
+        let error = release_target(Some("t1"), state, None).expect_err("a holder that ended");
         assert_eq!(error.kind(), ErrorKind::StoreUnavailable, "{state:?}");
         assert!(error.to_string().contains("corrupt"), "{error}");
     }
+}
+
+#[test]
+fn a_release_of_one_holder_passes_over_a_session_held_by_another() {
+    assert_eq!(
+        release_target(Some("t1"), Some("running"), Some("t1")).expect("that holder"),
+        Some("t1")
+    );
+    assert_eq!(
+        release_target(Some("t2"), Some("running"), Some("t1")).expect("another holder"),
+        None
+    );
+    assert_eq!(
+        release_target(None, None, Some("t1")).expect("no holder"),
+        None
+    );
+}
+
+#[test]
+fn a_cancel_is_ignored_once_its_grace_has_passed() {
+    assert!(!cancel_ignored(1_000, 1_999, 1_000));
+    assert!(cancel_ignored(1_000, 2_000, 1_000));
+    assert!(cancel_ignored(i64::MIN, i64::MAX, 1_000), "saturates");
 }

@@ -83,7 +83,7 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> impl IntoResponse 
     if let Ok(orphans) = listed {
         state
             .metrics()
-            .set_orphans(orphans.len(), gate.abandoned_total());
+            .set_orphans(orphans.len(), gate.abandoned_total(), gate.released_total());
     }
     (
         [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],

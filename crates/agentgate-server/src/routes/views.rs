@@ -220,7 +220,7 @@ pub(crate) async fn release(
         .await?
         .ok_or_else(|| ApiError::new(ErrorCode::NotFound, "session not found"))?;
     check_owner(&query, &view.user_id, "session")?;
-    let released = store.force_release(&session_id).await?;
+    let released = store.force_release(&session_id, None).await?;
     if let Some(turn) = &released {
         state.metrics().force_released();
         tracing::warn!(session_id = %session_id, turn_id = %turn.turn_id, "session force-released");
