@@ -770,6 +770,12 @@ export interface components {
         /** @description A session's live lease holder. */
         HolderDto: {
             /**
+             * @description `true` once the holding turn was asked to stop
+             *     (`POST /v1/turns/{id}/cancel`, or an `interrupt`): its holder is to
+             *     end it, else it is force-released after the cancel grace.
+             */
+            cancel_requested: boolean;
+            /**
              * Format: int64
              * @description The holder's fence.
              */

@@ -149,6 +149,9 @@ function render(data) {
               { class: "lease" },
               `${(l.lease_expires_in_ms / 1000).toFixed(1)} s`,
               bar((100 * l.lease_expires_in_ms) / data.lease_ttl_ms),
+              l.cancel_requested
+                ? h("span", { class: "badge failed", title: "asked to stop; force-released if it does not end within the cancel grace" }, "stop requested")
+                : null,
             ),
           ),
         ),

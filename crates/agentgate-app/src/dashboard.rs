@@ -30,6 +30,8 @@ pub(crate) struct HolderRow {
     turn_id: String,
     fence: i64,
     lease_expires_in_ms: i64,
+    /// Asked to stop, not ended yet.
+    cancel_requested: bool,
 }
 
 impl From<LiveTurn> for HolderRow {
@@ -40,6 +42,7 @@ impl From<LiveTurn> for HolderRow {
             turn_id: live.holder.turn_id.as_str().to_owned(),
             fence: live.holder.fence.0,
             lease_expires_in_ms: live.holder.lease_expires_in_ms,
+            cancel_requested: live.holder.cancel_requested,
         }
     }
 }
@@ -234,6 +237,7 @@ mod tests {
                 turn_id: TurnId::new(format!("turn_{session}")).unwrap(),
                 fence: Fence(1),
                 lease_expires_in_ms: 1000,
+                cancel_requested: false,
             },
         }
     }

@@ -511,6 +511,9 @@ pub struct HolderView {
     pub fence: Fence,
     /// Remaining lease on the store's clock.
     pub lease_expires_in_ms: i64,
+    /// Whether the holding turn was asked to stop
+    /// ([`crate::store::Store::request_cancel`]) and has not ended yet.
+    pub cancel_requested: bool,
 }
 
 /// A session's pending confirmation.

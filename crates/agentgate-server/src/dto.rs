@@ -647,6 +647,10 @@ pub struct HolderDto {
     pub fence: i64,
     /// Remaining lease on the store's clock.
     pub lease_expires_in_ms: i64,
+    /// `true` once the holding turn was asked to stop
+    /// (`POST /v1/turns/{id}/cancel`, or an `interrupt`): its holder is to
+    /// end it, else it is force-released after the cancel grace.
+    pub cancel_requested: bool,
 }
 
 impl From<HolderView> for HolderDto {
@@ -656,6 +660,7 @@ impl From<HolderView> for HolderDto {
             turn_id: view.turn_id.to_string(),
             fence: view.fence.0,
             lease_expires_in_ms: view.lease_expires_in_ms,
+            cancel_requested: view.cancel_requested,
         }
     }
 }

@@ -346,6 +346,14 @@ impl SimStore {
         format!("{prefix}_{:08}", state.minted)
     }
 
+    /// Whether the turn was asked to stop (a holder's view shows it).
+    fn cancel_requested(state: &State, turn_id: &str) -> bool {
+        state
+            .turns
+            .get(turn_id)
+            .is_some_and(|row| row.cancel_requested_at_ms.is_some())
+    }
+
     fn view(turn_id: &str, row: &TurnRow) -> TurnView {
         TurnView {
             turn_id: id(TurnId::new(turn_id)),
@@ -1287,6 +1295,7 @@ impl Store for SimStore {
                         turn_id: id(TurnId::new(h.turn_id.clone())),
                         fence: Fence(row.fence),
                         lease_expires_in_ms: h.expires_at_ms - now,
+                        cancel_requested: Self::cancel_requested(&state, &h.turn_id),
                     }),
                 pending_confirmation: row.pending.as_ref().filter(|p| p.expires_at_ms > now).map(
                     |p| agentgate_core::model::PendingView {
@@ -1343,6 +1352,7 @@ impl Store for SimStore {
                         turn_id: id(TurnId::new(h.turn_id.clone())),
                         fence: Fence(row.fence),
                         lease_expires_in_ms: h.expires_at_ms - now,
+                        cancel_requested: Self::cancel_requested(&state, &h.turn_id),
                     },
                 })
             })

@@ -265,5 +265,8 @@ fn holder_view(session_id: &str, turn_id: &str, fence: i64, ms: i64) -> Result<H
         turn_id: TurnId::new(turn_id).map_err(corrupt)?,
         fence: Fence(fence),
         lease_expires_in_ms: ms,
+        // The layer keeps leases, not turns: the SQL store's views read
+        // this from the turn's row.
+        cancel_requested: false,
     })
 }

@@ -20,7 +20,7 @@ use agentgate_core::page::{assemble, plan, ExecutionPage, ExecutionPageRequest};
 
 use agentgate_core::error::Error;
 
-use crate::query::{On, Run, Statement};
+use crate::query::{Arg, On, Run, Statement};
 use crate::rows::{count, execution_view, id, turn_view, Columns, EXECUTION_COLUMNS, TURN_COLUMNS};
 
 /// The columns a session's view reads, under these names.
@@ -61,8 +61,37 @@ impl HolderRow {
             turn_id: id(TurnId::new, self.turn_id)?,
             fence: Fence(self.fence),
             lease_expires_in_ms: self.expires_at_ms - now_ms,
+            // Read from the turns by `mark_cancel_requests`, which every
+            // view that shows a holder runs.
+            cancel_requested: false,
         })
     }
+}
+
+/// Sets `cancel_requested` on each holder from its turn's row: one read of
+/// at most as many turns as the view shows (a user's cap, the overview's
+/// limit), by primary key.
+async fn mark_cancel_requests<S: ViewSql>(sql: &S, holders: &mut [&mut HolderView]) -> Result<()> {
+    if holders.is_empty() {
+        return Ok(());
+    }
+    let mut statement = Statement::new(
+        "SELECT turn_id FROM ag_turns WHERE cancel_requested_at_ms IS NOT NULL AND turn_id IN (",
+    );
+    let placeholders: Vec<String> = holders
+        .iter()
+        .map(|holder| statement.bind(Arg::Text(holder.turn_id.as_str())))
+        .collect();
+    statement.push(&format!("{})", placeholders.join(", ")));
+    let rows = sql.fetch(On::Read, statement).await?;
+    let mut asked = Vec::with_capacity(rows.len());
+    for row in &rows {
+        asked.push(S::columns(row).text_required("turn_id")?);
+    }
+    for holder in holders.iter_mut() {
+        holder.cancel_requested = asked.iter().any(|turn| turn == holder.turn_id.as_str());
+    }
+    Ok(())
 }
 
 /// A session's row as its view reads it ([`SESSION_VIEW_COLUMNS`] and the
@@ -420,6 +449,10 @@ pub async fn session<S: ViewSql>(sql: &S, session_id: &SessionId) -> Result<Opti
         ),
         _ => None,
     };
+    let mut holder = holder;
+    if let Some(holder) = holder.as_mut() {
+        mark_cancel_requests(sql, &mut [holder]).await?;
+    }
     let pending_confirmation = match (row.pending_turn_id, row.pending_expires_at_ms) {
         (Some(turn_id), Some(expires)) if expires > now => Some(PendingView {
             turn_id: id(TurnId::new, turn_id)?,
@@ -443,7 +476,7 @@ pub async fn session<S: ViewSql>(sql: &S, session_id: &SessionId) -> Result<Opti
 /// `u32`.
 pub async fn user<S: ViewSql>(sql: &S, user_id: &UserId) -> Result<UserView> {
     let rows = user_rows(sql, user_id.as_str()).await?;
-    let holders = match sql.leases() {
+    let mut holders = match sql.leases() {
         Some(layer) => layer.user_holders(user_id.as_str()).await?,
         None => rows
             .holders
@@ -451,6 +484,7 @@ pub async fn user<S: ViewSql>(sql: &S, user_id: &UserId) -> Result<UserView> {
             .map(|holder| holder.view(rows.now_ms))
             .collect::<Result<Vec<_>>>()?,
     };
+    mark_cancel_requests(sql, &mut holders.iter_mut().collect::<Vec<_>>()).await?;
     let live_turns = u32::try_from(holders.len()).expect("holders are bounded by the user's cap");
     Ok(UserView {
         user_id: user_id.clone(),
@@ -496,6 +530,15 @@ pub async fn overview<S: ViewSql>(sql: &S, limit: u32) -> Result<Overview> {
                 .collect::<Result<Vec<_>>>()?
         }
     };
+    let mut live = live;
+    mark_cancel_requests(
+        sql,
+        &mut live
+            .iter_mut()
+            .map(|turn| &mut turn.holder)
+            .collect::<Vec<_>>(),
+    )
+    .await?;
     let (recent_turns, recent_executions) = recent(sql, limit).await?;
     Ok(Overview {
         live,

@@ -227,7 +227,9 @@ const CANCEL_GRACE: Duration = Duration::from_secs(3);
 /// fence, every later write of its holder refused `lease_lost`, the session
 /// free for the next message at once. A turn asked to stop that ends
 /// itself in time is never released, nor is the next holder of its
-/// session; a second sweep releases nothing more.
+/// session; a second sweep releases nothing more. The session and user
+/// views show the request on the holder (`cancel_requested`), and not on
+/// the next holder.
 pub async fn an_ignored_cancel_is_force_released_after_its_grace(target: &Target) {
     let gate = target
         .gate(agentgate::Config {
@@ -239,6 +241,14 @@ pub async fn an_ignored_cancel_is_force_released_after_its_grace(target: &Target
     let stubborn = must_start(&gate, user, "ignored-cancel", "r1").await;
     let polite = must_start(&gate, user, "ignored-cancel-polite", "r1").await;
     let polite_id = polite.id().clone();
+    let stubborn_session = agentgate::SessionId::new("ignored-cancel").expect("id");
+    let holder = |view: Option<agentgate::SessionView>| {
+        view.expect("session")
+            .holder
+            .expect("the session is held")
+    };
+    let before = holder(gate.store().session(&stubborn_session).await.expect("view"));
+    assert!(!before.cancel_requested, "{before:?}");
     let asked = std::time::Instant::now();
     for id in [stubborn.id(), &polite_id] {
         gate.store()
@@ -247,6 +257,19 @@ pub async fn an_ignored_cancel_is_force_released_after_its_grace(target: &Target
             .expect("cancel")
             .expect("the turn exists");
     }
+    // Every view that shows the holder shows the request.
+    let shown = holder(gate.store().session(&stubborn_session).await.expect("view"));
+    assert!(shown.cancel_requested, "{shown:?}");
+    let user_view = gate
+        .store()
+        .user(&agentgate::UserId::new(user).expect("id"))
+        .await
+        .expect("view");
+    assert_eq!(user_view.holders.len(), 2, "{user_view:?}");
+    assert!(
+        user_view.holders.iter().all(|h| h.cancel_requested),
+        "{user_view:?}"
+    );
     let early = gate.store().sweep().await.expect("sweep");
     assert!(
         asked.elapsed() < CANCEL_GRACE,
@@ -307,6 +330,14 @@ pub async fn an_ignored_cancel_is_force_released_after_its_grace(target: &Target
     next.heartbeat()
         .await
         .expect("the next holder keeps its session");
+    let next_holder = holder(
+        gate.store()
+            .session(&agentgate::SessionId::new("ignored-cancel-polite").expect("id"))
+            .await
+            .expect("view"),
+    );
+    assert_eq!(next_holder.turn_id, *next.id());
+    assert!(!next_holder.cancel_requested, "a new holder was not asked");
     let polite_view = gate
         .store()
         .turn(&polite_id)
