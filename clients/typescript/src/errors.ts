@@ -29,6 +29,8 @@ export class AgentgateError extends Error {
   readonly activeTurnId: string | undefined;
   /** For `tool_in_flight`: the execution running under the caller's own lease. */
   readonly executionId: string | undefined;
+  /** For `tool_in_flight`: that execution's running attempt. */
+  readonly attempt: number | undefined;
 
   constructor(
     code: ErrorCode | ClientErrorCode,
@@ -38,6 +40,7 @@ export class AgentgateError extends Error {
       retryAfterMs?: number | undefined;
       activeTurnId?: string | undefined;
       executionId?: string | undefined;
+      attempt?: number | undefined;
       cause?: unknown;
     } = {},
   ) {
@@ -48,6 +51,7 @@ export class AgentgateError extends Error {
     this.retryAfterMs = options.retryAfterMs;
     this.activeTurnId = options.activeTurnId;
     this.executionId = options.executionId;
+    this.attempt = options.attempt;
   }
 }
 
@@ -189,5 +193,6 @@ export function errorFromResponse(status: number, body: unknown, retryAfterHeade
     retryAfterMs,
     activeTurnId: detail.active_turn_id ?? undefined,
     executionId: detail.execution_id ?? undefined,
+    attempt: detail.attempt ?? undefined,
   });
 }

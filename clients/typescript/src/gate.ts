@@ -277,10 +277,10 @@ export class Turn<P = unknown> {
   #heartbeatTimer: ReturnType<typeof setTimeout> | undefined;
   /** Set once the turn ends or is lost: a heartbeat answering after that schedules no next one. */
   #heartbeatStopped = false;
-  /** The executions this turn's callers are running (see `#claim`). */
-  readonly #held = new Set<string>();
-  /** Whether an answer to one of this turn's claims was ever lost. */
-  #answerLost = false;
+  /** The highest attempt of each execution a caller here took, to run or as adopted (see `#claim`). */
+  readonly #attempts = new Map<string, number>();
+  /** Answers to this turn's claims lost and not yet accounted for by an adoption. */
+  #lostClaims = 0;
   /** Local time by which the lease has certainly expired unless renewed: answer time + remaining lease. */
   #leaseDeadlineMs: number;
 
@@ -344,18 +344,12 @@ export class Turn<P = unknown> {
     } catch (error) {
       if (!this.lost) {
         const failBody = { error: { name: errorName(error), message: describe(error) } } satisfies Schemas["FailToolRequest"];
-        // Held until the failure is recorded: if it is not, the tool may
-        // have run, and no caller may adopt the execution as never run.
-        await this.#send(`${executionPath}/fail`, failBody).then(
-          () => this.#held.delete(execution.execution_id),
-          () => undefined,
-        );
+        await this.#send(`${executionPath}/fail`, failBody).catch(() => undefined);
       }
       throw error;
     }
     const completeBody = { result: (result ?? null) as Schemas["JsonValue"] } satisfies Schemas["CompleteToolRequest"];
     const done = await this.#send<Schemas["ExecutionResultResponse"]>(`${executionPath}/complete`, completeBody);
-    this.#held.delete(execution.execution_id);
     return done.body.execution.result as R;
   }
 
@@ -364,13 +358,14 @@ export class Turn<P = unknown> {
    * this turn and sending it again while its answer is lost (a claim is
    * safe to repeat).
    *
-   * A claim whose answer was lost leaves its execution running with no one
-   * to run it: every later claim of that call is refused `tool_in_flight`
-   * until the lease ends. Once an answer of this turn was lost, a
-   * `tool_in_flight` naming an execution no caller here holds may be that
-   * claim: one caller adopts it, fails it as never run and claims again.
-   * Every caller handed an execution holds it first (`#held`), so no two
-   * ever run the same one; one that loses the race waits for the result.
+   * A claim whose answer was lost leaves its attempt running with no one to
+   * run it: every later claim of that call is refused `tool_in_flight`
+   * (naming the execution and attempt) until the lease ends. Each lost
+   * answer lets one caller adopt one such attempt that no caller here took:
+   * it fails it as never run and claims again. A caller handed an attempt
+   * takes it first (`#take`); the server grants each attempt once, so a
+   * caller is refused only an attempt that was adopted, and no two callers
+   * here ever run one attempt.
    */
   async #claim(
     path: string,
@@ -380,53 +375,54 @@ export class Turn<P = unknown> {
     if (!(Number.isFinite(waitMs) && waitMs >= 0)) throw new RangeError(`waitMs must be >= 0, got ${waitMs}`);
     const deadlineMs = Date.now() + waitMs;
     let pollMs = POLL_FIRST_MS;
-    let adopted: string | undefined;
     let lostAnswers = 0;
-    try {
-      for (let attempts = 1; ; attempts++) {
-        let blocker: AgentgateError;
-        try {
-          const answer = await this.#send<Schemas["ExecuteResponse"] | Schemas["ExecutionResultResponse"]>(path, body);
-          if (answer.status === 200) return answer;
-          const executionId = (answer.body as Schemas["ExecuteResponse"]).execution.execution_id;
-          if (executionId === adopted || this.#take(executionId)) {
-            adopted = undefined; // held until its outcome is recorded
-            return answer;
-          }
-          // Another caller of this turn adopted it as its lost claim: it runs it.
-          blocker = new ToolInFlight(`tool execution ${executionId} is run by another caller`, { status: 409 });
-        } catch (error) {
-          const running = error instanceof ToolInFlight ? error.executionId : undefined;
-          if (adopted === undefined && running !== undefined && this.#answerLost && this.#take(running)) {
-            adopted = running;
+    for (let attempts = 1; ; attempts++) {
+      let blocker: AgentgateError;
+      try {
+        const answer = await this.#send<Schemas["ExecuteResponse"] | Schemas["ExecutionResultResponse"]>(path, body);
+        if (answer.status === 200) return answer;
+        const execution = (answer.body as Schemas["ExecuteResponse"]).execution;
+        if (this.#take(execution.execution_id, execution.attempt, false)) return answer;
+        // This attempt was adopted as lost and failed: a later one runs.
+        blocker = new ToolInFlight(`tool execution ${execution.execution_id} attempt was failed as lost`, { status: 409 });
+      } catch (error) {
+        if (error instanceof ToolInFlight && error.executionId !== undefined && error.attempt !== undefined) {
+          if (this.#take(error.executionId, error.attempt, true)) {
             const failBody = { error: LOST_CLAIM_ERROR } satisfies Schemas["FailToolRequest"];
-            await this.#send(`${path}/${encodeURIComponent(running)}/fail`, failBody);
+            await this.#send(`${path}/${encodeURIComponent(error.executionId)}/fail`, failBody);
             continue;
           }
-          if (error instanceof TransportError) {
-            this.#answerLost = true;
-            lostAnswers += 1;
-            if (lostAnswers >= MAX_LOST_CLAIM_ANSWERS) throw error;
-          } else if (!isCode(error, WAITABLE_TOOL_CODES)) {
-            throw error;
-          }
-          blocker = error as AgentgateError;
         }
-        const remainingMs = deadlineMs - Date.now();
-        if (remainingMs <= 0 || attempts >= MAX_WAIT_ATTEMPTS) throw blocker;
-        await sleep(Math.min(pollMs, blocker.retryAfterMs ?? pollMs, remainingMs));
-        this.signal.throwIfAborted();
-        pollMs = Math.min(POLL_MAX_MS, pollMs * 2);
+        if (!(error instanceof AgentgateError) || error.status === 0) {
+          // No answer: the claim may have landed.
+          this.#lostClaims += 1;
+          lostAnswers += 1;
+          if (!(error instanceof TransportError) || lostAnswers >= MAX_LOST_CLAIM_ANSWERS) throw error;
+        } else if (!isCode(error, WAITABLE_TOOL_CODES)) {
+          throw error;
+        }
+        blocker = error as AgentgateError;
       }
-    } finally {
-      if (adopted !== undefined) this.#held.delete(adopted);
+      const remainingMs = deadlineMs - Date.now();
+      if (remainingMs <= 0 || attempts >= MAX_WAIT_ATTEMPTS) throw blocker;
+      await sleep(Math.min(pollMs, blocker.retryAfterMs ?? pollMs, remainingMs));
+      this.signal.throwIfAborted();
+      pollMs = Math.min(POLL_MAX_MS, pollMs * 2);
     }
   }
 
-  /** Holds `executionId` for one caller; `false` if another holds it. */
-  #take(executionId: string): boolean {
-    if (this.#held.has(executionId)) return false;
-    this.#held.add(executionId);
+  /**
+   * Takes `attempt` of `executionId` for one caller: to run it (`false` if
+   * it was adopted), or with `adopting`, as a lost claim of this turn's
+   * (only while a lost answer is unaccounted for and no caller took it).
+   */
+  #take(executionId: string, attempt: number, adopting: boolean): boolean {
+    if ((this.#attempts.get(executionId) ?? 0) >= attempt) return false;
+    if (adopting) {
+      if (this.#lostClaims === 0) return false;
+      this.#lostClaims -= 1;
+    }
+    this.#attempts.set(executionId, attempt);
     return true;
   }
 

@@ -589,6 +589,11 @@ export interface components {
              *     session; for `awaiting_confirmation`: the turn awaiting it.
              */
             active_turn_id?: string | null;
+            /**
+             * Format: int32
+             * @description For `tool_in_flight`: that execution's running attempt.
+             */
+            attempt?: number | null;
             /** @description The stable code to match on. */
             code: components["schemas"]["ErrorCode"];
             /**

@@ -230,6 +230,7 @@ async fn tool_storm_with_reordered_args_runs_the_tool_once() {
             "{}",
             reply.body
         );
+        assert_eq!(reply.body["error"]["attempt"], 1, "{}", reply.body);
     }
     assert_eq!(execution["attempt"], 1);
     assert_eq!(execution["previous_outcome"], Value::Null);

@@ -643,6 +643,7 @@ pub fn decide_tool_claim(
         ToolState::Running if execution.fence >= fence => {
             return ToolDecision::Reject(Error::ToolInFlight {
                 execution_id: execution.execution_id.clone(),
+                attempt: execution.attempt,
                 retry_after: remaining(lease_expires_at_ms, now_ms),
             });
         }

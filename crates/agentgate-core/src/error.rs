@@ -59,6 +59,8 @@ pub enum Error {
     ToolInFlight {
         /// The running execution.
         execution_id: String,
+        /// Its running attempt.
+        attempt: u32,
         /// When the turn's lease runs out if it is not renewed.
         retry_after: Duration,
     },
@@ -260,12 +262,16 @@ impl Error {
         }
     }
 
-    /// The running execution a `tool_in_flight` names: the caller's own
-    /// claim, so a holder whose claim's answer was lost can tell it from a
-    /// sibling's.
-    pub fn execution_id(&self) -> Option<&str> {
+    /// The running execution and attempt a `tool_in_flight` names: the
+    /// caller's own claim, so a holder whose claim's answer was lost can
+    /// tell it from a sibling's.
+    pub fn running_execution(&self) -> Option<(&str, u32)> {
         match self {
-            Self::ToolInFlight { execution_id, .. } => Some(execution_id),
+            Self::ToolInFlight {
+                execution_id,
+                attempt,
+                ..
+            } => Some((execution_id, *attempt)),
             _ => None,
         }
     }

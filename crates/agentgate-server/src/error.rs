@@ -206,6 +206,9 @@ pub struct ErrorDetail {
     /// finds here the execution its lost claim started.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub execution_id: Option<String>,
+    /// For `tool_in_flight`: that execution's running attempt.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
 }
 
 /// An error on its way to becoming a response.
@@ -215,7 +218,7 @@ pub struct ApiError {
     message: String,
     retry_after: Option<Duration>,
     active_turn_id: Option<String>,
-    execution_id: Option<String>,
+    running: Option<(String, u32)>,
 }
 
 impl ApiError {
@@ -235,7 +238,7 @@ impl ApiError {
             message,
             retry_after: None,
             active_turn_id: None,
-            execution_id: None,
+            running: None,
         }
     }
 
@@ -277,7 +280,9 @@ impl From<Error> for ApiError {
         Self {
             retry_after: error.retry_after(),
             active_turn_id: error.active_turn_id().map(str::to_owned),
-            execution_id: error.execution_id().map(str::to_owned),
+            running: error
+                .running_execution()
+                .map(|(execution_id, attempt)| (execution_id.to_owned(), attempt)),
             ..Self::new(code, message)
         }
     }
@@ -312,7 +317,8 @@ impl ApiError {
             message: self.message,
             retry_after_ms,
             active_turn_id: self.active_turn_id,
-            execution_id: self.execution_id,
+            execution_id: self.running.as_ref().map(|(id, _)| id.clone()),
+            attempt: self.running.map(|(_, attempt)| attempt),
         }
     }
 }

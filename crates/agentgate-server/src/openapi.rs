@@ -29,7 +29,7 @@ use crate::AppState;
         title = "agentgate",
         description = "Concurrency control for AI-agent backends: one turn per conversation, \
             N turns per user, request replay, exactly-once tool executions, fenced takeover. \
-            Every error is `{\"error\": {\"code\", \"message\", \"retry_after_ms\"?, \"active_turn_id\"?, \"execution_id\"?}}` \
+            Every error is `{\"error\": {\"code\", \"message\", \"retry_after_ms\"?, \"active_turn_id\"?, \"execution_id\"?, \"attempt\"?}}` \
             with a meaningful status; 409 and 429 conflicts and every 503 carry `Retry-After` (seconds). \
             JSON bodies must be sent as `Content-Type: application/json` (else 415). A request whose \
             `Origin` or `Host` names neither this server nor an allowed origin or host is refused 403.",

@@ -558,46 +558,46 @@ class AsyncTurn:
         """See :meth:`Turn.claim_tool`."""
         deadline = time.monotonic() + max(0.0, wait)
         pause = 0.0
-        adopted: Optional[str] = None
         lost_answers = 0
-        try:
-            while True:
-                blocker: BaseException
-                try:
+        while True:
+            blocker: BaseException
+            try:
                     data = (
                         await self._call("POST", f"/v1/turns/{self.turn_id}/tools", {"tool": name, "args": args})
                     )[1]
-                except ToolInFlight as busy:
-                    running = busy.execution_id
-                    if adopted is None and running is not None and self._executions.adopt(running):
-                        adopted = running
-                        await self._fail_lost_claim(adopted)
-                        continue
-                    blocker = busy
-                except _core.WRITE_TRANSIENT as error:
-                    self._executions.answer_lost = True
-                    lost_answers += 1
-                    if lost_answers == _core.WRITE_ATTEMPTS:
-                        raise
-                    blocker = error
-                else:
-                    execution = data["execution"]
-                    if not data.get("execute"):
-                        return False, execution.get("result")
-                    execution_id = execution["execution_id"]
-                    if execution_id == adopted or self._executions.take(execution_id):
-                        adopted = None  # held until its outcome is recorded
-                        return True, _core.tool_context(name, args, execution, self)
-                    blocker = ToolInFlight(f"tool execution {execution_id} is run by another caller", status=409)
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise blocker
-                pause = _core.next_pause_s(pause, blocker, remaining, _core.TOOL_POLL_MIN_S, _core.TOOL_POLL_MAX_S)
-                await asyncio.sleep(pause)
-                self.check()
-        finally:
-            if adopted is not None:
-                self._executions.release(adopted)
+            except ToolInFlight as busy:
+                running = busy.running
+                if running is not None and self._executions.adopt(*running):
+                    await self._fail_lost_claim(running[0])
+                    continue
+                blocker = busy
+            except AgentgateError as error:
+                # Answered: a 503 or 408 is waited out like tool_in_flight.
+                if not isinstance(error, _core.WRITE_TRANSIENT):
+                    raise
+                blocker = error
+            except BaseException as error:
+                # No answer (a transport error, or this caller interrupted
+                # mid-claim): the claim may have landed.
+                self._executions.lost_answer()
+                lost_answers += 1
+                if lost_answers == _core.WRITE_ATTEMPTS or not isinstance(error, httpx.TransportError):
+                    raise
+                blocker = error
+            else:
+                execution = data["execution"]
+                if not data.get("execute"):
+                    return False, execution.get("result")
+                if self._executions.take(execution["execution_id"], execution["attempt"]):
+                    return True, _core.tool_context(name, args, execution, self)
+                # This attempt was adopted as lost and failed: a later one runs.
+                blocker = ToolInFlight(f"tool execution {execution['execution_id']} attempt was failed as lost", status=409)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise blocker
+            pause = _core.next_pause_s(pause, blocker, remaining, _core.TOOL_POLL_MIN_S, _core.TOOL_POLL_MAX_S)
+            await asyncio.sleep(pause)
+            self.check()
 
     async def _fail_lost_claim(self, execution_id: str) -> None:
         await self._write(
@@ -612,7 +612,6 @@ class AsyncTurn:
             {"result": result},
             lambda: self._execution_landed(ctx.execution_id, "succeeded"),
         )
-        self._executions.release(ctx.execution_id)
 
     async def fail_tool(self, ctx: ToolContext, error: Any) -> None:
         await self._write(
@@ -620,7 +619,6 @@ class AsyncTurn:
             {"error": error},
             lambda: self._execution_landed(ctx.execution_id, "failed"),
         )
-        self._executions.release(ctx.execution_id)
 
     async def tool(
         self,

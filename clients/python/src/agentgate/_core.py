@@ -191,43 +191,49 @@ LOST_CLAIM_ERROR = {
 
 
 class HeldExecutions:
-    """The executions one turn's callers are running, for telling a lost
-    claim of this turn's from a sibling's (sync threads and async tasks
-    alike: nothing here waits while holding the lock).
+    """The attempts one turn's callers took, for telling a lost claim of
+    this turn's from a sibling's (sync threads and async tasks alike:
+    nothing here waits while holding the lock).
 
-    A claim whose answer was lost leaves its execution running on the
-    server with no one to run it: every later claim of that call is
-    refused ``tool_in_flight`` until the lease ends. Once an answer of
-    this turn was lost (``answer_lost``), a ``tool_in_flight`` naming an
-    execution no caller here holds may be that lost claim; exactly one
-    caller adopts it (``take``), fails it as never run and claims it again.
-    Every caller that is handed an execution to run takes it here first,
-    so no two ever run the same one: one that loses the race waits for
-    the other's result. An execution stays held until its result or
-    failure is recorded; one whose recording failed stays held, because
-    it may have run."""
+    A claim whose answer was lost leaves its attempt running on the server
+    with no one to run it: every later claim of that call is refused
+    ``tool_in_flight`` (naming the execution and attempt) until the lease
+    ends. Each lost claim answer (``lost_answer``) lets one caller adopt
+    one such attempt that no caller here took (``adopt``): it fails it as
+    never run and claims again. A caller handed an attempt to run takes it
+    first (``take``); the server grants each attempt once, so a caller is
+    refused only an attempt that was adopted (it is dead: its grant arrived
+    after it was failed). No two callers here ever run one attempt, and a
+    later attempt (after a recorded failure) is always taken."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._held: set[str] = set()
-        self.answer_lost = False
+        #: The highest attempt of each execution a caller here took, to run or as adopted.
+        self._attempts: Dict[str, int] = {}
+        self._lost = 0
 
-    def take(self, execution_id: str) -> bool:
-        """Hold ``execution_id``; ``False`` if another caller holds it."""
+    def lost_answer(self) -> None:
+        """A claim of this turn's went unanswered: it may have landed."""
         with self._lock:
-            if execution_id in self._held:
+            self._lost += 1
+
+    def take(self, execution_id: str, attempt: int) -> bool:
+        """Take ``attempt`` to run it; ``False`` if it was adopted."""
+        with self._lock:
+            if self._attempts.get(execution_id, 0) >= attempt:
                 return False
-            self._held.add(execution_id)
+            self._attempts[execution_id] = attempt
             return True
 
-    def release(self, execution_id: str) -> None:
-        """Its outcome is recorded (or it was never run)."""
+    def adopt(self, execution_id: str, attempt: int) -> bool:
+        """Take running ``attempt`` as a lost claim of this turn's, if an
+        answer is still unaccounted for and no caller here took it."""
         with self._lock:
-            self._held.discard(execution_id)
-
-    def adopt(self, execution_id: str) -> bool:
-        """Take ``execution_id`` as this turn's own lost claim, if it can be."""
-        return self.answer_lost and self.take(execution_id)
+            if self._lost == 0 or self._attempts.get(execution_id, 0) >= attempt:
+                return False
+            self._attempts[execution_id] = attempt
+            self._lost -= 1
+            return True
 
 
 @dataclasses.dataclass(frozen=True)

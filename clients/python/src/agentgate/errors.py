@@ -8,7 +8,7 @@ Every error derives from :class:`AgentgateError` and carries ``code``,
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional, Type
+from typing import Any, Dict, Mapping, Optional, Tuple, Type
 
 __all__ = [
     "AgentgateError",
@@ -158,17 +158,21 @@ class AwaitingConfirmation(AgentgateError):
 
 class ToolInFlight(AgentgateError):
     """409: the same tool call is running under this turn's lease
-    (``execution_id`` names the running execution)."""
+    (``running`` names the execution and attempt)."""
 
     code = "tool_in_flight"
 
     @property
-    def execution_id(self) -> Optional[str]:
-        """The execution running under the caller's own lease, as the
-        server named it; ``None`` from a server that does not say."""
+    def running(self) -> Optional[Tuple[str, int]]:
+        """The execution and attempt running under the caller's own lease,
+        as the server named them; ``None`` from a server that does not say."""
         detail = self.body.get("error") if isinstance(self.body, Mapping) else None
-        found = detail.get("execution_id") if isinstance(detail, Mapping) else None
-        return found if isinstance(found, str) else None
+        if not isinstance(detail, Mapping):
+            return None
+        execution_id, attempt = detail.get("execution_id"), detail.get("attempt")
+        if isinstance(execution_id, str) and isinstance(attempt, int):
+            return execution_id, attempt
+        return None
 
 
 class LeaseLost(AgentgateError):

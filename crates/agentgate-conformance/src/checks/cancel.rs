@@ -243,9 +243,7 @@ pub async fn an_ignored_cancel_is_force_released_after_its_grace(target: &Target
     let polite_id = polite.id().clone();
     let stubborn_session = agentgate::SessionId::new("ignored-cancel").expect("id");
     let holder = |view: Option<agentgate::SessionView>| {
-        view.expect("session")
-            .holder
-            .expect("the session is held")
+        view.expect("session").holder.expect("the session is held")
     };
     let before = holder(gate.store().session(&stubborn_session).await.expect("view"));
     assert!(!before.cancel_requested, "{before:?}");

@@ -771,13 +771,15 @@ fn a_failed_execution_is_reclaimed_with_previous_failed() {
 
 #[test]
 fn a_running_execution_under_the_callers_own_fence_is_in_flight() {
-    let decision = claim(Some(execution(ToolState::Running, 1, FENCE)));
+    let decision = claim(Some(execution(ToolState::Running, 3, FENCE)));
     match tool_rejected(decision) {
         Error::ToolInFlight {
             execution_id,
+            attempt,
             retry_after,
         } => {
             assert_eq!(execution_id, "exec-1");
+            assert_eq!(attempt, 3, "the running attempt");
             assert_eq!(retry_after, ms(20_000));
         }
         other => panic!("expected tool_in_flight, got {other:?}"),
