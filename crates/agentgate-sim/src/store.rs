@@ -348,10 +348,9 @@ impl SimStore {
 
     /// Whether the turn was asked to stop (a holder's view shows it).
     fn cancel_requested(state: &State, turn_id: &str) -> bool {
-        state
-            .turns
-            .get(turn_id)
-            .is_some_and(|row| row.cancel_requested_at_ms.is_some())
+        state.turns.get(turn_id).is_some_and(|row| {
+            row.state == TurnState::Running && row.cancel_requested_at_ms.is_some()
+        })
     }
 
     fn view(turn_id: &str, row: &TurnRow) -> TurnView {
@@ -1405,6 +1404,13 @@ impl Store for SimStore {
             .turns
             .iter()
             .filter(|(_, row)| row.state == TurnState::Running)
+            .filter(|(turn_id, row)| {
+                state
+                    .sessions
+                    .get(&row.session_id)
+                    .and_then(|session| session.holder.as_ref())
+                    .is_some_and(|holder| &holder.turn_id == *turn_id)
+            })
             .filter_map(|(turn_id, row)| {
                 let requested = row.cancel_requested_at_ms?;
                 cancel_ignored(requested, now, grace_ms).then_some((requested, turn_id, row))

@@ -357,21 +357,25 @@ pub async fn force_release<S: OrphanSql>(
     })?))
 }
 
-/// The running turns asked to stop at least the cancel grace ago, the
-/// longest-asked first, at most `limit` (see
-/// [`agentgate_core::store::Store::ignored_cancels`]). The scan reads
-/// running turns only (the `(state, updated_at_ms)` index): live work, not
-/// history.
+/// The running turns asked to stop at least the cancel grace ago that
+/// their session's row still names as holder, the longest-asked first, at
+/// most `limit` (see [`agentgate_core::store::Store::ignored_cancels`]). A
+/// turn whose session passed to another message (its lease lapsed) is an
+/// orphan, not the sweep's to release here: listing it would crowd out the
+/// ones that are. The scan reads running turns only (the
+/// `(state, updated_at_ms)` index): live work, not history.
 ///
 /// # Errors
 /// `store_unavailable`; `corrupt` for a stored id that is not one.
 pub async fn ignored_cancels<S: Run>(sql: &S, limit: u32) -> Result<Vec<IgnoredCancel>> {
     let grace_ms = sql.config().cancel_grace_ms();
     let statement = Statement::new(format!(
-        "SELECT session_id, turn_id, cancel_requested_at_ms, {now} AS now_ms FROM ag_turns \
-         WHERE state = 'running' AND cancel_requested_at_ms IS NOT NULL \
-         AND cancel_requested_at_ms <= {now} - $1 \
-         ORDER BY cancel_requested_at_ms, turn_id LIMIT $2",
+        "SELECT t.session_id, t.turn_id, t.cancel_requested_at_ms, {now} AS now_ms \
+         FROM ag_turns t JOIN ag_sessions s ON s.session_id = t.session_id \
+         AND s.holder_turn_id = t.turn_id \
+         WHERE t.state = 'running' AND t.cancel_requested_at_ms IS NOT NULL \
+         AND t.cancel_requested_at_ms <= {now} - $1 \
+         ORDER BY t.cancel_requested_at_ms, t.turn_id LIMIT $2",
         now = S::NOW_MS
     ))
     .int(grace_ms)

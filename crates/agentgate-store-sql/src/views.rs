@@ -76,7 +76,8 @@ async fn mark_cancel_requests<S: ViewSql>(sql: &S, holders: &mut [&mut HolderVie
         return Ok(());
     }
     let mut statement = Statement::new(
-        "SELECT turn_id FROM ag_turns WHERE cancel_requested_at_ms IS NOT NULL AND turn_id IN (",
+        "SELECT turn_id FROM ag_turns WHERE state = 'running' \
+         AND cancel_requested_at_ms IS NOT NULL AND turn_id IN (",
     );
     let placeholders: Vec<String> = holders
         .iter()
