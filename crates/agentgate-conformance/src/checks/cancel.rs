@@ -229,7 +229,8 @@ const CANCEL_GRACE: Duration = Duration::from_secs(3);
 /// itself in time is never released, nor is the next holder of its
 /// session; a second sweep releases nothing more. The session and user
 /// views show the request on the holder (`cancel_requested`), and not on
-/// the next holder.
+/// the next holder. A turn asked to stop whose lease lapsed and whose
+/// session a new message took is not listed as an ignored cancel.
 pub async fn an_ignored_cancel_is_force_released_after_its_grace(target: &Target) {
     let gate = target
         .gate(agentgate::Config {
@@ -347,12 +348,72 @@ pub async fn an_ignored_cancel_is_force_released_after_its_grace(target: &Target
     assert_eq!(again.released, 0, "released once");
     next.succeed(&json!("ok")).await.expect("ended");
     after.succeed(&json!("ok")).await.expect("ended");
+
+    // Asked to stop, then its lease lapsed (no watchdog: a bare store
+    // begin) and a new message took its session: an orphan, not listed as
+    // an ignored cancel even past the grace, so it crowds out no one.
+    let short = target
+        .gate(agentgate::Config {
+            cancel_grace: agentgate::limits::MIN_CANCEL_GRACE,
+            ..super::short_ttl()
+        })
+        .await;
+    let payload = json!({"text": "r1"});
+    let command = agentgate::model::BeginCommand::new(
+        agentgate::UserId::new("lapsed-cancel-user").expect("id"),
+        agentgate::SessionId::new("lapsed-cancel").expect("id"),
+        agentgate::ClientRequestId::new("r1").expect("id"),
+        &payload,
+        None,
+    )
+    .expect("command");
+    let agentgate::model::BeginOutcome::Started(lapsed) =
+        short.store().begin(&command).await.expect("begin")
+    else {
+        panic!("a first begin starts");
+    };
+    short
+        .store()
+        .request_cancel(&lapsed.turn_id)
+        .await
+        .expect("cancel")
+        .expect("the turn exists");
+    let taker = start_within(
+        &short,
+        "lapsed-cancel-user",
+        "lapsed-cancel",
+        "r2",
+        Duration::from_secs(10),
+    )
+    .await;
+    tokio::time::sleep(agentgate::limits::MIN_CANCEL_GRACE + Duration::from_millis(200)).await;
+    let listed = short.store().ignored_cancels(128).await.expect("listing");
+    assert!(
+        listed
+            .iter()
+            .all(|ignored| ignored.turn_id != lapsed.turn_id),
+        "{listed:?}"
+    );
+    let lapsed_view = short
+        .store()
+        .turn(&lapsed.turn_id)
+        .await
+        .expect("view")
+        .expect("turn");
+    assert_eq!(lapsed_view.state, TurnState::Running, "an orphan");
+    taker
+        .heartbeat()
+        .await
+        .expect("the taker keeps its session");
+    taker.succeed(&json!("ok")).await.expect("ended");
+
     let counts = [
         ("released_within_grace".to_owned(), early.released as usize),
         ("released_after_grace".to_owned(), due.released as usize),
         ("writes_refused_after".to_owned(), 3),
         ("ended_in_time_kept".to_owned(), 1),
         ("next_holder_kept".to_owned(), 1),
+        ("lapsed_orphans_listed".to_owned(), listed.len()),
     ];
     report(
         target,
