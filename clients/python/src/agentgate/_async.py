@@ -38,7 +38,6 @@ from .errors import (
     LeaseLost,
     NoActiveTurn,
     Replayed,
-    ToolInFlight,
     TurnNotEnded,
     UnexpectedResponse,
     error_for,
@@ -556,47 +555,20 @@ class AsyncTurn:
 
     async def claim_tool(self, name: str, args: Any, wait: float = _core.TOOL_WAIT_DEFAULT_S) -> Tuple[bool, Any]:
         """See :meth:`Turn.claim_tool`."""
-        deadline = time.monotonic() + max(0.0, wait)
-        pause = 0.0
-        lost_answers = 0
+        claim = _core.ClaimAttempts(self._executions, wait)
         while True:
-            blocker: BaseException
             try:
-                    data = (
-                        await self._call("POST", f"/v1/turns/{self.turn_id}/tools", {"tool": name, "args": args})
-                    )[1]
-            except ToolInFlight as busy:
-                running = busy.running
-                if running is not None and self._executions.adopt(*running):
-                    await self._fail_lost_claim(running[0])
-                    continue
-                blocker = busy
-            except AgentgateError as error:
-                # Answered: a 503 or 408 is waited out like tool_in_flight.
-                if not isinstance(error, _core.WRITE_TRANSIENT):
-                    raise
-                blocker = error
+                data = (await self._call("POST", f"/v1/turns/{self.turn_id}/tools", {"tool": name, "args": args}))[1]
             except BaseException as error:
-                # No answer (a transport error, or this caller interrupted
-                # mid-claim): the claim may have landed.
-                self._executions.lost_answer()
-                lost_answers += 1
-                if lost_answers == _core.WRITE_ATTEMPTS or not isinstance(error, httpx.TransportError):
-                    raise
-                blocker = error
+                lost = claim.refused(error)
+                if lost is not None:
+                    await self._fail_lost_claim(lost)
+                    continue
             else:
-                execution = data["execution"]
-                if not data.get("execute"):
-                    return False, execution.get("result")
-                if self._executions.take(execution["execution_id"], execution["attempt"]):
-                    return True, _core.tool_context(name, args, execution, self)
-                # This attempt was adopted as lost and failed: a later one runs.
-                blocker = ToolInFlight(f"tool execution {execution['execution_id']} attempt was failed as lost", status=409)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise blocker
-            pause = _core.next_pause_s(pause, blocker, remaining, _core.TOOL_POLL_MIN_S, _core.TOOL_POLL_MAX_S)
-            await asyncio.sleep(pause)
+                result = claim.answered(name, args, data, self)
+                if result is not None:
+                    return result
+            await asyncio.sleep(claim.pause_s())
             self.check()
 
     async def _fail_lost_claim(self, execution_id: str) -> None:

@@ -10,6 +10,7 @@ import inspect
 import json
 import math
 import threading
+import time
 from typing import Any, Awaitable, Callable, Concatenate, Dict, Mapping, Optional, ParamSpec, Protocol, Tuple, TypeVar, overload
 
 import httpx
@@ -21,6 +22,7 @@ from .errors import (
     RequestTimeout,
     SessionBusy,
     StoreUnavailable,
+    ToolInFlight,
     UserAtCapacity,
 )
 
@@ -259,6 +261,65 @@ class ToolContext:
         """Raise :class:`~agentgate.LeaseLost` if the turn's lease is lost;
         call it before taking an effect."""
         self.turn.check()
+
+
+class ClaimAttempts:
+    """One ``claim_tool`` call's decisions, shared by the sync and async
+    clients (which only send and sleep): what an answer or a refusal means,
+    and how long to pause before the next send. Bounded by the caller's
+    ``wait`` and by ``WRITE_ATTEMPTS`` lost answers."""
+
+    def __init__(self, executions: HeldExecutions, wait_s: float) -> None:
+        self._executions = executions
+        self._deadline = time.monotonic() + max(0.0, wait_s)
+        self._pause = 0.0
+        self._lost_answers = 0
+        self._blocker: Optional[BaseException] = None
+
+    def answered(self, name: str, args: Any, data: Mapping[str, Any], turn: Any) -> Optional[Tuple[bool, Any]]:
+        """The claim's result, or ``None`` to claim again: this attempt was
+        adopted as lost and failed, and a later one runs."""
+        execution = data["execution"]
+        if not data.get("execute"):
+            return False, execution.get("result")
+        if self._executions.take(execution["execution_id"], execution["attempt"]):
+            return True, tool_context(name, args, execution, turn)
+        self._blocker = ToolInFlight(
+            f"tool execution {execution['execution_id']} attempt was failed as lost", status=409
+        )
+        return None
+
+    def refused(self, error: BaseException) -> Optional[str]:
+        """After a send that raised: the execution to fail as a lost claim
+        of this turn's (then claim again at once), or ``None`` to wait and
+        claim again; re-raises what is not to be waited out."""
+        if isinstance(error, ToolInFlight):
+            running = error.running
+            if running is not None and self._executions.adopt(*running):
+                return running[0]
+        elif isinstance(error, AgentgateError):
+            # Answered: a 503 or 408 is waited out like tool_in_flight.
+            if not isinstance(error, WRITE_TRANSIENT):
+                raise error
+        else:
+            # No answer (a transport error, or this caller interrupted
+            # mid-claim): the claim may have landed.
+            self._executions.lost_answer()
+            self._lost_answers += 1
+            if self._lost_answers == WRITE_ATTEMPTS or not isinstance(error, httpx.TransportError):
+                raise error
+        self._blocker = error
+        return None
+
+    def pause_s(self) -> float:
+        """The pause before the next send; raises what blocked the last one
+        once the wait is over."""
+        assert self._blocker is not None, "a pause follows a refusal or a declined attempt"
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            raise self._blocker
+        self._pause = next_pause_s(self._pause, self._blocker, remaining, TOOL_POLL_MIN_S, TOOL_POLL_MAX_S)
+        return self._pause
 
 
 def tool_context(name: str, args: Any, execution: Mapping[str, Any], turn: Any) -> ToolContext:

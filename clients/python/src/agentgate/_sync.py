@@ -25,7 +25,6 @@ from .errors import (
     LeaseLost,
     NoActiveTurn,
     Replayed,
-    ToolInFlight,
     TurnNotEnded,
     UnexpectedResponse,
     error_for,
@@ -576,45 +575,20 @@ class Turn:
         while the claim's answer is lost (sent again: a claim is safe to
         repeat). A claim of this turn's whose answer was lost is adopted,
         failed as never run and claimed again (see ``HeldExecutions``)."""
-        deadline = time.monotonic() + max(0.0, wait)
-        pause = 0.0
-        lost_answers = 0
+        claim = _core.ClaimAttempts(self._executions, wait)
         while True:
-            blocker: BaseException
             try:
-                    data = self._call("POST", f"/v1/turns/{self.turn_id}/tools", {"tool": name, "args": args})[1]
-            except ToolInFlight as busy:
-                running = busy.running
-                if running is not None and self._executions.adopt(*running):
-                    self._fail_lost_claim(running[0])
-                    continue
-                blocker = busy
-            except AgentgateError as error:
-                # Answered: a 503 or 408 is waited out like tool_in_flight.
-                if not isinstance(error, _core.WRITE_TRANSIENT):
-                    raise
-                blocker = error
+                data = self._call("POST", f"/v1/turns/{self.turn_id}/tools", {"tool": name, "args": args})[1]
             except BaseException as error:
-                # No answer (a transport error, or this caller interrupted
-                # mid-claim): the claim may have landed.
-                self._executions.lost_answer()
-                lost_answers += 1
-                if lost_answers == _core.WRITE_ATTEMPTS or not isinstance(error, httpx.TransportError):
-                    raise
-                blocker = error
+                lost = claim.refused(error)
+                if lost is not None:
+                    self._fail_lost_claim(lost)
+                    continue
             else:
-                execution = data["execution"]
-                if not data.get("execute"):
-                    return False, execution.get("result")
-                if self._executions.take(execution["execution_id"], execution["attempt"]):
-                    return True, _core.tool_context(name, args, execution, self)
-                # This attempt was adopted as lost and failed: a later one runs.
-                blocker = ToolInFlight(f"tool execution {execution['execution_id']} attempt was failed as lost", status=409)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise blocker
-            pause = _core.next_pause_s(pause, blocker, remaining, _core.TOOL_POLL_MIN_S, _core.TOOL_POLL_MAX_S)
-            if self.lost.wait(pause):
+                result = claim.answered(name, args, data, self)
+                if result is not None:
+                    return result
+            if self.lost.wait(claim.pause_s()):
                 self.check()
 
     def _fail_lost_claim(self, execution_id: str) -> None:
