@@ -43,77 +43,52 @@
 //! it). A confirmation adds one read of its target (and one more when the
 //! target was already confirmed) and one `UPDATE` of it.
 
-use agentgate_core::decide::{SessionSnapshot, StartKind, UserLoad};
-use agentgate_core::error::{Error, Result};
-use agentgate_core::ids::{Fence, LeaseToken, TurnId};
-use agentgate_core::lease::{LeaseClaim, LeaseLayer};
-use agentgate_core::model::{BeginCommand, BeginOutcome, ConfirmationContext, Grant};
-use serde_json::Value;
+use agentgate_core::decide::{SessionSnapshot, UserLoad};
+use agentgate_core::error::Result;
+use agentgate_core::ids::Fence;
+use agentgate_core::model::{BeginCommand, BeginOutcome, Grant};
 use sqlx::{Connection, MySqlConnection};
 
 use crate::error::{corrupt, map_sqlx};
 use crate::fast;
-use crate::rows::{
-    get, json, session_snapshot, turn_record, TurnRecord, SESSION_COLUMNS, TURN_COLUMNS,
-};
+use crate::rows::{get, session_snapshot, Cols, SESSION_COLUMNS, TURN_COLUMNS};
 use crate::steps::Sql;
 use crate::{MySqlStore, NOW_MS};
-use agentgate_store_sql::begin::{begin_in, give_back, BeginSql, Facts, Locked, Start};
-use agentgate_store_sql::query::Run;
-use agentgate_store_sql::Retry;
+use agentgate_store_sql::begin::{
+    begin_in, settle, BeginSql, BeginTx, Facts, GrantRows, Locked, TurnRecord,
+};
 
 pub(crate) async fn begin(store: &MySqlStore, command: &BeginCommand) -> Result<BeginOutcome> {
-    let mut retry = Retry::new();
-    loop {
-        match begin_once(store, command).await {
-            Err(error) => retry.after(error).await?,
-            done => return done,
-        }
-    }
+    agentgate_store_sql::begin::begin(&Sql(store), command).await
 }
 
-async fn begin_once(store: &MySqlStore, command: &BeginCommand) -> Result<BeginOutcome> {
-    if let Some(grant) = fast::begin(store, command).await? {
-        return Ok(BeginOutcome::Started(grant));
+#[async_trait::async_trait]
+impl BeginTx for Sql<'_> {
+    async fn begin_new(&self, command: &BeginCommand) -> Result<Option<Grant>> {
+        fast::begin(self.0, command).await
     }
-    let mut conn = store.connection().await?;
-    let reserved = match &store.leases {
-        Some(_) => Some(next_fence(&mut conn).await?),
-        None => None,
-    };
-    let mut tx = conn.begin().await.map_err(map_sqlx)?;
-    let (outcome, wrote) = begin_in(&Sql(store), &mut tx, command, reserved).await?;
-    if wrote {
-        if let Err(error) = tx.commit().await {
-            if let BeginOutcome::Started(grant) = &outcome {
-                give_back(
-                    store.leases.as_deref(),
-                    grant.turn_id.as_str(),
-                    &grant.lease_token,
-                )
-                .await;
-            }
-            return Err(map_sqlx(error));
-        }
+
+    /// With a lease layer the fence is taken first, in autocommit, so the
+    /// counter's row lock is not held while the layer is asked.
+    async fn begin_full(&self, command: &BeginCommand) -> Result<BeginOutcome> {
+        let mut conn = self.0.connection().await?;
+        let reserved = match &self.0.leases {
+            Some(_) => Some(next_fence(&mut conn).await?),
+            None => None,
+        };
+        let mut tx = conn.begin().await.map_err(map_sqlx)?;
+        let done = begin_in(self, &mut tx, command, reserved).await?;
+        settle(self, done, async { tx.commit().await.map_err(map_sqlx) }).await
     }
-    // Otherwise dropping `tx` rolls back the no-op lock upserts: a replay or
-    // a refusal writes nothing.
-    Ok(outcome)
 }
 
 #[async_trait::async_trait]
 impl BeginSql for Sql<'_> {
-    type Record = TurnRecord;
-
-    fn record(row: &<Self as Run>::Row) -> Result<Option<TurnRecord>> {
-        turn_record(row)
-    }
-
     async fn lock_and_read(
         &self,
         tx: &mut MySqlConnection,
         command: &BeginCommand,
-    ) -> Result<Locked<TurnRecord>> {
+    ) -> Result<Locked> {
         lock_user(tx, command.user_id.as_str()).await?;
         let (session, session_fence) = lock_session(tx, command).await?;
         let facts = read_facts(tx, command, self.0.config.max_turns_per_user).await?;
@@ -124,23 +99,14 @@ impl BeginSql for Sql<'_> {
         })
     }
 
-    async fn start(
-        &self,
-        tx: &mut MySqlConnection,
-        command: &BeginCommand,
-        facts: &Facts<TurnRecord>,
-        confirm_target: Option<&TurnRecord>,
-        start: Start,
-    ) -> Result<Grant> {
-        self::start(
-            self.0,
-            tx,
-            command,
-            facts,
-            confirm_target,
-            (start.kind, start.attempt, start.fence),
-        )
-        .await
+    async fn write_grant(&self, tx: &mut MySqlConnection, rows: &GrantRows<'_>) -> Result<Fence> {
+        let fence = match rows.reserved {
+            Some(fence) => fence,
+            None => next_fence(tx).await?,
+        };
+        grant_session(tx, rows, fence).await?;
+        write_turn(tx, rows, fence).await?;
+        Ok(fence)
     }
 }
 
@@ -191,7 +157,7 @@ async fn read_facts(
     conn: &mut MySqlConnection,
     command: &BeginCommand,
     default_cap: u32,
-) -> Result<Facts<TurnRecord>> {
+) -> Result<Facts> {
     let row = sqlx::query(&format!(
         "SELECT {NOW_MS} AS now_ms, (SELECT max_turns FROM ag_users WHERE user_id = ?) AS cap, \
          permits.live, permits.soonest, {TURN_COLUMNS} \
@@ -214,7 +180,7 @@ async fn read_facts(
             get(&row, "live")?,
             get(&row, "soonest")?,
         )?,
-        turn: turn_record(&row)?,
+        turn: TurnRecord::read(&Cols(&row))?,
     })
 }
 
@@ -234,220 +200,79 @@ pub(crate) async fn next_fence(conn: &mut MySqlConnection) -> Result<Fence> {
     Ok(Fence(value))
 }
 
-async fn start(
-    store: &MySqlStore,
-    tx: &mut MySqlConnection,
-    command: &BeginCommand,
-    facts: &Facts<TurnRecord>,
-    target: Option<&TurnRecord>,
-    (kind, attempt, reserved): (StartKind, u32, Option<Fence>),
-) -> Result<Grant> {
-    let now = facts.now_ms;
-    let token = LeaseToken::generate();
-    let ttl_ms = store.config.lease_ttl_ms();
-    // A new turn that answers a pending confirmation: the pending turn
-    // becomes `confirmed` in this transaction and the new one carries its
-    // pending action and the decision.
-    let confirming = command.confirmation.is_some() && kind == StartKind::New;
-    let (turn_id, confirmation, pending) = match &facts.turn {
-        Some(existing) => (
-            existing.view.turn_id.clone(),
-            existing.view.confirmation.clone(),
-            None,
-        ),
-        None => {
-            let turn_id = TurnId::generate();
-            if confirming {
-                let (confirmation, pending) =
-                    mark_confirmed(tx, command, target, &turn_id, now).await?;
-                (turn_id, Some(confirmation), pending)
-            } else {
-                (turn_id, None, None)
-            }
-        }
-    };
-    let fence = match reserved {
-        Some(fence) => fence,
-        None => next_fence(tx).await?,
-    };
-    grant_session(store, tx, command, &turn_id, &token, fence, now, confirming).await?;
-    let lease_expires_in_ms = match &store.leases {
-        Some(layer) => {
-            let digest = token.digest_hex();
-            let claim = LeaseClaim::for_begin(
-                command,
-                turn_id.as_str(),
-                &digest,
-                fence,
-                ttl_ms,
-                facts.load.cap,
-            );
-            acquire_external(layer.as_ref(), &claim).await?
-        }
-        None => ttl_ms,
-    };
-    if let Err(error) = write_turn(tx, command, facts, &turn_id, attempt, fence, pending).await {
-        give_back(store.leases.as_deref(), turn_id.as_str(), &token).await;
-        return Err(error);
-    }
-    Ok(Grant {
-        turn_id,
-        session_id: command.session_id.clone(),
-        user_id: command.user_id.clone(),
-        client_request_id: command.client_request_id.clone(),
-        lease_token: token,
-        fence,
-        attempt,
-        takeover: kind == StartKind::Takeover,
-        lease_expires_in_ms,
-        confirmation,
-    })
-}
-
 /// Writes the grant on the session's row: holder, token digest, expiry,
 /// fence, and a cleared pending confirmation when this start confirms it.
-#[allow(clippy::too_many_arguments)] // one row's columns, each a different thing
-async fn grant_session(
-    store: &MySqlStore,
-    tx: &mut MySqlConnection,
-    command: &BeginCommand,
-    turn_id: &TurnId,
-    token: &LeaseToken,
-    fence: Fence,
-    now: i64,
-    confirming: bool,
-) -> Result<()> {
-    // With an external layer the row keeps no expiry: the layer is the
-    // authority on liveness; the row keeps the holder and the newest fence.
-    let row_expiry = match store.leases {
-        Some(_) => None,
-        None => Some(now + store.config.lease_ttl_ms()),
-    };
-    sqlx::query(
+async fn grant_session(tx: &mut MySqlConnection, rows: &GrantRows<'_>, fence: Fence) -> Result<()> {
+    let updated = sqlx::query(
         "UPDATE ag_sessions SET holder_turn_id = ?, lease_token_hash = ?, fence = ?, \
          lease_expires_at_ms = ?, updated_at_ms = ?, \
          pending_turn_id = IF(?, NULL, pending_turn_id), \
          pending_expires_at_ms = IF(?, NULL, pending_expires_at_ms) \
          WHERE session_id = ?",
     )
-    .bind(turn_id.as_str())
-    .bind(token.digest_hex())
+    .bind(rows.turn_id.as_str())
+    .bind(rows.token_hash)
     .bind(fence.0)
-    .bind(row_expiry)
-    .bind(now)
-    .bind(confirming)
-    .bind(confirming)
-    .bind(command.session_id.as_str())
+    .bind(rows.row_expiry)
+    .bind(rows.now_ms)
+    .bind(rows.confirming)
+    .bind(rows.confirming)
+    .bind(rows.command.session_id.as_str())
     .execute(tx)
     .await
     .map_err(map_sqlx)?;
+    // The row is locked and the fence is new, so the update changes it.
+    if updated.rows_affected() != 1 {
+        return Err(corrupt(format!(
+            "the grant of session {} changed {} rows",
+            rows.command.session_id,
+            updated.rows_affected()
+        )));
+    }
     Ok(())
 }
 
-/// Takes the lease and permit in the external layer, both or neither;
-/// returns the remaining lease, or the refusal the layer's state implies.
-async fn acquire_external(layer: &dyn LeaseLayer, claim: &LeaseClaim<'_>) -> Result<i64> {
-    agentgate_core::decide::layer_acquired(layer.acquire(claim).await?, claim.turn_id, claim.cap)
-}
-
 /// Restarts the existing turn or inserts the new one under `fence`.
-async fn write_turn(
-    tx: &mut MySqlConnection,
-    command: &BeginCommand,
-    facts: &Facts<TurnRecord>,
-    turn_id: &TurnId,
-    attempt: u32,
-    fence: Fence,
-    pending: Option<String>,
-) -> Result<()> {
-    let now = facts.now_ms;
-    let written = if facts.turn.is_some() {
+async fn write_turn(tx: &mut MySqlConnection, rows: &GrantRows<'_>, fence: Fence) -> Result<()> {
+    let command = rows.command;
+    let written = if rows.restart {
         sqlx::query(
             "UPDATE ag_turns SET state = 'running', attempt = ?, fence = ?, error = NULL, \
              retryable = NULL, updated_at_ms = ?, ended_at_ms = NULL, orphaned_at_ms = NULL \
              WHERE turn_id = ?",
         )
-        .bind(i64::from(attempt))
+        .bind(i64::from(rows.attempt))
         .bind(fence.0)
-        .bind(now)
-        .bind(turn_id.as_str())
+        .bind(rows.now_ms)
+        .bind(rows.turn_id.as_str())
         .execute(&mut *tx)
         .await
     } else {
-        insert_turn(tx, command, turn_id, fence, now, pending).await
+        // The pending action is copied as the canonical text it is stored as.
+        let confirmation = command.confirmation.as_ref();
+        sqlx::query(
+            "INSERT INTO ag_turns (turn_id, session_id, user_id, client_request_id, fingerprint, \
+             state, attempt, fence, confirms_pending, confirms_turn_id, decision, created_at_ms, \
+             updated_at_ms, payload) VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(rows.turn_id.as_str())
+        .bind(command.session_id.as_str())
+        .bind(command.user_id.as_str())
+        .bind(command.client_request_id.as_str())
+        .bind(command.fingerprint.as_hex())
+        .bind(i64::from(rows.attempt))
+        .bind(fence.0)
+        .bind(rows.pending)
+        .bind(confirmation.map(|c| c.turn_id.as_str()))
+        .bind(confirmation.map(|c| c.decision.as_str()))
+        .bind(rows.now_ms)
+        .bind(rows.now_ms)
+        .bind(command.payload.as_str())
+        .execute(&mut *tx)
+        .await
     };
     if written.map_err(map_sqlx)?.rows_affected() != 1 {
-        return Err(corrupt(format!("turn {turn_id} was not written")));
+        return Err(corrupt(format!("turn {} was not written", rows.turn_id)));
     }
     Ok(())
-}
-
-/// Marks the confirmation's target (read under the session lock, so still
-/// as read) `confirmed` by `turn_id`; returns the context the new turn
-/// carries and the target's pending action as stored.
-async fn mark_confirmed(
-    tx: &mut MySqlConnection,
-    command: &BeginCommand,
-    target: Option<&TurnRecord>,
-    turn_id: &TurnId,
-    now: i64,
-) -> Result<(ConfirmationContext, Option<String>)> {
-    let confirmation = command
-        .confirmation
-        .as_ref()
-        .ok_or_else(|| corrupt("confirming without a confirmation"))?;
-    let updated = sqlx::query(
-        "UPDATE ag_turns SET state = 'confirmed', confirmed_by = ?, updated_at_ms = ? \
-         WHERE turn_id = ? AND state = 'awaiting_confirmation'",
-    )
-    .bind(turn_id.as_str())
-    .bind(now)
-    .bind(confirmation.turn_id.as_str())
-    .execute(&mut *tx)
-    .await
-    .map_err(map_sqlx)?;
-    let Some(target) = target.filter(|_| updated.rows_affected() == 1) else {
-        return Err(Error::not_found(format!(
-            "pending confirmation of turn {}",
-            confirmation.turn_id
-        )));
-    };
-    let pending = target.pending_text.clone();
-    let context = ConfirmationContext {
-        turn_id: confirmation.turn_id.clone(),
-        decision: confirmation.decision,
-        pending: json(pending.clone())?.unwrap_or(Value::Null),
-    };
-    Ok((context, pending))
-}
-
-async fn insert_turn(
-    tx: &mut MySqlConnection,
-    command: &BeginCommand,
-    turn_id: &TurnId,
-    fence: Fence,
-    now: i64,
-    pending: Option<String>,
-) -> std::result::Result<sqlx::mysql::MySqlQueryResult, sqlx::Error> {
-    // The pending action is copied as the canonical text it is stored as.
-    let confirmation = command.confirmation.as_ref();
-    sqlx::query(
-        "INSERT INTO ag_turns (turn_id, session_id, user_id, client_request_id, fingerprint, \
-         state, attempt, fence, confirms_pending, confirms_turn_id, decision, created_at_ms, updated_at_ms, \
-         payload) VALUES (?, ?, ?, ?, ?, 'running', 1, ?, ?, ?, ?, ?, ?, ?)",
-    )
-    .bind(turn_id.as_str())
-    .bind(command.session_id.as_str())
-    .bind(command.user_id.as_str())
-    .bind(command.client_request_id.as_str())
-    .bind(command.fingerprint.as_hex())
-    .bind(fence.0)
-    .bind(pending)
-    .bind(confirmation.map(|c| c.turn_id.as_str()))
-    .bind(confirmation.map(|c| c.decision.as_str()))
-    .bind(now)
-    .bind(now)
-    .bind(command.payload.as_str())
-    .execute(tx)
-    .await
 }

@@ -4,7 +4,7 @@
 //! Text is read as bytes and checked as UTF-8: identifiers are VARBINARY,
 //! and sqlx refuses to decode binary-flagged columns as strings.
 
-use agentgate_core::decide::{SessionSnapshot, TurnSnapshot};
+use agentgate_core::decide::SessionSnapshot;
 use agentgate_core::error::{Error, Result};
 use agentgate_core::model::TurnView;
 use agentgate_store_sql::rows::{self, Columns};
@@ -13,7 +13,7 @@ use sqlx::Row;
 
 use crate::error::map_sqlx;
 
-pub(crate) use agentgate_store_sql::rows::{json, TurnRow, SESSION_COLUMNS, TURN_COLUMNS};
+pub(crate) use agentgate_store_sql::rows::{TurnRow, SESSION_COLUMNS, TURN_COLUMNS};
 
 pub(crate) fn get<'r, T>(row: &'r MySqlRow, column: &str) -> Result<T>
 where
@@ -48,38 +48,6 @@ impl Columns for Cols<'_> {
     fn flag(&self, column: &str) -> Result<Option<bool>> {
         get(self.0, column)
     }
-}
-
-/// A turn row read inside a step: what `decide` needs and what callers see.
-#[derive(Debug)]
-pub(crate) struct TurnRecord {
-    pub snapshot: TurnSnapshot,
-    pub view: TurnView,
-    /// The `pending` column as stored (a confirmation copies it verbatim).
-    pub pending_text: Option<String>,
-}
-
-impl agentgate_store_sql::begin::TurnRecord for TurnRecord {
-    fn snapshot(&self) -> &TurnSnapshot {
-        &self.snapshot
-    }
-
-    fn view(&self) -> &TurnView {
-        &self.view
-    }
-}
-
-/// The turn in `row` ([`TURN_COLUMNS`]), or `None` when an outer join found
-/// no turn (`turn_id` is NULL).
-pub(crate) fn turn_record(row: &MySqlRow) -> Result<Option<TurnRecord>> {
-    let Some(turn) = TurnRow::read_optional(&Cols(row))? else {
-        return Ok(None);
-    };
-    Ok(Some(TurnRecord {
-        snapshot: turn.snapshot()?,
-        pending_text: turn.pending.clone(),
-        view: turn.view()?,
-    }))
 }
 
 pub(crate) fn turn_view(row: &MySqlRow) -> Result<TurnView> {

@@ -66,67 +66,50 @@
 //! read of its target (and one more when the target was already confirmed)
 //! and one `UPDATE` of it.
 
-use agentgate_core::decide::{SessionSnapshot, StartKind, UserLoad};
-use agentgate_core::error::{Error, Result};
+use agentgate_core::decide::{SessionSnapshot, UserLoad};
+use agentgate_core::error::Result;
 use agentgate_core::ids::{Fence, LeaseToken, TurnId};
-use agentgate_core::lease::{LeaseClaim, LeaseLayer};
-use agentgate_core::model::{BeginCommand, BeginOutcome, ConfirmationContext, Grant};
-use serde_json::Value;
+use agentgate_core::model::{BeginCommand, BeginOutcome, Grant};
 use sqlx::PgConnection;
 
 use crate::error::{corrupt, map_sqlx};
-use crate::rows::{
-    get, json, session_snapshot, turn_record, TurnRecord, SESSION_COLUMNS, TURN_COLUMNS,
-};
+use crate::rows::{get, session_snapshot, SESSION_COLUMNS, TURN_COLUMNS};
 use crate::steps::Sql;
 use crate::{PostgresStore, NOW_MS, STEP_LOCK_TIMEOUT};
-use agentgate_store_sql::begin::{begin_in, give_back, BeginSql, Facts, Locked, Start};
-use agentgate_store_sql::query::Run;
-use agentgate_store_sql::Retry;
+use agentgate_store_sql::begin::{
+    begin_in, settle, BeginSql, BeginTx, Facts, GrantRows, Locked, TurnRecord,
+};
 
 pub(crate) async fn begin(store: &PostgresStore, command: &BeginCommand) -> Result<BeginOutcome> {
-    let mut retry = Retry::new();
-    loop {
-        match begin_once(store, command).await {
-            Err(error) => retry.after(error).await?,
-            done => return done,
-        }
-    }
+    agentgate_store_sql::begin::begin(&Sql(store), command).await
 }
 
-async fn begin_once(store: &PostgresStore, command: &BeginCommand) -> Result<BeginOutcome> {
-    if let Some(grant) = begin_new(store, command).await? {
-        return Ok(BeginOutcome::Started(grant));
+#[async_trait::async_trait]
+impl BeginTx for Sql<'_> {
+    /// The common case in one autocommit statement (the module docs list
+    /// when it grants). A conflict (deadlock, lock timeout) is an error for
+    /// the caller's retry, like the full path's.
+    async fn begin_new(&self, command: &BeginCommand) -> Result<Option<Grant>> {
+        begin_new(self.0, command).await
     }
-    begin_full(store, command).await
+
+    async fn begin_full(&self, command: &BeginCommand) -> Result<BeginOutcome> {
+        begin_full(self.0, command).await
+    }
 }
 
 /// The full path: lock, read, `decide_begin`, apply, in one transaction.
+/// The fence is taken from the sequence inside the grant statement, so none
+/// is reserved.
 async fn begin_full(store: &PostgresStore, command: &BeginCommand) -> Result<BeginOutcome> {
+    let sql = Sql(store);
     let mut tx = store.transaction().await?;
-    let (outcome, wrote) = begin_in(&Sql(store), &mut tx, command, None).await?;
-    if wrote {
-        if let Err(error) = tx.commit().await {
-            if let BeginOutcome::Started(grant) = &outcome {
-                give_back(
-                    store.leases.as_deref(),
-                    grant.turn_id.as_str(),
-                    &grant.lease_token,
-                )
-                .await;
-            }
-            return Err(map_sqlx(error));
-        }
-    }
-    // Otherwise dropping `tx` rolls back the no-op lock upserts: a replay or
-    // a refusal writes nothing.
-    Ok(outcome)
+    let done = begin_in(&sql, &mut tx, command, None).await?;
+    settle(&sql, done, async { tx.commit().await.map_err(map_sqlx) }).await
 }
 
-/// The common case in one autocommit statement (the module docs list when
-/// it grants): the grant, or `None` when the full path must decide, in
-/// which case nothing was written. A conflict (deadlock, lock timeout) is
-/// an error for the caller's retry, like the full path's.
+/// The common case in one autocommit statement: the grant, or `None` when
+/// the full path must decide, in which case nothing was written.
 pub(crate) async fn begin_new(
     store: &PostgresStore,
     command: &BeginCommand,
@@ -157,17 +140,7 @@ pub(crate) async fn begin_new(
 
 #[async_trait::async_trait]
 impl BeginSql for Sql<'_> {
-    type Record = TurnRecord;
-
-    fn record(row: &<Self as Run>::Row) -> Result<Option<TurnRecord>> {
-        turn_record(row)
-    }
-
-    async fn lock_and_read(
-        &self,
-        tx: &mut PgConnection,
-        command: &BeginCommand,
-    ) -> Result<Locked<TurnRecord>> {
+    async fn lock_and_read(&self, tx: &mut PgConnection, command: &BeginCommand) -> Result<Locked> {
         let (cap, session, session_fence) = lock_rows(tx, command).await?;
         let facts = read_facts(tx, command, cap, self.0.config.max_turns_per_user).await?;
         Ok(Locked {
@@ -177,20 +150,12 @@ impl BeginSql for Sql<'_> {
         })
     }
 
-    async fn start(
-        &self,
-        tx: &mut PgConnection,
-        command: &BeginCommand,
-        facts: &Facts<TurnRecord>,
-        _confirm_target: Option<&TurnRecord>,
-        start: Start,
-    ) -> Result<Grant> {
-        // The fence is taken from the sequence inside the grant statement.
+    async fn write_grant(&self, tx: &mut PgConnection, rows: &GrantRows<'_>) -> Result<Fence> {
         assert!(
-            start.fence.is_none(),
+            rows.reserved.is_none(),
             "PostgreSQL never reserves a fence before its begin"
         );
-        self::start(self.0, tx, command, facts, start.kind, start.attempt).await
+        grant(tx, rows).await
     }
 }
 
@@ -237,7 +202,7 @@ async fn read_facts(
     command: &BeginCommand,
     cap: Option<i64>,
     default_cap: u32,
-) -> Result<Facts<TurnRecord>> {
+) -> Result<Facts> {
     let row = sqlx::query(&format!(
         "SELECT {NOW_MS} AS now_ms, permits.live, permits.soonest, {TURN_COLUMNS} \
          FROM (SELECT COUNT(*) AS live, MIN(lease_expires_at_ms) AS soonest FROM ag_sessions \
@@ -253,90 +218,8 @@ async fn read_facts(
     Ok(Facts {
         now_ms: get(&row, "now_ms")?,
         load: UserLoad::read(cap, default_cap, get(&row, "live")?, get(&row, "soonest")?)?,
-        turn: turn_record(&row)?,
+        turn: TurnRecord::read(&crate::rows::Cols(&row))?,
     })
-}
-
-async fn start(
-    store: &PostgresStore,
-    tx: &mut PgConnection,
-    command: &BeginCommand,
-    facts: &Facts<TurnRecord>,
-    kind: StartKind,
-    attempt: u32,
-) -> Result<Grant> {
-    let now = facts.now_ms;
-    let token = LeaseToken::generate();
-    let ttl_ms = store.config.lease_ttl_ms();
-    // A new turn that answers a pending confirmation: the pending turn
-    // becomes `confirmed` in this transaction and the new one carries its
-    // pending action and the decision.
-    let confirming = command.confirmation.is_some() && kind == StartKind::New;
-    let (turn_id, confirmation, pending) = match &facts.turn {
-        Some(existing) => (
-            existing.view.turn_id.clone(),
-            existing.view.confirmation.clone(),
-            None,
-        ),
-        None => {
-            let turn_id = TurnId::generate();
-            if confirming {
-                let (confirmation, pending) = mark_confirmed(tx, command, &turn_id, now).await?;
-                (turn_id, Some(confirmation), pending)
-            } else {
-                (turn_id, None, None)
-            }
-        }
-    };
-    let written = Written {
-        turn_id: &turn_id,
-        token: &token,
-        attempt,
-        confirming,
-        pending,
-    };
-    let fence = grant(store, tx, command, facts, &written).await?;
-    // With a lease layer its acquire comes after the grant statement (it
-    // needs the fence); a refusal returns before the commit, so the grant
-    // and the turn roll back and nothing is written.
-    let lease_expires_in_ms = match &store.leases {
-        Some(layer) => {
-            let digest = token.digest_hex();
-            let claim = LeaseClaim::for_begin(
-                command,
-                turn_id.as_str(),
-                &digest,
-                fence,
-                ttl_ms,
-                facts.load.cap,
-            );
-            acquire_external(layer.as_ref(), &claim).await?
-        }
-        None => ttl_ms,
-    };
-    Ok(Grant {
-        turn_id,
-        session_id: command.session_id.clone(),
-        user_id: command.user_id.clone(),
-        client_request_id: command.client_request_id.clone(),
-        lease_token: token,
-        fence,
-        attempt,
-        takeover: kind == StartKind::Takeover,
-        lease_expires_in_ms,
-        confirmation,
-    })
-}
-
-/// What a start writes besides the request itself.
-struct Written<'a> {
-    turn_id: &'a TurnId,
-    token: &'a LeaseToken,
-    attempt: u32,
-    /// This start answers the session's pending confirmation, which it clears.
-    confirming: bool,
-    /// The confirmed turn's pending action, copied to a new turn.
-    pending: Option<String>,
 }
 
 /// The first half of [`grant`]'s statement: the grant on the session's row
@@ -355,22 +238,9 @@ const GRANT_SESSION: &str = "WITH g AS (UPDATE ag_sessions SET holder_turn_id = 
 /// new turn inserted, or the existing one restarted) in one statement;
 /// returns the fence. The session's row is already locked, so the statement
 /// only adds the turn's row lock after it.
-async fn grant(
-    store: &PostgresStore,
-    tx: &mut PgConnection,
-    command: &BeginCommand,
-    facts: &Facts<TurnRecord>,
-    written: &Written<'_>,
-) -> Result<Fence> {
-    // With an external layer the row keeps no expiry: the layer is the
-    // authority on liveness; the row keeps the holder and the newest fence.
-    let row_expiry = match store.leases {
-        Some(_) => None,
-        None => Some(facts.now_ms + store.config.lease_ttl_ms()),
-    };
-    // The pending action is copied as the canonical text it is stored as.
-    let confirmation = command.confirmation.as_ref();
-    let sql = if facts.turn.is_some() {
+async fn grant(tx: &mut PgConnection, rows: &GrantRows<'_>) -> Result<Fence> {
+    let command = rows.command;
+    let sql = if rows.restart {
         format!(
             "{GRANT_SESSION} UPDATE ag_turns SET state = 'running', attempt = $7, \
              fence = g.fence, error = NULL, retryable = NULL, updated_at_ms = $5, \
@@ -388,69 +258,29 @@ async fn grant(
     };
     let query = sqlx::query_scalar(&sql)
         .bind(command.session_id.as_str())
-        .bind(written.turn_id.as_str())
-        .bind(written.token.digest_hex())
-        .bind(row_expiry)
-        .bind(facts.now_ms)
-        .bind(written.confirming)
-        .bind(i64::from(written.attempt));
-    let query = match facts.turn {
-        Some(_) => query,
-        None => query
+        .bind(rows.turn_id.as_str())
+        .bind(rows.token_hash)
+        .bind(rows.row_expiry)
+        .bind(rows.now_ms)
+        .bind(rows.confirming)
+        .bind(i64::from(rows.attempt));
+    // The pending action is copied as the canonical text it is stored as.
+    let confirmation = command.confirmation.as_ref();
+    let query = if rows.restart {
+        query
+    } else {
+        query
             .bind(command.user_id.as_str())
             .bind(command.client_request_id.as_str())
             .bind(command.fingerprint.as_hex())
-            .bind(written.pending.as_deref())
+            .bind(rows.pending)
             .bind(confirmation.map(|c| c.turn_id.as_str()))
             .bind(confirmation.map(|c| c.decision.as_str()))
-            .bind(command.payload.as_str()),
+            .bind(command.payload.as_str())
     };
     let fence: Option<i64> = query.fetch_optional(tx).await.map_err(map_sqlx)?;
-    let fence =
-        fence.ok_or_else(|| corrupt(format!("turn {} was not written", written.turn_id)))?;
+    let fence = fence.ok_or_else(|| corrupt(format!("turn {} was not written", rows.turn_id)))?;
     Ok(Fence(fence))
-}
-
-/// Takes the lease and permit in the external layer, both or neither;
-/// returns the remaining lease, or the refusal the layer's state implies.
-async fn acquire_external(layer: &dyn LeaseLayer, claim: &LeaseClaim<'_>) -> Result<i64> {
-    agentgate_core::decide::layer_acquired(layer.acquire(claim).await?, claim.turn_id, claim.cap)
-}
-
-/// Marks the confirmation's target `confirmed` by `turn_id`; returns the
-/// context the new turn carries and the target's pending action as stored.
-async fn mark_confirmed(
-    tx: &mut PgConnection,
-    command: &BeginCommand,
-    turn_id: &TurnId,
-    now: i64,
-) -> Result<(ConfirmationContext, Option<String>)> {
-    let confirmation = command
-        .confirmation
-        .as_ref()
-        .ok_or_else(|| corrupt("confirming without a confirmation"))?;
-    let pending: Option<Option<String>> = sqlx::query_scalar(
-        "UPDATE ag_turns SET state = 'confirmed', confirmed_by = $1, updated_at_ms = $2 \
-         WHERE turn_id = $3 AND state = 'awaiting_confirmation' RETURNING pending",
-    )
-    .bind(turn_id.as_str())
-    .bind(now)
-    .bind(confirmation.turn_id.as_str())
-    .fetch_optional(tx)
-    .await
-    .map_err(map_sqlx)?;
-    let Some(pending) = pending else {
-        return Err(Error::not_found(format!(
-            "pending confirmation of turn {}",
-            confirmation.turn_id
-        )));
-    };
-    let context = ConfirmationContext {
-        turn_id: confirmation.turn_id.clone(),
-        decision: confirmation.decision,
-        pending: json(pending.clone())?.unwrap_or(Value::Null),
-    };
-    Ok((context, pending))
 }
 
 #[cfg(test)]

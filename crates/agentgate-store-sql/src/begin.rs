@@ -1,103 +1,328 @@
-//! A begin's decision applied inside the store's transaction, written once.
+//! The begin step of the SQL stores that lock rows (PostgreSQL, MySQL),
+//! written once: the retry loop, the one-statement common case tried first
+//! ([`BeginTx::begin_new`]), and the full path's decision applied inside
+//! the store's transaction ([`begin_in`]).
 //!
 //! The store locks the user's row and then the session's row (creating
 //! either on first use) and reads the facts under those locks
 //! ([`BeginSql::lock_and_read`]); this module reads a confirmation's target
 //! and its continuation when the decision needs them, asks
-//! [`decide_begin`], and applies the answer through the store's SQL: a
-//! replay reads nothing more, an exhausted turn is failed for good
-//! ([`BeginSql::exhaust`]), a start writes the grant ([`BeginSql::start`]).
-//! With a lease layer an exhausted turn whose lease the layer still holds is
-//! `request_in_flight`, as on every store.
+//! [`decide_begin`], and applies the answer: a replay reads nothing more,
+//! an exhausted turn is failed for good, a start marks a confirmed turn,
+//! has the store write the grant's rows ([`BeginSql::write_grant`]) and,
+//! with a lease layer, acquires the layer's lease with the new fence. With a
+//! lease layer an exhausted turn whose lease the layer still holds is
+//! `request_in_flight`, as on every store. A start whose commit fails gives
+//! the layer's lease back ([`settle`]).
 
 use agentgate_core::decide::{
-    decide_begin, reserved_fence, BeginDecision, BeginFacts, SessionSnapshot, StartKind,
-    TurnSnapshot, UserLoad,
+    decide_begin, layer_acquired, reserved_fence, BeginDecision, BeginFacts, SessionSnapshot,
+    StartKind, TurnSnapshot, UserLoad,
 };
 use agentgate_core::error::{Error, Result};
-use agentgate_core::ids::{Fence, LeaseToken};
-use agentgate_core::lease::{refuse_if_held, LeaseLayer};
-use agentgate_core::model::{BeginCommand, BeginOutcome, Grant, TurnView};
+use agentgate_core::ids::{Fence, LeaseToken, TurnId};
+use agentgate_core::lease::{refuse_if_held, LeaseClaim, LeaseLayer};
+use agentgate_core::model::{BeginCommand, BeginOutcome, ConfirmationContext, Grant, TurnView};
+use serde_json::Value;
 
 use crate::query::{On, Run, Statement};
-use crate::rows::TURN_COLUMNS;
+use crate::rows::{json, Columns, TurnRow, TURN_COLUMNS};
+use crate::Retry;
 
-/// A turn row as a begin reads it: what `decide` needs and what a replay
-/// answers. A store may keep more beside them (a column it copies).
-pub trait TurnRecord {
+/// A turn row as a begin reads it: what `decide` needs, what a replay
+/// answers, and the `pending` column as stored (a confirmation copies it
+/// verbatim to the turn it begins).
+#[derive(Clone, Debug)]
+pub struct TurnRecord {
     /// What the decision reads.
-    fn snapshot(&self) -> &TurnSnapshot;
+    pub snapshot: TurnSnapshot,
     /// What a replay answers.
-    fn view(&self) -> &TurnView;
+    pub view: TurnView,
+    /// The turn's pending action as stored.
+    pub pending_text: Option<String>,
+}
+
+impl TurnRecord {
+    /// The turn in `row` ([`TURN_COLUMNS`]), or `None` when an outer join
+    /// found no turn (`turn_id` is NULL).
+    ///
+    /// # Errors
+    /// `corrupt` for a row the engine never writes.
+    pub fn read(row: &impl Columns) -> Result<Option<Self>> {
+        let Some(turn) = TurnRow::read_optional(row)? else {
+            return Ok(None);
+        };
+        let pending_text = turn.pending.clone();
+        Ok(Some(Self {
+            snapshot: turn.snapshot()?,
+            view: turn.view()?,
+            pending_text,
+        }))
+    }
 }
 
 /// What a begin read under its locks.
 #[derive(Debug)]
-pub struct Facts<R> {
+pub struct Facts {
     /// The store's clock.
     pub now_ms: i64,
     /// The user's permits.
     pub load: UserLoad,
     /// The request's own turn, if recorded.
-    pub turn: Option<R>,
+    pub turn: Option<TurnRecord>,
 }
 
 /// The session's row, locked, and the facts read after the locks.
 #[derive(Debug)]
-pub struct Locked<R> {
+pub struct Locked {
     /// The session as the decision sees it.
     pub session: SessionSnapshot,
     /// The newest fence granted on the session.
     pub session_fence: i64,
     /// The clock, the permits and the request's turn.
-    pub facts: Facts<R>,
+    pub facts: Facts,
 }
 
-/// What a start writes: the decision's kind and attempt, and the fence when
-/// it was taken before the transaction (else the store takes it).
+/// A start as decided: its kind and attempt, and the fence when it was
+/// taken before the transaction (else the store takes it).
 #[derive(Clone, Copy, Debug)]
-pub struct Start {
-    /// A new turn, a restart or a takeover.
-    pub kind: StartKind,
+struct Start {
+    kind: StartKind,
+    attempt: u32,
+    fence: Option<Fence>,
+}
+
+/// The rows a start writes, for the dialect's [`BeginSql::write_grant`]:
+/// the session's grant (holder, token digest, a fence, the expiry, and the
+/// pending confirmation cleared when the start answers it) and the turn
+/// under that fence (the request's existing turn restarted, or a new one
+/// inserted `running` with `attempt`).
+#[derive(Debug)]
+pub struct GrantRows<'a> {
+    /// The begin.
+    pub command: &'a BeginCommand,
+    /// The store's clock when the facts were read.
+    pub now_ms: i64,
+    /// The turn: the request's existing one when `restart`, else new.
+    pub turn_id: &'a TurnId,
+    /// The request already has this turn, which the start restarts.
+    pub restart: bool,
+    /// The new lease token's digest.
+    pub token_hash: &'a str,
     /// The turn's attempt number.
     pub attempt: u32,
     /// The fence reserved before the transaction, checked newer than the
-    /// session's.
-    pub fence: Option<Fence>,
+    /// session's; `None` when the dialect takes it in its grant.
+    pub reserved: Option<Fence>,
+    /// The session row's lease expiry: `None` with a lease layer, which is
+    /// the authority on liveness (the row keeps the holder and the fence).
+    pub row_expiry: Option<i64>,
+    /// This start answers the session's pending confirmation, which it
+    /// clears.
+    pub confirming: bool,
+    /// The confirmed turn's pending action, as stored, for a new turn.
+    pub pending: Option<&'a str>,
 }
 
 /// The SQL a store supplies for a begin. Every method runs inside the
 /// begin's transaction `tx`.
 #[async_trait::async_trait]
 pub trait BeginSql: Run {
-    /// The store's turn row.
-    type Record: TurnRecord + Send + Sync;
-
-    /// The turn in `row` ([`TURN_COLUMNS`](crate::rows::TURN_COLUMNS)).
-    ///
-    /// # Errors
-    /// `corrupt` for a row the engine never writes.
-    fn record(row: &Self::Row) -> Result<Option<Self::Record>>;
-
     /// Locks the user's row, then the session's (creating either on first
     /// use, the session bound to the caller), then reads the facts.
-    async fn lock_and_read(
-        &self,
-        tx: &mut Self::Conn,
-        command: &BeginCommand,
-    ) -> Result<Locked<Self::Record>>;
+    async fn lock_and_read(&self, tx: &mut Self::Conn, command: &BeginCommand) -> Result<Locked>;
 
-    /// Writes the grant: the session's lease and permit, the turn (new or
-    /// restarted), a confirmation's target marked confirmed, and with a lease
-    /// layer the layer's acquire.
-    async fn start(
-        &self,
-        tx: &mut Self::Conn,
-        command: &BeginCommand,
-        facts: &Facts<Self::Record>,
-        confirm_target: Option<&Self::Record>,
-        start: Start,
-    ) -> Result<Grant>;
+    /// Writes [`GrantRows`] (taking the fence unless one was reserved);
+    /// returns the fence.
+    ///
+    /// # Errors
+    /// `corrupt` when a row it must write was not.
+    async fn write_grant(&self, tx: &mut Self::Conn, rows: &GrantRows<'_>) -> Result<Fence>;
+}
+
+/// How a store runs a whole begin: its one-statement common case, and the
+/// full path's transaction around [`begin_in`] (committed with
+/// [`settle`]).
+#[async_trait::async_trait]
+pub trait BeginTx: BeginSql {
+    /// The common case in one statement: the grant, or `None` when the full
+    /// path must decide, in which case nothing was written.
+    async fn begin_new(&self, command: &BeginCommand) -> Result<Option<Grant>>;
+
+    /// The full path: opens the transaction (reserving a fence before it
+    /// where the store does), runs [`begin_in`], and [`settle`]s.
+    async fn begin_full(&self, command: &BeginCommand) -> Result<BeginOutcome>;
+}
+
+/// A begin: the common case, else the full path, the whole step run again
+/// after a transient conflict, at most `MAX_STORE_RETRIES` times.
+///
+/// # Errors
+/// The decision's refusal, or the store's error.
+pub async fn begin<S: BeginTx>(sql: &S, command: &BeginCommand) -> Result<BeginOutcome> {
+    let mut retry = Retry::new();
+    loop {
+        let attempt = async {
+            if let Some(grant) = sql.begin_new(command).await? {
+                return Ok(BeginOutcome::Started(grant));
+            }
+            sql.begin_full(command).await
+        };
+        match attempt.await {
+            Err(error) => retry.after(error).await?,
+            done => return done,
+        }
+    }
+}
+
+/// Ends the full path: commits when [`begin_in`] wrote (a replay or a
+/// refusal wrote nothing, and dropping the transaction rolls back its
+/// no-op lock upserts), and gives the lease layer's lease back when a
+/// start's commit fails.
+///
+/// # Errors
+/// The commit's.
+pub async fn settle<S: Run>(
+    sql: &S,
+    (outcome, wrote): (BeginOutcome, bool),
+    commit: impl std::future::Future<Output = Result<()>> + Send,
+) -> Result<BeginOutcome> {
+    if wrote {
+        if let Err(error) = commit.await {
+            if let BeginOutcome::Started(grant) = &outcome {
+                give_back(sql.leases(), grant.turn_id.as_str(), &grant.lease_token).await;
+            }
+            return Err(error);
+        }
+    }
+    Ok(outcome)
+}
+
+/// A start, applied: a new lease token; for a new turn that answers a
+/// pending confirmation, the confirmed turn marked and its action carried;
+/// the dialect's [`BeginSql::write_grant`]; then, with a lease layer, the
+/// layer's acquire with the fence (a refusal returns before the commit, so
+/// the grant rolls back and nothing is written).
+async fn start<S: BeginSql>(
+    sql: &S,
+    tx: &mut S::Conn,
+    command: &BeginCommand,
+    facts: &Facts,
+    confirm_target: Option<&TurnRecord>,
+    start: Start,
+) -> Result<Grant> {
+    let token = LeaseToken::generate();
+    let token_hash = token.digest_hex();
+    let ttl_ms = sql.config().lease_ttl_ms();
+    let confirming = command.confirmation.is_some() && start.kind == StartKind::New;
+    let (turn_id, confirmation, pending) = match &facts.turn {
+        Some(existing) => (
+            existing.view.turn_id.clone(),
+            existing.view.confirmation.clone(),
+            None,
+        ),
+        None if confirming => {
+            let turn_id = TurnId::generate();
+            let (context, pending) =
+                mark_confirmed(sql, tx, command, confirm_target, &turn_id, facts.now_ms).await?;
+            (turn_id, Some(context), pending)
+        }
+        None => (TurnId::generate(), None, None),
+    };
+    let rows = GrantRows {
+        command,
+        now_ms: facts.now_ms,
+        turn_id: &turn_id,
+        restart: facts.turn.is_some(),
+        token_hash: &token_hash,
+        attempt: start.attempt,
+        reserved: start.fence,
+        row_expiry: match sql.leases() {
+            Some(_) => None,
+            None => Some(facts.now_ms + ttl_ms),
+        },
+        confirming,
+        pending: pending.as_deref(),
+    };
+    let fence = sql.write_grant(tx, &rows).await?;
+    let lease_expires_in_ms = match sql.leases() {
+        Some(layer) => {
+            let claim = LeaseClaim::for_begin(
+                command,
+                turn_id.as_str(),
+                &token_hash,
+                fence,
+                ttl_ms,
+                facts.load.cap,
+            );
+            layer_acquired(layer.acquire(&claim).await?, claim.turn_id, claim.cap)?
+        }
+        None => ttl_ms,
+    };
+    Ok(Grant {
+        turn_id,
+        session_id: command.session_id.clone(),
+        user_id: command.user_id.clone(),
+        client_request_id: command.client_request_id.clone(),
+        lease_token: token,
+        fence,
+        attempt: start.attempt,
+        takeover: start.kind == StartKind::Takeover,
+        lease_expires_in_ms,
+        confirmation,
+    })
+}
+
+/// Marks the confirmation's target (read under the session's lock, so
+/// still as read) `confirmed` by `turn_id`; returns the context the new
+/// turn carries and the target's pending action as stored.
+async fn mark_confirmed<S: BeginSql>(
+    sql: &S,
+    tx: &mut S::Conn,
+    command: &BeginCommand,
+    target: Option<&TurnRecord>,
+    turn_id: &TurnId,
+    now: i64,
+) -> Result<(ConfirmationContext, Option<String>)> {
+    let confirmation = command
+        .confirmation
+        .as_ref()
+        .ok_or_else(|| Error::corrupt("confirming without a confirmation"))?;
+    let updated = sql
+        .execute(
+            On::Conn(tx),
+            Statement::new(
+                "UPDATE ag_turns SET state = 'confirmed', confirmed_by = $1, updated_at_ms = $2 \
+                 WHERE turn_id = $3 AND state = 'awaiting_confirmation'",
+            )
+            .text(turn_id.as_str())
+            .int(now)
+            .text(confirmation.turn_id.as_str()),
+        )
+        .await?;
+    let target = match (updated, target) {
+        (1, Some(target)) => target,
+        (0, _) => {
+            return Err(Error::not_found(format!(
+                "pending confirmation of turn {}",
+                confirmation.turn_id
+            )))
+        }
+        (updated, target) => {
+            return Err(Error::corrupt(format!(
+                "confirming turn {} changed {updated} rows (target read: {})",
+                confirmation.turn_id,
+                target.is_some()
+            )))
+        }
+    };
+    let pending = target.pending_text.clone();
+    let context = ConfirmationContext {
+        turn_id: confirmation.turn_id.clone(),
+        decision: confirmation.decision,
+        pending: json(pending.clone())?.unwrap_or(Value::Null),
+    };
+    Ok((context, pending))
 }
 
 /// One turn by id, inside the begin's transaction.
@@ -105,13 +330,13 @@ async fn turn_by_id<S: BeginSql>(
     sql: &S,
     tx: &mut S::Conn,
     turn_id: &str,
-) -> Result<Option<S::Record>> {
+) -> Result<Option<TurnRecord>> {
     let statement = Statement::new(format!(
         "SELECT {TURN_COLUMNS} FROM ag_turns WHERE turn_id = $1"
     ))
     .text(turn_id);
     match sql.fetch_optional(On::Conn(tx), statement).await? {
-        Some(row) => S::record(&row),
+        Some(row) => TurnRecord::read(&S::columns(&row)),
         None => Ok(None),
     }
 }
@@ -139,7 +364,7 @@ async fn exhaust<S: BeginSql>(
     let turn = turn_by_id(sql, tx, turn_id)
         .await?
         .ok_or_else(|| Error::corrupt(format!("turn {turn_id} vanished while it was failed")))?;
-    Ok(turn.view().clone())
+    Ok(turn.view)
 }
 
 /// Runs one begin inside `tx`; the flag says whether it wrote anything (a
@@ -167,7 +392,7 @@ pub async fn begin_in<S: BeginSql>(
     };
     let continuation = match confirm_target
         .as_ref()
-        .and_then(|t| t.snapshot().confirmed_by.as_deref())
+        .and_then(|t| t.snapshot.confirmed_by.as_deref())
     {
         Some(next) => turn_by_id(sql, tx, next).await?,
         None => None,
@@ -179,9 +404,9 @@ pub async fn begin_in<S: BeginSql>(
         fingerprint: command.fingerprint.as_hex(),
         confirms,
         session: Some(&session),
-        turn: facts.turn.as_ref().map(TurnRecord::snapshot),
-        confirm_target: confirm_target.as_ref().map(TurnRecord::snapshot),
-        continuation: continuation.as_ref().map(TurnRecord::snapshot),
+        turn: facts.turn.as_ref().map(|t| &t.snapshot),
+        confirm_target: confirm_target.as_ref().map(|t| &t.snapshot),
+        continuation: continuation.as_ref().map(|t| &t.snapshot),
         load: facts.load,
         resume_only: command.resume_only,
     });
@@ -191,15 +416,16 @@ pub async fn begin_in<S: BeginSql>(
             let known = [&facts.turn, &continuation]
                 .into_iter()
                 .flatten()
-                .find(|t| t.view().turn_id.as_str() == turn_id)
-                .map(|t| t.view().clone());
+                .find(|t| t.view.turn_id.as_str() == turn_id)
+                .map(|t| t.view.clone());
             let view = match known {
                 Some(view) => view,
-                None => turn_by_id(sql, tx, &turn_id)
-                    .await?
-                    .ok_or_else(|| Error::corrupt(format!("replayed turn {turn_id} vanished")))?
-                    .view()
-                    .clone(),
+                None => {
+                    turn_by_id(sql, tx, &turn_id)
+                        .await?
+                        .ok_or_else(|| Error::corrupt(format!("replayed turn {turn_id} vanished")))?
+                        .view
+                }
             };
             Ok((BeginOutcome::Replay(view), false))
         }
@@ -207,7 +433,7 @@ pub async fn begin_in<S: BeginSql>(
             let turn_id = facts
                 .turn
                 .as_ref()
-                .map(|t| t.snapshot().turn_id.as_str())
+                .map(|t| t.snapshot.turn_id.as_str())
                 .ok_or_else(|| Error::corrupt("exhausting a begin that has no turn"))?;
             if let Some(layer) = sql.leases() {
                 refuse_if_held(layer, command.session_id.as_str(), turn_id).await?;
@@ -221,9 +447,8 @@ pub async fn begin_in<S: BeginSql>(
                 attempt,
                 fence: reserved_fence(reserved, session_fence)?,
             };
-            let grant = sql
-                .start(tx, command, &facts, confirm_target.as_ref(), start)
-                .await?;
+            let grant =
+                self::start(sql, tx, command, &facts, confirm_target.as_ref(), start).await?;
             Ok((BeginOutcome::Started(grant), true))
         }
     }
