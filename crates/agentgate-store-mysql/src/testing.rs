@@ -9,60 +9,14 @@
 use std::collections::BTreeMap;
 use std::sync::{Mutex, PoisonError};
 
-use sqlx::Connection;
-
 use crate::fast::Taken;
 
-pub use agentgate_store_sql::testing::{DATABASE_PREFIX, REQUIRE_SERVICES_ENV};
-
-/// Where a test server is looked for when the environment does not say.
-pub const DEFAULT_ADMIN_URL: &str = "mysql://root@127.0.0.1:3306/test";
-
-/// The environment variable naming the admin URL.
-pub const ADMIN_URL_ENV: &str = "AGENTGATE_TEST_MYSQL_URL";
-
-/// This server, for the shared helpers.
-#[derive(Debug)]
-pub struct MySql;
-
-#[async_trait::async_trait(?Send)]
-impl agentgate_store_sql::testing::TestServer for MySql {
-    const NAME: &'static str = "MySQL/MariaDB";
-    const ADMIN_URL_ENV: &'static str = ADMIN_URL_ENV;
-    const DEFAULT_ADMIN_URL: &'static str = DEFAULT_ADMIN_URL;
-
-    async fn probe(url: &str) -> Result<(), String> {
-        let connection = crate::admin::connect(url).await?;
-        let _ = connection.close().await;
-        Ok(())
-    }
-
-    async fn create(url: &str, name: &str) -> Result<(), String> {
-        crate::admin::create_database(url, name).await
-    }
-
-    async fn drop(url: &str, name: &str) -> Result<(), String> {
-        crate::admin::drop_database(url, name).await
-    }
-}
-
-/// A fresh database, dropped (best effort) with this value.
-pub type TestDatabase = agentgate_store_sql::testing::TestDatabase<MySql>;
-
-/// Creates an empty database and returns its URL; `None` (after printing
-/// why) when the server is absent.
-///
-/// # Panics
-/// When the server is absent and `AGENTGATE_REQUIRE_SERVICES=1`, or when the
-/// server is there but refuses to create a database.
-pub async fn fresh_database_url() -> Option<String> {
-    agentgate_store_sql::testing::fresh_database_url::<MySql>().await
-}
-
-/// Drops a database made by [`fresh_database_url`] (best effort).
-pub async fn drop_database(url: &str) {
-    agentgate_store_sql::testing::drop_database::<MySql>(url).await;
-}
+agentgate_store_sql::test_server!(
+    MySql,
+    name = "MySQL/MariaDB",
+    env = "AGENTGATE_TEST_MYSQL_URL",
+    default = "mysql://root@127.0.0.1:3306/test"
+);
 
 /// How often the one-`CALL` fast paths of a begin and of a turn's ending
 /// (migration 0006) did the step, or wrote nothing and left it to the full

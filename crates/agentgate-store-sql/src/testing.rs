@@ -147,6 +147,69 @@ impl<S: TestServer> Drop for TestDatabase<S> {
     }
 }
 
+/// Writes a store crate's `testing` module body for its server: the
+/// server's [`TestServer`] (named `$server`, probing, creating and dropping
+/// through the crate's `admin::{connect, create_database, drop_database}`),
+/// its `ADMIN_URL_ENV` and `DEFAULT_ADMIN_URL`, a `TestDatabase`, and
+/// `fresh_database_url` / `drop_database` on it.
+// `crate::admin` here means the store crate that invokes the macro.
+#[allow(clippy::crate_in_macro_def)]
+#[macro_export]
+macro_rules! test_server {
+    ($server:ident, name = $name:literal, env = $env:literal, default = $default:literal) => {
+        pub use $crate::testing::{DATABASE_PREFIX, REQUIRE_SERVICES_ENV};
+
+        /// Where a test server is looked for when the environment does not say.
+        pub const DEFAULT_ADMIN_URL: &str = $default;
+
+        /// The environment variable naming the admin URL.
+        pub const ADMIN_URL_ENV: &str = $env;
+
+        /// This server, for the shared helpers.
+        #[derive(Debug)]
+        pub struct $server;
+
+        #[$crate::async_trait(?Send)]
+        impl $crate::testing::TestServer for $server {
+            const NAME: &'static str = $name;
+            const ADMIN_URL_ENV: &'static str = ADMIN_URL_ENV;
+            const DEFAULT_ADMIN_URL: &'static str = DEFAULT_ADMIN_URL;
+
+            async fn probe(url: &str) -> Result<(), String> {
+                let connection = crate::admin::connect(url).await?;
+                let _ = ::sqlx::Connection::close(connection).await;
+                Ok(())
+            }
+
+            async fn create(url: &str, name: &str) -> Result<(), String> {
+                crate::admin::create_database(url, name).await
+            }
+
+            async fn drop(url: &str, name: &str) -> Result<(), String> {
+                crate::admin::drop_database(url, name).await
+            }
+        }
+
+        /// A fresh database, dropped (best effort) with this value.
+        pub type TestDatabase = $crate::testing::TestDatabase<$server>;
+
+        /// Creates an empty database and returns its URL; `None` (after
+        /// printing why) when the server is absent.
+        ///
+        /// # Panics
+        /// When the server is absent and `AGENTGATE_REQUIRE_SERVICES=1`, or
+        /// when the server is there but refuses to create a database.
+        pub async fn fresh_database_url() -> Option<String> {
+            $crate::testing::fresh_database_url::<$server>().await
+        }
+
+        /// Drops a database made by [`fresh_database_url`] (best effort).
+        pub async fn drop_database(url: &str) {
+            $crate::testing::drop_database::<$server>(url).await;
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
