@@ -93,7 +93,7 @@ impl BeginSql for Sql<'_> {
         let (session, session_fence) = lock_session(tx, command).await?;
         let facts = read_facts(tx, command, self.0.config.max_turns_per_user).await?;
         Ok(Locked {
-            session,
+            session: Some(session),
             session_fence,
             facts,
         })

@@ -144,7 +144,7 @@ impl BeginSql for Sql<'_> {
         let (cap, session, session_fence) = lock_rows(tx, command).await?;
         let facts = read_facts(tx, command, cap, self.0.config.max_turns_per_user).await?;
         Ok(Locked {
-            session,
+            session: Some(session),
             session_fence,
             facts,
         })

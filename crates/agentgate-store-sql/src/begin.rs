@@ -1,11 +1,13 @@
-//! The begin step of the SQL stores that lock rows (PostgreSQL, MySQL),
-//! written once: the retry loop, the one-statement common case tried first
-//! ([`BeginTx::begin_new`]), and the full path's decision applied inside
-//! the store's transaction ([`begin_in`]).
+//! The begin step of every SQL store, written once: the retry loop, the
+//! one-statement common case tried first ([`BeginTx::begin_new`]), and the
+//! full path's decision ([`decide_in`]) applied inside the store's
+//! transaction ([`apply`]; both in [`begin_in`]).
 //!
-//! The store locks the user's row and then the session's row (creating
-//! either on first use) and reads the facts under those locks
-//! ([`BeginSql::lock_and_read`]); this module reads a confirmation's target
+//! The store reads the facts where no other begin of the user or the
+//! session can change them: PostgreSQL and MySQL lock the user's row and
+//! then the session's row (creating either on first use); SQLite holds its
+//! single writer ([`BeginSql::lock_and_read`]). This module reads a
+//! confirmation's target
 //! and its continuation when the decision needs them, asks
 //! [`decide_begin`], and applies the answer: a replay reads nothing more,
 //! an exhausted turn is failed for good, a start marks a confirmed turn,
@@ -14,6 +16,11 @@
 //! lease layer an exhausted turn whose lease the layer still holds is
 //! `request_in_flight`, as on every store. A start whose commit fails gives
 //! the layer's lease back ([`settle`]).
+//!
+//! SQLite with a lease layer never holds its single writer across the
+//! layer's round trip: it decides on a reader snapshot ([`decide_in`]),
+//! acquires the layer's lease, then decides again under the writer and
+//! applies the start with that lease already held ([`Lease::Held`]).
 
 use agentgate_core::decide::{
     decide_begin, layer_acquired, reserved_fence, BeginDecision, BeginFacts, SessionSnapshot,
@@ -75,21 +82,42 @@ pub struct Facts {
 /// The session's row, locked, and the facts read after the locks.
 #[derive(Debug)]
 pub struct Locked {
-    /// The session as the decision sees it.
-    pub session: SessionSnapshot,
+    /// The session as the decision sees it (`None`: no row yet).
+    pub session: Option<SessionSnapshot>,
     /// The newest fence granted on the session.
     pub session_fence: i64,
     /// The clock, the permits and the request's turn.
     pub facts: Facts,
 }
 
-/// A start as decided: its kind and attempt, and the fence when it was
-/// taken before the transaction (else the store takes it).
-#[derive(Clone, Copy, Debug)]
-struct Start {
-    kind: StartKind,
-    attempt: u32,
-    fence: Option<Fence>,
+/// Where a start's lease comes from.
+#[derive(Debug)]
+pub enum Lease {
+    /// The start takes it: in the session's row, or from the lease layer
+    /// after the grant is written. `reserved` is the fence taken before the
+    /// transaction, if the store takes it there (else the grant takes it).
+    Take {
+        /// The fence reserved before the transaction.
+        reserved: Option<Fence>,
+    },
+    /// The lease layer already holds it (SQLite acquires before it takes
+    /// its single writer): the turn, token and fence it was acquired with,
+    /// and what remains of it.
+    Held(Held),
+}
+
+/// A lease the lease layer holds for a start not yet written.
+#[derive(Debug)]
+pub struct Held {
+    /// The turn the lease was acquired for: the request's existing turn,
+    /// or the id the new turn gets.
+    pub turn_id: TurnId,
+    /// The lease's token.
+    pub token: LeaseToken,
+    /// The fence it was acquired with, taken before the transaction.
+    pub fence: Fence,
+    /// What remains of the lease, as the layer answered.
+    pub lease_expires_in_ms: i64,
 }
 
 /// The rows a start writes, for the dialect's [`BeginSql::write_grant`]:
@@ -198,36 +226,68 @@ pub async fn settle<S: Run>(
     Ok(outcome)
 }
 
-/// A start, applied: a new lease token; for a new turn that answers a
-/// pending confirmation, the confirmed turn marked and its action carried;
-/// the dialect's [`BeginSql::write_grant`]; then, with a lease layer, the
-/// layer's acquire with the fence (a refusal returns before the commit, so
-/// the grant rolls back and nothing is written).
+/// A start, applied: a new lease token (or the held one); for a new turn
+/// that answers a pending confirmation, the confirmed turn marked and its
+/// action carried; the dialect's [`BeginSql::write_grant`]; then, with a
+/// lease layer and no held lease, the layer's acquire with the fence (a
+/// refusal returns before the commit, so the grant rolls back and nothing
+/// is written).
 async fn start<S: BeginSql>(
     sql: &S,
     tx: &mut S::Conn,
     command: &BeginCommand,
-    facts: &Facts,
-    confirm_target: Option<&TurnRecord>,
-    start: Start,
+    read: &Read,
+    (kind, attempt): (StartKind, u32),
+    lease: Lease,
 ) -> Result<Grant> {
-    let token = LeaseToken::generate();
+    let facts = &read.facts;
+    let (token, reserved, held) = match lease {
+        Lease::Take { reserved } => (LeaseToken::generate(), reserved, None),
+        Lease::Held(held) => {
+            if sql.leases().is_none() {
+                return Err(Error::corrupt("a held lease without a lease layer"));
+            }
+            let reserved = Some(held.fence);
+            (
+                held.token,
+                reserved,
+                Some((held.turn_id, held.lease_expires_in_ms)),
+            )
+        }
+    };
+    let reserved = reserved_fence(reserved, read.session_fence)?;
     let token_hash = token.digest_hex();
     let ttl_ms = sql.config().lease_ttl_ms();
-    let confirming = command.confirmation.is_some() && start.kind == StartKind::New;
+    let confirming = command.confirmation.is_some() && kind == StartKind::New;
+    let new_turn_id = || {
+        held.as_ref()
+            .map_or_else(TurnId::generate, |(turn_id, _)| turn_id.clone())
+    };
     let (turn_id, confirmation, pending) = match &facts.turn {
-        Some(existing) => (
-            existing.view.turn_id.clone(),
-            existing.view.confirmation.clone(),
-            None,
-        ),
+        Some(existing) => {
+            if held
+                .as_ref()
+                .is_some_and(|(turn_id, _)| *turn_id != existing.view.turn_id)
+            {
+                return Err(Error::corrupt(format!(
+                    "a lease held for another turn than {}",
+                    existing.view.turn_id
+                )));
+            }
+            (
+                existing.view.turn_id.clone(),
+                existing.view.confirmation.clone(),
+                None,
+            )
+        }
         None if confirming => {
-            let turn_id = TurnId::generate();
+            let turn_id = new_turn_id();
+            let target = read.confirm_target.as_ref();
             let (context, pending) =
-                mark_confirmed(sql, tx, command, confirm_target, &turn_id, facts.now_ms).await?;
+                mark_confirmed(sql, tx, command, target, &turn_id, facts.now_ms).await?;
             (turn_id, Some(context), pending)
         }
-        None => (TurnId::generate(), None, None),
+        None => (new_turn_id(), None, None),
     };
     let rows = GrantRows {
         command,
@@ -235,8 +295,8 @@ async fn start<S: BeginSql>(
         turn_id: &turn_id,
         restart: facts.turn.is_some(),
         token_hash: &token_hash,
-        attempt: start.attempt,
-        reserved: start.fence,
+        attempt,
+        reserved,
         row_expiry: match sql.leases() {
             Some(_) => None,
             None => Some(facts.now_ms + ttl_ms),
@@ -245,8 +305,14 @@ async fn start<S: BeginSql>(
         pending: pending.as_deref(),
     };
     let fence = sql.write_grant(tx, &rows).await?;
-    let lease_expires_in_ms = match sql.leases() {
-        Some(layer) => {
+    if reserved.is_some_and(|reserved| reserved != fence) {
+        return Err(Error::corrupt(format!(
+            "a grant reserved fence {reserved:?} and wrote {fence:?}"
+        )));
+    }
+    let lease_expires_in_ms = match (held, sql.leases()) {
+        (Some((_, remaining)), _) => remaining,
+        (None, Some(layer)) => {
             let claim = LeaseClaim::for_begin(
                 command,
                 turn_id.as_str(),
@@ -257,7 +323,7 @@ async fn start<S: BeginSql>(
             );
             layer_acquired(layer.acquire(&claim).await?, claim.turn_id, claim.cap)?
         }
-        None => ttl_ms,
+        (None, None) => ttl_ms,
     };
     Ok(Grant {
         turn_id,
@@ -266,8 +332,8 @@ async fn start<S: BeginSql>(
         client_request_id: command.client_request_id.clone(),
         lease_token: token,
         fence,
-        attempt: start.attempt,
-        takeover: start.kind == StartKind::Takeover,
+        attempt,
+        takeover: kind == StartKind::Takeover,
         lease_expires_in_ms,
         confirmation,
     })
@@ -342,7 +408,10 @@ async fn turn_by_id<S: BeginSql>(
 }
 
 /// Fails a turn that used all its attempts, for good; its view after.
-async fn exhaust<S: BeginSql>(
+///
+/// # Errors
+/// The store's; `corrupt` when the turn's row is not there to fail.
+pub async fn exhaust<S: BeginSql>(
     sql: &S,
     tx: &mut S::Conn,
     turn_id: &str,
@@ -367,10 +436,144 @@ async fn exhaust<S: BeginSql>(
     Ok(turn.view)
 }
 
-/// Runs one begin inside `tx`; the flag says whether it wrote anything (a
-/// replay or a refusal writes nothing, so the caller rolls back).
-/// `reserved` is the fence taken before the transaction, if the store takes
-/// it there.
+/// What a begin read and what `decide_begin` answered on it.
+#[derive(Debug)]
+pub struct Decided {
+    /// The answer.
+    pub decision: BeginDecision,
+    /// What it was given.
+    pub read: Read,
+}
+
+/// What a begin read: the facts and the confirmation chain they name.
+#[derive(Debug)]
+pub struct Read {
+    /// The newest fence granted on the session (0 before its first grant).
+    pub session_fence: i64,
+    /// The clock, the permits and the request's turn.
+    pub facts: Facts,
+    /// The turn the command confirms, when it has no turn of its own yet.
+    confirm_target: Option<TurnRecord>,
+    /// The turn that already answered that confirmation, if any.
+    continuation: Option<TurnRecord>,
+}
+
+/// Reads the facts on `conn` ([`BeginSql::lock_and_read`]) and the
+/// confirmation chain they name, and asks [`decide_begin`].
+///
+/// # Errors
+/// The store's.
+pub async fn decide_in<S: BeginSql>(
+    sql: &S,
+    conn: &mut S::Conn,
+    command: &BeginCommand,
+) -> Result<Decided> {
+    let Locked {
+        session,
+        session_fence,
+        facts,
+    } = sql.lock_and_read(conn, command).await?;
+    let confirms = command.confirmation.as_ref().map(|c| c.turn_id.as_str());
+    let confirm_target = match (confirms, &facts.turn) {
+        (Some(target), None) => turn_by_id(sql, conn, target).await?,
+        _ => None,
+    };
+    let continuation = match confirm_target
+        .as_ref()
+        .and_then(|t| t.snapshot.confirmed_by.as_deref())
+    {
+        Some(next) => turn_by_id(sql, conn, next).await?,
+        None => None,
+    };
+    let decision = decide_begin(&BeginFacts {
+        now_ms: facts.now_ms,
+        user_id: command.user_id.as_str(),
+        session_id: command.session_id.as_str(),
+        fingerprint: command.fingerprint.as_hex(),
+        confirms,
+        session: session.as_ref(),
+        turn: facts.turn.as_ref().map(|t| &t.snapshot),
+        confirm_target: confirm_target.as_ref().map(|t| &t.snapshot),
+        continuation: continuation.as_ref().map(|t| &t.snapshot),
+        load: facts.load,
+        resume_only: command.resume_only,
+    });
+    Ok(Decided {
+        decision,
+        read: Read {
+            session_fence,
+            facts,
+            confirm_target,
+            continuation,
+        },
+    })
+}
+
+/// The view a [`BeginDecision::Replay`] of `turn_id` answers: a turn
+/// [`decide_in`] already read, else read on `conn`.
+///
+/// # Errors
+/// The store's; `corrupt` when the turn is gone.
+pub async fn replay<S: BeginSql>(
+    sql: &S,
+    conn: &mut S::Conn,
+    read: &Read,
+    turn_id: &str,
+) -> Result<TurnView> {
+    let known = [&read.facts.turn, &read.continuation]
+        .into_iter()
+        .flatten()
+        .find(|t| t.view.turn_id.as_str() == turn_id);
+    match known {
+        Some(turn) => Ok(turn.view.clone()),
+        None => Ok(turn_by_id(sql, conn, turn_id)
+            .await?
+            .ok_or_else(|| Error::corrupt(format!("replayed turn {turn_id} vanished")))?
+            .view),
+    }
+}
+
+/// Applies `decided` inside `tx`; the flag says whether it wrote anything
+/// (a replay or a refusal writes nothing, so the caller rolls back).
+///
+/// # Errors
+/// The decision's refusal, or the store's error.
+pub async fn apply<S: BeginSql>(
+    sql: &S,
+    tx: &mut S::Conn,
+    command: &BeginCommand,
+    Decided { decision, read }: Decided,
+    lease: Lease,
+) -> Result<(BeginOutcome, bool)> {
+    match decision {
+        BeginDecision::Reject(error) => Err(error),
+        BeginDecision::Replay { turn_id } => Ok((
+            BeginOutcome::Replay(replay(sql, tx, &read, &turn_id).await?),
+            false,
+        )),
+        BeginDecision::Exhaust => {
+            let turn_id = read
+                .facts
+                .turn
+                .as_ref()
+                .map(|t| t.snapshot.turn_id.as_str())
+                .ok_or_else(|| Error::corrupt("exhausting a begin that has no turn"))?;
+            if let Some(layer) = sql.leases() {
+                refuse_if_held(layer, command.session_id.as_str(), turn_id).await?;
+            }
+            let view = exhaust(sql, tx, turn_id, read.facts.now_ms).await?;
+            Ok((BeginOutcome::Replay(view), true))
+        }
+        BeginDecision::Start { kind, attempt } => {
+            let grant = start(sql, tx, command, &read, (kind, attempt), lease).await?;
+            Ok((BeginOutcome::Started(grant), true))
+        }
+    }
+}
+
+/// Runs one begin inside `tx`: [`decide_in`], then [`apply`] with the lease
+/// taken in the step. `reserved` is the fence taken before the transaction,
+/// if the store takes it there.
 ///
 /// # Errors
 /// The decision's refusal, or the store's error.
@@ -380,78 +583,8 @@ pub async fn begin_in<S: BeginSql>(
     command: &BeginCommand,
     reserved: Option<Fence>,
 ) -> Result<(BeginOutcome, bool)> {
-    let Locked {
-        session,
-        session_fence,
-        facts,
-    } = sql.lock_and_read(tx, command).await?;
-    let confirms = command.confirmation.as_ref().map(|c| c.turn_id.as_str());
-    let confirm_target = match (confirms, &facts.turn) {
-        (Some(target), None) => turn_by_id(sql, tx, target).await?,
-        _ => None,
-    };
-    let continuation = match confirm_target
-        .as_ref()
-        .and_then(|t| t.snapshot.confirmed_by.as_deref())
-    {
-        Some(next) => turn_by_id(sql, tx, next).await?,
-        None => None,
-    };
-    let decision = decide_begin(&BeginFacts {
-        now_ms: facts.now_ms,
-        user_id: command.user_id.as_str(),
-        session_id: command.session_id.as_str(),
-        fingerprint: command.fingerprint.as_hex(),
-        confirms,
-        session: Some(&session),
-        turn: facts.turn.as_ref().map(|t| &t.snapshot),
-        confirm_target: confirm_target.as_ref().map(|t| &t.snapshot),
-        continuation: continuation.as_ref().map(|t| &t.snapshot),
-        load: facts.load,
-        resume_only: command.resume_only,
-    });
-    match decision {
-        BeginDecision::Reject(error) => Err(error),
-        BeginDecision::Replay { turn_id } => {
-            let known = [&facts.turn, &continuation]
-                .into_iter()
-                .flatten()
-                .find(|t| t.view.turn_id.as_str() == turn_id)
-                .map(|t| t.view.clone());
-            let view = match known {
-                Some(view) => view,
-                None => {
-                    turn_by_id(sql, tx, &turn_id)
-                        .await?
-                        .ok_or_else(|| Error::corrupt(format!("replayed turn {turn_id} vanished")))?
-                        .view
-                }
-            };
-            Ok((BeginOutcome::Replay(view), false))
-        }
-        BeginDecision::Exhaust => {
-            let turn_id = facts
-                .turn
-                .as_ref()
-                .map(|t| t.snapshot.turn_id.as_str())
-                .ok_or_else(|| Error::corrupt("exhausting a begin that has no turn"))?;
-            if let Some(layer) = sql.leases() {
-                refuse_if_held(layer, command.session_id.as_str(), turn_id).await?;
-            }
-            let view = exhaust(sql, tx, turn_id, facts.now_ms).await?;
-            Ok((BeginOutcome::Replay(view), true))
-        }
-        BeginDecision::Start { kind, attempt } => {
-            let start = Start {
-                kind,
-                attempt,
-                fence: reserved_fence(reserved, session_fence)?,
-            };
-            let grant =
-                self::start(sql, tx, command, &facts, confirm_target.as_ref(), start).await?;
-            Ok((BeginOutcome::Started(grant), true))
-        }
-    }
+    let decided = decide_in(sql, tx, command).await?;
+    apply(sql, tx, command, decided, Lease::Take { reserved }).await
 }
 
 /// Gives the lease layer's lease back when its grant did not become durable

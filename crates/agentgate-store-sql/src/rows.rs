@@ -74,6 +74,41 @@ pub trait Columns {
     }
 }
 
+/// The columns of a row that selected them under a prefix (`t_turn_id`),
+/// where a join would otherwise give two columns one name.
+pub struct Prefixed<'a, C> {
+    /// The row.
+    pub row: &'a C,
+    /// What each wanted column's name starts with in it.
+    pub prefix: &'static str,
+}
+
+impl<C: Columns> Columns for Prefixed<'_, C> {
+    fn text(&self, column: &str) -> Result<Option<String>> {
+        self.row.text(&format!("{}{column}", self.prefix))
+    }
+
+    fn int(&self, column: &str) -> Result<Option<i64>> {
+        self.row.int(&format!("{}{column}", self.prefix))
+    }
+
+    fn flag(&self, column: &str) -> Result<Option<bool>> {
+        self.row.flag(&format!("{}{column}", self.prefix))
+    }
+}
+
+/// `columns` (a list such as [`TURN_COLUMNS`]) of table `alias`, each
+/// selected as `prefix` + its name, for [`Prefixed`].
+#[must_use]
+pub fn prefixed(columns: &str, alias: &str, prefix: &str) -> String {
+    columns
+        .split(',')
+        .map(str::trim)
+        .map(|column| format!("{alias}.{column} AS {prefix}{column}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Parses stored canonical JSON text.
 ///
 /// # Errors

@@ -1,7 +1,7 @@
 //! Row decoding: SQLite rows read through the shared decoding
 //! (`agentgate_store_sql::rows`), which owns what each column means.
 
-use agentgate_core::decide::{SessionSnapshot, TurnSnapshot};
+use agentgate_core::decide::SessionSnapshot;
 use agentgate_core::error::{Error, Result};
 use agentgate_core::model::TurnView;
 use agentgate_store_sql::rows::{self, Columns};
@@ -32,11 +32,6 @@ impl Columns for Cols<'_> {
             Some(other) => Err(Error::corrupt(format!("{column} is {other}, not 0 or 1"))),
         }
     }
-}
-
-/// What `decide` reads of the turn in `row` (its snapshot columns only).
-pub(crate) fn turn_snapshot(row: &SqliteRow) -> Result<TurnSnapshot> {
-    rows::turn_snapshot(&Cols(row))
 }
 
 pub(crate) fn turn_view(row: &SqliteRow) -> Result<TurnView> {

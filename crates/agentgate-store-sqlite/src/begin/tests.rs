@@ -12,12 +12,16 @@ use agentgate_core::model::{BeginCommand, BeginOutcome, Ending, LeaseRef};
 use agentgate_core::store::Store;
 use serde_json::json;
 
-use super::{
-    begin_full, begin_new, decide_in, grant_layered_new, next_fence, start, Granted, StartPlan,
-};
+use super::{begin_full, begin_new, grant_layered_new, next_fence};
+use crate::steps::Sql;
 use crate::SqliteStore;
 use agentgate_core::decide::BeginDecision;
+use agentgate_core::error::Result;
 use agentgate_core::ids::{Fence, LeaseToken, TurnId};
+use agentgate_core::lease::{Acquired, LeaseClaim, LeaseLayer, LiveLease};
+use agentgate_core::model::HolderView;
+use agentgate_store_sql::begin::{apply, decide_in, Held, Lease};
+use std::sync::Arc;
 
 fn command(user: &str, session: &str, request: &str) -> BeginCommand {
     BeginCommand::new(
@@ -37,6 +41,18 @@ async fn open(dir: &tempfile::TempDir, cap: u32) -> SqliteStore {
         ..Config::default()
     };
     SqliteStore::open(&url, config).await.unwrap()
+}
+
+/// [`open`] with the [`Unasked`] lease layer.
+async fn open_layered(dir: &tempfile::TempDir, cap: u32) -> SqliteStore {
+    let url = format!("sqlite://{}", dir.path().join("layered.db").display());
+    let config = Config {
+        max_turns_per_user: cap,
+        ..Config::default()
+    };
+    SqliteStore::open_with_leases(&url, config, Some(Arc::new(Unasked)))
+        .await
+        .unwrap()
 }
 
 /// A session's row and its turn's row as a grant left them, with what
@@ -239,34 +255,66 @@ async fn an_ending_releases_the_session_in_one_statement() {
     }
 }
 
+/// A lease layer that is never asked: a start applied with its lease held
+/// must not call the layer (SQLite never holds its writer across one).
+#[derive(Debug)]
+struct Unasked;
+
+fn asked(what: &str) -> agentgate_core::error::Error {
+    agentgate_core::error::Error::corrupt(format!("the layer was asked to {what}"))
+}
+
+#[async_trait::async_trait]
+impl LeaseLayer for Unasked {
+    async fn acquire(&self, _: &LeaseClaim<'_>) -> Result<Acquired> {
+        Err(asked("acquire"))
+    }
+    async fn renew(&self, _: &str, _: &str, _: i64) -> Result<Option<i64>> {
+        Err(asked("renew"))
+    }
+    async fn holds(&self, _: &str, _: &str) -> Result<Option<LiveLease>> {
+        Err(asked("check a lease"))
+    }
+    async fn release(&self, _: &str, _: &str) -> Result<()> {
+        Err(asked("release"))
+    }
+    async fn revoke(&self, _: &str) -> Result<()> {
+        Err(asked("revoke"))
+    }
+    async fn holder(&self, _: &str) -> Result<Option<HolderView>> {
+        Err(asked("name a holder"))
+    }
+    async fn user_holders(&self, _: &str) -> Result<Vec<HolderView>> {
+        Err(asked("list holders"))
+    }
+}
+
 /// A grant whose lease the layer already holds under `fence`.
-fn layered(fence: Fence) -> Granted {
-    Granted {
+fn layered(fence: Fence) -> Held {
+    Held {
         turn_id: TurnId::generate(),
         token: LeaseToken::generate(),
         fence,
-        row_expiry: None,
         lease_expires_in_ms: 30_000,
     }
 }
 
 /// The full path with a lease layer, as `write_layered` runs it once the
-/// layer holds the lease: under the writer, decide, then write the start.
-async fn write_layered_full(store: &SqliteStore, command: &BeginCommand, granted: Granted) {
+/// layer holds the lease: under the writer, decide, then apply the start
+/// with the lease held, on a store whose layer is never asked
+/// ([`Unasked`]).
+async fn write_layered_full(store: &SqliteStore, command: &BeginCommand, held: Held) {
+    let sql = Sql(store);
     let mut tx = store.write().await.unwrap();
-    let decided = decide_in(&mut tx, command, store.config.max_turns_per_user)
+    let decided = decide_in(&sql, &mut tx, command).await.unwrap();
+    assert!(
+        matches!(decided.decision, BeginDecision::Start { .. }),
+        "the full path starts: {:?}",
+        decided.decision
+    );
+    apply(&sql, &mut tx, command, decided, Lease::Held(held))
         .await
         .unwrap();
-    let BeginDecision::Start { kind, attempt } = decided.decision else {
-        panic!("the full path starts: {:?}", decided.decision);
-    };
-    let plan = StartPlan {
-        existing: decided.turn.as_ref(),
-        kind,
-        attempt,
-        now: decided.now,
-    };
-    start(&mut tx, command, plan, granted).await.unwrap();
     tx.commit().await.unwrap();
 }
 
@@ -277,7 +325,7 @@ async fn write_layered_full(store: &SqliteStore, command: &BeginCommand, granted
 #[tokio::test]
 async fn a_layered_start_in_one_statement_writes_what_the_full_path_writes() {
     let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir, 5).await;
+    let store = open_layered(&dir, 5).await;
     let fast_fence = next_fence(&mut store.writer_connection().await.unwrap())
         .await
         .unwrap();
