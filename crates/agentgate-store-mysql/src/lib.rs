@@ -151,15 +151,6 @@ pub struct MySqlStore {
     database: String,
 }
 
-impl std::fmt::Debug for MySqlStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Never the URL: it may hold a password.
-        f.debug_struct("MySqlStore")
-            .field("config", &self.config)
-            .finish_non_exhaustive()
-    }
-}
-
 impl MySqlStore {
     /// Connects to the database at `url` (`mysql://user:password@host:port/db`,
     /// also `mariadb://`), and applies the schema, waiting for another node

@@ -156,15 +156,6 @@ pub struct PostgresStore {
     listener: notify::Slot,
 }
 
-impl std::fmt::Debug for PostgresStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Never the URL: it may hold a password.
-        f.debug_struct("PostgresStore")
-            .field("config", &self.config)
-            .finish_non_exhaustive()
-    }
-}
-
 impl PostgresStore {
     /// Connects to the database at `url` (`postgres://user@host:port/db`,
     /// also `postgresql://`), and applies the schema, waiting for another

@@ -23,7 +23,8 @@
 //!   watch, which starts (once) whatever feeds `wakeups` from other nodes.
 
 /// Implements `agentgate_core::store::Store` for `$store` over the layout
-/// the [module documentation](self) names.
+/// the [module documentation](self) names, and `Debug` (its configuration,
+/// never its URL).
 // `crate::` here means the store crate that invokes the macro, on purpose:
 // its modules are the dialect.
 #[allow(clippy::crate_in_macro_def)]
@@ -213,6 +214,15 @@ macro_rules! impl_store {
                     self.wakeups.released(orphan.session_id.as_str());
                 }
                 Ok(abandoned)
+            }
+        }
+
+        impl ::std::fmt::Debug for $store {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                // Never the URL: it may hold a password.
+                f.debug_struct(stringify!($store))
+                    .field("config", &self.config)
+                    .finish_non_exhaustive()
             }
         }
     };

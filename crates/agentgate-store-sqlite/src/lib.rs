@@ -92,14 +92,6 @@ pub struct SqliteStore {
     transactions: Arc<AtomicU64>,
 }
 
-impl std::fmt::Debug for SqliteStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqliteStore")
-            .field("config", &self.config)
-            .finish_non_exhaustive()
-    }
-}
-
 impl SqliteStore {
     /// Opens (creating if missing) the SQLite file at `url`
     /// (`sqlite://path` or `sqlite:path`), in WAL mode with `synchronous=FULL`,
