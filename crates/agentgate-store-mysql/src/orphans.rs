@@ -17,14 +17,13 @@ use agentgate_core::error::Result;
 use agentgate_core::ids::Fence;
 use agentgate_store_sql::orphans::OrphanSql;
 use agentgate_store_sql::query::Run;
-use agentgate_store_sql::StepTx;
 
 use crate::error::map_sqlx;
 use crate::steps::Sql;
 
 #[async_trait::async_trait]
 impl OrphanSql for Sql<'_> {
-    async fn lock_session(&self, session_id: &str) -> Result<<Self as StepTx>::Tx> {
+    async fn lock_session(&self, session_id: &str) -> Result<<Self as Run>::Tx> {
         let mut tx = self.0.transaction().await?;
         sqlx::query("SELECT session_id FROM ag_sessions WHERE session_id = ? FOR UPDATE")
             .bind(session_id)

@@ -33,7 +33,7 @@ use agentgate_core::error::Result;
 use agentgate_core::ids::{ExecutionId, Fence};
 
 use agentgate_core::model::{Ending, ExecutionEnding, LeaseRef, ToolCall, TurnView};
-use sqlx::{MySql, MySqlConnection, Transaction};
+use sqlx::MySqlConnection;
 
 use crate::error::{corrupt, map_sqlx};
 use crate::fast;
@@ -154,20 +154,10 @@ impl HeartbeatSql for Sql<'_> {
 
 #[async_trait::async_trait]
 impl StepTx for Sql<'_> {
-    type Tx = Transaction<'static, MySql>;
-
-    fn conn(tx: &mut Self::Tx) -> &mut MySqlConnection {
-        tx
-    }
-
     async fn open(&self, lease: &LeaseRef) -> Result<(Self::Tx, CheckedLease)> {
         let mut tx = self.0.transaction().await?;
         let live = check_lease(self.0, &mut tx, lease, true).await?;
         Ok((tx, live.checked()))
-    }
-
-    async fn commit(&self, tx: Self::Tx) -> Result<()> {
-        tx.commit().await.map_err(map_sqlx)
     }
 }
 

@@ -17,7 +17,6 @@ use agentgate_core::error::Result;
 use agentgate_core::ids::Fence;
 use agentgate_store_sql::orphans::OrphanSql;
 use agentgate_store_sql::query::Run;
-use agentgate_store_sql::StepTx;
 
 use crate::error::map_sqlx;
 use crate::steps::Sql;
@@ -26,7 +25,7 @@ use crate::steps::Sql;
 impl OrphanSql for Sql<'_> {
     const ANNOUNCE_RELEASE: Option<&'static str> = Some(crate::notify::ANNOUNCE);
 
-    async fn lock_session(&self, session_id: &str) -> Result<<Self as StepTx>::Tx> {
+    async fn lock_session(&self, session_id: &str) -> Result<<Self as Run>::Tx> {
         let mut tx = self.0.transaction().await?;
         sqlx::query("SELECT 1 FROM ag_sessions WHERE session_id = $1 FOR UPDATE")
             .bind(session_id)

@@ -38,7 +38,6 @@ use agentgate_core::ids::ExecutionId;
 
 use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
 use agentgate_core::model::{Ending, ExecutionEnding, LeaseRef, ToolCall, TurnView};
-use sqlx::{PgConnection, Postgres, Transaction};
 
 use crate::error::map_sqlx;
 use crate::lease::{check_lease, Holder, LiveLease};
@@ -78,20 +77,10 @@ impl HeartbeatSql for Sql<'_> {
 
 #[async_trait::async_trait]
 impl StepTx for Sql<'_> {
-    type Tx = Transaction<'static, Postgres>;
-
-    fn conn(tx: &mut Self::Tx) -> &mut PgConnection {
-        tx
-    }
-
     async fn open(&self, lease: &LeaseRef) -> Result<(Self::Tx, LiveLease)> {
         let mut tx = self.0.transaction().await?;
         let live = check_lease(self.0, &mut tx, lease, true).await?;
         Ok((tx, live))
-    }
-
-    async fn commit(&self, tx: Self::Tx) -> Result<()> {
-        tx.commit().await.map_err(map_sqlx)
     }
 }
 

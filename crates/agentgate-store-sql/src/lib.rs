@@ -62,15 +62,6 @@ use agentgate_core::model::LeaseRef;
 /// locks rows (SQLite's transaction holds its single writer).
 #[async_trait::async_trait]
 pub trait StepTx: query::Run {
-    /// The open transaction.
-    type Tx: Send;
-
-    /// The open transaction's connection, for the shared statements.
-    fn conn(tx: &mut Self::Tx) -> &mut <Self as query::Run>::Conn;
-
     /// Opens the transaction and checks the caller's lease in it.
     async fn open(&self, lease: &LeaseRef) -> Result<(Self::Tx, CheckedLease)>;
-
-    /// Commits it.
-    async fn commit(&self, tx: Self::Tx) -> Result<()>;
 }

@@ -152,6 +152,8 @@ pub trait Run: Sync {
     type Conn: Send + 'static;
     /// One row as the driver returns it.
     type Row: Send + Sync;
+    /// An open transaction (a step's, [`crate::StepTx`]).
+    type Tx: Send;
 
     /// The store's clock in milliseconds, as an SQL expression.
     const NOW_MS: &'static str;
@@ -167,6 +169,15 @@ pub trait Run: Sync {
 
     /// The store's configuration.
     fn config(&self) -> &Config;
+
+    /// An open transaction's connection, for the shared statements.
+    fn conn(tx: &mut Self::Tx) -> &mut Self::Conn;
+
+    /// Commits `tx`.
+    ///
+    /// # Errors
+    /// The driver's, mapped.
+    async fn commit(&self, tx: Self::Tx) -> Result<()>;
 
     /// Runs the statement; the rows it changed.
     async fn execute(&self, on: On<'_, Self::Conn>, statement: Statement<'_>) -> Result<u64>;
@@ -231,6 +242,7 @@ macro_rules! impl_run {
         impl $crate::query::Run for $wrapper<'_> {
             type Conn = $conn;
             type Row = $row;
+            type Tx = sqlx::Transaction<'static, $db>;
 
             const NOW_MS: &'static str = $now;
             const BIGINT: &'static str = $bigint;
@@ -245,6 +257,14 @@ macro_rules! impl_run {
 
             fn config(&self) -> &agentgate_core::config::Config {
                 &self.0.config
+            }
+
+            fn conn(tx: &mut Self::Tx) -> &mut $conn {
+                tx
+            }
+
+            async fn commit(&self, tx: Self::Tx) -> agentgate_core::error::Result<()> {
+                tx.commit().await.map_err($map_err)
             }
 
             async fn execute(

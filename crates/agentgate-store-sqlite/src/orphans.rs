@@ -17,13 +17,12 @@ use agentgate_core::error::Result;
 use agentgate_core::ids::Fence;
 use agentgate_store_sql::orphans::OrphanSql;
 use agentgate_store_sql::query::Run;
-use agentgate_store_sql::StepTx;
 
 use crate::steps::Sql;
 
 #[async_trait::async_trait]
 impl OrphanSql for Sql<'_> {
-    async fn lock_session(&self, _session_id: &str) -> Result<<Self as StepTx>::Tx> {
+    async fn lock_session(&self, _session_id: &str) -> Result<<Self as Run>::Tx> {
         // The single writer: no other step writes while this one runs.
         self.0.write().await
     }

@@ -196,18 +196,8 @@ impl HeartbeatSql for Sql<'_> {
 
 #[async_trait::async_trait]
 impl StepTx for Sql<'_> {
-    type Tx = Transaction<'static, Sqlite>;
-
-    fn conn(tx: &mut Self::Tx) -> &mut SqliteConnection {
-        tx
-    }
-
     async fn open(&self, lease: &LeaseRef) -> Result<(Self::Tx, LiveLease)> {
         locked_step(self.0, lease).await
-    }
-
-    async fn commit(&self, tx: Self::Tx) -> Result<()> {
-        tx.commit().await.map_err(map_sqlx)
     }
 }
 
