@@ -44,12 +44,12 @@
 //! target was already confirmed) and one `UPDATE` of it.
 
 use agentgate_core::decide::{SessionSnapshot, UserLoad};
-use agentgate_core::error::Result;
+use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::Fence;
 use agentgate_core::model::{BeginCommand, BeginOutcome, Grant};
 use sqlx::{Connection, MySqlConnection};
 
-use crate::error::{corrupt, map_sqlx};
+use crate::error::map_sqlx;
 use crate::fast;
 use crate::rows::{get, session_snapshot, Cols, SESSION_COLUMNS, TURN_COLUMNS};
 use crate::steps::Sql;
@@ -195,7 +195,7 @@ pub(crate) async fn next_fence(conn: &mut MySqlConnection) -> Result<Fence> {
         .map_err(map_sqlx)?;
     let value = i64::try_from(done.last_insert_id()).unwrap_or(0);
     if done.rows_affected() != 1 || value <= 0 {
-        return Err(corrupt("the fence counter row is missing"));
+        return Err(Error::corrupt("the fence counter row is missing"));
     }
     Ok(Fence(value))
 }
@@ -223,7 +223,7 @@ async fn grant_session(tx: &mut MySqlConnection, rows: &GrantRows<'_>, fence: Fe
     .map_err(map_sqlx)?;
     // The row is locked and the fence is new, so the update changes it.
     if updated.rows_affected() != 1 {
-        return Err(corrupt(format!(
+        return Err(Error::corrupt(format!(
             "the grant of session {} changed {} rows",
             rows.command.session_id,
             updated.rows_affected()
@@ -272,7 +272,10 @@ async fn write_turn(tx: &mut MySqlConnection, rows: &GrantRows<'_>, fence: Fence
         .await
     };
     if written.map_err(map_sqlx)?.rows_affected() != 1 {
-        return Err(corrupt(format!("turn {} was not written", rows.turn_id)));
+        return Err(Error::corrupt(format!(
+            "turn {} was not written",
+            rows.turn_id
+        )));
     }
     Ok(())
 }

@@ -44,11 +44,6 @@ pub(crate) fn is_duplicate_key(error: &sqlx::Error) -> bool {
         .is_some_and(|e| e.number() == DUPLICATE_KEY)
 }
 
-/// A stored value the schema does not allow (a bug or a foreign writer).
-pub(crate) fn corrupt(what: impl std::fmt::Display) -> Error {
-    Error::store(format!("corrupt row: {what}"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -67,7 +67,7 @@
 //! comes on top of the full path's. With an external layer: no begin fast
 //! path, end 2 (the turn read, the update), each step plus one layer call.
 
-use agentgate_core::error::Result;
+use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{ExecutionId, Fence, LeaseToken, TurnId};
 use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
 use agentgate_core::model::{
@@ -78,7 +78,7 @@ use sqlx::mysql::MySqlArguments;
 use sqlx::query::Query;
 use sqlx::{MySql, Row};
 
-use crate::error::{corrupt, is_duplicate_key, map_sqlx};
+use crate::error::{is_duplicate_key, map_sqlx};
 use crate::rows::{get, Cols, Positional, TurnRow, TURN_COLUMNS};
 use crate::{MySqlStore, NOW_MS};
 
@@ -191,7 +191,7 @@ pub(crate) async fn claim(
         Err(error) if is_duplicate_key(&error) => Ok(false),
         Err(error) => Err(map_sqlx(error)),
         Ok(done) if done.rows_affected() <= 1 => Ok(done.rows_affected() == 1),
-        Ok(done) => Err(corrupt(format!(
+        Ok(done) => Err(Error::corrupt(format!(
             "a first claim inserted {} executions",
             done.rows_affected()
         ))),
@@ -229,7 +229,9 @@ pub(crate) async fn end_execution(
     match done.rows_affected() {
         0 => Ok(false),
         1 => Ok(true),
-        n => Err(corrupt(format!("ending one execution changed {n} rows"))),
+        n => Err(Error::corrupt(format!(
+            "ending one execution changed {n} rows"
+        ))),
     }
 }
 
@@ -311,7 +313,7 @@ pub(crate) async fn end_turn(
     match done.rows_affected() {
         0 => return Ok(None),
         1 | 2 => {}
-        n => return Err(corrupt(format!("ending one turn changed {n} rows"))),
+        n => return Err(Error::corrupt(format!("ending one turn changed {n} rows"))),
     }
     turn.state = columns.state.to_owned();
     turn.response = columns.response.map(str::to_owned);
@@ -376,7 +378,7 @@ pub(crate) async fn begin(store: &MySqlStore, command: &BeginCommand) -> Result<
         .await
         .map_err(map_sqlx)?;
     let [row] = rows.as_slice() else {
-        return Err(corrupt(format!(
+        return Err(Error::corrupt(format!(
             "ag_begin_fast returned {} rows, not one",
             rows.len()
         )));
@@ -435,7 +437,7 @@ async fn end_turn_in_row(
             note(store, Taken::EndEnded);
             Ok(Some(view))
         }
-        more => Err(corrupt(format!(
+        more => Err(Error::corrupt(format!(
             "ag_end_turn_fast returned {} rows for one turn",
             more.len()
         ))),

@@ -29,13 +29,13 @@
 
 use agentgate_core::config::duration_ms;
 use agentgate_core::decide::CheckedLease;
-use agentgate_core::error::Result;
+use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{ExecutionId, Fence};
 
 use agentgate_core::model::{Ending, ExecutionEnding, LeaseRef, ToolCall, TurnView};
 use sqlx::MySqlConnection;
 
-use crate::error::{corrupt, map_sqlx};
+use crate::error::map_sqlx;
 use crate::fast;
 use crate::rows::{turn_view, Cols, TURN_COLUMNS};
 use crate::{MySqlStore, NOW_MS};
@@ -282,7 +282,7 @@ async fn end_turn_once(store: &MySqlStore, lease: &LeaseRef, ending: &Ending) ->
     .await
     .map_err(map_sqlx)?;
     if ended.rows_affected() != 1 {
-        return Err(corrupt(format!(
+        return Err(Error::corrupt(format!(
             "turn {} holds its session but is not running under its fence",
             lease.turn_id
         )));

@@ -67,12 +67,12 @@
 //! and one `UPDATE` of it.
 
 use agentgate_core::decide::{SessionSnapshot, UserLoad};
-use agentgate_core::error::Result;
+use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{Fence, LeaseToken, TurnId};
 use agentgate_core::model::{BeginCommand, BeginOutcome, Grant};
 use sqlx::PgConnection;
 
-use crate::error::{corrupt, map_sqlx};
+use crate::error::map_sqlx;
 use crate::rows::{get, session_snapshot, SESSION_COLUMNS, TURN_COLUMNS};
 use crate::steps::Sql;
 use crate::{PostgresStore, NOW_MS, STEP_LOCK_TIMEOUT};
@@ -279,7 +279,8 @@ async fn grant(tx: &mut PgConnection, rows: &GrantRows<'_>) -> Result<Fence> {
             .bind(command.payload.as_str())
     };
     let fence: Option<i64> = query.fetch_optional(tx).await.map_err(map_sqlx)?;
-    let fence = fence.ok_or_else(|| corrupt(format!("turn {} was not written", rows.turn_id)))?;
+    let fence =
+        fence.ok_or_else(|| Error::corrupt(format!("turn {} was not written", rows.turn_id)))?;
     Ok(Fence(fence))
 }
 

@@ -30,11 +30,6 @@ pub(crate) fn map_sqlx(error: sqlx::Error) -> Error {
     }
 }
 
-/// A stored value the schema does not allow (a bug or a foreign writer).
-pub(crate) fn corrupt(what: impl std::fmt::Display) -> Error {
-    Error::store(format!("corrupt row: {what}"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,12 +10,12 @@
 //! re-evaluates on the newest version of a row it had to wait for.
 
 use agentgate_core::config::check_cap;
-use agentgate_core::error::Result;
+use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::UserId;
 use agentgate_core::model::SweepReport;
 use agentgate_store_sql::views::{Cutoffs, ViewSql};
 
-use crate::error::{corrupt, map_sqlx};
+use crate::error::map_sqlx;
 use crate::steps::Sql;
 use crate::{PostgresStore, NOW_MS};
 use agentgate_store_sql::Retry;
@@ -116,7 +116,7 @@ pub(crate) async fn sweep(store: &PostgresStore) -> Result<SweepReport> {
         .execute(pool)
         .await
         .map_err(map_sqlx)?;
-    let count = |n: i64| u64::try_from(n).map_err(|_| corrupt(format!("count {n}")));
+    let count = |n: i64| u64::try_from(n).map_err(|_| Error::corrupt(format!("count {n}")));
     Ok(SweepReport {
         abandoned: 0,
         released: 0,

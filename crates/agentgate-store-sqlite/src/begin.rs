@@ -62,7 +62,7 @@ use agentgate_store_sql::begin::{
 use agentgate_store_sql::rows::{prefixed, Prefixed};
 use sqlx::{Row, SqliteConnection};
 
-use crate::error::{corrupt, map_sqlx};
+use crate::error::map_sqlx;
 use crate::rows::{session_snapshot, Cols, TURN_COLUMNS};
 use crate::steps::Sql;
 use crate::{SqliteStore, NOW_MS};
@@ -113,7 +113,7 @@ async fn snapshot(
     };
     let session_fence = match (get("session_fence")?, &session) {
         (Some(fence), Some(_)) => fence,
-        (None, Some(_)) => return Err(corrupt("a session without a fence")),
+        (None, Some(_)) => return Err(Error::corrupt("a session without a fence")),
         // 0 before the session's first grant: every fence is above it.
         (_, None) => 0,
     };
@@ -121,11 +121,12 @@ async fn snapshot(
         session,
         session_fence,
         facts: Facts {
-            now_ms: get("now_ms")?.ok_or_else(|| corrupt("the store's clock read NULL"))?,
+            now_ms: get("now_ms")?.ok_or_else(|| Error::corrupt("the store's clock read NULL"))?,
             load: UserLoad::read(
                 get("cap")?,
                 default_cap,
-                get("live")?.ok_or_else(|| corrupt("the user's live-session count is NULL"))?,
+                get("live")?
+                    .ok_or_else(|| Error::corrupt("the user's live-session count is NULL"))?,
                 get("soonest")?,
             )?,
             turn: TurnRecord::read(&Prefixed {
@@ -226,7 +227,7 @@ async fn begin_new(store: &SqliteStore, command: &BeginCommand) -> Result<Option
         [] => return Ok(None),
         [fence] => *fence,
         more => {
-            return Err(corrupt(format!(
+            return Err(Error::corrupt(format!(
                 "a one-statement begin granted {}",
                 more.len()
             )))
@@ -273,8 +274,8 @@ async fn begin_layered(
                 // A turn whose lease is live in the layer is in flight, not
                 // exhausted; ask before taking the writer. No new lease can
                 // appear for it meanwhile: its attempts are used up.
-                let turn_id =
-                    seen_turn.ok_or_else(|| corrupt("exhausting a begin that has no turn"))?;
+                let turn_id = seen_turn
+                    .ok_or_else(|| Error::corrupt("exhausting a begin that has no turn"))?;
                 refuse_if_held(layer, command.session_id.as_str(), turn_id.as_str()).await?;
                 let mut tx = store.write().await?;
                 let decided = decide_in(&sql, &mut tx, command).await?;
@@ -370,7 +371,7 @@ async fn write_layered(
     let layer = store
         .leases
         .as_deref()
-        .ok_or_else(|| corrupt("a layered begin without a lease layer"))?;
+        .ok_or_else(|| Error::corrupt("a layered begin without a lease layer"))?;
     let (turn_id, digest) = (held.turn_id.to_string(), held.token.digest_hex());
     let written = async {
         if lapsed(held.lease_expires_in_ms, asked) {
@@ -473,7 +474,7 @@ async fn grant_layered_new(
     match written.as_slice() {
         [] => Ok(false),
         [fence] if *fence == held.fence.0 => Ok(true),
-        other => Err(corrupt(format!(
+        other => Err(Error::corrupt(format!(
             "a one-statement layered grant under fence {} wrote {other:?}",
             held.fence.0
         ))),

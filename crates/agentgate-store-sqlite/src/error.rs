@@ -13,11 +13,6 @@ pub(crate) fn map_sqlx(error: sqlx::Error) -> Error {
     Error::store(error)
 }
 
-/// A stored value the schema does not allow (a bug or a foreign writer).
-pub(crate) fn corrupt(what: impl std::fmt::Display) -> Error {
-    Error::store(format!("corrupt row: {what}"))
-}
-
 /// Whether `error` is SQLite's "database is locked / busy" (SQLITE_BUSY and
 /// its extended codes), which a retry may get past.
 pub(crate) fn is_busy(error: &Error) -> bool {

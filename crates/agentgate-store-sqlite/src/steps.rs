@@ -30,7 +30,7 @@ use agentgate_store_sql::lease::{self, Authority, LeaseRow, LeaseSql, LEASE_COLU
 use agentgate_store_sql::tool::ToolEndingSql;
 use agentgate_store_sql::StepTx;
 
-use crate::error::{corrupt, map_sqlx};
+use crate::error::map_sqlx;
 use crate::rows::{turn_view, Cols, TURN_COLUMNS};
 use crate::{SqliteStore, NOW_MS};
 
@@ -350,7 +350,7 @@ async fn try_end(
         // No row: the lease is not live; nothing was written.
         [] => Ok(None),
         [row] => turn_view(row).map(Some),
-        more => Err(corrupt(format!(
+        more => Err(Error::corrupt(format!(
             "a turn ending updated {} turns",
             more.len()
         ))),
