@@ -33,8 +33,10 @@ use agentgate_core::model::{BeginCommand, BeginOutcome, ConfirmationContext, Gra
 use serde_json::Value;
 
 use crate::query::{On, Run, Statement};
-use crate::rows::{json, Columns, TurnRow, TURN_COLUMNS};
+use crate::rows::{json, prefixed, session_snapshot, Columns, Prefixed, TurnRow, TURN_COLUMNS};
 use crate::Retry;
+
+pub mod layered;
 
 /// A turn row as a begin reads it: what `decide` needs, what a replay
 /// answers, and the `pending` column as stored (a confirmation copies it
@@ -468,11 +470,99 @@ pub async fn decide_in<S: BeginSql>(
     conn: &mut S::Conn,
     command: &BeginCommand,
 ) -> Result<Decided> {
+    let locked = sql.lock_and_read(conn, command).await?;
+    decide_on(sql, conn, command, locked).await
+}
+
+/// [`decide_in`] on facts read without locks ([`read_unlocked`]): a guess
+/// that a layered begin makes before it asks the lease layer, and checks
+/// again where no other begin can change the facts.
+///
+/// # Errors
+/// The store's.
+pub async fn decide_unlocked<S: BeginSql>(
+    sql: &S,
+    conn: &mut S::Conn,
+    command: &BeginCommand,
+) -> Result<Decided> {
+    let locked = read_unlocked(sql, conn, command).await?;
+    decide_on(sql, conn, command, locked).await
+}
+
+/// Everything `decide_begin` reads about a request but the confirmation
+/// chain, in one statement that takes no lock: the store's clock (one
+/// reading per statement on every store), the user's load (cap override, live permits, soonest expiry),
+/// the session (`None`: no row) and its newest fence, and the request's
+/// turn (its columns under the prefix `t_`). SQLite reads it under its
+/// single writer; every store reads it for a layered begin's first guess.
+///
+/// # Errors
+/// The store's; `corrupt` for a session without a fence.
+pub async fn read_unlocked<S: Run>(
+    sql: &S,
+    conn: &mut S::Conn,
+    command: &BeginCommand,
+) -> Result<Locked> {
+    let now = S::NOW_MS;
+    let statement = Statement::new(format!(
+        "SELECT l.now_ms, l.cap, l.live, l.soonest, \
+         s.user_id, s.holder_turn_id, s.lease_expires_at_ms, s.pending_turn_id, \
+         s.pending_expires_at_ms, s.fence AS session_fence, {turn} \
+         FROM (SELECT {now} AS now_ms, \
+                 (SELECT max_turns FROM ag_users WHERE user_id = $1) AS cap, \
+                 COUNT(*) AS live, MIN(lease_expires_at_ms) AS soonest \
+               FROM ag_sessions WHERE user_id = $1 AND lease_expires_at_ms > {now}) l \
+         LEFT JOIN ag_sessions s ON s.session_id = $2 \
+         LEFT JOIN ag_turns t ON t.session_id = $2 AND t.client_request_id = $3",
+        turn = prefixed(TURN_COLUMNS, "t", "t_"),
+    ))
+    .text(command.user_id.as_str())
+    .text(command.session_id.as_str())
+    .text(command.client_request_id.as_str());
+    let row = sql.fetch_one(On::Conn(conn), statement).await?;
+    let row = S::columns(&row);
+    let session = match row.text("user_id")? {
+        Some(_) => Some(session_snapshot(&row)?),
+        None => None,
+    };
+    let session_fence = match (row.int("session_fence")?, &session) {
+        (Some(fence), Some(_)) => fence,
+        (None, Some(_)) => return Err(Error::corrupt("a session without a fence")),
+        // 0 before the session's first grant: every fence is above it.
+        (_, None) => 0,
+    };
+    Ok(Locked {
+        session,
+        session_fence,
+        facts: Facts {
+            now_ms: row.int_required("now_ms")?,
+            load: UserLoad::read(
+                row.int("cap")?,
+                sql.config().max_turns_per_user,
+                row.int_required("live")?,
+                row.int("soonest")?,
+            )?,
+            turn: TurnRecord::read(&Prefixed {
+                row: &row,
+                prefix: "t_",
+            })?,
+        },
+    })
+}
+
+/// The tail of [`decide_in`]: the confirmation chain `locked` names, and
+/// the decision.
+async fn decide_on<S: BeginSql>(
+    sql: &S,
+    conn: &mut S::Conn,
+    command: &BeginCommand,
+    locked: Locked,
+) -> Result<Decided> {
     let Locked {
         session,
         session_fence,
         facts,
-    } = sql.lock_and_read(conn, command).await?;
+    } = locked;
     let confirms = command.confirmation.as_ref().map(|c| c.turn_id.as_str());
     let confirm_target = match (confirms, &facts.turn) {
         (Some(target), None) => turn_by_id(sql, conn, target).await?,

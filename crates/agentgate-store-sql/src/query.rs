@@ -154,6 +154,8 @@ pub trait Run: Sync {
     type Row: Send + Sync;
     /// An open transaction (a step's, [`crate::StepTx`]).
     type Tx: Send;
+    /// A pooled connection outside any transaction, reading committed state.
+    type Reader: std::ops::DerefMut<Target = Self::Conn> + Send;
 
     /// The store's clock in milliseconds, as an SQL expression.
     const NOW_MS: &'static str;
@@ -178,6 +180,12 @@ pub trait Run: Sync {
     /// # Errors
     /// The driver's, mapped.
     async fn commit(&self, tx: Self::Tx) -> Result<()>;
+
+    /// A connection of the pool reads run on ([`On::Read`]).
+    ///
+    /// # Errors
+    /// `store_unavailable` when none can be had in time.
+    async fn reader(&self) -> Result<Self::Reader>;
 
     /// Runs the statement; the rows it changed.
     async fn execute(&self, on: On<'_, Self::Conn>, statement: Statement<'_>) -> Result<u64>;
@@ -243,6 +251,7 @@ macro_rules! impl_run {
             type Conn = $conn;
             type Row = $row;
             type Tx = sqlx::Transaction<'static, $db>;
+            type Reader = sqlx::pool::PoolConnection<$db>;
 
             const NOW_MS: &'static str = $now;
             const BIGINT: &'static str = $bigint;
@@ -265,6 +274,11 @@ macro_rules! impl_run {
 
             async fn commit(&self, tx: Self::Tx) -> agentgate_core::error::Result<()> {
                 tx.commit().await.map_err($map_err)
+            }
+
+            async fn reader(&self) -> agentgate_core::error::Result<Self::Reader> {
+                let $store = self.0;
+                ($read).acquire().await.map_err($map_err)
             }
 
             async fn execute(

@@ -46,24 +46,16 @@
 //! is that check; anything else takes the writer to decide again and apply
 //! the start with the layer's lease held (`Lease::Held`).
 
-use std::time::Instant;
-
-use agentgate_core::decide::{layer_acquired, BeginDecision, UserLoad};
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{Fence, LeaseToken, TurnId};
-use agentgate_core::lease::{refuse_if_held, Acquired, LeaseClaim, LeaseLayer};
-use agentgate_core::limits::MAX_STORE_RETRIES;
 use agentgate_core::model::{BeginCommand, BeginOutcome, Grant};
-use agentgate_core::retry::backoff;
+use agentgate_store_sql::begin::layered::{begin_layered, LayeredBeginSql};
 use agentgate_store_sql::begin::{
-    apply, begin_in, decide_in, exhaust, replay, settle, BeginSql, BeginTx, Facts, GrantRows, Held,
-    Lease, Locked, TurnRecord,
+    begin_in, read_unlocked, settle, BeginSql, BeginTx, GrantRows, Held, Locked,
 };
-use agentgate_store_sql::rows::{prefixed, Prefixed};
-use sqlx::{Row, SqliteConnection};
+use sqlx::{Sqlite, SqliteConnection, Transaction};
 
 use crate::error::map_sqlx;
-use crate::rows::{session_snapshot, Cols, TURN_COLUMNS};
 use crate::steps::Sql;
 use crate::{SqliteStore, NOW_MS};
 
@@ -74,72 +66,9 @@ pub(crate) async fn now_ms(conn: &mut SqliteConnection) -> Result<i64> {
         .map_err(map_sqlx)
 }
 
-/// Everything `decide_begin` reads about this request but the confirmation
-/// chain, in one statement: the store's now, the user's load (cap override,
-/// live permits, soonest expiry), the session, and the session's turn for
-/// this client request (its columns under the prefix `t_`). SQLite
-/// evaluates `now` once per statement step. Read under the writer, or on a
-/// reader's snapshot by a layered begin deciding before it acquires.
-async fn snapshot(
-    conn: &mut SqliteConnection,
-    command: &BeginCommand,
-    default_cap: u32,
-) -> Result<Locked> {
-    let row = sqlx::query(&format!(
-        "SELECT l.now_ms, l.cap, l.live, l.soonest, \
-         s.user_id, s.holder_turn_id, s.lease_expires_at_ms, s.pending_turn_id, \
-         s.pending_expires_at_ms, s.fence AS session_fence, {turn} \
-         FROM (SELECT {NOW_MS} AS now_ms, \
-               (SELECT max_turns FROM ag_users WHERE user_id = ?1) AS cap, \
-               COUNT(*) AS live, MIN(lease_expires_at_ms) AS soonest \
-               FROM ag_sessions WHERE user_id = ?1 AND lease_expires_at_ms > {NOW_MS}) l \
-         LEFT JOIN ag_sessions s ON s.session_id = ?2 \
-         LEFT JOIN ag_turns t ON t.session_id = ?2 AND t.client_request_id = ?3",
-        turn = prefixed(TURN_COLUMNS, "t", "t_"),
-    ))
-    .bind(command.user_id.as_str())
-    .bind(command.session_id.as_str())
-    .bind(command.client_request_id.as_str())
-    .fetch_one(conn)
-    .await
-    .map_err(map_sqlx)?;
-    let get = |column: &str| row.try_get::<Option<i64>, _>(column).map_err(map_sqlx);
-    let session = match row
-        .try_get::<Option<String>, _>("user_id")
-        .map_err(map_sqlx)?
-    {
-        Some(_) => Some(session_snapshot(&row)?),
-        None => None,
-    };
-    let session_fence = match (get("session_fence")?, &session) {
-        (Some(fence), Some(_)) => fence,
-        (None, Some(_)) => return Err(Error::corrupt("a session without a fence")),
-        // 0 before the session's first grant: every fence is above it.
-        (_, None) => 0,
-    };
-    Ok(Locked {
-        session,
-        session_fence,
-        facts: Facts {
-            now_ms: get("now_ms")?.ok_or_else(|| Error::corrupt("the store's clock read NULL"))?,
-            load: UserLoad::read(
-                get("cap")?,
-                default_cap,
-                get("live")?
-                    .ok_or_else(|| Error::corrupt("the user's live-session count is NULL"))?,
-                get("soonest")?,
-            )?,
-            turn: TurnRecord::read(&Prefixed {
-                row: &Cols(&row),
-                prefix: "t_",
-            })?,
-        },
-    })
-}
-
 pub(crate) async fn begin(store: &SqliteStore, command: &BeginCommand) -> Result<BeginOutcome> {
     match &store.leases {
-        Some(layer) => begin_layered(store, layer.as_ref(), command).await,
+        Some(layer) => begin_layered(&Sql(store), layer.as_ref(), command).await,
         None => agentgate_store_sql::begin::begin(&Sql(store), command).await,
     }
 }
@@ -164,7 +93,7 @@ impl BeginSql for Sql<'_> {
         conn: &mut SqliteConnection,
         command: &BeginCommand,
     ) -> Result<Locked> {
-        snapshot(conn, command, self.0.config.max_turns_per_user).await
+        read_unlocked(self, conn, command).await
     }
 
     async fn write_grant(&self, tx: &mut SqliteConnection, rows: &GrantRows<'_>) -> Result<Fence> {
@@ -242,179 +171,20 @@ async fn begin_new(store: &SqliteStore, command: &BeginCommand) -> Result<Option
     )))
 }
 
-/// The begin with an external lease layer: see the module documentation.
-async fn begin_layered(
-    store: &SqliteStore,
-    layer: &dyn LeaseLayer,
-    command: &BeginCommand,
-) -> Result<BeginOutcome> {
-    let sql = Sql(store);
-    for round in 0..MAX_STORE_RETRIES {
-        if round > 0 {
-            tokio::time::sleep(backoff(round)).await;
-        }
-        let mut reader = store.reader().await?;
-        let seen = decide_in(&sql, &mut reader, command).await?;
-        let seen_turn = seen
-            .read
-            .facts
-            .turn
-            .as_ref()
-            .map(|t| t.view.turn_id.clone());
-        match seen.decision {
-            // A refusal or a replay read from one committed snapshot is as
-            // true as one read under the writer.
-            BeginDecision::Reject(error) => return Err(error),
-            BeginDecision::Replay { turn_id } => {
-                let view = replay(&sql, &mut reader, &seen.read, &turn_id).await?;
-                return Ok(BeginOutcome::Replay(view));
-            }
-            BeginDecision::Exhaust => {
-                drop(reader);
-                // A turn whose lease is live in the layer is in flight, not
-                // exhausted; ask before taking the writer. No new lease can
-                // appear for it meanwhile: its attempts are used up.
-                let turn_id = seen_turn
-                    .ok_or_else(|| Error::corrupt("exhausting a begin that has no turn"))?;
-                refuse_if_held(layer, command.session_id.as_str(), turn_id.as_str()).await?;
-                let mut tx = store.write().await?;
-                let decided = decide_in(&sql, &mut tx, command).await?;
-                if !matches!(decided.decision, BeginDecision::Exhaust) {
-                    continue;
-                }
-                let now = decided.read.facts.now_ms;
-                let view = exhaust(&sql, &mut tx, turn_id.as_str(), now).await?;
-                tx.commit().await.map_err(map_sqlx)?;
-                return Ok(BeginOutcome::Replay(view));
-            }
-            BeginDecision::Start { .. } => {
-                drop(reader);
-                // The fence is durable before the layer or the caller sees it.
-                let fence = {
-                    let mut writer = store.writer_connection().await?;
-                    next_fence(&mut writer).await?
-                };
-                let turn_id = seen_turn.clone().unwrap_or_else(TurnId::generate);
-                let token = LeaseToken::generate();
-                let digest = token.digest_hex();
-                let claim = LeaseClaim::for_begin(
-                    command,
-                    turn_id.as_str(),
-                    &digest,
-                    fence,
-                    store.config.lease_ttl_ms(),
-                    seen.read.facts.load.cap,
-                );
-                let asked = Instant::now();
-                let acquired = layer.acquire(&claim).await?;
-                if let Acquired::Busy { holder_turn_id, .. } = &acquired {
-                    // The holder's grant may be newer than the snapshot this
-                    // begin decided on (a twin of this request, or the turn
-                    // that answered the same confirmation): the answer is
-                    // the one `decide` gives on a snapshot that shows it.
-                    // Decide again once its row is written.
-                    if holder_turn_id != claim.turn_id
-                        && fence_of(store, holder_turn_id)
-                            .await?
-                            .is_none_or(|holder| holder > seen.read.session_fence)
-                    {
-                        continue;
-                    }
-                }
-                let held = Held {
-                    lease_expires_in_ms: layer_acquired(acquired, claim.turn_id, claim.cap)?,
-                    turn_id,
-                    token,
-                    fence,
-                };
-                match write_layered(store, command, seen_turn.as_ref(), held, asked).await? {
-                    Some(outcome) => return Ok(outcome),
-                    // The state moved between the snapshot and the writer:
-                    // the lease went back to the layer; decide afresh.
-                    None => continue,
-                }
-            }
-        }
+#[async_trait::async_trait]
+impl LayeredBeginSql for Sql<'_> {
+    async fn reserve_fence(&self) -> Result<Fence> {
+        next_fence(&mut *self.0.writer_connection().await?).await
     }
-    Err(Error::conflict(
-        "begin: the session's state kept changing while its lease was being taken",
-    ))
-}
 
-/// The fence of `turn_id`'s latest grant, if its row is written.
-async fn fence_of(store: &SqliteStore, turn_id: &str) -> Result<Option<i64>> {
-    let mut conn = store.reader().await?;
-    sqlx::query_scalar("SELECT fence FROM ag_turns WHERE turn_id = ?")
-        .bind(turn_id)
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(map_sqlx)
-}
-
-/// Whether a lease the layer granted `asked` ago, for `granted_ms`, has
-/// lapsed on this process's clock.
-fn lapsed(granted_ms: i64, asked: Instant) -> bool {
-    u128::try_from(granted_ms).map_or(true, |ms| ms <= asked.elapsed().as_millis())
-}
-
-/// Under the writer: decides again and applies the start whose lease the
-/// layer already holds, if the same start still holds. Gives the layer's
-/// lease back when it writes nothing (`Ok(None)`: decide afresh) or fails to
-/// commit.
-async fn write_layered(
-    store: &SqliteStore,
-    command: &BeginCommand,
-    seen_turn: Option<&TurnId>,
-    held: Held,
-    asked: Instant,
-) -> Result<Option<BeginOutcome>> {
-    let layer = store
-        .leases
-        .as_deref()
-        .ok_or_else(|| Error::corrupt("a layered begin without a lease layer"))?;
-    let (turn_id, digest) = (held.turn_id.to_string(), held.token.digest_hex());
-    let written = async {
-        if lapsed(held.lease_expires_in_ms, asked) {
-            return Ok(None);
-        }
-        if seen_turn.is_none()
-            && command.confirmation.is_none()
-            && grant_layered_new(store, command, &held).await?
-        {
-            return Ok(Some(BeginOutcome::Started(Grant::first(
-                command,
-                held.turn_id,
-                held.token,
-                held.fence,
-                held.lease_expires_in_ms,
-            ))));
-        }
-        let sql = Sql(store);
-        let mut tx = store.write().await?;
-        let decided = decide_in(&sql, &mut tx, command).await?;
-        let same_turn = decided.read.facts.turn.as_ref().map(|t| &t.view.turn_id) == seen_turn;
-        if !matches!(decided.decision, BeginDecision::Start { .. })
-            || !same_turn
-            || decided.read.session_fence >= held.fence.0
-            || lapsed(held.lease_expires_in_ms, asked)
-        {
-            return Ok(None);
-        }
-        let (outcome, _) = apply(&sql, &mut tx, command, decided, Lease::Held(held)).await?;
-        tx.commit().await.map_err(map_sqlx)?;
-        Ok(Some(outcome))
+    async fn grant_layered_new(&self, command: &BeginCommand, held: &Held) -> Result<bool> {
+        grant_layered_new(self.0, command, held).await
     }
-    .await;
-    if !matches!(written, Ok(Some(_))) {
-        // Nothing durable holds this lease: give it back now rather than
-        // leave the session blocked until the TTL. A failed give-back only
-        // leaves a lease that expires by itself; the caller still learns
-        // what happened to the begin.
-        if let Err(release) = layer.release(&turn_id, &digest).await {
-            tracing::warn!(%release, %turn_id, "could not give back an unwritten grant");
-        }
+
+    /// The single writer.
+    async fn open_begin(&self) -> Result<Transaction<'static, Sqlite>> {
+        self.0.write().await
     }
-    written
 }
 
 /// With a lease layer, the common grant in one autocommit statement: a new

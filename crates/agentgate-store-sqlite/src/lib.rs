@@ -196,11 +196,6 @@ impl SqliteStore {
         self.writer.acquire().await.map_err(map_sqlx)
     }
 
-    /// A reader connection: a consistent snapshot of committed state.
-    pub(crate) async fn reader(&self) -> Result<PoolConnection<Sqlite>> {
-        self.reader.acquire().await.map_err(map_sqlx)
-    }
-
     async fn migrate(&self) -> Result<()> {
         let mut tx = self.write().await?;
         sqlx::query("CREATE TABLE IF NOT EXISTS ag_schema_version (version INTEGER NOT NULL)")

@@ -1,7 +1,6 @@
 //! Row decoding: SQLite rows read through the shared decoding
 //! (`agentgate_store_sql::rows`), which owns what each column means.
 
-use agentgate_core::decide::SessionSnapshot;
 use agentgate_core::error::{Error, Result};
 use agentgate_core::model::TurnView;
 use agentgate_store_sql::rows::{self, Columns};
@@ -36,8 +35,4 @@ impl Columns for Cols<'_> {
 
 pub(crate) fn turn_view(row: &SqliteRow) -> Result<TurnView> {
     rows::turn_view(&Cols(row))
-}
-
-pub(crate) fn session_snapshot(row: &SqliteRow) -> Result<SessionSnapshot> {
-    rows::session_snapshot(&Cols(row))
 }

@@ -1,0 +1,230 @@
+//! The begin with a lease layer (Redis) on a store that decides first and
+//! locks last (SQLite, PostgreSQL): no lock of the store is held across the
+//! layer's round trip.
+//!
+//! A round decides on facts read without locks ([`decide_unlocked`]). A
+//! refusal or a replay read from one committed snapshot is as true as one
+//! read under the locks, and is the answer. A start takes a fence in its
+//! own autocommit statement (durable before the layer or the caller sees
+//! it), acquires the layer's lease and permit with it, and only then writes
+//! the grant, if the same start still holds: the request's turn is the one
+//! the round saw, the session's fence is still below the new one (fences
+//! grow per session), and the layer's lease has not lapsed on this
+//! process's clock meanwhile. A new request's grant is one autocommit
+//! statement whose conditions are that check
+//! ([`LayeredBeginSql::grant_layered_new`]); anything else opens the
+//! store's begin transaction, decides again under its locks ([`decide_in`])
+//! and applies the start with the lease held ([`Lease::Held`]). When the
+//! state moved, the layer's lease is given back and the next round decides
+//! afresh, within the step's retry budget.
+
+use std::time::Instant;
+
+use agentgate_core::decide::{layer_acquired, BeginDecision};
+use agentgate_core::error::{Error, Result};
+use agentgate_core::ids::{Fence, LeaseToken, TurnId};
+use agentgate_core::lease::{refuse_if_held, Acquired, LeaseClaim, LeaseLayer};
+use agentgate_core::model::{BeginCommand, BeginOutcome, Grant};
+
+use super::{apply, decide_in, decide_unlocked, exhaust, replay, BeginSql, Held, Lease};
+use crate::query::{On, Statement};
+use crate::rows::Columns;
+use crate::Retry;
+
+/// What a store supplies for [`begin_layered`].
+#[async_trait::async_trait]
+pub trait LayeredBeginSql: BeginSql {
+    /// Takes the next fence in its own autocommit statement, so no lock on
+    /// the counter is held across the layer's round trip.
+    async fn reserve_fence(&self) -> Result<Fence>;
+
+    /// The common grant in one autocommit statement: a new request, no
+    /// confirmation (both checked by the caller), the layer's lease already
+    /// held under `held.fence`. It writes what [`apply`] writes for that
+    /// start with no row expiry, only when the locked path would write it
+    /// (no turn for the request, the session free, the caller's, without a
+    /// pending confirmation and with a fence below `held.fence`, the cap in
+    /// range and not reached in the rows); `false` when it wrote nothing.
+    async fn grant_layered_new(&self, command: &BeginCommand, held: &Held) -> Result<bool>;
+
+    /// Opens the transaction a begin decides and writes in, in which
+    /// [`BeginSql::lock_and_read`] then takes the store's locks.
+    async fn open_begin(&self) -> Result<Self::Tx>;
+}
+
+/// "Decide afresh": the state moved between a round's guess and its write.
+fn moved() -> Error {
+    Error::conflict("begin: the session's state kept changing while its lease was being taken")
+}
+
+/// A begin with a lease layer: see the module documentation.
+///
+/// # Errors
+/// The decision's refusal, the layer's or the store's error, or a
+/// `conflict` when the state kept moving for the whole retry budget.
+pub async fn begin_layered<S: LayeredBeginSql>(
+    sql: &S,
+    layer: &dyn LeaseLayer,
+    command: &BeginCommand,
+) -> Result<BeginOutcome> {
+    let mut retry = Retry::new();
+    loop {
+        match round(sql, layer, command).await {
+            Err(error) => retry.after(error).await?,
+            done => return done,
+        }
+    }
+}
+
+/// One round: decide on a snapshot, then act on it.
+async fn round<S: LayeredBeginSql>(
+    sql: &S,
+    layer: &dyn LeaseLayer,
+    command: &BeginCommand,
+) -> Result<BeginOutcome> {
+    let mut reader = sql.reader().await?;
+    let seen = decide_unlocked(sql, &mut reader, command).await?;
+    let seen_turn = seen
+        .read
+        .facts
+        .turn
+        .as_ref()
+        .map(|t| t.view.turn_id.clone());
+    match seen.decision {
+        BeginDecision::Reject(error) => Err(error),
+        BeginDecision::Replay { turn_id } => {
+            let view = replay(sql, &mut reader, &seen.read, &turn_id).await?;
+            Ok(BeginOutcome::Replay(view))
+        }
+        BeginDecision::Exhaust => {
+            drop(reader);
+            // A turn whose lease is live in the layer is in flight, not
+            // exhausted; ask before taking any lock. No new lease can
+            // appear for it meanwhile: its attempts are used up.
+            let turn_id =
+                seen_turn.ok_or_else(|| Error::corrupt("exhausting a begin that has no turn"))?;
+            refuse_if_held(layer, command.session_id.as_str(), turn_id.as_str()).await?;
+            let mut tx = sql.open_begin().await?;
+            let decided = decide_in(sql, S::conn(&mut tx), command).await?;
+            if !matches!(decided.decision, BeginDecision::Exhaust) {
+                return Err(moved());
+            }
+            let now = decided.read.facts.now_ms;
+            let view = exhaust(sql, S::conn(&mut tx), turn_id.as_str(), now).await?;
+            sql.commit(tx).await?;
+            Ok(BeginOutcome::Replay(view))
+        }
+        BeginDecision::Start { .. } => {
+            drop(reader);
+            let fence = sql.reserve_fence().await?;
+            let turn_id = seen_turn.clone().unwrap_or_else(TurnId::generate);
+            let token = LeaseToken::generate();
+            let digest = token.digest_hex();
+            let claim = LeaseClaim::for_begin(
+                command,
+                turn_id.as_str(),
+                &digest,
+                fence,
+                sql.config().lease_ttl_ms(),
+                seen.read.facts.load.cap,
+            );
+            let asked = Instant::now();
+            let acquired = layer.acquire(&claim).await?;
+            if let Acquired::Busy { holder_turn_id, .. } = &acquired {
+                // The holder's grant may be newer than the snapshot this
+                // round decided on (a twin of this request, or the turn
+                // that answered the same confirmation): the answer is the
+                // one `decide` gives on a snapshot that shows it. Decide
+                // again once its row is written.
+                if holder_turn_id != claim.turn_id
+                    && fence_of(sql, holder_turn_id)
+                        .await?
+                        .is_none_or(|holder| holder > seen.read.session_fence)
+                {
+                    return Err(moved());
+                }
+            }
+            let held = Held {
+                lease_expires_in_ms: layer_acquired(acquired, claim.turn_id, claim.cap)?,
+                turn_id,
+                token,
+                fence,
+            };
+            write_layered(sql, layer, command, seen_turn.as_ref(), held, asked).await
+        }
+    }
+}
+
+/// The fence of `turn_id`'s latest grant, if its row is written.
+async fn fence_of<S: BeginSql>(sql: &S, turn_id: &str) -> Result<Option<i64>> {
+    let row = sql
+        .fetch_optional(
+            On::Read,
+            Statement::new("SELECT fence FROM ag_turns WHERE turn_id = $1").text(turn_id),
+        )
+        .await?;
+    row.map(|row| S::columns(&row).int_required("fence"))
+        .transpose()
+}
+
+/// Whether a lease the layer granted `asked` ago, for `granted_ms`, has
+/// lapsed on this process's clock.
+fn lapsed(granted_ms: i64, asked: Instant) -> bool {
+    u128::try_from(granted_ms).map_or(true, |ms| ms <= asked.elapsed().as_millis())
+}
+
+/// Writes the start whose lease the layer already holds, if the same start
+/// still holds. Gives the layer's lease back when it writes nothing (the
+/// round's `conflict`: decide afresh) or fails.
+async fn write_layered<S: LayeredBeginSql>(
+    sql: &S,
+    layer: &dyn LeaseLayer,
+    command: &BeginCommand,
+    seen_turn: Option<&TurnId>,
+    held: Held,
+    asked: Instant,
+) -> Result<BeginOutcome> {
+    let (turn_id, digest) = (held.turn_id.to_string(), held.token.digest_hex());
+    let written = async {
+        if lapsed(held.lease_expires_in_ms, asked) {
+            return Err(moved());
+        }
+        if seen_turn.is_none()
+            && command.confirmation.is_none()
+            && sql.grant_layered_new(command, &held).await?
+        {
+            return Ok(BeginOutcome::Started(Grant::first(
+                command,
+                held.turn_id,
+                held.token,
+                held.fence,
+                held.lease_expires_in_ms,
+            )));
+        }
+        let mut tx = sql.open_begin().await?;
+        let decided = decide_in(sql, S::conn(&mut tx), command).await?;
+        let same_turn = decided.read.facts.turn.as_ref().map(|t| &t.view.turn_id) == seen_turn;
+        if !matches!(decided.decision, BeginDecision::Start { .. })
+            || !same_turn
+            || decided.read.session_fence >= held.fence.0
+            || lapsed(held.lease_expires_in_ms, asked)
+        {
+            return Err(moved());
+        }
+        let (outcome, _) =
+            apply(sql, S::conn(&mut tx), command, decided, Lease::Held(held)).await?;
+        sql.commit(tx).await?;
+        Ok(outcome)
+    }
+    .await;
+    if written.is_err() {
+        // Nothing durable holds this lease: give it back now rather than
+        // leave the session blocked until the TTL. A failed give-back only
+        // leaves a lease that expires by itself; the caller still learns
+        // what happened to the begin.
+        if let Err(release) = layer.release(&turn_id, &digest).await {
+            tracing::warn!(%release, %turn_id, "could not give back an unwritten grant");
+        }
+    }
+    written
+}
