@@ -12,11 +12,29 @@
 //! permits are its sessions with a live lease), so they are taken together or
 //! not at all.
 //!
-//! With an external lease layer the decision sees no live lease in the rows
-//! (they keep no expiry); the layer's atomic acquire, made inside the
-//! transaction after the grant statement took the fence, decides busy and
-//! capacity: a refusal rolls the grant back, and a grant that then fails to
-//! commit gives the layer's lease straight back.
+//! With an external lease layer the begin is the shared layered one
+//! (`agentgate_store_sql::begin::layered`): it decides on a snapshot read
+//! without locks, takes a fence from the sequence, acquires the layer's
+//! lease and permit with it, and only then writes, so no row lock is held
+//! across the Redis round trip. The write is one call of
+//! `ag_begin_layered` (migration 0009) for a new request, else this
+//! module's full path under the locks with the lease held; a start that no
+//! longer holds gives the layer's lease back and decides afresh.
+//! `ag_begin_layered` takes `ag_begin_new`'s locks in the same order and
+//! grants only when the locked path would write the same start:
+//!
+//! | `ag_begin_layered` checks | what the locked path reads | why it writes this start |
+//! |---|---|---|
+//! | no confirmation (checked by the caller) | `confirms: None` | no confirmation chain |
+//! | no turn for `(session_id, client_request_id)` | `turn: None`, the snapshot's too | the same turn; no replay, restart, takeover or exhaustion |
+//! | the session's `user_id` is the caller's (or the row is new) | `session.user_id == user_id` | no `not_found` |
+//! | `holder_turn_id IS NULL`, `pending_turn_id IS NULL` | `session.holder`, `session.pending`: `None` | no `session_busy`, no `awaiting_confirmation` |
+//! | the session's fence is below the held one | `session_fence < fence` | no newer grant since the fence was taken |
+//! | the cap in `0..=u32::MAX`, the rows' live leases below it | `UserLoad::read`, `load.live < load.cap` | no `corrupt`, no `user_at_capacity` |
+//!
+//! Round trips of a layered new request: the snapshot, the fence, the
+//! layer's acquire and the one call: three calls into PostgreSQL and one
+//! into Redis (the locked path before it took five and one).
 //!
 //! The common case is one autocommit statement ([`begin_new`], the
 //! `ag_begin_new` function of migration 0006): a request with no turn yet
@@ -70,18 +88,57 @@ use agentgate_core::decide::{SessionSnapshot, UserLoad};
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{Fence, LeaseToken, TurnId};
 use agentgate_core::model::{BeginCommand, BeginOutcome, Grant};
-use sqlx::PgConnection;
+use sqlx::{PgConnection, Postgres, Transaction};
 
 use crate::error::map_sqlx;
 use crate::rows::{get, session_snapshot, SESSION_COLUMNS, TURN_COLUMNS};
 use crate::steps::Sql;
 use crate::{PostgresStore, NOW_MS, STEP_LOCK_TIMEOUT};
+use agentgate_store_sql::begin::layered::{begin_layered, LayeredBeginSql};
 use agentgate_store_sql::begin::{
-    begin_in, settle, BeginSql, BeginTx, Facts, GrantRows, Locked, TurnRecord,
+    begin_in, settle, BeginSql, BeginTx, Facts, GrantRows, Held, Locked, TurnRecord,
 };
 
 pub(crate) async fn begin(store: &PostgresStore, command: &BeginCommand) -> Result<BeginOutcome> {
-    agentgate_store_sql::begin::begin(&Sql(store), command).await
+    match &store.leases {
+        Some(layer) => begin_layered(&Sql(store), layer.as_ref(), command).await,
+        None => agentgate_store_sql::begin::begin(&Sql(store), command).await,
+    }
+}
+
+#[async_trait::async_trait]
+impl LayeredBeginSql for Sql<'_> {
+    async fn reserve_fence(&self) -> Result<Fence> {
+        let value: i64 = sqlx::query_scalar("SELECT nextval('ag_fence_seq')")
+            .fetch_one(&self.0.pool)
+            .await
+            .map_err(map_sqlx)?;
+        Ok(Fence(value))
+    }
+
+    /// One call of `ag_begin_layered` (migration 0009), which takes the
+    /// full path's locks in its order and writes only what the full path
+    /// would (the layered table in the module docs).
+    async fn grant_layered_new(&self, command: &BeginCommand, held: &Held) -> Result<bool> {
+        sqlx::query_scalar("SELECT ag_begin_layered($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
+            .bind(command.session_id.as_str())
+            .bind(command.user_id.as_str())
+            .bind(command.client_request_id.as_str())
+            .bind(held.turn_id.as_str())
+            .bind(held.token.digest_hex())
+            .bind(command.fingerprint.as_hex())
+            .bind(command.payload.as_str())
+            .bind(held.fence.0)
+            .bind(i64::from(self.0.config.max_turns_per_user))
+            .bind(STEP_LOCK_TIMEOUT)
+            .fetch_one(&self.0.pool)
+            .await
+            .map_err(map_sqlx)
+    }
+
+    async fn open_begin(&self) -> Result<Transaction<'static, Postgres>> {
+        self.0.transaction().await
+    }
 }
 
 #[async_trait::async_trait]
@@ -151,10 +208,6 @@ impl BeginSql for Sql<'_> {
     }
 
     async fn write_grant(&self, tx: &mut PgConnection, rows: &GrantRows<'_>) -> Result<Fence> {
-        assert!(
-            rows.reserved.is_none(),
-            "PostgreSQL never reserves a fence before its begin"
-        );
         grant(tx, rows).await
     }
 }
@@ -223,12 +276,15 @@ async fn read_facts(
 }
 
 /// The first half of [`grant`]'s statement: the grant on the session's row
-/// (holder, token digest, expiry, a fence from the sequence, and a cleared
-/// pending confirmation when the start confirms it), returning the fence as
-/// `g`. `$1` session, `$2` turn, `$3` token digest, `$4` expiry (NULL with a
-/// lease layer), `$5` now, `$6` confirming.
+/// (holder, token digest, expiry, the fence reserved by a layered begin or
+/// else one from the sequence, and a cleared pending confirmation when the
+/// start confirms it), returning the fence as `g`. `$1` session, `$2` turn,
+/// `$3` token digest, `$4` expiry (NULL with a lease layer), `$5` now, `$6`
+/// confirming, `$7` the reserved fence (NULL: take one; `COALESCE` only
+/// evaluates `nextval` when it is NULL).
 const GRANT_SESSION: &str = "WITH g AS (UPDATE ag_sessions SET holder_turn_id = $2, \
-    lease_token_hash = $3, fence = nextval('ag_fence_seq'), lease_expires_at_ms = $4, \
+    lease_token_hash = $3, fence = COALESCE($7, nextval('ag_fence_seq')), \
+    lease_expires_at_ms = $4, \
     updated_at_ms = $5, \
     pending_turn_id = CASE WHEN $6 THEN NULL ELSE pending_turn_id END, \
     pending_expires_at_ms = CASE WHEN $6 THEN NULL ELSE pending_expires_at_ms END \
@@ -242,7 +298,7 @@ async fn grant(tx: &mut PgConnection, rows: &GrantRows<'_>) -> Result<Fence> {
     let command = rows.command;
     let sql = if rows.restart {
         format!(
-            "{GRANT_SESSION} UPDATE ag_turns SET state = 'running', attempt = $7, \
+            "{GRANT_SESSION} UPDATE ag_turns SET state = 'running', attempt = $8, \
              fence = g.fence, error = NULL, retryable = NULL, updated_at_ms = $5, \
              ended_at_ms = NULL, orphaned_at_ms = NULL FROM g WHERE ag_turns.turn_id = $2 \
              RETURNING g.fence"
@@ -252,7 +308,7 @@ async fn grant(tx: &mut PgConnection, rows: &GrantRows<'_>) -> Result<Fence> {
             "{GRANT_SESSION} INSERT INTO ag_turns (turn_id, session_id, user_id, \
              client_request_id, fingerprint, state, attempt, fence, confirms_pending, confirms_turn_id, \
              decision, created_at_ms, updated_at_ms, payload) \
-             SELECT $2, $1, $8, $9, $10, 'running', $7, g.fence, $11, $12, $13, $5, $5, $14 \
+             SELECT $2, $1, $9, $10, $11, 'running', $8, g.fence, $12, $13, $14, $5, $5, $15 \
              FROM g RETURNING fence"
         )
     };
@@ -263,6 +319,7 @@ async fn grant(tx: &mut PgConnection, rows: &GrantRows<'_>) -> Result<Fence> {
         .bind(rows.row_expiry)
         .bind(rows.now_ms)
         .bind(rows.confirming)
+        .bind(rows.reserved.map(|fence| fence.0))
         .bind(i64::from(rows.attempt));
     // The pending action is copied as the canonical text it is stored as.
     let confirmation = command.confirmation.as_ref();

@@ -139,6 +139,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (6, include_str!("../migrations/0006_begin_new.sql")),
     (7, include_str!("../migrations/0007_claim_order.sql")),
     (8, include_str!("../migrations/0008_cancel.sql")),
+    (9, include_str!("../migrations/0009_begin_layered.sql")),
 ];
 
 /// agentgate on a PostgreSQL database.

@@ -221,3 +221,59 @@ mod tests {
         assert_ne!(a, b);
     }
 }
+
+/// A lease layer that is never asked: a store opened with it writes its
+/// rows as a layered store does (no row expiry), and every call to it is a
+/// `corrupt` error naming the call. A start applied with its lease already
+/// held ([`crate::begin::Lease::Held`]) must not ask the layer: no store
+/// holds its locks across the layer's round trip.
+#[derive(Debug)]
+pub struct UnaskedLayer;
+
+fn asked(what: &str) -> agentgate_core::error::Error {
+    agentgate_core::error::Error::corrupt(format!("the layer was asked to {what}"))
+}
+
+#[async_trait::async_trait]
+impl agentgate_core::lease::LeaseLayer for UnaskedLayer {
+    async fn acquire(
+        &self,
+        _: &agentgate_core::lease::LeaseClaim<'_>,
+    ) -> agentgate_core::error::Result<agentgate_core::lease::Acquired> {
+        Err(asked("acquire"))
+    }
+
+    async fn renew(&self, _: &str, _: &str, _: i64) -> agentgate_core::error::Result<Option<i64>> {
+        Err(asked("renew"))
+    }
+
+    async fn holds(
+        &self,
+        _: &str,
+        _: &str,
+    ) -> agentgate_core::error::Result<Option<agentgate_core::lease::LiveLease>> {
+        Err(asked("check a lease"))
+    }
+
+    async fn release(&self, _: &str, _: &str) -> agentgate_core::error::Result<()> {
+        Err(asked("release"))
+    }
+
+    async fn revoke(&self, _: &str) -> agentgate_core::error::Result<()> {
+        Err(asked("revoke"))
+    }
+
+    async fn holder(
+        &self,
+        _: &str,
+    ) -> agentgate_core::error::Result<Option<agentgate_core::model::HolderView>> {
+        Err(asked("name a holder"))
+    }
+
+    async fn user_holders(
+        &self,
+        _: &str,
+    ) -> agentgate_core::error::Result<Vec<agentgate_core::model::HolderView>> {
+        Err(asked("list holders"))
+    }
+}

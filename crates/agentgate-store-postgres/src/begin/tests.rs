@@ -17,7 +17,13 @@ use agentgate_store_sql::rows::{session_snapshot, Columns};
 use serde_json::json;
 
 use super::{begin_full, begin_new};
+use crate::steps::Sql;
 use crate::PostgresStore;
+use agentgate_core::ids::{LeaseToken, TurnId};
+use agentgate_store_sql::begin::layered::LayeredBeginSql;
+use agentgate_store_sql::begin::{apply, decide_in, Held, Lease};
+use agentgate_store_sql::testing::UnaskedLayer;
+use std::sync::Arc;
 
 /// A session's row as stored, `None` for NULL.
 #[derive(Clone, Debug)]
@@ -453,6 +459,150 @@ fn one_statement_that_falls_back_writes_nothing() {
             before,
             "a first use at a cap of 0: rows changed"
         );
+        server.close().await;
+    });
+}
+
+// The layered begin's one statement (`ag_begin_layered`, migration 0009).
+
+/// A store whose lease layer is never asked, so its rows are written as a
+/// layered store's are.
+async fn open_layered() -> Option<Server> {
+    let url = crate::testing::fresh_database_url().await?;
+    let config = Config {
+        max_turns_per_user: 2,
+        ..Config::default()
+    };
+    let store = PostgresStore::open_with_leases(&url, config, Some(Arc::new(UnaskedLayer)))
+        .await
+        .unwrap_or_else(|e| panic!("open: {e}"));
+    Some(Server { store, url })
+}
+
+/// A lease the layer holds under the next fence of the sequence.
+async fn held(server: &Server) -> Held {
+    Held {
+        turn_id: TurnId::generate(),
+        token: LeaseToken::generate(),
+        fence: Sql(&server.store)
+            .reserve_fence()
+            .await
+            .unwrap_or_else(|e| panic!("fence: {e}")),
+        lease_expires_in_ms: 30_000,
+    }
+}
+
+/// The layered path's write under the locks, as `begin::layered` runs it
+/// when the one statement falls back: decide, then apply the held lease.
+async fn write_layered_full(server: &Server, command: &BeginCommand, held: Held) {
+    let sql = Sql(&server.store);
+    let mut tx = sql
+        .open_begin()
+        .await
+        .unwrap_or_else(|e| panic!("open: {e}"));
+    let decided = decide_in(&sql, &mut tx, command)
+        .await
+        .unwrap_or_else(|e| panic!("decide: {e}"));
+    assert!(
+        matches!(decided.decision, BeginDecision::Start { .. }),
+        "the full path starts: {:?}",
+        decided.decision
+    );
+    apply(&sql, &mut tx, command, decided, Lease::Held(held))
+        .await
+        .unwrap_or_else(|e| panic!("apply: {e}"));
+    tx.commit().await.unwrap_or_else(|e| panic!("commit: {e}"));
+}
+
+/// A new request on a free session: the one statement writes exactly the
+/// rows the locked path writes with the same held lease (no row expiry, the
+/// held fence), and the lease is the session's.
+#[test]
+fn layered_one_statement_writes_what_the_full_path_writes() {
+    runtime().block_on(async {
+        let Some(server) = open_layered().await else {
+            return;
+        };
+        let sql = Sql(&server.store);
+        let fast = held(&server).await;
+        let fence = fast.fence;
+        let wrote = sql
+            .grant_layered_new(&command("u0", "s-fast", "r0"), &fast)
+            .await
+            .unwrap_or_else(|e| panic!("layered grant: {e}"));
+        assert!(wrote, "a new user's new session fell back");
+        let full = held(&server).await;
+        write_layered_full(&server, &command("u0", "s-full", "r0"), full).await;
+        assert_eq!(
+            grant_rows(&server, "s-fast").await,
+            grant_rows(&server, "s-full").await
+        );
+        let (stored, expiry): (i64, Option<i64>) = sqlx::query_as(
+            "SELECT fence, lease_expires_at_ms FROM ag_sessions WHERE session_id = 's-fast'",
+        )
+        .fetch_one(server.store.pool())
+        .await
+        .unwrap_or_else(|e| panic!("read: {e}"));
+        assert_eq!(stored, fence.0, "the held fence");
+        assert_eq!(expiry, None, "the layer keeps the lease, not the row");
+        server.close().await;
+    });
+}
+
+/// Each way the layered one statement falls back, including after creating
+/// the user's or the session's row for its locks: it answers `false` and
+/// every row of every table is as before.
+#[test]
+fn layered_one_statement_that_falls_back_writes_nothing() {
+    runtime().block_on(async {
+        let Some(server) = open_layered().await else {
+            return;
+        };
+        let sql = Sql(&server.store);
+        let first = held(&server).await;
+        assert!(sql
+            .grant_layered_new(&command("u0", "s0", "r0"), &first)
+            .await
+            .unwrap_or_else(|e| panic!("layered grant: {e}")));
+        let newest = held(&server).await;
+        for statement in [
+            "INSERT INTO ag_users (user_id, max_turns) VALUES ('capped', 0)",
+            "INSERT INTO ag_sessions (session_id, user_id, fence, pending_turn_id, \
+               pending_expires_at_ms, updated_at_ms) VALUES ('asks', 'u0', 1, 'turn_x', 1, 1)",
+            "INSERT INTO ag_sessions (session_id, user_id, fence, updated_at_ms) \
+               VALUES ('ahead', 'u0', 1000000, 1)",
+        ] {
+            sqlx::query(statement)
+                .execute(server.store.pool())
+                .await
+                .unwrap_or_else(|e| panic!("{statement}: {e}"));
+        }
+        for (why, user, session, request) in [
+            ("another user's session", "u1", "s0", "r9"),
+            ("a held session", "u0", "s0", "r1"),
+            ("the request's own turn", "u0", "s0", "r0"),
+            ("a pending confirmation", "u0", "asks", "r0"),
+            (
+                "a session fence not below the held one",
+                "u0",
+                "ahead",
+                "r0",
+            ),
+            (
+                "the user at its cap, a new session row",
+                "capped",
+                "c0",
+                "r0",
+            ),
+        ] {
+            let before = server.rows().await;
+            let wrote = sql
+                .grant_layered_new(&command(user, session, request), &newest)
+                .await
+                .unwrap_or_else(|e| panic!("{why}: {e}"));
+            assert!(!wrote, "{why}: granted");
+            assert_eq!(server.rows().await, before, "{why}: rows changed");
+        }
         server.close().await;
     });
 }

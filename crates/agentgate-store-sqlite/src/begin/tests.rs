@@ -16,11 +16,9 @@ use super::{begin_full, begin_new, grant_layered_new, next_fence};
 use crate::steps::Sql;
 use crate::SqliteStore;
 use agentgate_core::decide::BeginDecision;
-use agentgate_core::error::Result;
 use agentgate_core::ids::{Fence, LeaseToken, TurnId};
-use agentgate_core::lease::{Acquired, LeaseClaim, LeaseLayer, LiveLease};
-use agentgate_core::model::HolderView;
 use agentgate_store_sql::begin::{apply, decide_in, Held, Lease};
+use agentgate_store_sql::testing::UnaskedLayer;
 use std::sync::Arc;
 
 fn command(user: &str, session: &str, request: &str) -> BeginCommand {
@@ -43,14 +41,14 @@ async fn open(dir: &tempfile::TempDir, cap: u32) -> SqliteStore {
     SqliteStore::open(&url, config).await.unwrap()
 }
 
-/// [`open`] with the [`Unasked`] lease layer.
+/// [`open`] with the [`UnaskedLayer`].
 async fn open_layered(dir: &tempfile::TempDir, cap: u32) -> SqliteStore {
     let url = format!("sqlite://{}", dir.path().join("layered.db").display());
     let config = Config {
         max_turns_per_user: cap,
         ..Config::default()
     };
-    SqliteStore::open_with_leases(&url, config, Some(Arc::new(Unasked)))
+    SqliteStore::open_with_leases(&url, config, Some(Arc::new(UnaskedLayer)))
         .await
         .unwrap()
 }
@@ -255,40 +253,6 @@ async fn an_ending_releases_the_session_in_one_statement() {
     }
 }
 
-/// A lease layer that is never asked: a start applied with its lease held
-/// must not call the layer (SQLite never holds its writer across one).
-#[derive(Debug)]
-struct Unasked;
-
-fn asked(what: &str) -> agentgate_core::error::Error {
-    agentgate_core::error::Error::corrupt(format!("the layer was asked to {what}"))
-}
-
-#[async_trait::async_trait]
-impl LeaseLayer for Unasked {
-    async fn acquire(&self, _: &LeaseClaim<'_>) -> Result<Acquired> {
-        Err(asked("acquire"))
-    }
-    async fn renew(&self, _: &str, _: &str, _: i64) -> Result<Option<i64>> {
-        Err(asked("renew"))
-    }
-    async fn holds(&self, _: &str, _: &str) -> Result<Option<LiveLease>> {
-        Err(asked("check a lease"))
-    }
-    async fn release(&self, _: &str, _: &str) -> Result<()> {
-        Err(asked("release"))
-    }
-    async fn revoke(&self, _: &str) -> Result<()> {
-        Err(asked("revoke"))
-    }
-    async fn holder(&self, _: &str) -> Result<Option<HolderView>> {
-        Err(asked("name a holder"))
-    }
-    async fn user_holders(&self, _: &str) -> Result<Vec<HolderView>> {
-        Err(asked("list holders"))
-    }
-}
-
 /// A grant whose lease the layer already holds under `fence`.
 fn layered(fence: Fence) -> Held {
     Held {
@@ -302,7 +266,7 @@ fn layered(fence: Fence) -> Held {
 /// The full path with a lease layer, as `write_layered` runs it once the
 /// layer holds the lease: under the writer, decide, then apply the start
 /// with the lease held, on a store whose layer is never asked
-/// ([`Unasked`]).
+/// ([`UnaskedLayer`]).
 async fn write_layered_full(store: &SqliteStore, command: &BeginCommand, held: Held) {
     let sql = Sql(store);
     let mut tx = store.write().await.unwrap();
