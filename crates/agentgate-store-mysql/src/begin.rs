@@ -17,15 +17,22 @@
 //! it: grants of different users queue on it for two statements and a
 //! commit only.
 //!
-//! With an external lease layer the decision sees no live lease in the rows
-//! (they keep no expiry); the layer's atomic acquire decides busy and
-//! capacity, and a grant that then fails to commit gives the layer's lease
-//! straight back. The fence is then taken before the transaction, in its own
-//! autocommit statement on the same connection, so the counter row is never
-//! locked across the Redis round trip; the session's row lock keeps every
-//! other grant of the session out until this one commits, and a grant that
-//! committed between the fence and the lock (its fence is newer) sends this
-//! begin round again.
+//! With an external lease layer the begin is the shared layered one
+//! (`agentgate_store_sql::begin::layered`): it decides on a snapshot read
+//! without locks, takes a fence from the counter in its own autocommit
+//! statement, acquires the layer's lease and permit with it, and only then
+//! writes, so neither the counter's row nor a session's row is locked
+//! across the Redis round trip. The write is one `CALL` of
+//! `ag_begin_layered` (migration 0009) for a new request, else the full
+//! path below under the locks with the lease held; a start that no longer
+//! holds (a grant committed meanwhile, whose fence is newer) gives the
+//! layer's lease back and decides afresh. `ag_begin_layered` takes the full
+//! path's locks in its order and grants only when the full path would
+//! write the same start: no confirmation (checked by the caller), no turn
+//! for the request, the session the caller's with no holder named and no
+//! pending confirmation, the session's fence below the held one, the cap
+//! in range and not reached in the rows (which keep no expiry under a
+//! layer). `tests` checks both answers against the full path.
 //!
 //! Without an external lease layer a begin first tries `fast::begin`: one
 //! `CALL` of a stored procedure that takes the same locks in the same
@@ -47,19 +54,68 @@ use agentgate_core::decide::{SessionSnapshot, UserLoad};
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::Fence;
 use agentgate_core::model::{BeginCommand, BeginOutcome, Grant};
-use sqlx::{Connection, MySqlConnection};
+use sqlx::{MySql, MySqlConnection, Row, Transaction};
 
 use crate::error::map_sqlx;
 use crate::fast;
 use crate::rows::{get, session_snapshot, Cols, SESSION_COLUMNS, TURN_COLUMNS};
 use crate::steps::Sql;
 use crate::{MySqlStore, NOW_MS};
+use agentgate_store_sql::begin::layered::{begin_layered, LayeredBeginSql};
 use agentgate_store_sql::begin::{
-    begin_in, settle, BeginSql, BeginTx, Facts, GrantRows, Locked, TurnRecord,
+    begin_in, settle, BeginSql, BeginTx, Facts, GrantRows, Held, Locked, TurnRecord,
 };
 
 pub(crate) async fn begin(store: &MySqlStore, command: &BeginCommand) -> Result<BeginOutcome> {
-    agentgate_store_sql::begin::begin(&Sql(store), command).await
+    match &store.leases {
+        Some(layer) => begin_layered(&Sql(store), layer.as_ref(), command).await,
+        None => agentgate_store_sql::begin::begin(&Sql(store), command).await,
+    }
+}
+
+#[async_trait::async_trait]
+impl LayeredBeginSql for Sql<'_> {
+    /// In autocommit, so the counter's row lock is not held across the
+    /// layer's round trip.
+    async fn reserve_fence(&self) -> Result<Fence> {
+        next_fence(&mut *self.0.connection().await?).await
+    }
+
+    /// One `CALL` of `ag_begin_layered` (migration 0009), which takes the
+    /// full path's locks in its order and writes only what the full path
+    /// would (the layered table in the module docs).
+    async fn grant_layered_new(&self, command: &BeginCommand, held: &Held) -> Result<bool> {
+        let rows = sqlx::query("CALL ag_begin_layered(?, ?, ?, ?, ?, ?, ?, ?, ?)")
+            .bind(command.user_id.as_str())
+            .bind(command.session_id.as_str())
+            .bind(command.client_request_id.as_str())
+            .bind(held.turn_id.as_str())
+            .bind(command.fingerprint.as_hex())
+            .bind(command.payload.as_str())
+            .bind(held.token.digest_hex())
+            .bind(held.fence.0)
+            .bind(i64::from(self.0.config.max_turns_per_user))
+            .fetch_all(&self.0.pool)
+            .await
+            .map_err(map_sqlx)?;
+        let [row] = rows.as_slice() else {
+            return Err(Error::corrupt(format!(
+                "ag_begin_layered returned {} rows, not one",
+                rows.len()
+            )));
+        };
+        match row.try_get::<i64, _>(0).map_err(map_sqlx)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            other => Err(Error::corrupt(format!(
+                "ag_begin_layered answered {other}, not 0 or 1"
+            ))),
+        }
+    }
+
+    async fn open_begin(&self) -> Result<Transaction<'static, MySql>> {
+        self.0.transaction().await
+    }
 }
 
 #[async_trait::async_trait]
@@ -68,16 +124,11 @@ impl BeginTx for Sql<'_> {
         fast::begin(self.0, command).await
     }
 
-    /// With a lease layer the fence is taken first, in autocommit, so the
-    /// counter's row lock is not held while the layer is asked.
+    /// Without a lease layer (a layered begin is `begin_layered`'s): the
+    /// fence is taken inside the grant, last.
     async fn begin_full(&self, command: &BeginCommand) -> Result<BeginOutcome> {
-        let mut conn = self.0.connection().await?;
-        let reserved = match &self.0.leases {
-            Some(_) => Some(next_fence(&mut conn).await?),
-            None => None,
-        };
-        let mut tx = conn.begin().await.map_err(map_sqlx)?;
-        let done = begin_in(self, &mut tx, command, reserved).await?;
+        let mut tx = self.0.transaction().await?;
+        let done = begin_in(self, &mut tx, command, None).await?;
         settle(self, done, async { tx.commit().await.map_err(map_sqlx) }).await
     }
 }
@@ -279,3 +330,6 @@ async fn write_turn(tx: &mut MySqlConnection, rows: &GrantRows<'_>, fence: Fence
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

@@ -459,12 +459,12 @@ pub(crate) enum Taken {
     EndDeclined,
 }
 
-#[cfg(feature = "testing")]
+#[cfg(any(test, feature = "testing"))]
 fn note(store: &MySqlStore, taken: Taken) {
     crate::testing::count(&store.database, taken);
 }
 
-#[cfg(not(feature = "testing"))]
+#[cfg(not(any(test, feature = "testing")))]
 fn note(_: &MySqlStore, _: Taken) {}
 
 #[cfg(test)]

@@ -15,7 +15,8 @@
 //! - `error`: server error numbers mapped to the engine's portable
 //!   [`Error`], and the bounded retry of a step after a transient conflict.
 //! - [`admin`]: creating and dropping whole databases (scratch stores).
-//! - `testing` (feature `testing`): fresh throw-away databases for test suites.
+//! - `testing` (feature `testing`, and this crate's own tests): fresh
+//!   throw-away databases for test suites.
 //!
 //! Every protocol step is one short InnoDB transaction at READ COMMITTED
 //! (no gap locks, so locking a row that does not exist yet cannot deadlock
@@ -62,7 +63,7 @@ mod orphans;
 mod rows;
 mod run;
 mod steps;
-#[cfg(feature = "testing")]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod views;
 
@@ -134,6 +135,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (6, include_str!("../migrations/0006_fast_procedures.sql")),
     (7, include_str!("../migrations/0007_claim_seq.sql")),
     (8, include_str!("../migrations/0008_cancel.sql")),
+    (9, include_str!("../migrations/0009_begin_layered.sql")),
 ];
 
 /// agentgate on a MySQL or MariaDB database.
@@ -147,7 +149,7 @@ pub struct MySqlStore {
     /// Waiting begins' watches on session releases.
     wakeups: agentgate_store_sql::wakeups::Wakeups,
     /// The database's name, which the test suites' path counts are kept by.
-    #[cfg(feature = "testing")]
+    #[cfg(any(test, feature = "testing"))]
     database: String,
 }
 
@@ -183,7 +185,7 @@ impl MySqlStore {
         config.validate()?;
         let options = connect_options(url)?;
         migrate(&options).await?;
-        #[cfg(feature = "testing")]
+        #[cfg(any(test, feature = "testing"))]
         let database = options.get_database().unwrap_or_default().to_owned();
         let pool = MySqlPoolOptions::new()
             .max_connections(MAX_CONNECTIONS)
@@ -212,7 +214,7 @@ impl MySqlStore {
             config,
             leases,
             wakeups: agentgate_store_sql::wakeups::Wakeups::default(),
-            #[cfg(feature = "testing")]
+            #[cfg(any(test, feature = "testing"))]
             database,
         })
     }
