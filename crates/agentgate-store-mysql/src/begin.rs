@@ -60,18 +60,11 @@ use crate::error::map_sqlx;
 use crate::fast;
 use crate::rows::{get, session_snapshot, Cols, SESSION_COLUMNS, TURN_COLUMNS};
 use crate::steps::Sql;
-use crate::{MySqlStore, NOW_MS};
-use agentgate_store_sql::begin::layered::{begin_layered, LayeredBeginSql};
+use crate::NOW_MS;
+use agentgate_store_sql::begin::layered::LayeredBeginSql;
 use agentgate_store_sql::begin::{
     begin_in, settle, BeginSql, BeginTx, Facts, GrantRows, Held, Locked, TurnRecord,
 };
-
-pub(crate) async fn begin(store: &MySqlStore, command: &BeginCommand) -> Result<BeginOutcome> {
-    match &store.leases {
-        Some(layer) => begin_layered(&Sql(store), layer.as_ref(), command).await,
-        None => agentgate_store_sql::begin::begin(&Sql(store), command).await,
-    }
-}
 
 #[async_trait::async_trait]
 impl LayeredBeginSql for Sql<'_> {

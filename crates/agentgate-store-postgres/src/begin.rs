@@ -94,17 +94,10 @@ use crate::error::map_sqlx;
 use crate::rows::{get, session_snapshot, SESSION_COLUMNS, TURN_COLUMNS};
 use crate::steps::Sql;
 use crate::{PostgresStore, NOW_MS, STEP_LOCK_TIMEOUT};
-use agentgate_store_sql::begin::layered::{begin_layered, LayeredBeginSql};
+use agentgate_store_sql::begin::layered::LayeredBeginSql;
 use agentgate_store_sql::begin::{
     begin_in, settle, BeginSql, BeginTx, Facts, GrantRows, Held, Locked, TurnRecord,
 };
-
-pub(crate) async fn begin(store: &PostgresStore, command: &BeginCommand) -> Result<BeginOutcome> {
-    match &store.leases {
-        Some(layer) => begin_layered(&Sql(store), layer.as_ref(), command).await,
-        None => agentgate_store_sql::begin::begin(&Sql(store), command).await,
-    }
-}
 
 #[async_trait::async_trait]
 impl LayeredBeginSql for Sql<'_> {

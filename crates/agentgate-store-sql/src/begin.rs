@@ -184,12 +184,20 @@ pub trait BeginTx: BeginSql {
     async fn begin_full(&self, command: &BeginCommand) -> Result<BeginOutcome>;
 }
 
-/// A begin: the common case, else the full path, the whole step run again
-/// after a transient conflict, at most `MAX_STORE_RETRIES` times.
+/// A begin: with a lease layer the layered one
+/// ([`layered::begin_layered`]); without, the common case, else the full
+/// path, the whole step run again after a transient conflict, at most
+/// `MAX_STORE_RETRIES` times.
 ///
 /// # Errors
 /// The decision's refusal, or the store's error.
-pub async fn begin<S: BeginTx>(sql: &S, command: &BeginCommand) -> Result<BeginOutcome> {
+pub async fn begin<S: BeginTx + layered::LayeredBeginSql>(
+    sql: &S,
+    command: &BeginCommand,
+) -> Result<BeginOutcome> {
+    if let Some(layer) = sql.leases() {
+        return layered::begin_layered(sql, layer, command).await;
+    }
     let mut retry = Retry::new();
     loop {
         let attempt = async {

@@ -6,7 +6,9 @@
 //! crate instead. It fixes the layout a SQL store follows, one file per
 //! concern:
 //!
-//! - `crate::begin::begin(&Store, &BeginCommand)`: the store's begin;
+//! - `crate::steps::Sql<'_>(&Store)`: [`BeginTx`](crate::begin::BeginTx)
+//!   and [`LayeredBeginSql`](crate::begin::layered::LayeredBeginSql), the
+//!   begin's dialect (in `crate::begin`);
 //! - `crate::steps::Sql<'_>(&Store)`: [`StepTx`](crate::StepTx),
 //!   [`ClaimSql`](crate::claim::ClaimSql),
 //!   [`ToolEndingSql`](crate::tool::ToolEndingSql) and
@@ -44,7 +46,7 @@ macro_rules! impl_store {
                 &self,
                 command: &::agentgate_core::model::BeginCommand,
             ) -> ::agentgate_core::error::Result<::agentgate_core::model::BeginOutcome> {
-                crate::begin::begin(self, command).await
+                $crate::begin::begin(&crate::steps::Sql(self), command).await
             }
 
             async fn heartbeat(

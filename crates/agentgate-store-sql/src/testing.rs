@@ -277,3 +277,96 @@ impl agentgate_core::lease::LeaseLayer for UnaskedLayer {
         Err(asked("list holders"))
     }
 }
+
+/// What every store's one-statement layered grant
+/// ([`crate::begin::layered::LayeredBeginSql::grant_layered_new`]) must fall
+/// back on, writing nothing: another user's session, a held session, the
+/// request's own turn, a pending confirmation, a session whose fence is not
+/// below the held one, a user at its cap (on a new session row, so the
+/// statement's first-use rows must go again) and a cap out of range. On a
+/// store whose cap for users without their own is 2. `rows` reads every row
+/// of the tables a begin writes, as text; it must read the same before and
+/// after each refusal.
+///
+/// # Panics
+/// When a case grants or changes a row, or the store fails.
+pub async fn layered_grant_falls_back<S, R>(sql: &S, rows: impl Fn() -> R)
+where
+    S: crate::begin::layered::LayeredBeginSql,
+    R: std::future::Future<Output = String>,
+{
+    use crate::query::{On, Statement};
+    use agentgate_core::ids::{ClientRequestId, LeaseToken, SessionId, TurnId, UserId};
+    use agentgate_core::model::BeginCommand;
+
+    let command = |user: &str, session: &str, request: &str| {
+        let make = || {
+            BeginCommand::new(
+                UserId::new(user)?,
+                SessionId::new(session)?,
+                ClientRequestId::new(request)?,
+                &serde_json::json!({ "message": request }),
+                None,
+            )
+        };
+        make().unwrap_or_else(|e| panic!("valid command: {e}"))
+    };
+    let held = || async {
+        crate::begin::Held {
+            turn_id: TurnId::generate(),
+            token: LeaseToken::generate(),
+            fence: sql
+                .reserve_fence()
+                .await
+                .unwrap_or_else(|e| panic!("fence: {e}")),
+            lease_expires_in_ms: 30_000,
+        }
+    };
+    let first = held().await;
+    assert!(
+        sql.grant_layered_new(&command("u0", "s0", "r0"), &first)
+            .await
+            .unwrap_or_else(|e| panic!("layered grant: {e}")),
+        "a new user's new session fell back"
+    );
+    let newest = held().await;
+    for statement in [
+        "INSERT INTO ag_users (user_id, max_turns) VALUES ('capped', 0)",
+        "INSERT INTO ag_users (user_id, max_turns) VALUES ('huge', 4294967296)",
+        "INSERT INTO ag_sessions (session_id, user_id, fence, pending_turn_id, \
+           pending_expires_at_ms, updated_at_ms) VALUES ('asks', 'u0', 1, 'turn_x', 1, 1)",
+        "INSERT INTO ag_sessions (session_id, user_id, fence, updated_at_ms) \
+           VALUES ('ahead', 'u0', 1000000, 1)",
+    ] {
+        sql.execute(On::Write, Statement::new(statement))
+            .await
+            .unwrap_or_else(|e| panic!("{statement}: {e}"));
+    }
+    for (why, user, session, request) in [
+        ("another user's session", "u1", "s0", "r9"),
+        ("a held session", "u0", "s0", "r1"),
+        ("the request's own turn", "u0", "s0", "r0"),
+        ("a pending confirmation", "u0", "asks", "r0"),
+        (
+            "a session fence not below the held one",
+            "u0",
+            "ahead",
+            "r0",
+        ),
+        (
+            "the user at its cap, a new session row",
+            "capped",
+            "c0",
+            "r0",
+        ),
+        ("a cap out of range, a new session row", "huge", "h0", "r0"),
+    ] {
+        let before = rows().await;
+        let wrote = sql
+            .grant_layered_new(&command(user, session, request), &newest)
+            .await
+            .unwrap_or_else(|e| panic!("{why}: {e}"));
+        assert!(!wrote, "{why}: granted");
+        assert_eq!(rows().await, before, "{why}: rows changed");
+    }
+}

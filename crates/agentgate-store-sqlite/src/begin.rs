@@ -49,7 +49,7 @@
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{Fence, LeaseToken, TurnId};
 use agentgate_core::model::{BeginCommand, BeginOutcome, Grant};
-use agentgate_store_sql::begin::layered::{begin_layered, LayeredBeginSql};
+use agentgate_store_sql::begin::layered::LayeredBeginSql;
 use agentgate_store_sql::begin::{
     begin_in, read_unlocked, settle, BeginSql, BeginTx, GrantRows, Held, Locked,
 };
@@ -64,13 +64,6 @@ pub(crate) async fn now_ms(conn: &mut SqliteConnection) -> Result<i64> {
         .fetch_one(conn)
         .await
         .map_err(map_sqlx)
-}
-
-pub(crate) async fn begin(store: &SqliteStore, command: &BeginCommand) -> Result<BeginOutcome> {
-    match &store.leases {
-        Some(layer) => begin_layered(&Sql(store), layer.as_ref(), command).await,
-        None => agentgate_store_sql::begin::begin(&Sql(store), command).await,
-    }
 }
 
 #[async_trait::async_trait]

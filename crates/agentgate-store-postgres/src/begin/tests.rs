@@ -22,7 +22,7 @@ use crate::PostgresStore;
 use agentgate_core::ids::{LeaseToken, TurnId};
 use agentgate_store_sql::begin::layered::LayeredBeginSql;
 use agentgate_store_sql::begin::{apply, decide_in, Held, Lease};
-use agentgate_store_sql::testing::UnaskedLayer;
+use agentgate_store_sql::testing::{layered_grant_falls_back, UnaskedLayer};
 use std::sync::Arc;
 
 /// A session's row as stored, `None` for NULL.
@@ -549,60 +549,15 @@ fn layered_one_statement_writes_what_the_full_path_writes() {
     });
 }
 
-/// Each way the layered one statement falls back, including after creating
-/// the user's or the session's row for its locks: it answers `false` and
-/// every row of every table is as before.
+/// Each way the layered one statement falls back (the shared cases): it
+/// answers `false` and every row of every table is as before.
 #[test]
 fn layered_one_statement_that_falls_back_writes_nothing() {
     runtime().block_on(async {
         let Some(server) = open_layered().await else {
             return;
         };
-        let sql = Sql(&server.store);
-        let first = held(&server).await;
-        assert!(sql
-            .grant_layered_new(&command("u0", "s0", "r0"), &first)
-            .await
-            .unwrap_or_else(|e| panic!("layered grant: {e}")));
-        let newest = held(&server).await;
-        for statement in [
-            "INSERT INTO ag_users (user_id, max_turns) VALUES ('capped', 0)",
-            "INSERT INTO ag_sessions (session_id, user_id, fence, pending_turn_id, \
-               pending_expires_at_ms, updated_at_ms) VALUES ('asks', 'u0', 1, 'turn_x', 1, 1)",
-            "INSERT INTO ag_sessions (session_id, user_id, fence, updated_at_ms) \
-               VALUES ('ahead', 'u0', 1000000, 1)",
-        ] {
-            sqlx::query(statement)
-                .execute(server.store.pool())
-                .await
-                .unwrap_or_else(|e| panic!("{statement}: {e}"));
-        }
-        for (why, user, session, request) in [
-            ("another user's session", "u1", "s0", "r9"),
-            ("a held session", "u0", "s0", "r1"),
-            ("the request's own turn", "u0", "s0", "r0"),
-            ("a pending confirmation", "u0", "asks", "r0"),
-            (
-                "a session fence not below the held one",
-                "u0",
-                "ahead",
-                "r0",
-            ),
-            (
-                "the user at its cap, a new session row",
-                "capped",
-                "c0",
-                "r0",
-            ),
-        ] {
-            let before = server.rows().await;
-            let wrote = sql
-                .grant_layered_new(&command(user, session, request), &newest)
-                .await
-                .unwrap_or_else(|e| panic!("{why}: {e}"));
-            assert!(!wrote, "{why}: granted");
-            assert_eq!(server.rows().await, before, "{why}: rows changed");
-        }
+        layered_grant_falls_back(&Sql(&server.store), || server.rows()).await;
         server.close().await;
     });
 }

@@ -18,7 +18,7 @@ use crate::SqliteStore;
 use agentgate_core::decide::BeginDecision;
 use agentgate_core::ids::{Fence, LeaseToken, TurnId};
 use agentgate_store_sql::begin::{apply, decide_in, Held, Lease};
-use agentgate_store_sql::testing::UnaskedLayer;
+use agentgate_store_sql::testing::{layered_grant_falls_back, UnaskedLayer};
 use std::sync::Arc;
 
 fn command(user: &str, session: &str, request: &str) -> BeginCommand {
@@ -331,70 +331,10 @@ async fn a_layered_start_in_one_statement_writes_what_the_full_path_writes() {
 }
 
 /// Where the full path would not write this start, the one-statement
-/// grant inserts nothing and changes no row: a repeat of a request, a held
-/// session, another user's session, a pending confirmation, a session whose
-/// fence is not below the grant's, a user at its cap, a cap out of range.
+/// grant inserts nothing and changes no row (the shared cases).
 #[tokio::test]
 async fn a_layered_grant_falls_back_having_written_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(&dir, 2).await;
-    let mut fences = Vec::new();
-    for _ in 0..8 {
-        fences.push(
-            next_fence(&mut store.writer_connection().await.unwrap())
-                .await
-                .unwrap(),
-        );
-    }
-    let newest = *fences.last().unwrap();
-    assert!(
-        grant_layered_new(&store, &command("bo", "held", "r1"), &layered(fences[0]))
-            .await
-            .unwrap()
-    );
-    // A session that is free again, with its request's turn ended.
-    let ended = begin_new(&store, &command("bo", "free", "r1"))
-        .await
-        .unwrap()
-        .unwrap();
-    let lease = LeaseRef {
-        turn_id: ended.turn_id,
-        token: ended.lease_token,
-    };
-    let response = CanonicalJson::new("response", &json!("ok")).unwrap();
-    store
-        .end_turn(&lease, &Ending::Succeed { response })
-        .await
-        .unwrap();
-    for statement in [
-        "INSERT INTO ag_users (user_id, max_turns) VALUES ('huge', 4294967296)",
-        "INSERT INTO ag_users (user_id, max_turns) VALUES ('capped', 0)",
-        "INSERT INTO ag_sessions (session_id, user_id, fence, pending_turn_id, \
-           pending_expires_at_ms, updated_at_ms) VALUES ('asks', 'bo', 1, 'turn_x', 1, 1)",
-        "INSERT INTO ag_sessions (session_id, user_id, fence, updated_at_ms) \
-           VALUES ('ahead', 'bo', 1000000, 1)",
-    ] {
-        sqlx::query(statement).execute(store.pool()).await.unwrap();
-    }
-    let before = all_rows(&store).await;
-    for (why, user, session, request) in [
-        (
-            "a repeat of a request, on a free session",
-            "bo",
-            "free",
-            "r1",
-        ),
-        ("a held session", "bo", "held", "r2"),
-        ("another user's session", "cy", "held", "r3"),
-        ("a pending confirmation", "bo", "asks", "r1"),
-        ("a session fence not below the grant's", "bo", "ahead", "r1"),
-        ("the user at its cap", "capped", "c1", "r1"),
-        ("a cap out of range", "huge", "h1", "r1"),
-    ] {
-        let wrote = grant_layered_new(&store, &command(user, session, request), &layered(newest))
-            .await
-            .unwrap();
-        assert!(!wrote, "{why}");
-        assert_eq!(all_rows(&store).await, before, "{why} wrote nothing");
-    }
+    layered_grant_falls_back(&Sql(&store), || all_rows(&store)).await;
 }
