@@ -2,6 +2,8 @@
 //! waits on Redis (issue 10): a slow or unreachable Redis must not stall
 //! every other grant. On SQLite that lock is the single writer; on
 //! MySQL/MariaDB it is the fence counter's row, which every grant locks.
+//! Nor does a store hold the caller's user and session rows across it
+//! (issue 11): a slow Redis must not stall the user's other begins either.
 //!
 //! The layer here is the real Redis layer wrapped so that, at every call,
 //! it tries to take that lock from a second connection without waiting
@@ -30,6 +32,11 @@ enum Lock {
     SqliteWriter(std::path::PathBuf),
     /// The fence counter row of the MySQL database at this URL.
     MysqlFence(String),
+    /// The test's user and session rows in the PostgreSQL database at
+    /// this URL.
+    PostgresRows(String),
+    /// The same rows in the MySQL database at this URL.
+    MysqlRows(String),
 }
 
 /// The Redis layer, probing the store-wide lock at every call.
@@ -47,6 +54,8 @@ impl Probing {
         let held = match &self.lock {
             Lock::SqliteWriter(file) => sqlite_writer_held(file).await,
             Lock::MysqlFence(url) => mysql_fence_held(url).await,
+            Lock::PostgresRows(url) => postgres_rows_held(url).await,
+            Lock::MysqlRows(url) => mysql_rows_held(url).await,
         };
         if held {
             self.writer_held.fetch_add(1, Ordering::Relaxed);
@@ -113,6 +122,59 @@ async fn mysql_fence_held(url: &str) -> bool {
         }
     };
     tx.rollback().await.expect("the probe rolls back");
+    conn.close().await.expect("the probe closes");
+    held
+}
+
+/// The rows of [`no_lock_is_held_across_a_layer_call`]'s user and sessions.
+const ROWS: [&str; 2] = [
+    "SELECT 1 FROM ag_users WHERE user_id = 'u-1' FOR UPDATE NOWAIT",
+    "SELECT 1 FROM ag_sessions WHERE session_id IN ('s-1', 's-2') FOR UPDATE NOWAIT",
+];
+
+/// Tries to lock the test's user and session rows without waiting:
+/// PostgreSQL refuses at once (`55P03`) if another transaction holds one.
+async fn postgres_rows_held(url: &str) -> bool {
+    let mut conn = sqlx::PgConnection::connect(url)
+        .await
+        .expect("a probe connection opens");
+    let mut held = false;
+    for statement in ROWS {
+        let mut tx = conn.begin().await.expect("the probe begins");
+        if let Err(error) = sqlx::query(statement).fetch_all(&mut *tx).await {
+            let code = error.as_database_error().and_then(|e| e.code());
+            assert_eq!(
+                code.as_deref(),
+                Some("55P03"),
+                "the probe failed for another reason: {error}"
+            );
+            held = true;
+        }
+        tx.rollback().await.expect("the probe rolls back");
+    }
+    conn.close().await.expect("the probe closes");
+    held
+}
+
+/// [`postgres_rows_held`] on MySQL/MariaDB (lock wait errors as in
+/// [`mysql_fence_held`]).
+async fn mysql_rows_held(url: &str) -> bool {
+    let mut conn = sqlx::MySqlConnection::connect(url)
+        .await
+        .expect("a probe connection opens");
+    let mut held = false;
+    for statement in ROWS {
+        let mut tx = conn.begin().await.expect("the probe begins");
+        if let Err(error) = sqlx::query(statement).fetch_all(&mut *tx).await {
+            let code = error.as_database_error().and_then(|e| e.code());
+            assert!(
+                matches!(code.as_deref(), Some("HY000" | "40001" | "41000")),
+                "the probe failed for another reason: {error}"
+            );
+            held = true;
+        }
+        tx.rollback().await.expect("the probe rolls back");
+    }
     conn.close().await.expect("the probe closes");
     held
 }
@@ -254,4 +316,22 @@ async fn mysql_fence_row_is_never_locked_across_a_redis_call() {
     };
     let url = target.store_url.clone();
     no_lock_is_held_across_a_layer_call(&url, Lock::MysqlFence(url.clone())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_user_and_session_rows_are_never_locked_across_a_redis_call() {
+    let Some(target) = targets::postgres().await else {
+        return;
+    };
+    let url = target.store_url.clone();
+    no_lock_is_held_across_a_layer_call(&url, Lock::PostgresRows(url.clone())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_user_and_session_rows_are_never_locked_across_a_redis_call() {
+    let Some(target) = targets::mysql().await else {
+        return;
+    };
+    let url = target.store_url.clone();
+    no_lock_is_held_across_a_layer_call(&url, Lock::MysqlRows(url.clone())).await;
 }

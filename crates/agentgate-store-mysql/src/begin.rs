@@ -70,14 +70,19 @@ use agentgate_store_sql::begin::{
 impl LayeredBeginSql for Sql<'_> {
     /// In autocommit, so the counter's row lock is not held across the
     /// layer's round trip.
-    async fn reserve_fence(&self) -> Result<Fence> {
-        next_fence(&mut *self.0.connection().await?).await
+    async fn reserve_fence(&self, conn: &mut MySqlConnection) -> Result<Fence> {
+        next_fence(conn).await
     }
 
     /// One `CALL` of `ag_begin_layered` (migration 0009), which takes the
     /// full path's locks in its order and writes only what the full path
     /// would (the layered table in the module docs).
-    async fn grant_layered_new(&self, command: &BeginCommand, held: &Held) -> Result<bool> {
+    async fn grant_layered_new(
+        &self,
+        conn: &mut MySqlConnection,
+        command: &BeginCommand,
+        held: &Held,
+    ) -> Result<bool> {
         let rows = sqlx::query("CALL ag_begin_layered(?, ?, ?, ?, ?, ?, ?, ?, ?)")
             .bind(command.user_id.as_str())
             .bind(command.session_id.as_str())
@@ -88,7 +93,7 @@ impl LayeredBeginSql for Sql<'_> {
             .bind(held.token.digest_hex())
             .bind(held.fence.0)
             .bind(i64::from(self.0.config.max_turns_per_user))
-            .fetch_all(&self.0.pool)
+            .fetch_all(conn)
             .await
             .map_err(map_sqlx)?;
         let [row] = rows.as_slice() else {
@@ -122,7 +127,7 @@ impl BeginTx for Sql<'_> {
     async fn begin_full(&self, command: &BeginCommand) -> Result<BeginOutcome> {
         let mut tx = self.0.transaction().await?;
         let done = begin_in(self, &mut tx, command, None).await?;
-        settle(self, done, async { tx.commit().await.map_err(map_sqlx) }).await
+        settle(done, async { tx.commit().await.map_err(map_sqlx) }).await
     }
 }
 

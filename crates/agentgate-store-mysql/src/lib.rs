@@ -220,11 +220,6 @@ impl MySqlStore {
     }
 
     /// Opens the transaction a protocol step runs in.
-    /// A pooled connection outside any transaction.
-    pub(crate) async fn connection(&self) -> Result<sqlx::pool::PoolConnection<MySql>> {
-        self.pool.acquire().await.map_err(map_sqlx)
-    }
-
     pub(crate) async fn transaction(&self) -> Result<Transaction<'static, MySql>> {
         self.pool.begin().await.map_err(map_sqlx)
     }

@@ -101,9 +101,9 @@ use agentgate_store_sql::begin::{
 
 #[async_trait::async_trait]
 impl LayeredBeginSql for Sql<'_> {
-    async fn reserve_fence(&self) -> Result<Fence> {
+    async fn reserve_fence(&self, conn: &mut PgConnection) -> Result<Fence> {
         let value: i64 = sqlx::query_scalar("SELECT nextval('ag_fence_seq')")
-            .fetch_one(&self.0.pool)
+            .fetch_one(conn)
             .await
             .map_err(map_sqlx)?;
         Ok(Fence(value))
@@ -112,7 +112,12 @@ impl LayeredBeginSql for Sql<'_> {
     /// One call of `ag_begin_layered` (migration 0009), which takes the
     /// full path's locks in its order and writes only what the full path
     /// would (the layered table in the module docs).
-    async fn grant_layered_new(&self, command: &BeginCommand, held: &Held) -> Result<bool> {
+    async fn grant_layered_new(
+        &self,
+        conn: &mut PgConnection,
+        command: &BeginCommand,
+        held: &Held,
+    ) -> Result<bool> {
         sqlx::query_scalar("SELECT ag_begin_layered($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
             .bind(command.session_id.as_str())
             .bind(command.user_id.as_str())
@@ -124,7 +129,7 @@ impl LayeredBeginSql for Sql<'_> {
             .bind(held.fence.0)
             .bind(i64::from(self.0.config.max_turns_per_user))
             .bind(STEP_LOCK_TIMEOUT)
-            .fetch_one(&self.0.pool)
+            .fetch_one(conn)
             .await
             .map_err(map_sqlx)
     }
@@ -155,7 +160,7 @@ async fn begin_full(store: &PostgresStore, command: &BeginCommand) -> Result<Beg
     let sql = Sql(store);
     let mut tx = store.transaction().await?;
     let done = begin_in(&sql, &mut tx, command, None).await?;
-    settle(&sql, done, async { tx.commit().await.map_err(map_sqlx) }).await
+    settle(done, async { tx.commit().await.map_err(map_sqlx) }).await
 }
 
 /// The common case in one autocommit statement: the grant, or `None` when

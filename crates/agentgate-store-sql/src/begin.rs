@@ -11,24 +11,23 @@
 //! and its continuation when the decision needs them, asks
 //! [`decide_begin`], and applies the answer: a replay reads nothing more,
 //! an exhausted turn is failed for good, a start marks a confirmed turn,
-//! has the store write the grant's rows ([`BeginSql::write_grant`]) and,
-//! with a lease layer, acquires the layer's lease with the new fence. With a
-//! lease layer an exhausted turn whose lease the layer still holds is
-//! `request_in_flight`, as on every store. A start whose commit fails gives
-//! the layer's lease back ([`settle`]).
+//! has the store write the grant's rows ([`BeginSql::write_grant`]).
 //!
-//! SQLite with a lease layer never holds its single writer across the
-//! layer's round trip: it decides on a reader snapshot ([`decide_in`]),
-//! acquires the layer's lease, then decides again under the writer and
-//! applies the start with that lease already held ([`Lease::Held`]).
+//! With a lease layer every store's begin is [`layered::begin_layered`]: it
+//! decides on a snapshot without locks ([`decide_unlocked`]), acquires the
+//! layer's lease, then writes, deciding again under the store's locks and
+//! applying the start with that lease already held ([`Lease::Held`]), so
+//! no store holds a lock across the layer's round trip. An exhausted turn
+//! whose lease the layer still holds is `request_in_flight`, as on every
+//! store.
 
 use agentgate_core::decide::{
-    decide_begin, layer_acquired, reserved_fence, BeginDecision, BeginFacts, SessionSnapshot,
-    StartKind, TurnSnapshot, UserLoad,
+    decide_begin, reserved_fence, BeginDecision, BeginFacts, SessionSnapshot, StartKind,
+    TurnSnapshot, UserLoad,
 };
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{Fence, LeaseToken, TurnId};
-use agentgate_core::lease::{refuse_if_held, LeaseClaim, LeaseLayer};
+use agentgate_core::lease::refuse_if_held;
 use agentgate_core::model::{BeginCommand, BeginOutcome, ConfirmationContext, Grant, TurnView};
 use serde_json::Value;
 
@@ -195,7 +194,7 @@ pub async fn begin<S: BeginTx + layered::LayeredBeginSql>(
     sql: &S,
     command: &BeginCommand,
 ) -> Result<BeginOutcome> {
-    if let Some(layer) = sql.leases() {
+    if let Some(layer) = sql.shared_leases() {
         return layered::begin_layered(sql, layer, command).await;
     }
     let mut retry = Retry::new();
@@ -213,35 +212,26 @@ pub async fn begin<S: BeginTx + layered::LayeredBeginSql>(
     }
 }
 
-/// Ends the full path: commits when [`begin_in`] wrote (a replay or a
-/// refusal wrote nothing, and dropping the transaction rolls back its
-/// no-op lock upserts), and gives the lease layer's lease back when a
-/// start's commit fails.
+/// Ends the full path without a lease layer: commits when [`begin_in`]
+/// wrote (a replay or a refusal wrote nothing, and dropping the
+/// transaction rolls back its no-op lock upserts).
 ///
 /// # Errors
 /// The commit's.
-pub async fn settle<S: Run>(
-    sql: &S,
+pub async fn settle(
     (outcome, wrote): (BeginOutcome, bool),
     commit: impl std::future::Future<Output = Result<()>> + Send,
 ) -> Result<BeginOutcome> {
     if wrote {
-        if let Err(error) = commit.await {
-            if let BeginOutcome::Started(grant) = &outcome {
-                give_back(sql.leases(), grant.turn_id.as_str(), &grant.lease_token).await;
-            }
-            return Err(error);
-        }
+        commit.await?;
     }
     Ok(outcome)
 }
 
 /// A start, applied: a new lease token (or the held one); for a new turn
 /// that answers a pending confirmation, the confirmed turn marked and its
-/// action carried; the dialect's [`BeginSql::write_grant`]; then, with a
-/// lease layer and no held lease, the layer's acquire with the fence (a
-/// refusal returns before the commit, so the grant rolls back and nothing
-/// is written).
+/// action carried; the dialect's [`BeginSql::write_grant`]. With a lease
+/// layer the lease is always held already ([`layered`]).
 async fn start<S: BeginSql>(
     sql: &S,
     tx: &mut S::Conn,
@@ -254,9 +244,6 @@ async fn start<S: BeginSql>(
     let (token, reserved, held) = match lease {
         Lease::Take { reserved } => (LeaseToken::generate(), reserved, None),
         Lease::Held(held) => {
-            if sql.leases().is_none() {
-                return Err(Error::corrupt("a held lease without a lease layer"));
-            }
             let reserved = Some(held.fence);
             (
                 held.token,
@@ -321,19 +308,14 @@ async fn start<S: BeginSql>(
         )));
     }
     let lease_expires_in_ms = match (held, sql.leases()) {
-        (Some((_, remaining)), _) => remaining,
-        (None, Some(layer)) => {
-            let claim = LeaseClaim::for_begin(
-                command,
-                turn_id.as_str(),
-                &token_hash,
-                fence,
-                ttl_ms,
-                facts.load.cap,
-            );
-            layer_acquired(layer.acquire(&claim).await?, claim.turn_id, claim.cap)?
-        }
+        (Some((_, remaining)), Some(_)) => remaining,
         (None, None) => ttl_ms,
+        (Some(_), None) => return Err(Error::corrupt("a held lease without a lease layer")),
+        (None, Some(_)) => {
+            return Err(Error::corrupt(
+                "a start under a lease layer whose lease was not taken first",
+            ))
+        }
     };
     Ok(Grant {
         turn_id,
@@ -683,15 +665,4 @@ pub async fn begin_in<S: BeginSql>(
 ) -> Result<(BeginOutcome, bool)> {
     let decided = decide_in(sql, tx, command).await?;
     apply(sql, tx, command, decided, Lease::Take { reserved }).await
-}
-
-/// Gives the lease layer's lease back when its grant did not become durable
-/// (the commit failed). A failure only leaves a lease that expires by
-/// itself, so it is logged, not returned.
-pub async fn give_back(leases: Option<&dyn LeaseLayer>, turn_id: &str, token: &LeaseToken) {
-    if let Some(layer) = leases {
-        if let Err(error) = layer.release(turn_id, &token.digest_hex()).await {
-            tracing::warn!(%error, turn_id, "could not give back an undurable lease");
-        }
-    }
 }

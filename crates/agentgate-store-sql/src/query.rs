@@ -169,6 +169,10 @@ pub trait Run: Sync {
     /// The external lease layer, if the store has one.
     fn leases(&self) -> Option<&dyn LeaseLayer>;
 
+    /// [`Run::leases`], owned: for work that may outlive the step (a lease
+    /// given back after the step was dropped).
+    fn shared_leases(&self) -> Option<std::sync::Arc<dyn LeaseLayer>>;
+
     /// The store's configuration.
     fn config(&self) -> &Config;
 
@@ -262,6 +266,12 @@ macro_rules! impl_run {
 
             fn leases(&self) -> Option<&dyn agentgate_core::lease::LeaseLayer> {
                 self.0.leases.as_deref()
+            }
+
+            fn shared_leases(
+                &self,
+            ) -> Option<std::sync::Arc<dyn agentgate_core::lease::LeaseLayer>> {
+                self.0.leases.clone()
             }
 
             fn config(&self) -> &agentgate_core::config::Config {

@@ -311,25 +311,27 @@ where
         };
         make().unwrap_or_else(|e| panic!("valid command: {e}"))
     };
-    let held = || async {
-        crate::begin::Held {
-            turn_id: TurnId::generate(),
-            token: LeaseToken::generate(),
-            fence: sql
-                .reserve_fence()
-                .await
-                .unwrap_or_else(|e| panic!("fence: {e}")),
-            lease_expires_in_ms: 30_000,
-        }
+    let mut conn = sql
+        .reader()
+        .await
+        .unwrap_or_else(|e| panic!("connection: {e}"));
+    let mut held = async || crate::begin::Held {
+        turn_id: TurnId::generate(),
+        token: LeaseToken::generate(),
+        fence: sql
+            .reserve_fence(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("fence: {e}")),
+        lease_expires_in_ms: 30_000,
     };
     let first = held().await;
+    let newest = held().await;
     assert!(
-        sql.grant_layered_new(&command("u0", "s0", "r0"), &first)
+        sql.grant_layered_new(&mut conn, &command("u0", "s0", "r0"), &first)
             .await
             .unwrap_or_else(|e| panic!("layered grant: {e}")),
         "a new user's new session fell back"
     );
-    let newest = held().await;
     for statement in [
         "INSERT INTO ag_users (user_id, max_turns) VALUES ('capped', 0)",
         "INSERT INTO ag_users (user_id, max_turns) VALUES ('huge', 4294967296)",
@@ -363,7 +365,7 @@ where
     ] {
         let before = rows().await;
         let wrote = sql
-            .grant_layered_new(&command(user, session, request), &newest)
+            .grant_layered_new(&mut conn, &command(user, session, request), &newest)
             .await
             .unwrap_or_else(|e| panic!("{why}: {e}"));
         assert!(!wrote, "{why}: granted");

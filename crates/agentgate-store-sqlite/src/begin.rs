@@ -100,7 +100,7 @@ async fn begin_full(store: &SqliteStore, command: &BeginCommand) -> Result<Begin
     let sql = Sql(store);
     let mut tx = store.write().await?;
     let done = begin_in(&sql, &mut tx, command, None).await?;
-    settle(&sql, done, async { tx.commit().await.map_err(map_sqlx) }).await
+    settle(done, async { tx.commit().await.map_err(map_sqlx) }).await
 }
 
 /// The common case in one autocommit statement (the module docs list when
@@ -166,11 +166,18 @@ async fn begin_new(store: &SqliteStore, command: &BeginCommand) -> Result<Option
 
 #[async_trait::async_trait]
 impl LayeredBeginSql for Sql<'_> {
-    async fn reserve_fence(&self) -> Result<Fence> {
+    /// On the single writer: SQLite writes through nothing else.
+    async fn reserve_fence(&self, _reader: &mut SqliteConnection) -> Result<Fence> {
         next_fence(&mut *self.0.writer_connection().await?).await
     }
 
-    async fn grant_layered_new(&self, command: &BeginCommand, held: &Held) -> Result<bool> {
+    /// On the single writer, as [`LayeredBeginSql::reserve_fence`].
+    async fn grant_layered_new(
+        &self,
+        _reader: &mut SqliteConnection,
+        command: &BeginCommand,
+        held: &Held,
+    ) -> Result<bool> {
         grant_layered_new(self.0, command, held).await
     }
 

@@ -10,6 +10,7 @@ use agentgate_core::ids::{ClientRequestId, LeaseToken, SessionId, TurnId, UserId
 use agentgate_core::model::BeginCommand;
 use agentgate_store_sql::begin::layered::LayeredBeginSql;
 use agentgate_store_sql::begin::{apply, decide_in, Held, Lease};
+use agentgate_store_sql::query::Run;
 use agentgate_store_sql::testing::{layered_grant_falls_back, UnaskedLayer};
 use serde_json::json;
 
@@ -99,7 +100,12 @@ impl Server {
             turn_id: TurnId::generate(),
             token: LeaseToken::generate(),
             fence: Sql(&self.store)
-                .reserve_fence()
+                .reserve_fence(
+                    &mut *Sql(&self.store)
+                        .reader()
+                        .await
+                        .unwrap_or_else(|e| panic!("{e}")),
+                )
                 .await
                 .unwrap_or_else(|e| panic!("fence: {e}")),
             lease_expires_in_ms: 30_000,
@@ -139,8 +145,9 @@ fn layered_call_writes_what_the_full_path_writes() {
         let sql = Sql(&server.store);
         let fast = server.held().await;
         let fence = fast.fence;
+        let mut conn = sql.reader().await.unwrap_or_else(|e| panic!("{e}"));
         let wrote = sql
-            .grant_layered_new(&command("u0", "s-fast", "r0"), &fast)
+            .grant_layered_new(&mut conn, &command("u0", "s-fast", "r0"), &fast)
             .await
             .unwrap_or_else(|e| panic!("layered grant: {e}"));
         assert!(wrote, "a new user's new session fell back");

@@ -22,6 +22,7 @@ use crate::PostgresStore;
 use agentgate_core::ids::{LeaseToken, TurnId};
 use agentgate_store_sql::begin::layered::LayeredBeginSql;
 use agentgate_store_sql::begin::{apply, decide_in, Held, Lease};
+use agentgate_store_sql::query::Run;
 use agentgate_store_sql::testing::{layered_grant_falls_back, UnaskedLayer};
 use std::sync::Arc;
 
@@ -485,7 +486,14 @@ async fn held(server: &Server) -> Held {
         turn_id: TurnId::generate(),
         token: LeaseToken::generate(),
         fence: Sql(&server.store)
-            .reserve_fence()
+            .reserve_fence(
+                &mut *server
+                    .store
+                    .pool()
+                    .acquire()
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}")),
+            )
             .await
             .unwrap_or_else(|e| panic!("fence: {e}")),
         lease_expires_in_ms: 30_000,
@@ -526,8 +534,9 @@ fn layered_one_statement_writes_what_the_full_path_writes() {
         let sql = Sql(&server.store);
         let fast = held(&server).await;
         let fence = fast.fence;
+        let mut conn = sql.reader().await.unwrap_or_else(|e| panic!("{e}"));
         let wrote = sql
-            .grant_layered_new(&command("u0", "s-fast", "r0"), &fast)
+            .grant_layered_new(&mut conn, &command("u0", "s-fast", "r0"), &fast)
             .await
             .unwrap_or_else(|e| panic!("layered grant: {e}"));
         assert!(wrote, "a new user's new session fell back");

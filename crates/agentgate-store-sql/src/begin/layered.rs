@@ -1,5 +1,5 @@
-//! The begin with a lease layer (Redis) on a store that decides first and
-//! locks last (SQLite, PostgreSQL): no lock of the store is held across the
+//! The begin with a lease layer (Redis), on every SQL store: it decides
+//! first and locks last, so no lock of the store is held across the
 //! layer's round trip.
 //!
 //! A round decides on facts read without locks ([`decide_unlocked`]). A
@@ -16,8 +16,12 @@
 //! store's begin transaction, decides again under its locks ([`decide_in`])
 //! and applies the start with the lease held ([`Lease::Held`]). When the
 //! state moved, the layer's lease is given back and the next round decides
-//! afresh, within the step's retry budget.
+//! afresh, within the step's retry budget. A lease acquired by a begin that
+//! is dropped before it wrote (a caller gone, a request timeout) is given
+//! back in the background ([`Unwritten`]), not left blocking the session
+//! until its TTL.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use agentgate_core::decide::{layer_acquired, BeginDecision};
@@ -35,8 +39,10 @@ use crate::Retry;
 #[async_trait::async_trait]
 pub trait LayeredBeginSql: BeginSql {
     /// Takes the next fence in its own autocommit statement, so no lock on
-    /// the counter is held across the layer's round trip.
-    async fn reserve_fence(&self) -> Result<Fence>;
+    /// the counter is held across the layer's round trip. `conn` is the
+    /// round's connection, outside any transaction (SQLite writes through
+    /// its single writer instead).
+    async fn reserve_fence(&self, conn: &mut Self::Conn) -> Result<Fence>;
 
     /// The common grant in one autocommit statement: a new request, no
     /// confirmation (both checked by the caller), the layer's lease already
@@ -45,7 +51,13 @@ pub trait LayeredBeginSql: BeginSql {
     /// (no turn for the request, the session free, the caller's, without a
     /// pending confirmation and with a fence below `held.fence`, the cap in
     /// range and not reached in the rows); `false` when it wrote nothing.
-    async fn grant_layered_new(&self, command: &BeginCommand, held: &Held) -> Result<bool>;
+    /// On `conn`, as [`LayeredBeginSql::reserve_fence`].
+    async fn grant_layered_new(
+        &self,
+        conn: &mut Self::Conn,
+        command: &BeginCommand,
+        held: &Held,
+    ) -> Result<bool>;
 
     /// Opens the transaction a begin decides and writes in, in which
     /// [`BeginSql::lock_and_read`] then takes the store's locks.
@@ -57,6 +69,54 @@ fn moved() -> Error {
     Error::conflict("begin: the session's state kept changing while its lease was being taken")
 }
 
+/// A lease the layer granted to a begin that has not written it yet. Given
+/// back when the begin writes nothing ([`Unwritten::give_back`]), or, when
+/// the begin is dropped before it settles, by a task spawned on drop.
+struct Unwritten {
+    layer: Option<Arc<dyn LeaseLayer>>,
+    turn_id: String,
+    digest: String,
+}
+
+impl Unwritten {
+    /// The grant is durable: nothing to give back.
+    fn written(mut self) {
+        self.layer = None;
+    }
+
+    /// Gives the lease back now. A failure only leaves a lease that expires
+    /// by itself; the caller still learns what happened to the begin.
+    async fn give_back(mut self) {
+        if let Some(layer) = self.layer.take() {
+            release(layer.as_ref(), &self.turn_id, &self.digest).await;
+        }
+    }
+}
+
+impl Drop for Unwritten {
+    fn drop(&mut self) {
+        let Some(layer) = self.layer.take() else {
+            return;
+        };
+        let (turn_id, digest) = (
+            std::mem::take(&mut self.turn_id),
+            std::mem::take(&mut self.digest),
+        );
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move { release(layer.as_ref(), &turn_id, &digest).await });
+            }
+            Err(_) => tracing::warn!(%turn_id, "a dropped begin's lease expires by itself"),
+        }
+    }
+}
+
+async fn release(layer: &dyn LeaseLayer, turn_id: &str, digest: &str) {
+    if let Err(error) = layer.release(turn_id, digest).await {
+        tracing::warn!(%error, %turn_id, "could not give back an unwritten grant");
+    }
+}
+
 /// A begin with a lease layer: see the module documentation.
 ///
 /// # Errors
@@ -64,23 +124,38 @@ fn moved() -> Error {
 /// `conflict` when the state kept moving for the whole retry budget.
 pub async fn begin_layered<S: LayeredBeginSql>(
     sql: &S,
-    layer: &dyn LeaseLayer,
+    layer: Arc<dyn LeaseLayer>,
     command: &BeginCommand,
 ) -> Result<BeginOutcome> {
     let mut retry = Retry::new();
     loop {
-        match round(sql, layer, command).await {
-            Err(error) => retry.after(error).await?,
+        // The layer's answer when the round found its holder's row not yet
+        // written: the round runs again (a twin's grant may be in flight),
+        // but if the budget runs out first, that answer stands, not the
+        // round's `conflict` (a lease whose begin died between its acquire
+        // and its write holds the session until its TTL: `session_busy`).
+        let mut busy = None;
+        match round(sql, &layer, command, &mut busy).await {
+            Err(error) => {
+                if let Err(error) = retry.after(error).await {
+                    return Err(busy.unwrap_or(error));
+                }
+            }
             done => return done,
         }
     }
 }
 
-/// One round: decide on a snapshot, then act on it.
+/// One round: decide on a snapshot, then act on it. A start keeps the
+/// round's connection (no transaction, no lock) for its fence and its
+/// one-statement grant, so the common case takes one connection from the
+/// pool, not three; it gives it back before it opens the locked path. A
+/// round that waits for a holder's row leaves the layer's answer in `busy`.
 async fn round<S: LayeredBeginSql>(
     sql: &S,
-    layer: &dyn LeaseLayer,
+    layer: &Arc<dyn LeaseLayer>,
     command: &BeginCommand,
+    busy: &mut Option<Error>,
 ) -> Result<BeginOutcome> {
     let mut reader = sql.reader().await?;
     let seen = decide_unlocked(sql, &mut reader, command).await?;
@@ -103,7 +178,12 @@ async fn round<S: LayeredBeginSql>(
             // appear for it meanwhile: its attempts are used up.
             let turn_id =
                 seen_turn.ok_or_else(|| Error::corrupt("exhausting a begin that has no turn"))?;
-            refuse_if_held(layer, command.session_id.as_str(), turn_id.as_str()).await?;
+            refuse_if_held(
+                layer.as_ref(),
+                command.session_id.as_str(),
+                turn_id.as_str(),
+            )
+            .await?;
             let mut tx = sql.open_begin().await?;
             let decided = decide_in(sql, S::conn(&mut tx), command).await?;
             if !matches!(decided.decision, BeginDecision::Exhaust) {
@@ -115,8 +195,7 @@ async fn round<S: LayeredBeginSql>(
             Ok(BeginOutcome::Replay(view))
         }
         BeginDecision::Start { .. } => {
-            drop(reader);
-            let fence = sql.reserve_fence().await?;
+            let fence = sql.reserve_fence(&mut *reader).await?;
             let turn_id = seen_turn.clone().unwrap_or_else(TurnId::generate);
             let token = LeaseToken::generate();
             let digest = token.digest_hex();
@@ -130,19 +209,24 @@ async fn round<S: LayeredBeginSql>(
             );
             let asked = Instant::now();
             let acquired = layer.acquire(&claim).await?;
+            let mut unwritten_holder = false;
             if let Acquired::Busy { holder_turn_id, .. } = &acquired {
                 // The holder's grant may be newer than the snapshot this
                 // round decided on (a twin of this request, or the turn
                 // that answered the same confirmation): the answer is the
                 // one `decide` gives on a snapshot that shows it. Decide
                 // again once its row is written.
-                if holder_turn_id != claim.turn_id
-                    && fence_of(sql, holder_turn_id)
-                        .await?
-                        .is_none_or(|holder| holder > seen.read.session_fence)
-                {
-                    return Err(moved());
+                if holder_turn_id != claim.turn_id {
+                    match fence_of(sql, &mut *reader, holder_turn_id).await? {
+                        Some(holder) if holder > seen.read.session_fence => return Err(moved()),
+                        Some(_) => {}
+                        None => unwritten_holder = true,
+                    }
                 }
+            }
+            if unwritten_holder {
+                *busy = layer_acquired(acquired, claim.turn_id, claim.cap).err();
+                return Err(moved());
             }
             let held = Held {
                 lease_expires_in_ms: layer_acquired(acquired, claim.turn_id, claim.cap)?,
@@ -150,16 +234,27 @@ async fn round<S: LayeredBeginSql>(
                 token,
                 fence,
             };
-            write_layered(sql, layer, command, seen_turn.as_ref(), held, asked).await
+            let unwritten = Unwritten {
+                layer: Some(Arc::clone(layer)),
+                turn_id: held.turn_id.to_string(),
+                digest,
+            };
+            let seen_turn = seen_turn.as_ref();
+            let written = write_layered(sql, reader, command, seen_turn, held, asked).await;
+            match &written {
+                Ok(_) => unwritten.written(),
+                Err(_) => unwritten.give_back().await,
+            }
+            written
         }
     }
 }
 
 /// The fence of `turn_id`'s latest grant, if its row is written.
-async fn fence_of<S: BeginSql>(sql: &S, turn_id: &str) -> Result<Option<i64>> {
+async fn fence_of<S: BeginSql>(sql: &S, conn: &mut S::Conn, turn_id: &str) -> Result<Option<i64>> {
     let row = sql
         .fetch_optional(
-            On::Read,
+            On::Conn(conn),
             Statement::new("SELECT fence FROM ag_turns WHERE turn_id = $1").text(turn_id),
         )
         .await?;
@@ -174,57 +269,44 @@ fn lapsed(granted_ms: i64, asked: Instant) -> bool {
 }
 
 /// Writes the start whose lease the layer already holds, if the same start
-/// still holds. Gives the layer's lease back when it writes nothing (the
-/// round's `conflict`: decide afresh) or fails.
+/// still holds; the round's `conflict` (decide afresh) when it wrote
+/// nothing. The round's connection serves the one-statement grant and goes
+/// back to the pool before the locked path takes its own.
 async fn write_layered<S: LayeredBeginSql>(
     sql: &S,
-    layer: &dyn LeaseLayer,
+    mut reader: S::Reader,
     command: &BeginCommand,
     seen_turn: Option<&TurnId>,
     held: Held,
     asked: Instant,
 ) -> Result<BeginOutcome> {
-    let (turn_id, digest) = (held.turn_id.to_string(), held.token.digest_hex());
-    let written = async {
-        if lapsed(held.lease_expires_in_ms, asked) {
-            return Err(moved());
-        }
-        if seen_turn.is_none()
-            && command.confirmation.is_none()
-            && sql.grant_layered_new(command, &held).await?
-        {
-            return Ok(BeginOutcome::Started(Grant::first(
-                command,
-                held.turn_id,
-                held.token,
-                held.fence,
-                held.lease_expires_in_ms,
-            )));
-        }
-        let mut tx = sql.open_begin().await?;
-        let decided = decide_in(sql, S::conn(&mut tx), command).await?;
-        let same_turn = decided.read.facts.turn.as_ref().map(|t| &t.view.turn_id) == seen_turn;
-        if !matches!(decided.decision, BeginDecision::Start { .. })
-            || !same_turn
-            || decided.read.session_fence >= held.fence.0
-            || lapsed(held.lease_expires_in_ms, asked)
-        {
-            return Err(moved());
-        }
-        let (outcome, _) =
-            apply(sql, S::conn(&mut tx), command, decided, Lease::Held(held)).await?;
-        sql.commit(tx).await?;
-        Ok(outcome)
+    if lapsed(held.lease_expires_in_ms, asked) {
+        return Err(moved());
     }
-    .await;
-    if written.is_err() {
-        // Nothing durable holds this lease: give it back now rather than
-        // leave the session blocked until the TTL. A failed give-back only
-        // leaves a lease that expires by itself; the caller still learns
-        // what happened to the begin.
-        if let Err(release) = layer.release(&turn_id, &digest).await {
-            tracing::warn!(%release, %turn_id, "could not give back an unwritten grant");
-        }
+    if seen_turn.is_none()
+        && command.confirmation.is_none()
+        && sql.grant_layered_new(&mut *reader, command, &held).await?
+    {
+        return Ok(BeginOutcome::Started(Grant::first(
+            command,
+            held.turn_id,
+            held.token,
+            held.fence,
+            held.lease_expires_in_ms,
+        )));
     }
-    written
+    drop(reader);
+    let mut tx = sql.open_begin().await?;
+    let decided = decide_in(sql, S::conn(&mut tx), command).await?;
+    let same_turn = decided.read.facts.turn.as_ref().map(|t| &t.view.turn_id) == seen_turn;
+    if !matches!(decided.decision, BeginDecision::Start { .. })
+        || !same_turn
+        || decided.read.session_fence >= held.fence.0
+        || lapsed(held.lease_expires_in_ms, asked)
+    {
+        return Err(moved());
+    }
+    let (outcome, _) = apply(sql, S::conn(&mut tx), command, decided, Lease::Held(held)).await?;
+    sql.commit(tx).await?;
+    Ok(outcome)
 }
