@@ -53,7 +53,7 @@
 use agentgate_core::decide::{SessionSnapshot, UserLoad};
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::Fence;
-use agentgate_core::model::{BeginCommand, BeginOutcome, Grant};
+use agentgate_core::model::{BeginCommand, Grant};
 use sqlx::{MySql, MySqlConnection, Row, Transaction};
 
 use crate::error::map_sqlx;
@@ -62,9 +62,7 @@ use crate::rows::{get, session_snapshot, Cols, SESSION_COLUMNS, TURN_COLUMNS};
 use crate::steps::Sql;
 use crate::NOW_MS;
 use agentgate_store_sql::begin::layered::LayeredBeginSql;
-use agentgate_store_sql::begin::{
-    begin_in, settle, BeginSql, BeginTx, Facts, GrantRows, Held, Locked, TurnRecord,
-};
+use agentgate_store_sql::begin::{BeginSql, BeginTx, Facts, GrantRows, Held, Locked, TurnRecord};
 
 #[async_trait::async_trait]
 impl LayeredBeginSql for Sql<'_> {
@@ -110,24 +108,12 @@ impl LayeredBeginSql for Sql<'_> {
             ))),
         }
     }
-
-    async fn open_begin(&self) -> Result<Transaction<'static, MySql>> {
-        self.0.transaction().await
-    }
 }
 
 #[async_trait::async_trait]
 impl BeginTx for Sql<'_> {
     async fn begin_new(&self, command: &BeginCommand) -> Result<Option<Grant>> {
         fast::begin(self.0, command).await
-    }
-
-    /// Without a lease layer (a layered begin is `begin_layered`'s): the
-    /// fence is taken inside the grant, last.
-    async fn begin_full(&self, command: &BeginCommand) -> Result<BeginOutcome> {
-        let mut tx = self.0.transaction().await?;
-        let done = begin_in(self, &mut tx, command, None).await?;
-        settle(done, async { tx.commit().await.map_err(map_sqlx) }).await
     }
 }
 
@@ -146,6 +132,10 @@ impl BeginSql for Sql<'_> {
             session_fence,
             facts,
         })
+    }
+
+    async fn open_begin(&self) -> Result<Transaction<'static, MySql>> {
+        self.0.transaction().await
     }
 
     async fn write_grant(&self, tx: &mut MySqlConnection, rows: &GrantRows<'_>) -> Result<Fence> {

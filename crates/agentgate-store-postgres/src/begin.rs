@@ -87,7 +87,7 @@
 use agentgate_core::decide::{SessionSnapshot, UserLoad};
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{Fence, LeaseToken, TurnId};
-use agentgate_core::model::{BeginCommand, BeginOutcome, Grant};
+use agentgate_core::model::{BeginCommand, Grant};
 use sqlx::{PgConnection, Postgres, Transaction};
 
 use crate::error::map_sqlx;
@@ -95,9 +95,7 @@ use crate::rows::{get, session_snapshot, SESSION_COLUMNS, TURN_COLUMNS};
 use crate::steps::Sql;
 use crate::{PostgresStore, NOW_MS, STEP_LOCK_TIMEOUT};
 use agentgate_store_sql::begin::layered::LayeredBeginSql;
-use agentgate_store_sql::begin::{
-    begin_in, settle, BeginSql, BeginTx, Facts, GrantRows, Held, Locked, TurnRecord,
-};
+use agentgate_store_sql::begin::{BeginSql, BeginTx, Facts, GrantRows, Held, Locked, TurnRecord};
 
 #[async_trait::async_trait]
 impl LayeredBeginSql for Sql<'_> {
@@ -133,10 +131,6 @@ impl LayeredBeginSql for Sql<'_> {
             .await
             .map_err(map_sqlx)
     }
-
-    async fn open_begin(&self) -> Result<Transaction<'static, Postgres>> {
-        self.0.transaction().await
-    }
 }
 
 #[async_trait::async_trait]
@@ -147,20 +141,6 @@ impl BeginTx for Sql<'_> {
     async fn begin_new(&self, command: &BeginCommand) -> Result<Option<Grant>> {
         begin_new(self.0, command).await
     }
-
-    async fn begin_full(&self, command: &BeginCommand) -> Result<BeginOutcome> {
-        begin_full(self.0, command).await
-    }
-}
-
-/// The full path: lock, read, `decide_begin`, apply, in one transaction.
-/// The fence is taken from the sequence inside the grant statement, so none
-/// is reserved.
-async fn begin_full(store: &PostgresStore, command: &BeginCommand) -> Result<BeginOutcome> {
-    let sql = Sql(store);
-    let mut tx = store.transaction().await?;
-    let done = begin_in(&sql, &mut tx, command, None).await?;
-    settle(done, async { tx.commit().await.map_err(map_sqlx) }).await
 }
 
 /// The common case in one autocommit statement: the grant, or `None` when
@@ -203,6 +183,10 @@ impl BeginSql for Sql<'_> {
             session_fence,
             facts,
         })
+    }
+
+    async fn open_begin(&self) -> Result<Transaction<'static, Postgres>> {
+        self.0.transaction().await
     }
 
     async fn write_grant(&self, tx: &mut PgConnection, rows: &GrantRows<'_>) -> Result<Fence> {

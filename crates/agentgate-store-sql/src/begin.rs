@@ -94,13 +94,9 @@ pub struct Locked {
 /// Where a start's lease comes from.
 #[derive(Debug)]
 pub enum Lease {
-    /// The start takes it: in the session's row, or from the lease layer
-    /// after the grant is written. `reserved` is the fence taken before the
-    /// transaction, if the store takes it there (else the grant takes it).
-    Take {
-        /// The fence reserved before the transaction.
-        reserved: Option<Fence>,
-    },
+    /// The start takes it in the session's row (no lease layer); the grant
+    /// takes the fence.
+    Take,
     /// The lease layer already holds it (SQLite acquires before it takes
     /// its single writer): the turn, token and fence it was acquired with,
     /// and what remains of it.
@@ -161,6 +157,11 @@ pub trait BeginSql: Run {
     /// use, the session bound to the caller), then reads the facts.
     async fn lock_and_read(&self, tx: &mut Self::Conn, command: &BeginCommand) -> Result<Locked>;
 
+    /// Opens the transaction a begin decides and writes in, in which
+    /// [`BeginSql::lock_and_read`] then takes the store's locks (SQLite:
+    /// `BEGIN IMMEDIATE`, the single writer).
+    async fn open_begin(&self) -> Result<Self::Tx>;
+
     /// Writes [`GrantRows`] (taking the fence unless one was reserved);
     /// returns the fence.
     ///
@@ -169,18 +170,12 @@ pub trait BeginSql: Run {
     async fn write_grant(&self, tx: &mut Self::Conn, rows: &GrantRows<'_>) -> Result<Fence>;
 }
 
-/// How a store runs a whole begin: its one-statement common case, and the
-/// full path's transaction around [`begin_in`] (committed with
-/// [`settle`]).
+/// A store's one-statement common case of a begin without a lease layer.
 #[async_trait::async_trait]
 pub trait BeginTx: BeginSql {
     /// The common case in one statement: the grant, or `None` when the full
     /// path must decide, in which case nothing was written.
     async fn begin_new(&self, command: &BeginCommand) -> Result<Option<Grant>>;
-
-    /// The full path: opens the transaction (reserving a fence before it
-    /// where the store does), runs [`begin_in`], and [`settle`]s.
-    async fn begin_full(&self, command: &BeginCommand) -> Result<BeginOutcome>;
 }
 
 /// A begin: with a lease layer the layered one
@@ -203,7 +198,7 @@ pub async fn begin<S: BeginTx + layered::LayeredBeginSql>(
             if let Some(grant) = sql.begin_new(command).await? {
                 return Ok(BeginOutcome::Started(grant));
             }
-            sql.begin_full(command).await
+            begin_full(sql, command).await
         };
         match attempt.await {
             Err(error) => retry.after(error).await?,
@@ -212,18 +207,18 @@ pub async fn begin<S: BeginTx + layered::LayeredBeginSql>(
     }
 }
 
-/// Ends the full path without a lease layer: commits when [`begin_in`]
-/// wrote (a replay or a refusal wrote nothing, and dropping the
-/// transaction rolls back its no-op lock upserts).
+/// The full path without a lease layer: [`begin_in`] in the store's begin
+/// transaction, committed when it wrote (a replay or a refusal wrote
+/// nothing, and dropping the transaction rolls back its no-op lock
+/// upserts). The fence is taken inside the grant.
 ///
 /// # Errors
-/// The commit's.
-pub async fn settle(
-    (outcome, wrote): (BeginOutcome, bool),
-    commit: impl std::future::Future<Output = Result<()>> + Send,
-) -> Result<BeginOutcome> {
+/// The decision's refusal, or the store's error.
+pub async fn begin_full<S: BeginSql>(sql: &S, command: &BeginCommand) -> Result<BeginOutcome> {
+    let mut tx = sql.open_begin().await?;
+    let (outcome, wrote) = begin_in(sql, S::conn(&mut tx), command).await?;
     if wrote {
-        commit.await?;
+        sql.commit(tx).await?;
     }
     Ok(outcome)
 }
@@ -242,7 +237,7 @@ async fn start<S: BeginSql>(
 ) -> Result<Grant> {
     let facts = &read.facts;
     let (token, reserved, held) = match lease {
-        Lease::Take { reserved } => (LeaseToken::generate(), reserved, None),
+        Lease::Take => (LeaseToken::generate(), None, None),
         Lease::Held(held) => {
             let reserved = Some(held.fence);
             (
@@ -651,9 +646,8 @@ pub async fn apply<S: BeginSql>(
     }
 }
 
-/// Runs one begin inside `tx`: [`decide_in`], then [`apply`] with the lease
-/// taken in the step. `reserved` is the fence taken before the transaction,
-/// if the store takes it there.
+/// Runs one begin without a lease layer inside `tx`: [`decide_in`], then
+/// [`apply`] with the lease taken in the session's row.
 ///
 /// # Errors
 /// The decision's refusal, or the store's error.
@@ -661,8 +655,7 @@ pub async fn begin_in<S: BeginSql>(
     sql: &S,
     tx: &mut S::Conn,
     command: &BeginCommand,
-    reserved: Option<Fence>,
 ) -> Result<(BeginOutcome, bool)> {
     let decided = decide_in(sql, tx, command).await?;
-    apply(sql, tx, command, decided, Lease::Take { reserved }).await
+    apply(sql, tx, command, decided, Lease::Take).await
 }

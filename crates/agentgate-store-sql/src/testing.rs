@@ -372,3 +372,38 @@ where
         assert_eq!(rows().await, before, "{why}: rows changed");
     }
 }
+
+/// The layered begin's locked path as it runs when the one-statement grant
+/// falls back: in the store's begin transaction, decide (which must start)
+/// and apply the start with `held`, then commit. For tests comparing the
+/// rows it writes with the one statement's.
+///
+/// # Panics
+/// When the decision is not a start, or the store fails.
+pub async fn write_held_start<S: crate::begin::BeginSql>(
+    sql: &S,
+    command: &agentgate_core::model::BeginCommand,
+    held: crate::begin::Held,
+) {
+    use crate::begin::{apply, decide_in, Lease};
+    use agentgate_core::decide::BeginDecision;
+
+    let mut tx = sql
+        .open_begin()
+        .await
+        .unwrap_or_else(|e| panic!("open: {e}"));
+    let decided = decide_in(sql, S::conn(&mut tx), command)
+        .await
+        .unwrap_or_else(|e| panic!("decide: {e}"));
+    assert!(
+        matches!(decided.decision, BeginDecision::Start { .. }),
+        "the locked path starts: {:?}",
+        decided.decision
+    );
+    apply(sql, S::conn(&mut tx), command, decided, Lease::Held(held))
+        .await
+        .unwrap_or_else(|e| panic!("apply: {e}"));
+    sql.commit(tx)
+        .await
+        .unwrap_or_else(|e| panic!("commit: {e}"));
+}

@@ -48,11 +48,9 @@
 
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{Fence, LeaseToken, TurnId};
-use agentgate_core::model::{BeginCommand, BeginOutcome, Grant};
+use agentgate_core::model::{BeginCommand, Grant};
 use agentgate_store_sql::begin::layered::LayeredBeginSql;
-use agentgate_store_sql::begin::{
-    begin_in, read_unlocked, settle, BeginSql, BeginTx, GrantRows, Held, Locked,
-};
+use agentgate_store_sql::begin::{read_unlocked, BeginSql, BeginTx, GrantRows, Held, Locked};
 use sqlx::{Sqlite, SqliteConnection, Transaction};
 
 use crate::error::map_sqlx;
@@ -71,10 +69,6 @@ impl BeginTx for Sql<'_> {
     async fn begin_new(&self, command: &BeginCommand) -> Result<Option<Grant>> {
         begin_new(self.0, command).await
     }
-
-    async fn begin_full(&self, command: &BeginCommand) -> Result<BeginOutcome> {
-        begin_full(self.0, command).await
-    }
 }
 
 #[async_trait::async_trait]
@@ -89,18 +83,14 @@ impl BeginSql for Sql<'_> {
         read_unlocked(self, conn, command).await
     }
 
+    /// The single writer.
+    async fn open_begin(&self) -> Result<Transaction<'static, Sqlite>> {
+        self.0.write().await
+    }
+
     async fn write_grant(&self, tx: &mut SqliteConnection, rows: &GrantRows<'_>) -> Result<Fence> {
         write_grant(tx, rows).await
     }
-}
-
-/// The full path: snapshot, `decide_begin`, apply, in one write
-/// transaction, the fence taken inside it.
-async fn begin_full(store: &SqliteStore, command: &BeginCommand) -> Result<BeginOutcome> {
-    let sql = Sql(store);
-    let mut tx = store.write().await?;
-    let done = begin_in(&sql, &mut tx, command, None).await?;
-    settle(done, async { tx.commit().await.map_err(map_sqlx) }).await
 }
 
 /// The common case in one autocommit statement (the module docs list when
@@ -179,11 +169,6 @@ impl LayeredBeginSql for Sql<'_> {
         held: &Held,
     ) -> Result<bool> {
         grant_layered_new(self.0, command, held).await
-    }
-
-    /// The single writer.
-    async fn open_begin(&self) -> Result<Transaction<'static, Sqlite>> {
-        self.0.write().await
     }
 }
 

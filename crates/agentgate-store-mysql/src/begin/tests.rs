@@ -5,13 +5,12 @@
 use std::sync::Arc;
 
 use agentgate_core::config::Config;
-use agentgate_core::decide::BeginDecision;
 use agentgate_core::ids::{ClientRequestId, LeaseToken, SessionId, TurnId, UserId};
 use agentgate_core::model::BeginCommand;
 use agentgate_store_sql::begin::layered::LayeredBeginSql;
-use agentgate_store_sql::begin::{apply, decide_in, Held, Lease};
+use agentgate_store_sql::begin::Held;
 use agentgate_store_sql::query::Run;
-use agentgate_store_sql::testing::{layered_grant_falls_back, UnaskedLayer};
+use agentgate_store_sql::testing::{layered_grant_falls_back, write_held_start, UnaskedLayer};
 use serde_json::json;
 
 use crate::steps::Sql;
@@ -153,18 +152,7 @@ fn layered_call_writes_what_the_full_path_writes() {
         assert!(wrote, "a new user's new session fell back");
         let full_command = command("u0", "s-full", "r0");
         let full = server.held().await;
-        let mut tx = sql
-            .open_begin()
-            .await
-            .unwrap_or_else(|e| panic!("open: {e}"));
-        let decided = decide_in(&sql, &mut tx, &full_command)
-            .await
-            .unwrap_or_else(|e| panic!("decide: {e}"));
-        assert!(matches!(decided.decision, BeginDecision::Start { .. }));
-        apply(&sql, &mut tx, &full_command, decided, Lease::Held(full))
-            .await
-            .unwrap_or_else(|e| panic!("apply: {e}"));
-        tx.commit().await.unwrap_or_else(|e| panic!("commit: {e}"));
+        write_held_start(&sql, &full_command, full).await;
         assert_eq!(
             server.grant_rows("s-fast").await,
             server.grant_rows("s-full").await

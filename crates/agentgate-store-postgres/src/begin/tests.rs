@@ -16,14 +16,14 @@ use agentgate_core::store::Store;
 use agentgate_store_sql::rows::{session_snapshot, Columns};
 use serde_json::json;
 
-use super::{begin_full, begin_new};
+use super::begin_new;
 use crate::steps::Sql;
 use crate::PostgresStore;
 use agentgate_core::ids::{LeaseToken, TurnId};
 use agentgate_store_sql::begin::layered::LayeredBeginSql;
-use agentgate_store_sql::begin::{apply, decide_in, Held, Lease};
+use agentgate_store_sql::begin::{begin_full, Held};
 use agentgate_store_sql::query::Run;
-use agentgate_store_sql::testing::{layered_grant_falls_back, UnaskedLayer};
+use agentgate_store_sql::testing::{layered_grant_falls_back, write_held_start, UnaskedLayer};
 use std::sync::Arc;
 
 /// A session's row as stored, `None` for NULL.
@@ -339,7 +339,7 @@ fn one_statement_grants_what_the_full_path_grants() {
             .unwrap_or_else(|| panic!("a new user's new session fell back"));
         assert_eq!((fast.attempt, fast.takeover), (1, false));
         assert!(fast.confirmation.is_none());
-        let full = match begin_full(&server.store, &command("u0", "s-full", "r0")).await {
+        let full = match begin_full(&Sql(&server.store), &command("u0", "s-full", "r0")).await {
             Ok(BeginOutcome::Started(grant)) => grant,
             other => panic!("full begin: {other:?}"),
         };
@@ -500,28 +500,6 @@ async fn held(server: &Server) -> Held {
     }
 }
 
-/// The layered path's write under the locks, as `begin::layered` runs it
-/// when the one statement falls back: decide, then apply the held lease.
-async fn write_layered_full(server: &Server, command: &BeginCommand, held: Held) {
-    let sql = Sql(&server.store);
-    let mut tx = sql
-        .open_begin()
-        .await
-        .unwrap_or_else(|e| panic!("open: {e}"));
-    let decided = decide_in(&sql, &mut tx, command)
-        .await
-        .unwrap_or_else(|e| panic!("decide: {e}"));
-    assert!(
-        matches!(decided.decision, BeginDecision::Start { .. }),
-        "the full path starts: {:?}",
-        decided.decision
-    );
-    apply(&sql, &mut tx, command, decided, Lease::Held(held))
-        .await
-        .unwrap_or_else(|e| panic!("apply: {e}"));
-    tx.commit().await.unwrap_or_else(|e| panic!("commit: {e}"));
-}
-
 /// A new request on a free session: the one statement writes exactly the
 /// rows the locked path writes with the same held lease (no row expiry, the
 /// held fence), and the lease is the session's.
@@ -541,7 +519,7 @@ fn layered_one_statement_writes_what_the_full_path_writes() {
             .unwrap_or_else(|e| panic!("layered grant: {e}"));
         assert!(wrote, "a new user's new session fell back");
         let full = held(&server).await;
-        write_layered_full(&server, &command("u0", "s-full", "r0"), full).await;
+        write_held_start(&Sql(&server.store), &command("u0", "s-full", "r0"), full).await;
         assert_eq!(
             grant_rows(&server, "s-fast").await,
             grant_rows(&server, "s-full").await

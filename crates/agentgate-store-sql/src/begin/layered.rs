@@ -58,10 +58,6 @@ pub trait LayeredBeginSql: BeginSql {
         command: &BeginCommand,
         held: &Held,
     ) -> Result<bool>;
-
-    /// Opens the transaction a begin decides and writes in, in which
-    /// [`BeginSql::lock_and_read`] then takes the store's locks.
-    async fn open_begin(&self) -> Result<Self::Tx>;
 }
 
 /// "Decide afresh": the state moved between a round's guess and its write.

@@ -12,13 +12,12 @@ use agentgate_core::model::{BeginCommand, BeginOutcome, Ending, LeaseRef};
 use agentgate_core::store::Store;
 use serde_json::json;
 
-use super::{begin_full, begin_new, grant_layered_new, next_fence};
+use super::{begin_new, grant_layered_new, next_fence};
 use crate::steps::Sql;
 use crate::SqliteStore;
-use agentgate_core::decide::BeginDecision;
 use agentgate_core::ids::{Fence, LeaseToken, TurnId};
-use agentgate_store_sql::begin::{apply, decide_in, Held, Lease};
-use agentgate_store_sql::testing::{layered_grant_falls_back, UnaskedLayer};
+use agentgate_store_sql::begin::{begin_full, Held};
+use agentgate_store_sql::testing::{layered_grant_falls_back, write_held_start, UnaskedLayer};
 use std::sync::Arc;
 
 fn command(user: &str, session: &str, request: &str) -> BeginCommand {
@@ -120,7 +119,7 @@ async fn a_new_start_in_one_statement_writes_what_the_full_path_writes() {
         transactions,
         "no explicit transaction"
     );
-    let full = match begin_full(&store, &command("ann", "full", "r1"))
+    let full = match begin_full(&Sql(&store), &command("ann", "full", "r1"))
         .await
         .unwrap()
     {
@@ -263,25 +262,6 @@ fn layered(fence: Fence) -> Held {
     }
 }
 
-/// The full path with a lease layer, as `write_layered` runs it once the
-/// layer holds the lease: under the writer, decide, then apply the start
-/// with the lease held, on a store whose layer is never asked
-/// ([`UnaskedLayer`]).
-async fn write_layered_full(store: &SqliteStore, command: &BeginCommand, held: Held) {
-    let sql = Sql(store);
-    let mut tx = store.write().await.unwrap();
-    let decided = decide_in(&sql, &mut tx, command).await.unwrap();
-    assert!(
-        matches!(decided.decision, BeginDecision::Start { .. }),
-        "the full path starts: {:?}",
-        decided.decision
-    );
-    apply(&sql, &mut tx, command, decided, Lease::Held(held))
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-}
-
 /// With a lease layer, the one-statement grant writes exactly the rows the
 /// full path writes for a new start (no row expiry: the layer keeps the
 /// lease), in no explicit transaction, and leaves the fence counter alone
@@ -309,7 +289,12 @@ async fn a_layered_start_in_one_statement_writes_what_the_full_path_writes() {
         transactions,
         "no explicit transaction"
     );
-    write_layered_full(&store, &command("lu", "full", "r1"), layered(full_fence)).await;
+    write_held_start(
+        &Sql(&store),
+        &command("lu", "full", "r1"),
+        layered(full_fence),
+    )
+    .await;
     assert_eq!(
         grant_rows(&store, "fast").await,
         grant_rows(&store, "full").await
