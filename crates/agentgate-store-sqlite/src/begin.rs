@@ -1,6 +1,7 @@
 //! The begin step: SQLite's dialect of the shared begin
-//! (`agentgate_store_sql::begin`): the facts read in one statement
-//! ([`snapshot`]), the grant's rows, and the one-statement common cases.
+//! (`agentgate_store_sql::begin`): the facts read in one statement (the
+//! shared `read_unlocked`), the grant's rows, and the one-statement common
+//! cases.
 //! The full path reads, decides and applies in one `BEGIN IMMEDIATE`
 //! transaction: the single writer is what the other stores' row locks are.
 //! The session lease and the user's permit are one row write, so they are
@@ -10,8 +11,8 @@
 //! with no turn yet and no confirmation, on a free session of the caller (or
 //! a new one), by a user below its cap, without a lease layer. It inserts a
 //! request row into `ag_begin_new` only when its `WHERE` holds, and that
-//! table's trigger (migration 0006) writes what [`write_grant`] and
-//! `insert_turn` write for a new turn: the fence counter, the session's
+//! table's trigger (migration 0006) writes what [`write_grant`] writes
+//! for a new turn: the fence counter, the session's
 //! grant, the turn. The single writer makes the statement's reads and its
 //! trigger's writes one atomic step. It grants only when `decide_begin`
 //! would answer `Start { New, attempt 1 }` on the same facts; otherwise it
@@ -34,8 +35,9 @@
 //! Calls into SQLite: the common case is the one statement; anything else is
 //! that statement (inserting nothing) and then the full path.
 //!
-//! With an external lease layer (Redis) the single writer never waits on the
-//! layer: the begin decides on a reader snapshot, takes a fence (one
+//! With an external lease layer (Redis) the begin is the shared layered one
+//! (`agentgate_store_sql::begin::layered`), so the single writer never waits
+//! on the layer: it decides on a reader snapshot, takes a fence (one
 //! autocommit statement), acquires the layer's lease and permit with it, and
 //! only then writes the grant. The grant is written only if the same start
 //! still holds, the session's fence is still below the new one (fences grow
@@ -175,11 +177,11 @@ impl LayeredBeginSql for Sql<'_> {
 /// With a lease layer, the common grant in one autocommit statement: a new
 /// request, no confirmation (both checked by the caller), the layer's lease
 /// already held under `held.fence`. It inserts a request row into
-/// `ag_begin_layered`, whose trigger (migration 0008) writes what [`start`]
-/// writes for a new turn with no row expiry, only when the full path under
-/// the writer would write that start:
+/// `ag_begin_layered`, whose trigger (migration 0008) writes what the
+/// shared `apply` writes for a new turn with a held lease (no row expiry),
+/// only when the locked path under the writer would write that start:
 ///
-/// | the statement checks | what [`write_layered`]'s full path reads | why it writes this start |
+/// | the statement checks | what the locked path reads | why it writes this start |
 /// |---|---|---|
 /// | no turn for `(session_id, client_request_id)` | `turn: None`, the snapshot's (none) | the same turn, and `decide_begin` has no replay, restart, takeover or exhaustion |
 /// | no session row of another user | `session.user_id == user_id` | no `not_found` |
