@@ -236,20 +236,26 @@ async fn start<S: BeginSql>(
     lease: Lease,
 ) -> Result<Grant> {
     let facts = &read.facts;
-    let (token, reserved, held) = match lease {
-        Lease::Take => (LeaseToken::generate(), None, None),
-        Lease::Held(held) => {
-            let reserved = Some(held.fence);
-            (
-                held.token,
-                reserved,
-                Some((held.turn_id, held.lease_expires_in_ms)),
-            )
+    let ttl_ms = sql.config().lease_ttl_ms();
+    // Without a lease layer the start takes the lease in the session's row;
+    // with one, the layered begin acquired it before (anything else is a
+    // bug, caught before a row is written).
+    let (token, held, lease_expires_in_ms) = match (lease, sql.leases()) {
+        (Lease::Take, None) => (LeaseToken::generate(), None, ttl_ms),
+        (Lease::Held(held), Some(_)) => (
+            held.token,
+            Some((held.turn_id, held.fence)),
+            held.lease_expires_in_ms,
+        ),
+        (Lease::Held(_), None) => return Err(Error::corrupt("a held lease without a lease layer")),
+        (Lease::Take, Some(_)) => {
+            return Err(Error::corrupt(
+                "a start under a lease layer whose lease was not taken first",
+            ))
         }
     };
-    let reserved = reserved_fence(reserved, read.session_fence)?;
+    let reserved = reserved_fence(held.as_ref().map(|(_, fence)| *fence), read.session_fence)?;
     let token_hash = token.digest_hex();
-    let ttl_ms = sql.config().lease_ttl_ms();
     let confirming = command.confirmation.is_some() && kind == StartKind::New;
     let new_turn_id = || {
         held.as_ref()
@@ -302,16 +308,6 @@ async fn start<S: BeginSql>(
             "a grant reserved fence {reserved:?} and wrote {fence:?}"
         )));
     }
-    let lease_expires_in_ms = match (held, sql.leases()) {
-        (Some((_, remaining)), Some(_)) => remaining,
-        (None, None) => ttl_ms,
-        (Some(_), None) => return Err(Error::corrupt("a held lease without a lease layer")),
-        (None, Some(_)) => {
-            return Err(Error::corrupt(
-                "a start under a lease layer whose lease was not taken first",
-            ))
-        }
-    };
     Ok(Grant {
         turn_id,
         session_id: command.session_id.clone(),
