@@ -76,6 +76,8 @@ fn facts<'a>(
             soonest_expiry_ms: Some(NOW_MS + 10_000),
         },
         resume_only: false,
+        queue: agentgate_core::decide::QueueFacts::default(),
+        enqueue: None,
     }
 }
 

@@ -115,6 +115,7 @@ pub(crate) async fn library(gate: &Gate, count: usize) -> Result<StormReport> {
     let summary = report(&answers, |answer| match answer {
         Ok(Begun::Started(_)) => "started".to_owned(),
         Ok(Begun::Replay(_)) => "replay".to_owned(),
+        Ok(Begun::Queued(_)) => "queued".to_owned(),
         Err(error) => error.kind().code().to_owned(),
     });
     for (_, _, answer) in answers {

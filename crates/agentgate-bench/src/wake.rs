@@ -73,6 +73,10 @@ fn started(begun: Begun) -> Result<agentgate::Turn> {
             "wake: a new request replayed {}",
             view.turn_id
         ))),
+        Begun::Queued(queued) => Err(BenchError::Options(format!(
+            "wake: a new request queued {}",
+            queued.turn_id
+        ))),
     }
 }
 

@@ -209,6 +209,7 @@ async fn takeover(gate: &Gate, url: &str) -> Result<(), BoxError> {
             }
             Err(error) => return Err(error.into()),
             Ok(Begun::Replay(_)) => return Err("the killed turn cannot have an answer".into()),
+            Ok(Begun::Queued(_)) => return Err("the demo never queues".into()),
         }
     };
     println!(

@@ -173,6 +173,15 @@ impl Store for Faulty {
         self.inner.orphans(filter, limit).await
     }
 
+    async fn queue_heads(
+        &self,
+        session: Option<&SessionId>,
+        filter: &OrphanFilter,
+        limit: u32,
+    ) -> Result<Vec<Orphan>> {
+        self.inner.queue_heads(session, filter, limit).await
+    }
+
     async fn abandon(&self, orphan: &Orphan) -> Result<bool> {
         self.check()?;
         self.inner.abandon(orphan).await

@@ -108,6 +108,14 @@ macro_rules! for_each_check {
                 "120 executions walked at page sizes 50, 7 and 200: each once, in claim order, every page within its row and byte limits";
             sigkilled_holder_is_taken_over_after_ttl: any + holder,
                 "a holder process killed with SIGKILL is taken over after the TTL, not before";
+            enqueue_storm_runs_each_once_in_order: any,
+                "100 enqueues behind a barrier: positions 1..100 once each, the 101st queue_full; the handoffs run each once, in order";
+            supersede_keeps_only_the_newest: any,
+                "5 queued, then 10 supersedes at once: one message waits, every other replays superseded; only it runs";
+            a_queued_turn_is_cancelled_or_claimed: any,
+                "a queued turn's cancel ends it at once; a declined handoff's head is not jumped and a recovery claim starts it";
+            a_killed_holders_queue_drains_after_takeover: any + holder,
+                "a holder killed with SIGKILL with 5 messages queued: taken over after the TTL, then the queue drains once each, in order";
             redis_loss_is_fenced: redis,
                 "Redis forgets a live lease: the old holder's writes are refused by the SQL fence";
             lying_lease_layer_is_refused_by_the_sql_fence: redis,
@@ -334,6 +342,7 @@ mod tests {
             holders,
             [
                 "sigkilled_holder_is_taken_over_after_ttl",
+                "a_killed_holders_queue_drains_after_takeover",
                 "skewed_clock_changes_nothing"
             ]
         );

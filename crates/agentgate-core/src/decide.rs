@@ -11,7 +11,7 @@ use std::time::Duration;
 use crate::error::Error;
 use crate::ids::Fence;
 use crate::limits::{DEAD_CONTINUATION_RETRY, MAX_TOOL_ATTEMPTS, MAX_TURN_ATTEMPTS};
-use crate::model::{BusyPolicy, OnBusy, PreviousOutcome, ToolState, TurnState};
+use crate::model::{BusyPolicy, OnBusy, PreviousOutcome, QueueMode, ToolState, TurnState};
 
 /// A session's lease as read from the store.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -116,6 +116,15 @@ impl UserLoad {
     }
 }
 
+/// A session's queue as a begin reads it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueFacts<'a> {
+    /// The turn at the head (the lowest queue number), if any is queued.
+    pub head: Option<&'a str>,
+    /// How many turns are queued.
+    pub len: u32,
+}
+
 /// What a begin found and asked for.
 #[derive(Clone, Copy, Debug)]
 pub struct BeginFacts<'a> {
@@ -139,8 +148,13 @@ pub struct BeginFacts<'a> {
     pub continuation: Option<&'a TurnSnapshot>,
     /// The user's permits.
     pub load: UserLoad,
-    /// A recovery worker's claim: only a `running` turn may start.
+    /// A recovery worker's claim: only a `running` turn (or the head of
+    /// a queue) may start.
     pub resume_only: bool,
+    /// The session's queue.
+    pub queue: QueueFacts<'a>,
+    /// Whether a busy session queues this request (`None`: refuse it).
+    pub enqueue: Option<QueueMode>,
 }
 
 /// How a start came about.
@@ -152,6 +166,8 @@ pub enum StartKind {
     Takeover,
     /// The turn failed retryably: run it again.
     Restart,
+    /// The turn waited in the session's queue and is its head: start it.
+    Dequeue,
 }
 
 /// What a store must do for a begin.
@@ -171,6 +187,19 @@ pub enum BeginDecision {
     },
     /// The turn used all its attempts: record it failed for good, then replay it.
     Exhaust,
+    /// Queue the request behind the session's holder and queue (a new turn
+    /// `queued`, numbered after the queue's last); with `supersede`, end
+    /// every turn queued before it `superseded`. No lease taken.
+    Enqueue {
+        /// End the turns queued before it.
+        supersede: bool,
+    },
+    /// The request's turn waits in the queue and cannot start yet: answer
+    /// its position. Nothing written.
+    Queued {
+        /// The queued turn.
+        turn_id: String,
+    },
     /// Refuse; write nothing.
     Reject(Error),
 }
@@ -190,12 +219,19 @@ fn decide_existing(facts: &BeginFacts<'_>, turn: &TurnSnapshot) -> BeginDecision
         return BeginDecision::Reject(Error::PayloadMismatch);
     }
     let session = facts.session;
+    if turn.state == TurnState::Queued {
+        return decide_queued(facts, turn);
+    }
     if facts.resume_only && turn.state != TurnState::Running {
         // A recovery claim from a stale list: the turn ended meanwhile.
         return replay(turn);
     }
     let kind = match turn.state {
-        TurnState::Succeeded | TurnState::Confirmed | TurnState::Cancelled => return replay(turn),
+        TurnState::Succeeded
+        | TurnState::Confirmed
+        | TurnState::Cancelled
+        | TurnState::Superseded => return replay(turn),
+        TurnState::Queued => unreachable!("decided above"),
         TurnState::Failed if !turn.retryable => return replay(turn),
         TurnState::AwaitingConfirmation => {
             return match session.and_then(|s| s.live_pending(facts.now_ms)) {
@@ -228,6 +264,62 @@ fn decide_existing(facts: &BeginFacts<'_>, turn: &TurnSnapshot) -> BeginDecision
         return BeginDecision::Exhaust;
     }
     gate_start(facts, kind, turn.attempt + 1, Some(&turn.turn_id))
+}
+
+/// A repeat (or a claim, or a handoff) of a queued request: its head starts
+/// once the session is free, with no live holder and no pending
+/// confirmation (a person's answer comes first); every other queued turn,
+/// and the head of a busy session, answers its place.
+fn decide_queued(facts: &BeginFacts<'_>, turn: &TurnSnapshot) -> BeginDecision {
+    let now = facts.now_ms;
+    let busy = facts
+        .session
+        .is_some_and(|s| s.live_holder(now).is_some() || s.live_pending(now).is_some());
+    if busy || facts.queue.head != Some(turn.turn_id.as_str()) {
+        return BeginDecision::Queued {
+            turn_id: turn.turn_id.clone(),
+        };
+    }
+    gate_start(
+        facts,
+        StartKind::Dequeue,
+        turn.attempt + 1,
+        Some(&turn.turn_id),
+    )
+}
+
+/// A new request (not a confirmation). A session that is held, or whose
+/// queue is not empty, queues it when asked to (up to
+/// [`MAX_SESSION_QUEUE`](crate::limits::MAX_SESSION_QUEUE)); otherwise a
+/// queue waiting on a free session is still not jumped: `session_busy`
+/// naming its head, which its caller is about to start. A pending
+/// confirmation refuses both (the gate below).
+fn decide_new(facts: &BeginFacts<'_>) -> BeginDecision {
+    let now = facts.now_ms;
+    let session = facts.session;
+    let held = session.and_then(|s| s.live_holder(now));
+    let pending = session.and_then(|s| s.live_pending(now));
+    if pending.is_none() && (held.is_some() || facts.queue.head.is_some()) {
+        let retry_after = held.map_or(DEAD_CONTINUATION_RETRY, |h| {
+            remaining(h.lease_expires_at_ms, now)
+        });
+        if let Some(mode) = facts.enqueue {
+            let limit = crate::limits::MAX_SESSION_QUEUE;
+            if facts.queue.len >= limit {
+                return BeginDecision::Reject(Error::QueueFull { limit, retry_after });
+            }
+            return BeginDecision::Enqueue {
+                supersede: mode == QueueMode::Supersede,
+            };
+        }
+        if let (None, Some(head)) = (held, facts.queue.head) {
+            return BeginDecision::Reject(Error::SessionBusy {
+                active_turn_id: head.to_owned(),
+                retry_after,
+            });
+        }
+    }
+    gate_start(facts, StartKind::New, 1, None)
 }
 
 fn replay(turn: &TurnSnapshot) -> BeginDecision {
@@ -324,7 +416,7 @@ pub fn decide_begin(facts: &BeginFacts<'_>) -> BeginDecision {
     match (facts.turn, facts.confirms) {
         (Some(turn), _) => decide_existing(facts, turn),
         (None, Some(confirms)) => decide_confirmation(facts, confirms),
-        (None, None) => gate_start(facts, StartKind::New, 1, None),
+        (None, None) => decide_new(facts),
     }
 }
 
@@ -341,8 +433,9 @@ pub fn orphan_claim_step(
     match outcome {
         Ok(BeginOutcome::Started(grant)) => Ok(Some(grant)),
         // It ended meanwhile, or used all its attempts and was just
-        // recorded failed for good: nothing to resume.
-        Ok(BeginOutcome::Replay(_)) => Ok(None),
+        // recorded failed for good: nothing to resume. A queued turn that
+        // is not (or no longer) the head of a free session waits its turn.
+        Ok(BeginOutcome::Replay(_) | BeginOutcome::Queued(_)) => Ok(None),
         // Another worker or the client's own retry took it over, its session
         // is held by another turn, or its user has no free permit: pass.
         Err(error)

@@ -81,6 +81,16 @@ pub enum Error {
     /// A repeat of a request with a different payload.
     #[error("client_request_id was already used with a different payload")]
     PayloadMismatch,
+    /// The session's queue holds its limit of waiting messages; nothing
+    /// was queued.
+    #[error("the session's queue is full ({limit} waiting turns)")]
+    QueueFull {
+        /// The queue's bound.
+        limit: u32,
+        /// When the session's holder's lease runs out if it is not renewed
+        /// (the queue moves at the latest then).
+        retry_after: Duration,
+    },
     /// The user holds all of their permits.
     #[error("user is at capacity ({cap} concurrent turns)")]
     UserAtCapacity {
@@ -136,6 +146,8 @@ pub enum ErrorKind {
     PayloadMismatch,
     /// `user_at_capacity`
     UserAtCapacity,
+    /// `queue_full`
+    QueueFull,
     /// `unknown_tool_outcome`
     UnknownToolOutcome,
     /// `attempts_exhausted`
@@ -160,6 +172,7 @@ impl ErrorKind {
             Self::TurnCancelled => "turn_cancelled",
             Self::PayloadMismatch => "payload_mismatch",
             Self::UserAtCapacity => "user_at_capacity",
+            Self::QueueFull => "queue_full",
             Self::UnknownToolOutcome => "unknown_tool_outcome",
             Self::AttemptsExhausted => "attempts_exhausted",
             Self::Effect => "effect_failed",
@@ -175,6 +188,7 @@ impl ErrorKind {
                 | Self::RequestInFlight
                 | Self::ToolInFlight
                 | Self::UserAtCapacity
+                | Self::QueueFull
                 | Self::StoreUnavailable
         )
     }
@@ -231,6 +245,7 @@ impl Error {
             Self::TurnCancelled { .. } => ErrorKind::TurnCancelled,
             Self::PayloadMismatch => ErrorKind::PayloadMismatch,
             Self::UserAtCapacity { .. } => ErrorKind::UserAtCapacity,
+            Self::QueueFull { .. } => ErrorKind::QueueFull,
             Self::UnknownToolOutcome { .. } => ErrorKind::UnknownToolOutcome,
             Self::AttemptsExhausted { .. } => ErrorKind::AttemptsExhausted,
             Self::Effect(_) => ErrorKind::Effect,
@@ -245,7 +260,8 @@ impl Error {
             | Self::RequestInFlight { retry_after, .. }
             | Self::AwaitingConfirmation { retry_after, .. }
             | Self::ToolInFlight { retry_after, .. }
-            | Self::UserAtCapacity { retry_after, .. } => Some(*retry_after),
+            | Self::UserAtCapacity { retry_after, .. }
+            | Self::QueueFull { retry_after, .. } => Some(*retry_after),
             _ => None,
         }
     }
@@ -308,6 +324,7 @@ mod tests {
             ErrorKind::TurnCancelled,
             ErrorKind::PayloadMismatch,
             ErrorKind::UserAtCapacity,
+            ErrorKind::QueueFull,
             ErrorKind::UnknownToolOutcome,
             ErrorKind::AttemptsExhausted,
             ErrorKind::Effect,

@@ -174,3 +174,8 @@ pub const MAX_BUSY_POLL: Duration = Duration::from_millis(500);
 /// Most sessions one store handle watches for waiting begins at once;
 /// past it a waiter still waits, by its bounded poll alone.
 pub const MAX_WATCHED_SESSIONS: usize = 10_000;
+
+/// Most turns waiting in one session's queue (`on_busy: enqueue` or
+/// `supersede`): a conversation's backlog a person could still follow; one
+/// more is refused `queue_full`, never dropped.
+pub const MAX_SESSION_QUEUE: u32 = 100;

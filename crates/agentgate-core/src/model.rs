@@ -63,6 +63,15 @@ wire_enum!(
         /// so far; a repeat of its request replays it (a person who stopped
         /// a reply does not want it run again by a retry).
         Cancelled => "cancelled",
+        /// Waiting in its session's queue (`on_busy: enqueue`): no lease,
+        /// no attempt yet. It starts when it is the head of the queue and
+        /// the session is free: handed to the previous holder's caller
+        /// ([`crate::store::Store::take_next`]), a repeat of its request,
+        /// or a recovery worker's claim.
+        Queued => "queued",
+        /// Replaced, before it started, by a newer message sent with
+        /// `on_busy: supersede`; a repeat of its request replays it.
+        Superseded => "superseded",
     }
 );
 
@@ -109,8 +118,36 @@ wire_enum!(
         /// Ask the running turn to stop (a cancel request), wait for it to
         /// end, up to a bound, then start.
         Interrupt => "interrupt",
+        /// Join the session's durable FIFO queue (bounded,
+        /// [`crate::limits::MAX_SESSION_QUEUE`]) and answer at once with the
+        /// queued turn and its position.
+        Enqueue => "enqueue",
+        /// Join the queue as [`BusyPolicy::Enqueue`], and end every turn
+        /// queued before it, unstarted, `superseded`.
+        Supersede => "supersede",
     }
 );
+
+/// What a begin on a busy session asks the store to queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueueMode {
+    /// Append the turn to the session's queue.
+    Enqueue,
+    /// Append it, and supersede every turn queued before it.
+    Supersede,
+}
+
+impl BusyPolicy {
+    /// The queue mode this policy asks the store for (`None`: the policy
+    /// never queues).
+    pub fn queue_mode(self) -> Option<QueueMode> {
+        match self {
+            Self::Enqueue => Some(QueueMode::Enqueue),
+            Self::Supersede => Some(QueueMode::Supersede),
+            Self::Reject | Self::Wait | Self::Interrupt => None,
+        }
+    }
+}
 
 /// A begin's policy for a busy session, with its bound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -137,11 +174,14 @@ impl OnBusy {
     pub fn new(policy: BusyPolicy, wait_ms: Option<u64>) -> Result<Self> {
         let max = crate::limits::MAX_BUSY_WAIT;
         let wait = match (policy, wait_ms) {
-            (BusyPolicy::Reject, None) => std::time::Duration::ZERO,
-            (BusyPolicy::Reject, Some(_)) => {
-                return Err(Error::invalid(
-                    "wait_ms applies to the wait and interrupt policies, not reject",
-                ))
+            (BusyPolicy::Reject | BusyPolicy::Enqueue | BusyPolicy::Supersede, None) => {
+                std::time::Duration::ZERO
+            }
+            (BusyPolicy::Reject | BusyPolicy::Enqueue | BusyPolicy::Supersede, Some(_)) => {
+                return Err(Error::invalid(format!(
+                    "wait_ms applies to the wait and interrupt policies, not {}",
+                    policy.as_str()
+                )))
             }
             (_, None) => crate::limits::DEFAULT_BUSY_WAIT,
             (_, Some(ms)) if u128::from(ms) > max.as_millis() => {
@@ -191,9 +231,19 @@ pub struct BeginCommand {
     /// ended meanwhile (even retryably, or `abandoned`) replays instead of
     /// restarting, so a stale orphan list never re-runs an ended turn.
     pub resume_only: bool,
+    /// Set by a begin under `on_busy: enqueue` or `supersede`: a busy
+    /// session queues the request instead of refusing it.
+    pub queue: Option<QueueMode>,
 }
 
 impl BeginCommand {
+    /// The same begin, queued when its session is busy.
+    #[must_use]
+    pub fn queued(mut self, queue: Option<QueueMode>) -> Self {
+        self.queue = queue;
+        self
+    }
+
     /// Validates a begin. The fingerprint covers the payload and the
     /// confirmation, so the same request id with another decision is a mismatch.
     ///
@@ -224,6 +274,7 @@ impl BeginCommand {
             confirmation,
             fingerprint,
             resume_only: false,
+            queue: None,
         })
     }
 }
@@ -306,6 +357,43 @@ pub enum BeginOutcome {
     Started(Grant),
     /// The request already ended; here is its stored outcome. No lease taken.
     Replay(TurnView),
+    /// The request waits in its session's queue (queued now, or by an
+    /// earlier begin of the same request). No lease taken.
+    Queued(QueuedTurn),
+}
+
+/// A turn waiting in its session's queue, as a begin answers it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueuedTurn {
+    /// The queued turn.
+    pub turn_id: TurnId,
+    /// Its session.
+    pub session_id: SessionId,
+    /// Its user.
+    pub user_id: UserId,
+    /// Its request id.
+    pub client_request_id: ClientRequestId,
+    /// 1 for the head of the queue, gap-free behind it.
+    pub position: u32,
+    /// Store-clock time it was queued, ms since the Unix epoch.
+    pub enqueued_at_ms: i64,
+    /// When to look again: the holder's remaining lease (the queue moves
+    /// at the latest then), at least 1 ms.
+    #[serde(skip)]
+    pub retry_after: std::time::Duration,
+}
+
+/// One entry of a session's queue, as the session view lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueEntry {
+    /// The queued turn.
+    pub turn_id: TurnId,
+    /// Its request id.
+    pub client_request_id: ClientRequestId,
+    /// 1 for the head, gap-free behind it.
+    pub position: u32,
+    /// Store-clock time it was queued, ms since the Unix epoch.
+    pub enqueued_at_ms: i64,
 }
 
 /// A validated tool call: the execution key within a turn.
@@ -538,6 +626,9 @@ pub struct SessionView {
     pub pending_confirmation: Option<PendingView>,
     /// Latest fence granted on this session.
     pub fence: Fence,
+    /// The turns waiting in the session's queue, head first (at most
+    /// [`crate::limits::MAX_SESSION_QUEUE`]).
+    pub queue: Vec<QueueEntry>,
 }
 
 /// A user as callers see it.
@@ -736,6 +827,7 @@ impl Orphan {
             confirmation: None,
             fingerprint: self.fingerprint.clone(),
             resume_only: true,
+            queue: None,
         }
     }
 }

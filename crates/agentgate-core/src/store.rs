@@ -257,6 +257,24 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// `invalid_request` for a filter over its limits, `store_unavailable`.
     async fn orphans(&self, filter: &OrphanFilter, limit: u32) -> Result<Vec<Orphan>>;
 
+    /// The heads of session queues, as turns a repeat of their own request
+    /// starts ([`Orphan::resume_command`]; the begin decides whether the
+    /// head may start now): of `session` alone when given (the caller just
+    /// ended its holder: [`take_next`]), else of every session that names
+    /// no holder and has been free for `filter.min_orphaned_ms` (a caller
+    /// that declined its handoff, or died before taking it), longest-free
+    /// first, at most `limit` (capped at
+    /// [`crate::limits::MAX_ORPHAN_SCAN`]).
+    ///
+    /// # Errors
+    /// `invalid_request` for a filter over its limits, `store_unavailable`.
+    async fn queue_heads(
+        &self,
+        session: Option<&SessionId>,
+        filter: &OrphanFilter,
+        limit: u32,
+    ) -> Result<Vec<Orphan>>;
+
     /// Ends `orphan` `abandoned` and releases its session, in one atomic
     /// step, if it is still that orphan: running under `orphan.fence` with no
     /// live lease. Returns whether it did; `false` means someone took it
@@ -349,7 +367,56 @@ where
     let orphans = store
         .orphans(filter, crate::limits::MAX_ORPHAN_SCAN)
         .await?;
-    for orphan in orphans.into_iter().filter(|o| !o.superseded) {
+    let orphans = orphans.into_iter().filter(|o| !o.superseded);
+    if let Some(claimed) = claim_first(store, orphans, &mark).await? {
+        return Ok(Some(claimed));
+    }
+    let heads = store
+        .queue_heads(None, filter, crate::limits::MAX_ORPHAN_SCAN)
+        .await?;
+    claim_first(store, heads, &mark).await
+}
+
+/// The handoff of SPEC §4's second message: starts the head of
+/// `session_id`'s queue for the caller that just ended its holder (a
+/// repeat of the head's own request, so the store's one atomic begin
+/// decides it), with its payload. `None` when the queue is empty, or its
+/// head is not startable now (another caller took it first, the session
+/// is held again or awaits a confirmation, the user is at its cap): the
+/// head then stays queued for a later handoff or claim. A new request
+/// never jumps a waiting queue (`decide`), so nothing can slip in between
+/// the ending and this begin but the head's own start.
+///
+/// # Errors
+/// As [`Store::begin`], except the refusals that mean "not now".
+pub async fn take_next_timed<S, T>(
+    store: &S,
+    session_id: &SessionId,
+    mark: impl Fn() -> T + Send + Sync,
+) -> Result<Option<(ClaimedOrphan, T)>>
+where
+    S: Store + ?Sized,
+    T: Send,
+{
+    let heads = store
+        .queue_heads(Some(session_id), &OrphanFilter::default(), 1)
+        .await?;
+    claim_first(store, heads, &mark).await
+}
+
+/// Begins each candidate's own request in turn until one is granted; that
+/// one with its payload and journal, and `mark()` taken just before its
+/// begin.
+async fn claim_first<S, T>(
+    store: &S,
+    candidates: impl IntoIterator<Item = Orphan> + Send,
+    mark: &(impl Fn() -> T + Send + Sync),
+) -> Result<Option<(ClaimedOrphan, T)>>
+where
+    S: Store + ?Sized,
+    T: Send,
+{
+    for orphan in candidates {
         let marked = mark();
         let outcome = store.begin(&orphan.resume_command()).await;
         let Some(grant) = crate::decide::orphan_claim_step(outcome)? else {

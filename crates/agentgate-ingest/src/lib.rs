@@ -376,7 +376,7 @@ impl Ingestor {
                     &payload,
                 )
                 .await;
-            match begun {
+            let retry_after = match begun {
                 Ok(Begun::Started(turn)) => {
                     self.pool
                         .record_run(
@@ -391,6 +391,10 @@ impl Ingestor {
                     return self.run(turn, &upload.tenant, &payload).await;
                 }
                 Ok(Begun::Replay(view)) => return outcome(view.state, view.response, view.error),
+                // Ingestion never queues its own requests; one of them
+                // queued on its session by another caller waits like a
+                // busy one.
+                Ok(Begun::Queued(queued)) => queued.retry_after,
                 Err(error)
                     if matches!(
                         error.kind(),
@@ -399,17 +403,17 @@ impl Ingestor {
                             | ErrorKind::UserAtCapacity
                     ) =>
                 {
-                    let retry_after = error.retry_after().unwrap_or(MAX_WAIT_STEP);
-                    let now = tokio::time::Instant::now();
-                    if now >= deadline {
-                        return Err(IngestError::Processing { retry_after });
-                    }
-                    let pause = jitter(step).min(deadline - now);
-                    tokio::time::sleep(pause).await;
-                    step = (step * 2).min(MAX_WAIT_STEP);
+                    error.retry_after().unwrap_or(MAX_WAIT_STEP)
                 }
                 Err(error) => return Err(error.into()),
+            };
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Err(IngestError::Processing { retry_after });
             }
+            let pause = jitter(step).min(deadline - now);
+            tokio::time::sleep(pause).await;
+            step = (step * 2).min(MAX_WAIT_STEP);
         }
     }
 
@@ -470,8 +474,9 @@ impl Ingestor {
         let turn = match begun {
             Ok(Begun::Started(turn)) => turn,
             // Finished or taken over by someone else meanwhile, or the
-            // session is busy: nothing to do in this pass.
-            Ok(Begun::Replay(_)) => return Ok(None),
+            // session is busy (or queued by another caller): nothing to do
+            // in this pass.
+            Ok(Begun::Replay(_) | Begun::Queued(_)) => return Ok(None),
             Err(error) if error.retry_after().is_some() => return Ok(None),
             Err(error) => return Err(error.into()),
         };
@@ -879,6 +884,11 @@ impl Ingestor {
         let turn = match begun {
             Ok(Begun::Started(turn)) => turn,
             Ok(Begun::Replay(_)) => return Ok(0),
+            Ok(Begun::Queued(queued)) => {
+                return Err(IngestError::Processing {
+                    retry_after: queued.retry_after,
+                })
+            }
             Err(error) if error.retry_after().is_some() => {
                 return Err(IngestError::Processing {
                     retry_after: error.retry_after().unwrap_or(MAX_WAIT_STEP),
@@ -944,8 +954,9 @@ impl Ingestor {
                 .await;
             let turn = match begun {
                 Ok(Begun::Started(turn)) => turn,
-                // Cleaned before, or an update holds the document: later.
-                Ok(Begun::Replay(_)) => continue,
+                // Cleaned before, or an update holds (or queued on) the
+                // document: later.
+                Ok(Begun::Replay(_) | Begun::Queued(_)) => continue,
                 Err(error) if error.retry_after().is_some() => continue,
                 Err(error) => return Err(error.into()),
             };

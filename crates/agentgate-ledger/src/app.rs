@@ -282,6 +282,15 @@ impl LedgerApp {
                 agent::record_replay(&self.inner, &view, text, json!({})).await;
                 Started::Replay(ChatOutcome::from_view(&view, true))
             }
+            // The app's policies never queue; a message queued through the
+            // API by another caller waits behind the session's holder.
+            Begun::Queued(queued) => {
+                return Err(agentgate::Error::SessionBusy {
+                    active_turn_id: queued.turn_id.to_string(),
+                    retry_after: queued.retry_after,
+                }
+                .into())
+            }
             Begun::Started(turn) => Started::Running(RunningTurn {
                 app: self.clone(),
                 turn,
@@ -332,6 +341,15 @@ impl LedgerApp {
                 turn,
                 work: Work::Confirmation,
             }),
+            // A confirmation is never queued: its request id names a queued
+            // message of the API's, whose payload differs.
+            Begun::Queued(queued) => {
+                return Err(agentgate::Error::SessionBusy {
+                    active_turn_id: queued.turn_id.to_string(),
+                    retry_after: queued.retry_after,
+                }
+                .into())
+            }
         })
     }
 

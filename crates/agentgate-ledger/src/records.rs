@@ -146,7 +146,11 @@ impl ChatOutcome {
             TurnState::AwaitingConfirmation | TurnState::Confirmed => {
                 view.pending.as_ref().and_then(Reply::from_value)
             }
-            TurnState::Failed | TurnState::Running | TurnState::Abandoned => None,
+            TurnState::Failed
+            | TurnState::Running
+            | TurnState::Abandoned
+            | TurnState::Queued
+            | TurnState::Superseded => None,
         };
         Self {
             turn_id: view.turn_id.to_string(),

@@ -10,7 +10,7 @@
 
 use std::fmt;
 
-use agentgate::model::{Confirmation, Grant, HolderView, PendingView};
+use agentgate::model::{Confirmation, Grant, HolderView, PendingView, QueuedTurn};
 use agentgate::{
     ConfirmationContext, Decision, ExecutionView, PreviousOutcome, SessionView, ToolState,
     TurnState, TurnView, UserView,
@@ -41,9 +41,16 @@ pub enum TurnStateDto {
     /// within the orphan grace: ended by the sweeper, its session released.
     /// A repeat of its request restarts it.
     Abandoned,
-    /// Asked to stop and ended so by its holder; `response` holds what it
-    /// had produced. Repeats of its request replay it.
+    /// Asked to stop and ended so by its holder (or, queued, before it
+    /// started); `response` holds what it had produced. Repeats of its
+    /// request replay it.
     Cancelled,
+    /// Waiting in its session's queue (`on_busy: enqueue`); no lease, no
+    /// attempt yet.
+    Queued,
+    /// Replaced, before it started, by a newer message sent with
+    /// `on_busy: supersede`. Repeats of its request replay it.
+    Superseded,
 }
 
 impl From<TurnState> for TurnStateDto {
@@ -56,6 +63,8 @@ impl From<TurnState> for TurnStateDto {
             TurnState::Confirmed => Self::Confirmed,
             TurnState::Abandoned => Self::Abandoned,
             TurnState::Cancelled => Self::Cancelled,
+            TurnState::Queued => Self::Queued,
+            TurnState::Superseded => Self::Superseded,
         }
     }
 }
@@ -114,6 +123,14 @@ pub enum BusyPolicyDto {
     /// Ask the running turn to stop (a cancel request), wait up to
     /// `wait_ms` for it to end, then start.
     Interrupt,
+    /// Join the session's durable FIFO queue (at most 100 waiting turns):
+    /// 202 with the queued turn and its position. The holder's caller
+    /// starts it when it ends its turn with `take_next: true`; a recovery
+    /// worker (`POST /v1/orphans/claim`) when nobody does.
+    Enqueue,
+    /// As `enqueue`, and every turn queued before it ends `superseded`
+    /// (the newest message replaces the unstarted ones).
+    Supersede,
 }
 
 impl From<BusyPolicyDto> for agentgate::BusyPolicy {
@@ -122,6 +139,8 @@ impl From<BusyPolicyDto> for agentgate::BusyPolicy {
             BusyPolicyDto::Reject => Self::Reject,
             BusyPolicyDto::Wait => Self::Wait,
             BusyPolicyDto::Interrupt => Self::Interrupt,
+            BusyPolicyDto::Enqueue => Self::Enqueue,
+            BusyPolicyDto::Supersede => Self::Supersede,
         }
     }
 }
@@ -177,8 +196,9 @@ pub struct BeginRequest {
     /// Set to answer a pending confirmation of an earlier turn.
     #[serde(default)]
     pub confirmation: Option<ConfirmationRequest>,
-    /// What to do when the session is held by another turn: `reject`
-    /// (default), `wait` or `interrupt`.
+    /// What to do when the session is held by another turn (or has turns
+    /// queued): `reject` (default), `wait`, `interrupt`, `enqueue` or
+    /// `supersede`.
     #[serde(default)]
     pub on_busy: BusyPolicyDto,
     /// How long `wait` and `interrupt` wait at most, in milliseconds
@@ -261,6 +281,10 @@ pub struct CompleteTurnRequest {
     /// The turn's answer; repeats of the request replay it.
     #[schema(value_type = JsonValue)]
     pub response: Value,
+    /// Start the head of the session's queue for this caller right after
+    /// the ending (the answer's `next`). Default false.
+    #[serde(default)]
+    pub take_next: bool,
 }
 
 /// `POST /v1/turns/{turn_id}/fail`.
@@ -274,6 +298,10 @@ pub struct FailTurnRequest {
     /// repeat replays this failure).
     #[serde(default)]
     pub retryable: bool,
+    /// Start the head of the session's queue for this caller right after
+    /// the ending (the answer's `next`). Default false.
+    #[serde(default)]
+    pub take_next: bool,
 }
 
 /// `POST /v1/turns/{turn_id}/await-confirmation`.
@@ -473,6 +501,82 @@ impl From<TurnView> for TurnDto {
 pub struct TurnResponse {
     /// The turn after the call.
     pub turn: TurnDto,
+    /// After an ending with `take_next: true`: the head of the session's
+    /// queue, started for this caller (absent when nothing was queued, or
+    /// the head could not start now and stays queued).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<NextTurnDto>,
+}
+
+/// The queued turn an ending handed to its caller: a lease like a begin's,
+/// and the message to run.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct NextTurnDto {
+    /// The lease on the next turn, as a begin grants it.
+    pub turn: GrantDto,
+    /// The queued message's payload.
+    #[schema(value_type = JsonValue)]
+    pub payload: Value,
+}
+
+/// 202 from `POST /v1/turns` with `on_busy: enqueue` or `supersede` (or a
+/// repeat of a queued request): the request waits in its session's queue.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct QueuedResponse {
+    /// Always true.
+    pub queued: bool,
+    /// The queued turn.
+    pub turn: QueuedDto,
+}
+
+/// A turn waiting in its session's queue.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct QueuedDto {
+    /// The turn.
+    pub turn_id: String,
+    /// Its session.
+    pub session_id: String,
+    /// Its user.
+    pub user_id: String,
+    /// Its request id.
+    pub client_request_id: String,
+    /// Always `queued`.
+    pub state: TurnStateDto,
+    /// 1 for the head of the queue, gap-free behind it.
+    pub position: u32,
+    /// Store-clock time it was queued, ms since the Unix epoch.
+    pub enqueued_at_ms: i64,
+    /// When to look again (`GET /v1/turns/{turn_id}`, or a repeat): the
+    /// holder's remaining lease, at least 1.
+    pub retry_after_ms: u64,
+}
+
+impl From<QueuedTurn> for QueuedDto {
+    fn from(queued: QueuedTurn) -> Self {
+        Self {
+            turn_id: queued.turn_id.to_string(),
+            session_id: queued.session_id.to_string(),
+            user_id: queued.user_id.to_string(),
+            client_request_id: queued.client_request_id.to_string(),
+            state: TurnStateDto::Queued,
+            position: queued.position,
+            enqueued_at_ms: queued.enqueued_at_ms,
+            retry_after_ms: u64::try_from(queued.retry_after.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+}
+
+/// One waiting turn of a session's queue.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct QueueEntryDto {
+    /// The queued turn (`POST /v1/turns/{turn_id}/cancel` removes it).
+    pub turn_id: String,
+    /// Its request id.
+    pub client_request_id: String,
+    /// 1 for the head, gap-free behind it.
+    pub position: u32,
+    /// Store-clock time it was queued, ms since the Unix epoch.
+    pub enqueued_at_ms: i64,
 }
 
 /// 200 from `GET /v1/turns/{turn_id}`.
@@ -547,6 +651,10 @@ pub struct EndCancelledRequest {
     #[serde(default)]
     #[schema(value_type = Option<JsonValue>)]
     pub partial: Value,
+    /// Start the head of the session's queue for this caller right after
+    /// the ending (the answer's `next`). Default false.
+    #[serde(default)]
+    pub take_next: bool,
 }
 
 /// A claimed execution the caller must now run.
@@ -698,6 +806,8 @@ pub struct SessionDto {
     pub pending_confirmation: Option<PendingDto>,
     /// Latest fence granted on this session.
     pub fence: i64,
+    /// The turns waiting in its queue, head first (at most 100).
+    pub queue: Vec<QueueEntryDto>,
 }
 
 impl From<SessionView> for SessionDto {
@@ -708,6 +818,16 @@ impl From<SessionView> for SessionDto {
             holder: view.holder.map(HolderDto::from),
             pending_confirmation: view.pending_confirmation.map(PendingDto::from),
             fence: view.fence.0,
+            queue: view
+                .queue
+                .into_iter()
+                .map(|entry| QueueEntryDto {
+                    turn_id: entry.turn_id.to_string(),
+                    client_request_id: entry.client_request_id.to_string(),
+                    position: entry.position,
+                    enqueued_at_ms: entry.enqueued_at_ms,
+                })
+                .collect(),
         }
     }
 }

@@ -71,6 +71,9 @@ pub enum ErrorCode {
     AttemptsExhausted,
     /// 429 + `Retry-After`: the user holds all of their permits.
     UserAtCapacity,
+    /// 429 + `Retry-After`: the session's queue holds its limit of waiting
+    /// turns (100); nothing was queued.
+    QueueFull,
     /// 500: a caller-supplied side effect failed (library callers only).
     EffectFailed,
     /// 500: a bug in the server; reported, never expected.
@@ -106,6 +109,7 @@ impl ErrorCode {
             Self::PayloadMismatch => "payload_mismatch",
             Self::AttemptsExhausted => "attempts_exhausted",
             Self::UserAtCapacity => "user_at_capacity",
+            Self::QueueFull => "queue_full",
             Self::EffectFailed => "effect_failed",
             Self::Internal => "internal",
             Self::StoreUnavailable => "store_unavailable",
@@ -126,6 +130,7 @@ impl ErrorCode {
             ErrorKind::TurnCancelled => Self::TurnCancelled,
             ErrorKind::PayloadMismatch => Self::PayloadMismatch,
             ErrorKind::UserAtCapacity => Self::UserAtCapacity,
+            ErrorKind::QueueFull => Self::QueueFull,
             ErrorKind::UnknownToolOutcome => Self::UnknownToolOutcome,
             ErrorKind::AttemptsExhausted => Self::AttemptsExhausted,
             ErrorKind::Effect => Self::EffectFailed,
@@ -169,7 +174,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         ErrorCode::PayloadMismatch | ErrorCode::AttemptsExhausted => {
             StatusCode::UNPROCESSABLE_ENTITY
         }
-        ErrorCode::UserAtCapacity => StatusCode::TOO_MANY_REQUESTS,
+        ErrorCode::UserAtCapacity | ErrorCode::QueueFull => StatusCode::TOO_MANY_REQUESTS,
         // effect_failed needs a caller-supplied SQL effect, which only library
         // callers can pass; over HTTP it would be a server bug, hence 500.
         ErrorCode::EffectFailed | ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -192,7 +197,7 @@ pub struct ErrorDetail {
     /// For a person; do not match on it.
     pub message: String,
     /// For `session_busy`, `request_in_flight`, `awaiting_confirmation`,
-    /// `tool_in_flight` and `user_at_capacity`: how long until the blocking
+    /// `tool_in_flight`, `user_at_capacity` and `queue_full`: how long until the blocking
     /// lease (or confirmation) runs out if not renewed, from the store's clock.
     /// On every 503: when to try again.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -290,7 +295,7 @@ impl From<Error> for ApiError {
 
 /// Whole seconds for a `Retry-After` header: rounded up, at least 1, so a
 /// client never retries before the lease can have run out, nor hot-loops.
-fn retry_after_secs(retry_after: Duration) -> u64 {
+pub(crate) fn retry_after_secs(retry_after: Duration) -> u64 {
     let millis = u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX);
     millis.div_ceil(1000).max(1)
 }
@@ -401,10 +406,12 @@ pub(crate) enum BeginErrors {
     /// `payload_mismatch`: this `client_request_id` was used with another payload.
     #[response(status = 422)]
     PayloadMismatch(ErrorBody),
-    /// `user_at_capacity`: the user holds all of their permits.
+    /// `user_at_capacity` (the user holds all of their permits) or
+    /// `queue_full` (with `on_busy: enqueue` or `supersede`: the session's
+    /// queue holds 100 waiting turns; nothing was queued).
     #[response(
         status = 429,
-        headers(("Retry-After" = u64, description = "Seconds until the user's soonest lease runs out, rounded up, at least 1"))
+        headers(("Retry-After" = u64, description = "Seconds until the user's soonest lease (or the session holder's) runs out, rounded up, at least 1"))
     )]
     UserAtCapacity(ErrorBody),
     /// `store_unavailable`: the store (or the Redis lease layer) is down
@@ -628,6 +635,7 @@ mod tests {
             (ErrorKind::TurnCancelled, 409),
             (ErrorKind::PayloadMismatch, 422),
             (ErrorKind::UserAtCapacity, 429),
+            (ErrorKind::QueueFull, 429),
             (ErrorKind::StoreUnavailable, 503),
             (ErrorKind::UnknownToolOutcome, 409),
             (ErrorKind::AttemptsExhausted, 422),

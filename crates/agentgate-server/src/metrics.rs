@@ -169,6 +169,11 @@ pub enum BeginLabel {
     Replay,
     /// A recovery worker claimed an orphan (a takeover by another caller).
     OrphanClaim,
+    /// The request joined its session's queue (`on_busy: enqueue` or
+    /// `supersede`), or a repeat found it still queued.
+    Queued,
+    /// An ending's caller took the head of its session's queue.
+    Handoff,
     /// Refused with this code.
     Refused(ErrorCode),
 }
@@ -178,7 +183,7 @@ fn build() -> prometheus::Result<Metrics> {
     let begins = IntCounterVec::new(
         Opts::new(
             "begins_total",
-            "Begins by outcome: started, takeover, restart, replay, orphan_claim, or the refusal code",
+            "Begins by outcome: started, takeover, restart, replay, orphan_claim, queued, handoff, or the refusal code",
         ),
         &["outcome"],
     )?;
@@ -324,17 +329,21 @@ impl Metrics {
             BeginLabel::Restart => "restart",
             BeginLabel::Replay => "replay",
             BeginLabel::OrphanClaim => "orphan_claim",
+            BeginLabel::Queued => "queued",
+            BeginLabel::Handoff => "handoff",
             BeginLabel::Refused(code) => code.as_str(),
         };
         self.begins.with_label_values(&[outcome]).inc();
         match label {
-            BeginLabel::Started | BeginLabel::Restart => self.live_turns.inc(),
+            BeginLabel::Started | BeginLabel::Restart | BeginLabel::Handoff => {
+                self.live_turns.inc()
+            }
             BeginLabel::Takeover | BeginLabel::OrphanClaim => {
                 self.takeovers.inc();
                 self.live_turns.inc();
             }
             BeginLabel::Replay => self.replays.inc(),
-            BeginLabel::Refused(_) => {}
+            BeginLabel::Queued | BeginLabel::Refused(_) => {}
         }
     }
 

@@ -260,7 +260,7 @@ impl Store for Faulty {
                 session: grant.session_id.to_string(),
                 fence: grant.fence.0,
             }),
-            BeginOutcome::Replay(_) => None,
+            BeginOutcome::Replay(_) | BeginOutcome::Queued(_) => None,
         })
         .await
     }
@@ -389,6 +389,17 @@ impl Store for Faulty {
         let call = self.before("sweep", "", None).await?;
         // The inner store's sweep runs its own orphans/abandon steps.
         let result = self.inner.sweep().await;
+        self.after(call, result, |_| None).await
+    }
+
+    async fn queue_heads(
+        &self,
+        session: Option<&SessionId>,
+        filter: &OrphanFilter,
+        limit: u32,
+    ) -> Result<Vec<Orphan>> {
+        let call = self.before("queue_heads", "", None).await?;
+        let result = self.inner.queue_heads(session, filter, limit).await;
         self.after(call, result, |_| None).await
     }
 

@@ -472,6 +472,10 @@ impl SimStore {
             continuation: continuation.as_ref(),
             load,
             resume_only: command.resume_only,
+            // The simulation models no queue: `begin` refuses a command
+            // that asks for one, so every session's queue is empty.
+            queue: agentgate_core::decide::QueueFacts::default(),
+            enqueue: None,
         };
         match decide_begin(&facts) {
             BeginDecision::Reject(error) => Err(error),
@@ -499,6 +503,9 @@ impl SimStore {
             BeginDecision::Start { kind, attempt } => {
                 Ok(self.start(state, command, own_turn_id, kind, attempt, load.cap, now))
             }
+            BeginDecision::Enqueue { .. } | BeginDecision::Queued { .. } => Err(Error::corrupt(
+                "the simulation decided a queue it does not model",
+            )),
         }
     }
 
@@ -1083,6 +1090,11 @@ impl Store for SimStore {
     }
 
     async fn begin(&self, command: &BeginCommand) -> Result<BeginOutcome> {
+        if command.queue.is_some() {
+            return Err(Error::invalid(
+                "the simulation store does not model session queues (on_busy: enqueue)",
+            ));
+        }
         self.step(|s, state, now| s.begin_step(state, command, now))
     }
 
@@ -1303,7 +1315,20 @@ impl Store for SimStore {
                     },
                 ),
                 fence: Fence(row.fence),
+                queue: Vec::new(),
             }))
+    }
+
+    /// The simulation queues nothing (its `begin` refuses a queued
+    /// command), so no session has a queue head.
+    async fn queue_heads(
+        &self,
+        _session: Option<&SessionId>,
+        filter: &OrphanFilter,
+        _limit: u32,
+    ) -> Result<Vec<Orphan>> {
+        filter.validate()?;
+        Ok(Vec::new())
     }
 
     async fn user(&self, user_id: &UserId) -> Result<UserView> {

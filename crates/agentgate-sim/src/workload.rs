@@ -222,6 +222,7 @@ async fn send(ctx: &Ctx, rng: &mut Rng, user: &str, session: &str, id: String, p
                 ctx.observe(&view);
                 Some(view)
             }
+            Ok(Begun::Queued(queued)) => panic!("the workload never queues: {queued:?}"),
             Ok(Begun::Started(turn)) => {
                 let payload = match &request {
                     Request::Message { payload, .. } => payload.clone(),

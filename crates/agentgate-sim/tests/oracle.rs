@@ -853,6 +853,9 @@ async fn begin(side: &mut Side, command: &BeginCommand) -> String {
             )
         }
         Ok(BeginOutcome::Replay(view)) => format!("replay {}", side.turn_view(&view)),
+        // The oracle's commands never queue (the simulation models no
+        // queue); a queued answer is a difference like any other.
+        Ok(BeginOutcome::Queued(queued)) => format!("queued at {}", queued.position),
         Err(error) => side.error(&error),
     }
 }

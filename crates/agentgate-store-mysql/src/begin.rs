@@ -62,7 +62,9 @@ use crate::rows::{get, session_snapshot, Cols, SESSION_COLUMNS, TURN_COLUMNS};
 use crate::steps::Sql;
 use crate::NOW_MS;
 use agentgate_store_sql::begin::layered::LayeredBeginSql;
-use agentgate_store_sql::begin::{BeginSql, BeginTx, Facts, GrantRows, Held, Locked, TurnRecord};
+use agentgate_store_sql::begin::{
+    queue_columns, BeginSql, BeginTx, Facts, GrantRows, Held, Locked, QueueRead, TurnRecord,
+};
 
 #[async_trait::async_trait]
 impl LayeredBeginSql for Sql<'_> {
@@ -199,12 +201,16 @@ async fn read_facts(
 ) -> Result<Facts> {
     let row = sqlx::query(&format!(
         "SELECT {NOW_MS} AS now_ms, (SELECT max_turns FROM ag_users WHERE user_id = ?) AS cap, \
-         permits.live, permits.soonest, {TURN_COLUMNS} \
+         {queue}, permits.live, permits.soonest, {TURN_COLUMNS} \
          FROM (SELECT COUNT(*) AS live, MIN(lease_expires_at_ms) AS soonest FROM ag_sessions \
                WHERE user_id = ? AND lease_expires_at_ms > {NOW_MS}) AS permits \
-         LEFT JOIN ag_turns ON ag_turns.session_id = ? AND ag_turns.client_request_id = ?"
+         LEFT JOIN ag_turns ON ag_turns.session_id = ? AND ag_turns.client_request_id = ?",
+        queue = queue_columns(["?"; 3]),
     ))
     .bind(command.user_id.as_str())
+    .bind(command.session_id.as_str())
+    .bind(command.session_id.as_str())
+    .bind(command.session_id.as_str())
     .bind(command.user_id.as_str())
     .bind(command.session_id.as_str())
     .bind(command.client_request_id.as_str())
@@ -220,6 +226,7 @@ async fn read_facts(
             get(&row, "soonest")?,
         )?,
         turn: TurnRecord::read(&Cols(&row))?,
+        queue: QueueRead::read(&Cols(&row))?,
     })
 }
 
@@ -277,8 +284,8 @@ async fn write_turn(tx: &mut MySqlConnection, rows: &GrantRows<'_>, fence: Fence
     let written = if rows.restart {
         sqlx::query(
             "UPDATE ag_turns SET state = 'running', attempt = ?, fence = ?, error = NULL, \
-             retryable = NULL, updated_at_ms = ?, ended_at_ms = NULL, orphaned_at_ms = NULL \
-             WHERE turn_id = ?",
+             retryable = NULL, updated_at_ms = ?, ended_at_ms = NULL, orphaned_at_ms = NULL, \
+             queue_seq = NULL WHERE turn_id = ?",
         )
         .bind(i64::from(rows.attempt))
         .bind(fence.0)

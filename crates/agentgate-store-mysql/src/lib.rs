@@ -136,6 +136,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (7, include_str!("../migrations/0007_claim_seq.sql")),
     (8, include_str!("../migrations/0008_cancel.sql")),
     (9, include_str!("../migrations/0009_begin_layered.sql")),
+    (10, include_str!("../migrations/0010_queue.sql")),
 ];
 
 /// agentgate on a MySQL or MariaDB database.

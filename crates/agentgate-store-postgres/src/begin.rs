@@ -29,6 +29,7 @@
 //! | no turn for `(session_id, client_request_id)` | `turn: None`, the snapshot's too | the same turn; no replay, restart, takeover or exhaustion |
 //! | the session's `user_id` is the caller's (or the row is new) | `session.user_id == user_id` | no `not_found` |
 //! | `holder_turn_id IS NULL`, `pending_turn_id IS NULL` | `session.holder`, `session.pending`: `None` | no `session_busy`, no `awaiting_confirmation` |
+//! | no turn queued on the session (`queue_seq IS NOT NULL`, migration 0010) | `queue.head: None` | `decide_new` neither queues nor refuses for a waiting queue |
 //! | the session's fence is below the held one | `session_fence < fence` | no newer grant since the fence was taken |
 //! | the cap in `0..=u32::MAX`, the rows' live leases below it | `UserLoad::read`, `load.live < load.cap` | no `corrupt`, no `user_at_capacity` |
 //!
@@ -60,6 +61,7 @@
 //! | the session's `user_id` is the caller's (or the row is new) | `session.user_id == user_id` | no `not_found` |
 //! | `holder_turn_id IS NULL` | `session.holder: None` | no `session_busy` (an expired holder falls back) |
 //! | `pending_turn_id IS NULL` | `session.pending: None` | no `awaiting_confirmation` (an expired one falls back) |
+//! | no turn queued on the session (`queue_seq IS NOT NULL`, migration 0010) | `queue.head: None` | `decide_new` neither queues nor refuses for a waiting queue |
 //! | the cap (the row's, else the configured default) is in `0..=u32::MAX` | `UserLoad::read` succeeds | no `corrupt` |
 //! | live leases of the user `<` cap | `load.live < load.cap` | no `user_at_capacity` |
 //!
@@ -95,7 +97,9 @@ use crate::rows::{get, session_snapshot, SESSION_COLUMNS, TURN_COLUMNS};
 use crate::steps::Sql;
 use crate::{PostgresStore, NOW_MS, STEP_LOCK_TIMEOUT};
 use agentgate_store_sql::begin::layered::LayeredBeginSql;
-use agentgate_store_sql::begin::{BeginSql, BeginTx, Facts, GrantRows, Held, Locked, TurnRecord};
+use agentgate_store_sql::begin::{
+    queue_columns, BeginSql, BeginTx, Facts, GrantRows, Held, Locked, QueueRead, TurnRecord,
+};
 
 #[async_trait::async_trait]
 impl LayeredBeginSql for Sql<'_> {
@@ -239,10 +243,11 @@ async fn read_facts(
     default_cap: u32,
 ) -> Result<Facts> {
     let row = sqlx::query(&format!(
-        "SELECT {NOW_MS} AS now_ms, permits.live, permits.soonest, {TURN_COLUMNS} \
+        "SELECT {NOW_MS} AS now_ms, permits.live, permits.soonest, {TURN_COLUMNS}, {queue} \
          FROM (SELECT COUNT(*) AS live, MIN(lease_expires_at_ms) AS soonest FROM ag_sessions \
                WHERE user_id = $1 AND lease_expires_at_ms > {NOW_MS}) AS permits \
-         LEFT JOIN ag_turns ON ag_turns.session_id = $2 AND ag_turns.client_request_id = $3"
+         LEFT JOIN ag_turns ON ag_turns.session_id = $2 AND ag_turns.client_request_id = $3",
+        queue = queue_columns(["$2"; 3]),
     ))
     .bind(command.user_id.as_str())
     .bind(command.session_id.as_str())
@@ -254,6 +259,7 @@ async fn read_facts(
         now_ms: get(&row, "now_ms")?,
         load: UserLoad::read(cap, default_cap, get(&row, "live")?, get(&row, "soonest")?)?,
         turn: TurnRecord::read(&crate::rows::Cols(&row))?,
+        queue: QueueRead::read(&crate::rows::Cols(&row))?,
     })
 }
 
@@ -282,7 +288,8 @@ async fn grant(tx: &mut PgConnection, rows: &GrantRows<'_>) -> Result<Fence> {
         format!(
             "{GRANT_SESSION} UPDATE ag_turns SET state = 'running', attempt = $8, \
              fence = g.fence, error = NULL, retryable = NULL, updated_at_ms = $5, \
-             ended_at_ms = NULL, orphaned_at_ms = NULL FROM g WHERE ag_turns.turn_id = $2 \
+             ended_at_ms = NULL, orphaned_at_ms = NULL, queue_seq = NULL \
+             FROM g WHERE ag_turns.turn_id = $2 \
              RETURNING g.fence"
         )
     } else {

@@ -22,17 +22,22 @@
 //! store.
 
 use agentgate_core::decide::{
-    decide_begin, reserved_fence, BeginDecision, BeginFacts, SessionSnapshot, StartKind,
-    TurnSnapshot, UserLoad,
+    decide_begin, reserved_fence, retry_after_ms, BeginDecision, BeginFacts, QueueFacts,
+    SessionSnapshot, StartKind, TurnSnapshot, UserLoad,
 };
 use agentgate_core::error::{Error, Result};
-use agentgate_core::ids::{Fence, LeaseToken, TurnId};
+use agentgate_core::ids::{ClientRequestId, Fence, LeaseToken, SessionId, TurnId, UserId};
 use agentgate_core::lease::refuse_if_held;
-use agentgate_core::model::{BeginCommand, BeginOutcome, ConfirmationContext, Grant, TurnView};
+use agentgate_core::limits::DEAD_CONTINUATION_RETRY;
+use agentgate_core::model::{
+    BeginCommand, BeginOutcome, ConfirmationContext, Grant, QueuedTurn, TurnView,
+};
 use serde_json::Value;
 
 use crate::query::{On, Run, Statement};
-use crate::rows::{json, prefixed, session_snapshot, Columns, Prefixed, TurnRow, TURN_COLUMNS};
+use crate::rows::{
+    count, id, json, prefixed, session_snapshot, Columns, Prefixed, TurnRow, TURN_COLUMNS,
+};
 use crate::Retry;
 
 pub mod layered;
@@ -78,6 +83,55 @@ pub struct Facts {
     pub load: UserLoad,
     /// The request's own turn, if recorded.
     pub turn: Option<TurnRecord>,
+    /// The session's queue.
+    pub queue: QueueRead,
+}
+
+/// A session's queue as a begin reads it: the columns of
+/// [`queue_columns`].
+#[derive(Clone, Debug, Default)]
+pub struct QueueRead {
+    /// The head's turn id.
+    pub head: Option<String>,
+    /// How many turns are queued.
+    pub len: u32,
+    /// The highest queue number in use (0: none).
+    pub tail: i64,
+}
+
+impl QueueRead {
+    /// The queue in a row that selected [`queue_columns`].
+    ///
+    /// # Errors
+    /// `corrupt` for a length outside `u32`, or a queue whose length,
+    /// head and tail disagree.
+    pub fn read(row: &impl Columns) -> Result<Self> {
+        let len = count(row.int_required("queue_len")?)?;
+        let head = row.text("queue_head")?;
+        let tail = row.int("queue_tail")?;
+        match (len, &head, tail) {
+            (0, None, None) => Ok(Self::default()),
+            (1.., Some(_), Some(tail)) if tail > 0 => Ok(Self { head, len, tail }),
+            _ => Err(Error::corrupt(format!(
+                "a session queue of {len} turns with head {head:?} and tail {tail:?}"
+            ))),
+        }
+    }
+}
+
+/// The select-list columns of a session's queue (`queue_len`,
+/// `queue_tail`, `queue_head`), the session bound at each of the three
+/// placeholders `session` names (one `$n` three times, or three `?`).
+pub fn queue_columns(session: [&str; 3]) -> String {
+    let [a, b, c] = session;
+    format!(
+        "(SELECT COUNT(*) FROM ag_turns q WHERE q.session_id = {a} \
+           AND q.queue_seq IS NOT NULL) AS queue_len, \
+         (SELECT MAX(q.queue_seq) FROM ag_turns q WHERE q.session_id = {b} \
+           AND q.queue_seq IS NOT NULL) AS queue_tail, \
+         (SELECT q.turn_id FROM ag_turns q WHERE q.session_id = {c} \
+           AND q.queue_seq IS NOT NULL ORDER BY q.queue_seq LIMIT 1) AS queue_head"
+    )
 }
 
 /// The session's row, locked, and the facts read after the locks.
@@ -433,6 +487,8 @@ pub struct Decided {
 pub struct Read {
     /// The newest fence granted on the session (0 before its first grant).
     pub session_fence: i64,
+    /// The session as the decision saw it.
+    pub session: Option<SessionSnapshot>,
     /// The clock, the permits and the request's turn.
     pub facts: Facts,
     /// The turn the command confirms, when it has no turn of its own yet.
@@ -488,7 +544,7 @@ pub async fn read_unlocked<S: Run>(
     let statement = Statement::new(format!(
         "SELECT l.now_ms, l.cap, l.live, l.soonest, \
          s.user_id, s.holder_turn_id, s.lease_expires_at_ms, s.pending_turn_id, \
-         s.pending_expires_at_ms, s.fence AS session_fence, {turn} \
+         s.pending_expires_at_ms, s.fence AS session_fence, {turn}, {queue} \
          FROM (SELECT {now} AS now_ms, \
                  (SELECT max_turns FROM ag_users WHERE user_id = $1) AS cap, \
                  COUNT(*) AS live, MIN(lease_expires_at_ms) AS soonest \
@@ -496,6 +552,7 @@ pub async fn read_unlocked<S: Run>(
          LEFT JOIN ag_sessions s ON s.session_id = $2 \
          LEFT JOIN ag_turns t ON t.session_id = $2 AND t.client_request_id = $3",
         turn = prefixed(TURN_COLUMNS, "t", "t_"),
+        queue = queue_columns(["$2"; 3]),
     ))
     .text(command.user_id.as_str())
     .text(command.session_id.as_str())
@@ -527,13 +584,14 @@ pub async fn read_unlocked<S: Run>(
                 row: &row,
                 prefix: "t_",
             })?,
+            queue: QueueRead::read(&row)?,
         },
     })
 }
 
 /// The tail of [`decide_in`]: the confirmation chain `locked` names, and
 /// the decision.
-async fn decide_on<S: BeginSql>(
+pub(crate) async fn decide_on<S: BeginSql>(
     sql: &S,
     conn: &mut S::Conn,
     command: &BeginCommand,
@@ -568,11 +626,17 @@ async fn decide_on<S: BeginSql>(
         continuation: continuation.as_ref().map(|t| &t.snapshot),
         load: facts.load,
         resume_only: command.resume_only,
+        queue: QueueFacts {
+            head: facts.queue.head.as_deref(),
+            len: facts.queue.len,
+        },
+        enqueue: command.queue,
     });
     Ok(Decided {
         decision,
         read: Read {
             session_fence,
+            session,
             facts,
             confirm_target,
             continuation,
@@ -639,7 +703,140 @@ pub async fn apply<S: BeginSql>(
             let grant = start(sql, tx, command, &read, (kind, attempt), lease).await?;
             Ok((BeginOutcome::Started(grant), true))
         }
+        BeginDecision::Enqueue { supersede } => {
+            let queued = enqueue(sql, tx, command, &read, supersede).await?;
+            Ok((BeginOutcome::Queued(queued), true))
+        }
+        BeginDecision::Queued { turn_id } => {
+            let queued = queued_turn(sql, tx, &turn_id, queue_retry(&read))
+                .await?
+                .ok_or_else(|| Error::corrupt(format!("queued turn {turn_id} left its queue")))?;
+            Ok((BeginOutcome::Queued(queued), false))
+        }
     }
+}
+
+/// When a queued request should look again: the holder's remaining lease
+/// as the decision read it (the queue moves at the latest then), else
+/// [`DEAD_CONTINUATION_RETRY`] (a free session whose head is about to be
+/// taken, or a lease kept by the layer).
+pub(crate) fn queue_retry(read: &Read) -> std::time::Duration {
+    let now = read.facts.now_ms;
+    read.session
+        .as_ref()
+        .and_then(|s| s.live_holder(now))
+        .map_or(DEAD_CONTINUATION_RETRY, |h| {
+            retry_after_ms(h.lease_expires_at_ms - now)
+        })
+}
+
+/// Queues the request behind the session's queue, read under the
+/// session's lock (after ending every queued turn `superseded` first when
+/// it `supersede`s them); its place in the queue.
+///
+/// # Errors
+/// The store's; `corrupt` when the queue is not the one the decision read.
+async fn enqueue<S: BeginSql>(
+    sql: &S,
+    tx: &mut S::Conn,
+    command: &BeginCommand,
+    read: &Read,
+    supersede: bool,
+) -> Result<QueuedTurn> {
+    let now = read.facts.now_ms;
+    let queue = &read.facts.queue;
+    if supersede {
+        let superseded = sql
+            .execute(
+                On::Conn(tx),
+                Statement::new(
+                    "UPDATE ag_turns SET state = 'superseded', queue_seq = NULL, \
+                     updated_at_ms = $1, ended_at_ms = $1 \
+                     WHERE session_id = $2 AND queue_seq IS NOT NULL",
+                )
+                .int(now)
+                .text(command.session_id.as_str()),
+            )
+            .await?;
+        Error::expect_rows(superseded, u64::from(queue.len), "superseding the queue")?;
+    }
+    let turn_id = TurnId::generate();
+    let inserted = sql
+        .execute(
+            On::Conn(tx),
+            Statement::new(
+                "INSERT INTO ag_turns (turn_id, session_id, user_id, client_request_id, \
+                 fingerprint, state, attempt, fence, created_at_ms, updated_at_ms, payload, \
+                 queue_seq) VALUES ($1, $2, $3, $4, $5, 'queued', 0, 0, $6, $6, $7, $8)",
+            )
+            .text(turn_id.as_str())
+            .text(command.session_id.as_str())
+            .text(command.user_id.as_str())
+            .text(command.client_request_id.as_str())
+            .text(command.fingerprint.as_hex())
+            .int(now)
+            .text(command.payload.as_str())
+            .int(queue.tail + 1),
+        )
+        .await?;
+    Error::expect_rows(inserted, 1, "the queued turn")?;
+    let position = if supersede { 1 } else { queue.len + 1 };
+    Ok(QueuedTurn {
+        turn_id,
+        session_id: command.session_id.clone(),
+        user_id: command.user_id.clone(),
+        client_request_id: command.client_request_id.clone(),
+        position,
+        enqueued_at_ms: now,
+        retry_after: queue_retry(read),
+    })
+}
+
+/// A queued turn and its place in its session's queue, read on `conn`;
+/// `None` when the turn is not queued (any more).
+///
+/// # Errors
+/// The store's; `corrupt` for a row the engine never writes.
+pub async fn queued_turn<S: Run>(
+    sql: &S,
+    conn: &mut S::Conn,
+    turn_id: &str,
+    retry_after: std::time::Duration,
+) -> Result<Option<QueuedTurn>> {
+    let row = sql
+        .fetch_optional(
+            On::Conn(conn),
+            Statement::new(
+                "SELECT t.session_id, t.user_id, t.client_request_id, t.created_at_ms, \
+                 (SELECT COUNT(*) FROM ag_turns q WHERE q.session_id = t.session_id \
+                   AND q.queue_seq IS NOT NULL AND q.queue_seq <= t.queue_seq) AS position \
+                 FROM ag_turns t WHERE t.turn_id = $1 AND t.queue_seq IS NOT NULL",
+            )
+            .text(turn_id),
+        )
+        .await?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let row = S::columns(&row);
+    let position = count(row.int_required("position")?)?;
+    if position == 0 {
+        return Err(Error::corrupt(format!(
+            "queued turn {turn_id} at position 0"
+        )));
+    }
+    Ok(Some(QueuedTurn {
+        turn_id: id(TurnId::new, turn_id.to_owned())?,
+        session_id: id(SessionId::new, row.text_required("session_id")?)?,
+        user_id: id(UserId::new, row.text_required("user_id")?)?,
+        client_request_id: id(
+            ClientRequestId::new,
+            row.text_required("client_request_id")?,
+        )?,
+        position,
+        enqueued_at_ms: row.int_required("created_at_ms")?,
+        retry_after,
+    }))
 }
 
 /// Runs one begin without a lease layer inside `tx`: [`decide_in`], then

@@ -79,6 +79,20 @@ async fn candidates<S: OrphanSql>(
              AND {ORPHANED_SINCE} <= {since}"
         ));
     }
+    filtered(&mut statement, filter);
+    let limit = statement.bind(Arg::Int(i64::from(limit)));
+    statement.push(&format!(
+        " ORDER BY orphaned_since_ms, t.turn_id LIMIT {limit}"
+    ));
+    let rows = sql.fetch(On::Read, statement).await?;
+    rows.iter()
+        .map(|row| orphan(&S::columns(row), now))
+        .collect()
+}
+
+/// Narrows a statement over turns `t` to the users and turns `filter`
+/// names (none named: all).
+fn filtered<'a>(statement: &mut Statement<'a>, filter: &'a OrphanFilter) {
     for (column, ids) in [
         (
             "t.user_id",
@@ -102,14 +116,6 @@ async fn candidates<S: OrphanSql>(
             .collect();
         statement.push(&format!(" AND {column} IN ({})", placeholders.join(", ")));
     }
-    let limit = statement.bind(Arg::Int(i64::from(limit)));
-    statement.push(&format!(
-        " ORDER BY orphaned_since_ms, t.turn_id LIMIT {limit}"
-    ));
-    let rows = sql.fetch(On::Read, statement).await?;
-    rows.iter()
-        .map(|row| orphan(&S::columns(row), now))
-        .collect()
 }
 
 /// First seen unheld: records since when on the turn, unless a grant came
@@ -235,6 +241,58 @@ pub async fn list<S: OrphanSql>(sql: &S, filter: &OrphanFilter, limit: u32) -> R
         }
     }
     Ok(orphans)
+}
+
+/// The heads of session queues, as turns to start by a repeat of their own
+/// request ([`Orphan::resume_command`]): of `session` alone when given,
+/// whatever its state (its caller just ended the holder and takes the
+/// next turn); else of every session whose row names no holder (ended,
+/// abandoned or released: a holder whose lease merely expired is an
+/// orphan, claimed first) and has been free for `filter.min_orphaned_ms`,
+/// longest-free first. The begin decides whether a head may start.
+///
+/// # Errors
+/// `invalid_request` for a filter over its limits; the store's.
+pub async fn queue_heads<S: OrphanSql>(
+    sql: &S,
+    session: Option<&SessionId>,
+    filter: &OrphanFilter,
+    limit: u32,
+) -> Result<Vec<Orphan>> {
+    filter.validate()?;
+    let limit = limit.min(MAX_ORPHAN_SCAN);
+    let now = sql.now_ms().await?;
+    let mut statement = Statement::new(format!(
+        "SELECT t.turn_id, t.session_id, t.user_id, t.client_request_id, t.fingerprint, \
+         t.payload, t.fence, t.attempt, s.updated_at_ms AS orphaned_since_ms, \
+         CAST(0 AS {}) AS superseded \
+         FROM ag_turns t JOIN ag_sessions s ON s.session_id = t.session_id \
+         WHERE t.queue_seq IS NOT NULL AND t.queue_seq = (SELECT MIN(q.queue_seq) \
+           FROM ag_turns q WHERE q.session_id = t.session_id AND q.queue_seq IS NOT NULL)",
+        S::BIGINT
+    ));
+    match session {
+        Some(session) => {
+            let session = statement.bind(Arg::Text(session.as_str()));
+            statement.push(&format!(" AND t.session_id = {session}"));
+        }
+        None => {
+            let min_age = i64::try_from(filter.min_orphaned_ms).unwrap_or(i64::MAX);
+            let since = statement.bind(Arg::Int(now.saturating_sub(min_age)));
+            statement.push(&format!(
+                " AND s.holder_turn_id IS NULL AND s.updated_at_ms <= {since}"
+            ));
+        }
+    }
+    filtered(&mut statement, filter);
+    let limit = statement.bind(Arg::Int(i64::from(limit)));
+    statement.push(&format!(
+        " ORDER BY s.updated_at_ms, t.turn_id LIMIT {limit}"
+    ));
+    let rows = sql.fetch(On::Read, statement).await?;
+    rows.iter()
+        .map(|row| orphan(&S::columns(row), now))
+        .collect()
 }
 
 /// Ends `orphan` `abandoned` unless its lease is live again (in the layer or

@@ -207,6 +207,16 @@ macro_rules! impl_store {
                 $crate::orphans::list(&crate::steps::Sql(self), filter, limit).await
             }
 
+            async fn queue_heads(
+                &self,
+                session: Option<&::agentgate_core::ids::SessionId>,
+                filter: &::agentgate_core::model::OrphanFilter,
+                limit: u32,
+            ) -> ::agentgate_core::error::Result<Vec<::agentgate_core::model::Orphan>> {
+                $crate::orphans::queue_heads(&crate::steps::Sql(self), session, filter, limit)
+                    .await
+            }
+
             async fn abandon(
                 &self,
                 orphan: &::agentgate_core::model::Orphan,

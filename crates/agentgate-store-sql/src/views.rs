@@ -11,10 +11,11 @@
 
 use agentgate_core::config::{duration_ms, Config};
 use agentgate_core::error::Result;
-use agentgate_core::ids::{Fence, SessionId, TurnId, UserId};
-use agentgate_core::limits::MAX_OVERVIEW_ROWS;
+use agentgate_core::ids::{ClientRequestId, Fence, SessionId, TurnId, UserId};
+use agentgate_core::limits::{MAX_OVERVIEW_ROWS, MAX_SESSION_QUEUE};
 use agentgate_core::model::{
-    ExecutionView, HolderView, LiveTurn, Overview, PendingView, SessionView, TurnView, UserView,
+    ExecutionView, HolderView, LiveTurn, Overview, PendingView, QueueEntry, SessionView, TurnView,
+    UserView,
 };
 use agentgate_core::page::{assemble, plan, ExecutionPage, ExecutionPageRequest};
 
@@ -178,9 +179,17 @@ pub async fn request_cancel<S: ViewSql>(sql: &S, turn_id: &TurnId) -> Result<Opt
     let written = sql
         .execute(
             On::Write,
+            // A queued turn has no holder to ask: it leaves its queue and
+            // ends `cancelled` here. MySQL assigns left to right, reading
+            // the new values: `state` goes last, so every `CASE` reads the
+            // old one, as on the other stores.
             Statement::new(format!(
-                "UPDATE ag_turns SET cancel_requested_at_ms = {now}, updated_at_ms = {now} \
-                 WHERE turn_id = $1 AND state = 'running' AND cancel_requested_at_ms IS NULL",
+                "UPDATE ag_turns SET cancel_requested_at_ms = {now}, updated_at_ms = {now}, \
+                 ended_at_ms = CASE WHEN state = 'queued' THEN {now} ELSE ended_at_ms END, \
+                 queue_seq = NULL, \
+                 state = CASE WHEN state = 'queued' THEN 'cancelled' ELSE state END \
+                 WHERE turn_id = $1 AND (state = 'queued' \
+                   OR (state = 'running' AND cancel_requested_at_ms IS NULL))",
                 now = S::NOW_MS
             ))
             .text(turn_id.as_str()),
@@ -467,7 +476,48 @@ pub async fn session<S: ViewSql>(sql: &S, session_id: &SessionId) -> Result<Opti
         holder,
         pending_confirmation,
         fence: Fence(row.fence),
+        queue: queue(sql, session_id).await?,
     }))
+}
+
+/// A session's queue, head first, in one statement (the positions are of
+/// one snapshot), at most [`MAX_SESSION_QUEUE`] entries: the bound every
+/// enqueue keeps.
+///
+/// # Errors
+/// The store's; `corrupt` for a queue over its bound.
+async fn queue<S: ViewSql>(sql: &S, session_id: &SessionId) -> Result<Vec<QueueEntry>> {
+    let rows = sql
+        .fetch(
+            On::Read,
+            Statement::new(
+                "SELECT turn_id, client_request_id, created_at_ms FROM ag_turns \
+                 WHERE session_id = $1 AND queue_seq IS NOT NULL ORDER BY queue_seq LIMIT $2",
+            )
+            .text(session_id.as_str())
+            .int(i64::from(MAX_SESSION_QUEUE) + 1),
+        )
+        .await?;
+    if rows.len() > MAX_SESSION_QUEUE as usize {
+        return Err(Error::corrupt(format!(
+            "session {session_id} has more than {MAX_SESSION_QUEUE} queued turns"
+        )));
+    }
+    rows.iter()
+        .zip(1..)
+        .map(|(row, position)| {
+            let row = S::columns(row);
+            Ok(QueueEntry {
+                turn_id: id(TurnId::new, row.text_required("turn_id")?)?,
+                client_request_id: id(
+                    ClientRequestId::new,
+                    row.text_required("client_request_id")?,
+                )?,
+                position,
+                enqueued_at_ms: row.int_required("created_at_ms")?,
+            })
+        })
+        .collect()
 }
 
 /// A user's view: its cap and its live holders.

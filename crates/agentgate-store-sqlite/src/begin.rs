@@ -29,6 +29,7 @@
 //! | no session row of another user | `session.user_id == user_id` | no `not_found` |
 //! | no holder on the session row (`holder_turn_id IS NULL`) | `session.holder: None` | no `session_busy` (an expired holder falls back) |
 //! | no pending confirmation (`pending_turn_id IS NULL`) | `session.pending: None` | no `awaiting_confirmation` (an expired one falls back) |
+//! | no turn queued on the session (`queue_seq IS NOT NULL`) | `queue.head: None` | `decide_new` neither queues nor refuses for a waiting queue |
 //! | the cap (the user row's, else the configured default) is in `0..=u32::MAX` | `UserLoad::read` succeeds | no `corrupt` |
 //! | live leases of the user `<` cap | `load.live < load.cap` | no `user_at_capacity` |
 //!
@@ -116,6 +117,8 @@ async fn begin_new(store: &SqliteStore, command: &BeginCommand) -> Result<Option
          WHERE f.id = 1 \
            AND NOT EXISTS (SELECT 1 FROM ag_turns \
                            WHERE session_id = ?2 AND client_request_id = ?4) \
+           AND NOT EXISTS (SELECT 1 FROM ag_turns \
+                           WHERE session_id = ?2 AND queue_seq IS NOT NULL) \
            AND NOT EXISTS (SELECT 1 FROM ag_sessions WHERE session_id = ?2 \
                            AND (user_id <> ?3 OR holder_turn_id IS NOT NULL \
                                 OR pending_turn_id IS NOT NULL)) \
@@ -186,6 +189,7 @@ impl LayeredBeginSql for Sql<'_> {
 /// | no turn for `(session_id, client_request_id)` | `turn: None`, the snapshot's (none) | the same turn, and `decide_begin` has no replay, restart, takeover or exhaustion |
 /// | no session row of another user | `session.user_id == user_id` | no `not_found` |
 /// | no holder named on the session row | `session.holder: None` | no `session_busy` |
+/// | no turn queued on the session | `queue.head: None` | no `enqueue`, no `session_busy` for a queue's head |
 /// | no pending confirmation | `session.pending: None` | no `awaiting_confirmation` |
 /// | the session's fence is below `held.fence` | `session_fence < fence` | no newer grant came between the fence and the write |
 /// | the cap is in `0..=u32::MAX`, the rows' live leases below it | `UserLoad::read`, `load.live < load.cap` | no `corrupt`, no `user_at_capacity` |
@@ -207,6 +211,8 @@ async fn grant_layered_new(
                  COALESCE((SELECT max_turns FROM ag_users WHERE user_id = ?3), ?9) AS cap) c \
          WHERE NOT EXISTS (SELECT 1 FROM ag_turns \
                            WHERE session_id = ?2 AND client_request_id = ?4) \
+           AND NOT EXISTS (SELECT 1 FROM ag_turns \
+                           WHERE session_id = ?2 AND queue_seq IS NOT NULL) \
            AND NOT EXISTS (SELECT 1 FROM ag_sessions WHERE session_id = ?2 \
                            AND (user_id <> ?3 OR holder_turn_id IS NOT NULL \
                                 OR pending_turn_id IS NOT NULL OR fence >= ?8)) \
@@ -280,8 +286,8 @@ async fn write_grant(tx: &mut SqliteConnection, rows: &GrantRows<'_>) -> Result<
     let written = if rows.restart {
         sqlx::query(
             "UPDATE ag_turns SET state = 'running', attempt = ?1, fence = ?2, error = NULL, \
-             retryable = NULL, updated_at_ms = ?3, ended_at_ms = NULL, orphaned_at_ms = NULL \
-             WHERE turn_id = ?4",
+             retryable = NULL, updated_at_ms = ?3, ended_at_ms = NULL, orphaned_at_ms = NULL, \
+             queue_seq = NULL WHERE turn_id = ?4",
         )
         .bind(rows.attempt)
         .bind(fence.0)

@@ -74,6 +74,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (7, include_str!("../migrations/0007_end_release.sql")),
     (8, include_str!("../migrations/0008_begin_layered.sql")),
     (9, include_str!("../migrations/0009_cancel.sql")),
+    (10, include_str!("../migrations/0010_queue.sql")),
 ];
 
 /// agentgate on an embedded SQLite file.

@@ -1,6 +1,7 @@
 //! A begin on a busy session under its [`OnBusy`] policy: `reject` answers
 //! at once, `wait` waits for the session to come free, `interrupt` asks the
-//! holder to stop first. The decision after each attempt is
+//! holder to stop first; `enqueue` and `supersede` are one begin the store
+//! answers by queueing the request. The decision after each attempt is
 //! [`busy_step`]'s; this module only sleeps, watches and asks.
 //!
 //! A waiter takes a release watch before each attempt
@@ -68,6 +69,16 @@ pub(crate) async fn begin(
     on_busy: OnBusy,
 ) -> Result<BusyOutcome> {
     let store = gate.store();
+    // `enqueue` and `supersede` are the store's: one begin that queues the
+    // request when the session is busy (`decide_new`), and no waiting here.
+    let queued;
+    let command = match on_busy.policy.queue_mode() {
+        Some(mode) => {
+            queued = command.clone().queued(Some(mode));
+            &queued
+        }
+        None => command,
+    };
     let started = Instant::now();
     let mut report = BusyReport::default();
     loop {

@@ -10,7 +10,7 @@ use agentgate_core::ids::{ClientRequestId, SessionId, TurnId, UserId};
 use agentgate_core::lease::LeaseLayer;
 use agentgate_core::model::{
     BeginCommand, BeginOutcome, Confirmation, Decision, JournalEntry, OnBusy, OrphanFilter,
-    TurnView,
+    QueuedTurn, TurnView,
 };
 use agentgate_core::store::Store;
 use serde_json::Value;
@@ -27,6 +27,11 @@ pub enum Begun {
     Started(Turn),
     /// The request already ended; its stored outcome. No lease was taken.
     Replay(TurnView),
+    /// The request waits in its session's queue (`on_busy: enqueue` or
+    /// `supersede`, or a repeat of a queued request). No lease was taken;
+    /// it starts when the previous holder's caller takes it
+    /// ([`Gate::take_next`]), or a recovery worker claims it.
+    Queued(QueuedTurn),
 }
 
 /// An orphaned turn a recovery worker took over with [`Gate::claim_orphan`]:
@@ -298,7 +303,43 @@ impl Gate {
             orphaned_for_ms = claimed.orphaned_for_ms,
             "orphan claimed"
         );
-        Ok(Some(Recovered {
+        Ok(Some(self.recovered(claimed, requested_at)))
+    }
+
+    /// The handoff: after ending a turn of `session_id`, starts the head of
+    /// the session's queue for this caller (see
+    /// [`agentgate_core::store::take_next_timed`]), a live [`Turn`] with
+    /// its payload, so one worker drains a conversation in order. `None`
+    /// when nothing is queued, or the head cannot start now (it stays
+    /// queued for a later handoff or a recovery worker's claim).
+    ///
+    /// # Errors
+    /// `store_unavailable`.
+    pub async fn take_next(&self, session_id: &SessionId) -> Result<Option<Recovered>> {
+        let taken = agentgate_core::store::take_next_timed(
+            self.store.as_ref(),
+            session_id,
+            tokio::time::Instant::now,
+        );
+        let Some((claimed, requested_at)) = taken.await? else {
+            return Ok(None);
+        };
+        tracing::info!(
+            %session_id,
+            turn_id = %claimed.grant.turn_id,
+            fence = %claimed.grant.fence,
+            "queued turn handed off"
+        );
+        Ok(Some(self.recovered(claimed, requested_at)))
+    }
+
+    /// A claimed turn as a live [`Turn`] and what resuming it needs.
+    fn recovered(
+        &self,
+        claimed: agentgate_core::model::ClaimedOrphan,
+        requested_at: tokio::time::Instant,
+    ) -> Recovered {
+        Recovered {
             turn: Turn::start(
                 Arc::clone(&self.store),
                 claimed.grant,
@@ -308,7 +349,7 @@ impl Gate {
             payload: claimed.payload,
             journal: claimed.journal,
             orphaned_for_ms: claimed.orphaned_for_ms,
-        }))
+        }
     }
 
     /// Begins a turn from a validated command.
@@ -326,6 +367,7 @@ impl Gate {
     fn begun(&self, outcome: BeginOutcome, requested_at: tokio::time::Instant) -> Begun {
         match outcome {
             BeginOutcome::Replay(view) => Begun::Replay(view),
+            BeginOutcome::Queued(queued) => Begun::Queued(queued),
             BeginOutcome::Started(grant) => {
                 tracing::debug!(turn_id = %grant.turn_id, fence = %grant.fence, attempt = grant.attempt, "turn started");
                 Begun::Started(Turn::start(

@@ -63,6 +63,7 @@ fn started(begun: Begun) -> Turn {
     match begun {
         Begun::Started(turn) => turn,
         Begun::Replay(view) => panic!("a new request replayed: {view:?}"),
+        Begun::Queued(queued) => panic!("a new request queued: {queued:?}"),
     }
 }
 

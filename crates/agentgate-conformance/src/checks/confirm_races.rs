@@ -133,6 +133,7 @@ fn class(result: &Result<Begun, Error>) -> String {
     match result {
         Ok(Begun::Started(_)) => "started".into(),
         Ok(Begun::Replay(_)) => "replay".into(),
+        Ok(Begun::Queued(_)) => "queued".into(),
         Err(error) => error.kind().code().into(),
     }
 }

@@ -109,6 +109,7 @@ pub async fn confirmation_flow(target: &Target) {
                 loser = Some(i);
             }
             Ok(Begun::Replay(_)) => panic!("nothing to replay yet: {classes:?}"),
+            Ok(Begun::Queued(queued)) => panic!("a confirmation never queues: {queued:?}"),
         }
     }
     let continuation = continuation.expect("exactly one continuation");

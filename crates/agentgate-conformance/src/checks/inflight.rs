@@ -163,6 +163,7 @@ async fn take_over(gate: agentgate::Gate, session: String, round: usize) -> Take
         {
             Ok(Begun::Started(turn)) => break turn,
             Ok(Begun::Replay(view)) => return Taker::Replayed(Box::new(view)),
+            Ok(Begun::Queued(queued)) => panic!("round {round}: a plain begin queued {queued:?}"),
             Err(error)
                 if error.kind() == ErrorKind::RequestInFlight && Instant::now() < deadline =>
             {

@@ -12,6 +12,7 @@ mod orphans;
 mod pages;
 mod permits;
 pub mod process;
+mod queue;
 mod redis_loss;
 mod retention;
 mod storms;
@@ -49,6 +50,10 @@ pub use orphans::{
 pub use pages::execution_pages_walk_every_execution_once;
 pub use permits::permit_freed_by_lease_expiry_after_a_crash;
 pub use process::{sigkilled_holder_is_taken_over_after_ttl, skewed_clock_changes_nothing};
+pub use queue::{
+    a_killed_holders_queue_drains_after_takeover, a_queued_turn_is_cancelled_or_claimed,
+    enqueue_storm_runs_each_once_in_order, supersede_keeps_only_the_newest,
+};
 pub use redis_loss::{
     heartbeat_after_an_ending_is_refused_when_the_release_failed,
     lying_lease_layer_is_refused_by_the_sql_fence, redis_loss_is_fenced,
@@ -112,6 +117,7 @@ pub fn outcome(result: &Result<Begun, Error>) -> String {
     match result {
         Ok(Begun::Started(_)) => "started".into(),
         Ok(Begun::Replay(_)) => "replay".into(),
+        Ok(Begun::Queued(_)) => "queued".into(),
         Err(error) => error.kind().code().into(),
     }
 }
@@ -184,6 +190,7 @@ pub async fn start_within(
         {
             Ok(Begun::Started(turn)) => return turn,
             Ok(Begun::Replay(view)) => panic!("expected a start, got a replay of {view:?}"),
+            Ok(Begun::Queued(queued)) => panic!("expected a start, got queued: {queued:?}"),
             Err(error) if error.kind().is_retryable() && tokio::time::Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(25)).await;
             }

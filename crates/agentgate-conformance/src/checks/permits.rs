@@ -101,6 +101,7 @@ pub async fn permit_freed_by_lease_expiry_after_a_crash(target: &Target) {
                 turn.succeed(&json!("ok")).await.expect("succeed");
             }
             Ok(Begun::Replay(view)) => panic!("a fresh request replayed {view:?}"),
+            Ok(Begun::Queued(queued)) => panic!("a plain begin queued {queued:?}"),
         }
     }
     assert!(
@@ -129,6 +130,7 @@ pub async fn permit_freed_by_lease_expiry_after_a_crash(target: &Target) {
         match result {
             Ok(Begun::Started(turn)) => winners.push(turn),
             Ok(Begun::Replay(view)) => panic!("a fresh request replayed {view:?}"),
+            Ok(Begun::Queued(queued)) => panic!("a plain begin queued {queued:?}"),
             Err(error) => {
                 assert_eq!(error.kind(), ErrorKind::UserAtCapacity, "{error}");
                 *counts

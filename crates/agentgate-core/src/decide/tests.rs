@@ -66,6 +66,9 @@ struct Begin {
     confirm_target: Option<TurnSnapshot>,
     continuation: Option<TurnSnapshot>,
     load: UserLoad,
+    queue_head: Option<&'static str>,
+    queue_len: u32,
+    enqueue: Option<QueueMode>,
 }
 
 impl Begin {
@@ -88,7 +91,22 @@ impl Begin {
                 live: 0,
                 soonest_expiry_ms: None,
             },
+            queue_head: None,
+            queue_len: 0,
+            enqueue: None,
         }
+    }
+
+    /// `len` turns queued on the session, `head` first.
+    fn queue(mut self, head: &'static str, len: u32) -> Self {
+        self.queue_head = Some(head);
+        self.queue_len = len;
+        self
+    }
+
+    fn enqueue(mut self, mode: QueueMode) -> Self {
+        self.enqueue = Some(mode);
+        self
     }
 
     fn session_mut(&mut self) -> &mut SessionSnapshot {
@@ -160,6 +178,11 @@ impl Begin {
             continuation: self.continuation.as_ref(),
             load: self.load,
             resume_only: self.resume_only,
+            queue: QueueFacts {
+                head: self.queue_head,
+                len: self.queue_len,
+            },
+            enqueue: self.enqueue,
         })
     }
 }
@@ -1276,4 +1299,180 @@ fn a_cancel_is_ignored_once_its_grace_has_passed() {
     assert!(!cancel_ignored(1_000, 1_999, 1_000));
     assert!(cancel_ignored(1_000, 2_000, 1_000));
     assert!(cancel_ignored(i64::MIN, i64::MAX, 1_000), "saturates");
+}
+
+// ------------------------------------------------------------ the queue
+
+#[test]
+fn a_busy_session_queues_a_new_request_that_asks_and_refuses_one_that_does_not() {
+    let busy = Begin::new().holder(OTHER, NOW + 5_000);
+    assert!(matches!(
+        busy.decide(),
+        BeginDecision::Reject(Error::SessionBusy { .. })
+    ));
+    let queued = Begin::new()
+        .holder(OTHER, NOW + 5_000)
+        .enqueue(QueueMode::Enqueue);
+    assert!(matches!(
+        queued.decide(),
+        BeginDecision::Enqueue { supersede: false }
+    ));
+    let superseding = Begin::new()
+        .holder(OTHER, NOW + 5_000)
+        .queue("turn-queued", 3)
+        .enqueue(QueueMode::Supersede);
+    assert!(matches!(
+        superseding.decide(),
+        BeginDecision::Enqueue { supersede: true }
+    ));
+}
+
+#[test]
+fn a_free_session_starts_a_request_that_asked_to_queue() {
+    let free = Begin::new().enqueue(QueueMode::Enqueue);
+    assert_start(free.decide(), StartKind::New, 1);
+    // An expired holder is no holder: the request starts, as without a queue.
+    let expired = Begin::new().holder(OTHER, NOW).enqueue(QueueMode::Enqueue);
+    assert_start(expired.decide(), StartKind::New, 1);
+}
+
+#[test]
+fn a_waiting_queue_is_never_jumped() {
+    // The session is free, its head about to be taken: a new request queues
+    // behind it, or is refused naming it.
+    let queued = Begin::new()
+        .queue("turn-head", 1)
+        .enqueue(QueueMode::Enqueue);
+    assert!(matches!(
+        queued.decide(),
+        BeginDecision::Enqueue { supersede: false }
+    ));
+    match Begin::new().queue("turn-head", 1).decide() {
+        BeginDecision::Reject(Error::SessionBusy {
+            active_turn_id,
+            retry_after,
+        }) => {
+            assert_eq!(active_turn_id, "turn-head");
+            assert_eq!(retry_after, DEAD_CONTINUATION_RETRY);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_full_queue_refuses_with_its_bound_and_the_holders_remaining_lease() {
+    let limit = crate::limits::MAX_SESSION_QUEUE;
+    let below = Begin::new()
+        .holder(OTHER, NOW + 5_000)
+        .queue("turn-head", limit - 1)
+        .enqueue(QueueMode::Enqueue);
+    assert!(matches!(below.decide(), BeginDecision::Enqueue { .. }));
+    for mode in [QueueMode::Enqueue, QueueMode::Supersede] {
+        let full = Begin::new()
+            .holder(OTHER, NOW + 5_000)
+            .queue("turn-head", limit)
+            .enqueue(mode);
+        match full.decide() {
+            BeginDecision::Reject(Error::QueueFull {
+                limit: got,
+                retry_after,
+            }) => {
+                assert_eq!(got, limit);
+                assert_eq!(retry_after, ms(5_000));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_pending_confirmation_refuses_a_request_that_asked_to_queue() {
+    let pending = Begin::new()
+        .pending(PENDING, NOW + 1_000)
+        .queue("turn-head", 1)
+        .enqueue(QueueMode::Enqueue);
+    assert!(matches!(
+        pending.decide(),
+        BeginDecision::Reject(Error::AwaitingConfirmation { .. })
+    ));
+}
+
+#[test]
+fn a_queued_head_starts_only_on_a_free_session() {
+    let head = turn(OWN, TurnState::Queued, 0);
+    let free = Begin::new().turn(head.clone()).queue(OWN, 2);
+    assert_start(free.decide(), StartKind::Dequeue, 1);
+    // A recovery worker's claim of a stalled queue starts it the same way.
+    let mut claim = Begin::new().turn(head.clone()).queue(OWN, 2);
+    claim.resume_only = true;
+    assert_start(claim.decide(), StartKind::Dequeue, 1);
+    for busy in [
+        Begin::new()
+            .turn(head.clone())
+            .queue(OWN, 2)
+            .holder(OTHER, NOW + 1),
+        Begin::new()
+            .turn(head.clone())
+            .queue(OWN, 2)
+            .pending(PENDING, NOW + 1),
+    ] {
+        assert!(matches!(
+            busy.decide(),
+            BeginDecision::Queued { turn_id } if turn_id == OWN
+        ));
+    }
+    // The user's cap still gates it.
+    let full = Begin::new()
+        .turn(head)
+        .queue(OWN, 2)
+        .load(1, 1, Some(NOW + 10));
+    assert!(matches!(
+        full.decide(),
+        BeginDecision::Reject(Error::UserAtCapacity { .. })
+    ));
+}
+
+#[test]
+fn a_queued_turn_behind_the_head_answers_its_place() {
+    let behind = Begin::new()
+        .turn(turn(OWN, TurnState::Queued, 0))
+        .queue("turn-head", 2);
+    assert!(matches!(
+        behind.decide(),
+        BeginDecision::Queued { turn_id } if turn_id == OWN
+    ));
+    let mismatch = Begin::new()
+        .turn(turn(OWN, TurnState::Queued, 0))
+        .queue(OWN, 1)
+        .fingerprint("another");
+    assert!(matches!(
+        mismatch.decide(),
+        BeginDecision::Reject(Error::PayloadMismatch)
+    ));
+}
+
+#[test]
+fn a_superseded_turn_replays() {
+    let superseded = Begin::new().turn(turn(OWN, TurnState::Superseded, 0));
+    assert!(matches!(
+        superseded.decide(),
+        BeginDecision::Replay { turn_id } if turn_id == OWN
+    ));
+}
+
+#[test]
+fn the_queueing_policies_do_not_wait() {
+    for policy in [BusyPolicy::Enqueue, BusyPolicy::Supersede] {
+        let on_busy = OnBusy::new(policy, None).expect("no bound");
+        assert_eq!(on_busy.wait, Duration::ZERO);
+        assert!(OnBusy::new(policy, Some(10)).is_err());
+        let busy = Error::SessionBusy {
+            active_turn_id: OTHER.into(),
+            retry_after: ms(10),
+        };
+        assert_eq!(
+            busy_step(&busy, on_busy, Duration::ZERO, None),
+            BusyStep::Refuse
+        );
+    }
 }

@@ -12,8 +12,8 @@ use axum::Json;
 
 use crate::dto::{
     AwaitConfirmationRequest, BeginRequest, BeginResponse, CompleteTurnRequest,
-    EndCancelledRequest, FailTurnRequest, GrantDto, HeartbeatResponse, OwnerQuery, ReplayResponse,
-    TurnDto, TurnResponse,
+    EndCancelledRequest, FailTurnRequest, GrantDto, HeartbeatResponse, NextTurnDto, OwnerQuery,
+    QueuedDto, QueuedResponse, ReplayResponse, TurnDto, TurnResponse,
 };
 use crate::error::{ApiError, BeginErrors, ErrorCode, HeartbeatErrors, LeaseErrors, ReadErrors};
 use crate::extract::{ApiJson, ApiPath, ApiQuery, LeaseHeader};
@@ -53,6 +53,8 @@ fn command(request: &BeginRequest) -> Result<BeginCommand, ApiError> {
     responses(
         (status = 201, description = "Lease granted: run the turn, heartbeat, end it", body = BeginResponse),
         (status = 200, description = "The request already ended: its stored outcome; no lease taken", body = ReplayResponse),
+        (status = 202, description = "With `on_busy: enqueue` or `supersede` (or a repeat of a queued request): the request waits in the session's queue; no lease taken", body = QueuedResponse,
+            headers(("Retry-After" = u64, description = "Seconds until the session's holder's lease runs out, rounded up, at least 1"))),
         BeginErrors,
     )
 )]
@@ -112,6 +114,22 @@ pub(crate) async fn begin(
             };
             Ok((StatusCode::CREATED, Json(body)).into_response())
         }
+        Ok(BeginOutcome::Queued(queued)) => {
+            metrics.begin(BeginLabel::Queued);
+            tracing::info!(
+                turn_id = %queued.turn_id,
+                session_id = %queued.session_id,
+                position = queued.position,
+                "turn queued"
+            );
+            let retry_after = crate::error::retry_after_secs(queued.retry_after);
+            let body = QueuedResponse {
+                queued: true,
+                turn: QueuedDto::from(queued),
+            };
+            let headers = [(axum::http::header::RETRY_AFTER, retry_after.to_string())];
+            Ok((StatusCode::ACCEPTED, headers, Json(body)).into_response())
+        }
         Ok(BeginOutcome::Replay(view)) => {
             metrics.begin(BeginLabel::Replay);
             tracing::info!(turn_id = %view.turn_id, fence = %view.fence, state = view.state.as_str(), "turn replayed");
@@ -165,16 +183,40 @@ pub(crate) async fn heartbeat(
     }))
 }
 
+/// Ends the turn; with `take_next`, then starts the head of its session's
+/// queue for the same caller (the handoff, `take_next_timed`): a new
+/// request never jumps a waiting queue, so only the head's own start can
+/// come between the two.
 async fn end(
     state: &AppState,
     lease: &LeaseRef,
     ending: Ending,
+    take_next: bool,
 ) -> Result<Json<TurnResponse>, ApiError> {
-    let view = state.gate().store().end_turn(lease, &ending).await?;
+    let store = state.gate().store();
+    let view = store.end_turn(lease, &ending).await?;
     state.metrics().turn_ended(view.state.as_str());
     tracing::info!(turn_id = %view.turn_id, fence = %view.fence, state = view.state.as_str(), "turn ended");
+    let next = match take_next {
+        false => None,
+        true => agentgate_core::store::take_next_timed(store.as_ref(), &view.session_id, || ())
+            .await?
+            .map(|(claimed, ())| {
+                state.metrics().begin(BeginLabel::Handoff);
+                tracing::info!(
+                    turn_id = %claimed.grant.turn_id,
+                    fence = %claimed.grant.fence,
+                    "queued turn handed off"
+                );
+                NextTurnDto {
+                    turn: GrantDto::from(claimed.grant),
+                    payload: claimed.payload,
+                }
+            }),
+    };
     Ok(Json(TurnResponse {
         turn: TurnDto::from(view),
+        next,
     }))
 }
 
@@ -204,7 +246,13 @@ pub(crate) async fn complete(
 ) -> Result<Json<TurnResponse>, ApiError> {
     let lease = lease.for_turn(turn_id)?;
     let response = CanonicalJson::new("response", &request.response)?;
-    end(&state, &lease, Ending::Succeed { response }).await
+    end(
+        &state,
+        &lease,
+        Ending::Succeed { response },
+        request.take_next,
+    )
+    .await
 }
 
 /// End the turn with an error, releasing the session and the permit.
@@ -238,7 +286,7 @@ pub(crate) async fn fail(
         error,
         retryable: request.retryable,
     };
-    end(&state, &lease, ending).await
+    end(&state, &lease, ending, request.take_next).await
 }
 
 /// End the turn waiting for a person to approve `pending`, releasing the
@@ -269,7 +317,8 @@ pub(crate) async fn await_confirmation(
 ) -> Result<Json<TurnResponse>, ApiError> {
     let lease = lease.for_turn(turn_id)?;
     let pending = CanonicalJson::new("pending", &request.pending)?;
-    end(&state, &lease, Ending::AwaitConfirmation { pending }).await
+    // The queue waits behind a pending confirmation: nothing to take.
+    end(&state, &lease, Ending::AwaitConfirmation { pending }, false).await
 }
 
 /// Ask a running turn to stop. Needs no lease token; idempotent.
@@ -314,6 +363,7 @@ pub(crate) async fn cancel(
     state.metrics().cancel_requested();
     Ok(Json(TurnResponse {
         turn: TurnDto::from(view),
+        next: None,
     }))
 }
 
@@ -346,5 +396,11 @@ pub(crate) async fn end_cancelled(
 ) -> Result<Json<TurnResponse>, ApiError> {
     let lease = lease.for_turn(turn_id)?;
     let partial = CanonicalJson::new("partial", &request.partial)?;
-    end(&state, &lease, Ending::Cancel { partial }).await
+    end(
+        &state,
+        &lease,
+        Ending::Cancel { partial },
+        request.take_next,
+    )
+    .await
 }

@@ -223,6 +223,10 @@ fn decide(
         continuation: None,
         load,
         resume_only,
+        // The one-call begin falls back whenever a turn is queued
+        // (migration 0010), so its cases are those of an empty queue.
+        queue: agentgate_core::decide::QueueFacts::default(),
+        enqueue: None,
     }))
 }
 

@@ -24,13 +24,16 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use agentgate_core::decide::{layer_acquired, BeginDecision};
+use agentgate_core::decide::{layer_acquired, BeginDecision, HolderSnapshot, StartKind};
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{Fence, LeaseToken, TurnId};
 use agentgate_core::lease::{refuse_if_held, Acquired, LeaseClaim, LeaseLayer};
 use agentgate_core::model::{BeginCommand, BeginOutcome, Grant};
 
-use super::{apply, decide_in, decide_unlocked, exhaust, replay, BeginSql, Held, Lease};
+use super::{
+    apply, decide_in, decide_on, decide_unlocked, exhaust, queue_retry, queued_turn, replay,
+    BeginSql, Held, Lease,
+};
 use crate::query::{On, Statement};
 use crate::rows::Columns;
 use crate::Retry;
@@ -167,6 +170,16 @@ async fn round<S: LayeredBeginSql>(
             let view = replay(sql, &mut reader, &seen.read, &turn_id).await?;
             Ok(BeginOutcome::Replay(view))
         }
+        BeginDecision::Queued { turn_id } => {
+            // Read on the same snapshot's connection; a turn that left the
+            // queue meanwhile is decided afresh.
+            let queued = queued_turn(sql, &mut *reader, &turn_id, queue_retry(&seen.read)).await?;
+            queued.map(BeginOutcome::Queued).ok_or_else(moved)
+        }
+        BeginDecision::Enqueue { .. } => {
+            drop(reader);
+            queue_locked(sql, command, None).await
+        }
         BeginDecision::Exhaust => {
             drop(reader);
             // A turn whose lease is live in the layer is in flight, not
@@ -190,7 +203,7 @@ async fn round<S: LayeredBeginSql>(
             sql.commit(tx).await?;
             Ok(BeginOutcome::Replay(view))
         }
-        BeginDecision::Start { .. } => {
+        BeginDecision::Start { kind, .. } => {
             let fence = sql.reserve_fence(&mut *reader).await?;
             let turn_id = seen_turn.clone().unwrap_or_else(TurnId::generate);
             let token = LeaseToken::generate();
@@ -220,6 +233,31 @@ async fn round<S: LayeredBeginSql>(
                     }
                 }
             }
+            // The rows cannot show a layer's holder as live: a queued head
+            // that found the session held waits its turn, and a request
+            // that asked to queue is queued behind that holder.
+            if let (
+                Acquired::Busy {
+                    holder_turn_id,
+                    expires_in_ms,
+                },
+                false,
+            ) = (&acquired, unwritten_holder)
+            {
+                if holder_turn_id != claim.turn_id {
+                    if kind == StartKind::Dequeue {
+                        let retry = agentgate_core::decide::retry_after_ms(*expires_in_ms);
+                        let queued =
+                            queued_turn(sql, &mut *reader, turn_id.as_str(), retry).await?;
+                        return queued.map(BeginOutcome::Queued).ok_or_else(moved);
+                    }
+                    if command.queue.is_some() && seen_turn.is_none() {
+                        drop(reader);
+                        let holder = (holder_turn_id.clone(), *expires_in_ms);
+                        return queue_locked(sql, command, Some(holder)).await;
+                    }
+                }
+            }
             if unwritten_holder {
                 *busy = layer_acquired(acquired, claim.turn_id, claim.cap).err();
                 return Err(moved());
@@ -244,6 +282,62 @@ async fn round<S: LayeredBeginSql>(
             written
         }
     }
+}
+
+/// Queues the request (or answers what else the locked path decides that
+/// takes no lease) in the store's begin transaction, deciding under its
+/// locks. `layer_holder` is the holder the layer just refused the request
+/// for, with its remaining lease: it counts as the session's live holder
+/// only while the session's row still names it, since its ending clears
+/// the row under the lock this transaction holds, so a request is never
+/// queued behind a turn that has already ended (no handoff would follow).
+/// A start decided here is the next round's: `conflict`.
+///
+/// # Errors
+/// The decision's refusal, the store's error, or `conflict`.
+async fn queue_locked<S: LayeredBeginSql>(
+    sql: &S,
+    command: &BeginCommand,
+    layer_holder: Option<(String, i64)>,
+) -> Result<BeginOutcome> {
+    let mut tx = sql.open_begin().await?;
+    let conn = S::conn(&mut tx);
+    let mut locked = sql.lock_and_read(conn, command).await?;
+    if let Some((turn_id, expires_in_ms)) = layer_holder {
+        let row = sql
+            .fetch_optional(
+                On::Conn(conn),
+                Statement::new("SELECT holder_turn_id FROM ag_sessions WHERE session_id = $1")
+                    .text(command.session_id.as_str()),
+            )
+            .await?;
+        let named = match row {
+            Some(row) => S::columns(&row).text("holder_turn_id")?,
+            None => None,
+        };
+        let now = locked.facts.now_ms;
+        match (&mut locked.session, named) {
+            (Some(session), Some(named)) if named == turn_id => {
+                session.holder = Some(HolderSnapshot {
+                    turn_id,
+                    lease_expires_at_ms: now.saturating_add(expires_in_ms.max(1)),
+                });
+            }
+            _ => return Err(moved()),
+        }
+    }
+    let decided = decide_on(sql, conn, command, locked).await?;
+    if matches!(
+        decided.decision,
+        BeginDecision::Start { .. } | BeginDecision::Exhaust
+    ) {
+        return Err(moved());
+    }
+    let (outcome, wrote) = apply(sql, conn, command, decided, Lease::Take).await?;
+    if wrote {
+        sql.commit(tx).await?;
+    }
+    Ok(outcome)
 }
 
 /// The fence of `turn_id`'s latest grant, if its row is written.
