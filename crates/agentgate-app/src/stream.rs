@@ -93,7 +93,8 @@ pub(crate) async fn send_message(
     state.metrics().busy_begin(
         policy,
         match &started {
-            Ok((_, report)) => busy_outcome(report),
+            // The app's policies never queue.
+            Ok((_, report)) => busy_outcome(false, report),
             Err(error) if error.code() == "session_busy" => "timed_out",
             Err(_) => "refused",
         },

@@ -1443,3 +1443,118 @@ async fn a_second_message_waits_interrupts_and_a_stuck_holder_is_released() {
         assert!(metrics.contains(line), "{line} in\n{metrics}");
     }
 }
+
+/// Three messages sent with `on_busy: enqueue` while the first runs: each
+/// 202 with its position and a `Retry-After`, listed by the session view;
+/// a plain message is 409 `session_busy`, a repeat of a queued one answers
+/// its place again; one cancelled queued message leaves the queue at once.
+/// Then one worker drains the session through the endings' handoffs
+/// (`take_next: true`): each ending hands it the next message's lease and
+/// payload, in order, with a higher fence, until the queue is empty; a
+/// repeat of each replays its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_then_the_endings_hand_off_the_queue_in_order() {
+    let dir = scratch();
+    let server = Server::start(dir.path(), &[]);
+    let client = server.client();
+    let begin = |request: &str, on_busy: &str| {
+        json!({
+            "user_id": "ines", "session_id": "chat-q", "client_request_id": request,
+            "payload": {"text": request}, "on_busy": on_busy,
+        })
+    };
+    for bad in [json!({"on_busy": "enqueue", "wait_ms": 10})] {
+        let mut body = begin("bad", "enqueue");
+        body.as_object_mut()
+            .unwrap()
+            .extend(bad.as_object().unwrap().clone());
+        client
+            .post("/v1/turns", None, &body)
+            .await
+            .expect(400, "invalid_request");
+    }
+    let (mut turn_id, mut token) = lease(&client.begin("ines", "chat-q", "m1", &json!("m1")).await);
+    let mut queued = Vec::new();
+    for (i, request) in ["m2", "m3", "gone", "m4"].into_iter().enumerate() {
+        let reply = client
+            .post("/v1/turns", None, &begin(request, "enqueue"))
+            .await
+            .expect(202, "");
+        assert!(reply.retry_after().is_some_and(|s| s >= 1), "{}", reply.text);
+        assert_eq!(reply.body["queued"], true);
+        assert_eq!(reply.body["turn"]["state"], "queued");
+        assert_eq!(reply.body["turn"]["position"], i + 1);
+        queued.push(reply.body["turn"]["turn_id"].as_str().unwrap().to_owned());
+    }
+    client
+        .post("/v1/turns", None, &begin("plain", "reject"))
+        .await
+        .expect(409, "session_busy");
+    let again = client
+        .post("/v1/turns", None, &begin("m3", "reject"))
+        .await
+        .expect(202, "");
+    assert_eq!(again.body["turn"]["position"], 2);
+    let cancelled = client
+        .post(&format!("/v1/turns/{}/cancel", queued[2]), None, &json!({}))
+        .await
+        .expect(200, "");
+    assert_eq!(cancelled.body["turn"]["state"], "cancelled");
+    let view = client.get("/v1/sessions/chat-q").await.expect(200, "");
+    let listed: Vec<(String, u64)> = view.body["session"]["queue"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["client_request_id"].as_str().unwrap().to_owned(),
+                e["position"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        [("m2".to_owned(), 1), ("m3".to_owned(), 2), ("m4".to_owned(), 3)]
+    );
+    let mut ran = Vec::new();
+    let mut fence = 0;
+    loop {
+        let ended = client
+            .post(
+                &format!("/v1/turns/{turn_id}/complete"),
+                Some(&token),
+                &json!({"response": {"for": turn_id}, "take_next": true}),
+            )
+            .await
+            .expect(200, "");
+        assert_eq!(ended.body["turn"]["state"], "succeeded");
+        let next = &ended.body["next"];
+        if next.is_null() {
+            break;
+        }
+        assert_eq!(next["turn"]["state"], "running");
+        assert!(next["turn"]["fence"].as_i64().unwrap() > fence);
+        fence = next["turn"]["fence"].as_i64().unwrap();
+        ran.push(next["payload"]["text"].as_str().unwrap().to_owned());
+        turn_id = next["turn"]["turn_id"].as_str().unwrap().to_owned();
+        token = next["turn"]["lease_token"].as_str().unwrap().to_owned();
+    }
+    assert_eq!(ran, ["m2", "m3", "m4"]);
+    let view = client.get("/v1/sessions/chat-q").await.expect(200, "");
+    assert_eq!(view.body["session"]["queue"], json!([]));
+    assert_eq!(view.body["session"]["holder"], Value::Null);
+    for request in ["m2", "m4"] {
+        let replay = client
+            .post("/v1/turns", None, &begin(request, "enqueue"))
+            .await
+            .expect(200, "");
+        assert_eq!(replay.body["turn"]["state"], "succeeded");
+    }
+    let metrics = client.get("/metrics").await.text;
+    for line in [
+        "agentgate_busy_begins_total{outcome=\"queued\",policy=\"enqueue\"} 4",
+        "agentgate_begins_total{outcome=\"handoff\"} 3",
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+}

@@ -130,11 +130,13 @@ fn by_label(vec: &IntCounterVec) -> BTreeMap<String, u64> {
     values
 }
 
-/// The outcome label of a begin that started under its busy policy:
-/// `started` when the session was free at once, `started_after_wait` when it
-/// waited (or interrupted) first.
-pub fn busy_outcome(report: &agentgate::BusyReport) -> &'static str {
-    if report.attempts > 1 || report.interrupted.is_some() {
+/// The outcome label of a begin that succeeded under its busy policy:
+/// `queued` when the store queued it, `started` when the session was free
+/// at once, `started_after_wait` when it waited (or interrupted) first.
+pub fn busy_outcome(queued: bool, report: &agentgate::BusyReport) -> &'static str {
+    if queued {
+        "queued"
+    } else if report.attempts > 1 || report.interrupted.is_some() {
         "started_after_wait"
     } else {
         "started"
@@ -266,7 +268,7 @@ fn build() -> prometheus::Result<Metrics> {
     let busy_begins = IntCounterVec::new(
         Opts::new(
             "busy_begins_total",
-            "Begins by busy policy (reject, wait, interrupt) and outcome: started (or replayed) with the session free, started_after_wait, timed_out (session_busy after waiting, or at once for reject), refused (another error)",
+            "Begins by busy policy (reject, wait, interrupt, enqueue, supersede) and outcome: started (or replayed) with the session free, started_after_wait, queued, timed_out (session_busy after waiting, or at once for reject), refused (another error: queue_full among them)",
         ),
         &["policy", "outcome"],
     )?;

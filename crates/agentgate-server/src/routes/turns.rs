@@ -79,7 +79,9 @@ pub(crate) async fn begin(
                         "begin under its busy policy"
                     );
                 }
-                (outcome, busy_outcome(&report))
+                let queued = matches!(outcome, BeginOutcome::Queued(_));
+                let label = busy_outcome(queued, &report);
+                (outcome, label)
             })
             .map_err(ApiError::from),
         Err(error) => Err(error),
