@@ -59,6 +59,11 @@ pub struct BenchArgs {
     /// ends, same node and another node; 0 skips it).
     #[arg(long, default_value_t = 20)]
     wake_rounds: usize,
+    /// Messages per loop of the queue row (a conversation drained through
+    /// enqueue and the endings' handoffs, against plain begins; 0 skips it;
+    /// at most the session queue's bound, 100).
+    #[arg(long, default_value_t = 100)]
+    queue_messages: usize,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -85,6 +90,7 @@ impl BenchArgs {
             count_turns: self.count_turns,
             ingest_documents: self.ingest_documents,
             wake_rounds: self.wake_rounds,
+            queue_messages: self.queue_messages,
             // This very binary is `agentgate serve` for HTTP runs.
             server_binary: std::env::current_exe().ok(),
             progress: true,

@@ -17,6 +17,8 @@
 //! - `storm`: concurrent duplicate begins of one request.
 //! - `wake`: how soon a waiting begin starts after the holder ends, against
 //!   the store's raw notification.
+//! - `queue`: a conversation drained through `enqueue` and the endings'
+//!   handoffs, against the same messages as plain begins.
 //! - `populate`: bulk rows in the store's own tables, for scaling.
 //! - [`report`]: the result, as JSON or text; `stats`: percentiles;
 //!   `machine`: what it ran on; `progress`: the bar on stderr.
@@ -39,6 +41,7 @@ pub mod limits;
 mod machine;
 mod populate;
 mod progress;
+mod queue;
 mod raw;
 pub mod report;
 mod run;
@@ -102,6 +105,9 @@ pub struct BenchOptions {
     pub ingest_documents: usize,
     /// Rounds of the wake row, per mode (0: skip it).
     pub wake_rounds: usize,
+    /// Messages per loop of the queue row (0: skip it; at most the
+    /// session queue's bound).
+    pub queue_messages: usize,
     /// The `agentgate` binary for HTTP runs; without it, the server runs in
     /// this process and its memory is not measured.
     pub server_binary: Option<PathBuf>,
@@ -126,6 +132,7 @@ impl Default for BenchOptions {
             count_turns: 200,
             ingest_documents: 20,
             wake_rounds: 20,
+            queue_messages: 100,
             server_binary: None,
             progress: true,
         }
@@ -181,6 +188,13 @@ impl BenchOptions {
             format!(
                 "ingest documents must be at most {}",
                 limits::MAX_INGEST_DOCUMENTS
+            ),
+        )?;
+        check(
+            self.queue_messages <= agentgate::limits::MAX_SESSION_QUEUE as usize,
+            format!(
+                "queue messages must be at most the session queue's bound, {}",
+                agentgate::limits::MAX_SESSION_QUEUE
             ),
         )?;
         check(

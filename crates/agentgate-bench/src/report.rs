@@ -127,6 +127,8 @@ pub struct Report {
     pub ingestion: Option<crate::ingest::Ingestion>,
     /// The wake row: a waiting begin after the holder ends.
     pub wake: Option<crate::wake::Wake>,
+    /// The queue row: a conversation drained through enqueue and handoffs.
+    pub queue: Option<crate::queue::QueueRow>,
     /// The machine the run was on.
     pub machine: Machine,
 }
@@ -266,6 +268,21 @@ impl Report {
                 );
             }
             None => text.push_str("wake: skipped (0 rounds)\n"),
+        }
+        match &self.queue {
+            Some(q) => {
+                let _ = writeln!(
+                    text,
+                    "queue ({} messages): drained through handoffs {:.0} turns/s, plain begins {:.0} turns/s, ratio {:.2}; enqueue p50 {:.2} / p99 {:.2} ms",
+                    q.messages,
+                    q.drained_turns_per_s,
+                    q.plain_turns_per_s,
+                    q.ratio,
+                    q.enqueue.p50_ms,
+                    q.enqueue.p99_ms
+                );
+            }
+            None => text.push_str("queue: skipped (0 messages)\n"),
         }
         text
     }

@@ -255,6 +255,12 @@ async fn measure(options: &BenchOptions, target: &Target, progress: &Progress) -
     progress.phase(format!("wake: {} rounds per mode", options.wake_rounds));
     let wake = crate::wake::measure(target, &config, options.wake_rounds).await?;
     progress.done();
+    progress.phase(format!(
+        "queue: {} messages per loop",
+        options.queue_messages
+    ));
+    let queue = crate::queue::measure(target, &config, options.queue_messages).await?;
+    progress.done();
     pool.close().await;
     loader.close().await;
     drop(loops);
@@ -300,6 +306,7 @@ async fn measure(options: &BenchOptions, target: &Target, progress: &Progress) -
         memory,
         ingestion,
         wake,
+        queue,
         machine,
     })
 }

@@ -1480,7 +1480,11 @@ async fn enqueue_then_the_endings_hand_off_the_queue_in_order() {
             .post("/v1/turns", None, &begin(request, "enqueue"))
             .await
             .expect(202, "");
-        assert!(reply.retry_after().is_some_and(|s| s >= 1), "{}", reply.text);
+        assert!(
+            reply.retry_after().is_some_and(|s| s >= 1),
+            "{}",
+            reply.text
+        );
         assert_eq!(reply.body["queued"], true);
         assert_eq!(reply.body["turn"]["state"], "queued");
         assert_eq!(reply.body["turn"]["position"], i + 1);
@@ -1514,7 +1518,11 @@ async fn enqueue_then_the_endings_hand_off_the_queue_in_order() {
         .collect();
     assert_eq!(
         listed,
-        [("m2".to_owned(), 1), ("m3".to_owned(), 2), ("m4".to_owned(), 3)]
+        [
+            ("m2".to_owned(), 1),
+            ("m3".to_owned(), 2),
+            ("m4".to_owned(), 3)
+        ]
     );
     let mut ran = Vec::new();
     let mut fence = 0;

@@ -114,6 +114,10 @@ macro_rules! for_each_check {
                 "5 queued, then 10 supersedes at once: one message waits, every other replays superseded; only it runs";
             a_queued_turn_is_cancelled_or_claimed: any,
                 "a queued turn's cancel ends it at once; a declined handoff's head is not jumped and a recovery claim starts it";
+            queue_races_cancel_supersede_and_handoff: any,
+                "20 rounds each: a handoff races a cancel, a supersede races a repeat and a cancel, a handoff races a supersede; no cancelled turn starts, no corrupt answer, no stranded queue";
+            queue_is_not_jumped_interrupted_or_kept: any,
+                "a retry of a failed request does not jump a waiting queue; an interrupt never cancels a queued message; superseded turns are swept";
             a_killed_holders_queue_drains_after_takeover: any + holder,
                 "a holder killed with SIGKILL with 5 messages queued: taken over after the TTL, then the queue drains once each, in order";
             redis_loss_is_fenced: redis,

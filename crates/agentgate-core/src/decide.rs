@@ -263,6 +263,18 @@ fn decide_existing(facts: &BeginFacts<'_>, turn: &TurnSnapshot) -> BeginDecision
     if turn.attempt >= MAX_TURN_ATTEMPTS {
         return BeginDecision::Exhaust;
     }
+    // A restart is a message sent again: it does not jump the messages
+    // waiting in the session's queue (a takeover resumes the turn the queue
+    // waits behind, and goes first).
+    if let (StartKind::Restart, Some(head)) = (kind, facts.queue.head) {
+        let live = session.and_then(|s| s.live_holder(facts.now_ms));
+        if live.is_none() {
+            return BeginDecision::Reject(Error::SessionBusy {
+                active_turn_id: head.to_owned(),
+                retry_after: DEAD_CONTINUATION_RETRY,
+            });
+        }
+    }
     gate_start(facts, kind, turn.attempt + 1, Some(&turn.turn_id))
 }
 
@@ -305,7 +317,8 @@ fn decide_new(facts: &BeginFacts<'_>) -> BeginDecision {
         });
         if let Some(mode) = facts.enqueue {
             let limit = crate::limits::MAX_SESSION_QUEUE;
-            if facts.queue.len >= limit {
+            // A supersede ends every queued turn: it never overfills.
+            if mode == QueueMode::Enqueue && facts.queue.len >= limit {
                 return BeginDecision::Reject(Error::QueueFull { limit, retry_after });
             }
             return BeginDecision::Enqueue {
@@ -630,6 +643,14 @@ pub fn busy_step(
         }
         _ => BusyStep::Wait { poll },
     }
+}
+
+/// Whether an `interrupt` may ask `state`'s turn to stop: only a running
+/// one. A `session_busy` can name the head of a waiting queue (a free
+/// session whose queue is about to be taken); the interrupter waits
+/// behind it, and never cancels a message its sender was told is queued.
+pub fn interruptible(state: TurnState) -> bool {
+    state == TurnState::Running
 }
 
 /// The error a turn ended by an operator's force-release records, the same

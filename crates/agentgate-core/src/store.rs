@@ -398,10 +398,27 @@ where
     S: Store + ?Sized,
     T: Send,
 {
-    let heads = store
-        .queue_heads(Some(session_id), &OrphanFilter::default(), 1)
-        .await?;
-    claim_first(store, heads, &mark).await
+    // The head is read before its begin, outside any lock: a supersede or
+    // a cancel can change it in between (the begin then replays it), so the
+    // head is read again, until a head refuses to start or none is left.
+    // Each pass ends one queued turn or stops: bounded by the queue's bound.
+    let mut refused: Option<TurnId> = None;
+    for _ in 0..=crate::limits::MAX_SESSION_QUEUE {
+        let heads = store
+            .queue_heads(Some(session_id), &OrphanFilter::default(), 1)
+            .await?;
+        let Some(head) = heads.into_iter().next() else {
+            return Ok(None);
+        };
+        if refused.as_ref() == Some(&head.turn_id) {
+            return Ok(None);
+        }
+        refused = Some(head.turn_id.clone());
+        if let Some(claimed) = claim_first(store, [head], &mark).await? {
+            return Ok(Some(claimed));
+        }
+    }
+    Ok(None)
 }
 
 /// Begins each candidate's own request in turn until one is granted; that

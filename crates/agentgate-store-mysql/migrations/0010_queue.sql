@@ -5,8 +5,10 @@
 -- session's queue in queue_seq (NULL for every other turn; a start of the
 -- head clears it). The index serves the head, the length and the
 -- positions, all per session. The column is added only when missing (DDL
--- is not transactional), nullable so a node of the previous release keeps
--- working during a rolling upgrade.
+-- is not transactional), nullable so the previous release's statements
+-- still run during a rolling upgrade; but a node of that release knows
+-- neither the 'queued' state nor the rule that a queue is never jumped:
+-- upgrade every node before any caller enqueues.
 --
 -- A new request must never jump a queue, so the one-call begins of
 -- migrations 0006 and 0009 now also fall back ("decide under the locks of

@@ -64,7 +64,7 @@ pub(crate) async fn set_user_cap(
 /// orphaned past its grace it is ended `abandoned` first and kept for the
 /// retention like any ending. Binds: cutoff, pending cutoff.
 const SWEEPABLE_TURNS: &str =
-    "((t.state IN ('succeeded', 'failed', 'confirmed', 'abandoned', 'cancelled') \
+    "((t.state IN ('succeeded', 'failed', 'confirmed', 'abandoned', 'cancelled', 'superseded') \
       AND t.ended_at_ms < ?) \
     OR (t.state = 'awaiting_confirmation' AND t.ended_at_ms < ?))";
 

@@ -10,8 +10,10 @@
 -- migrations 0006 and 0009 now also fall back ("decide under the locks of
 -- the full path") while the session has a queued turn; they are replaced
 -- with that one condition added, in the early check and under the locks,
--- otherwise unchanged. The column is nullable, so a node of the previous
--- release keeps working during a rolling upgrade.
+-- otherwise unchanged. The column is nullable, so the previous release's
+-- statements still run during a rolling upgrade; but a node of that
+-- release knows neither the 'queued' state nor the rule that a queue is
+-- never jumped: upgrade every node before any caller enqueues.
 ALTER TABLE ag_turns ADD COLUMN queue_seq BIGINT;
 CREATE INDEX ag_turns_queue ON ag_turns (session_id, queue_seq) WHERE queue_seq IS NOT NULL;
 

@@ -62,7 +62,7 @@ pub(crate) async fn set_user_cap(
 /// retention like any ending. `$1` cutoff, `$2` pending cutoff, `$3` batch.
 const SWEEP_TURNS: &str = "WITH doomed AS ( \
       SELECT turn_id FROM ag_turns t WHERE \
-        (t.state IN ('succeeded', 'failed', 'confirmed', 'abandoned', 'cancelled') AND t.ended_at_ms < $1) \
+        (t.state IN ('succeeded', 'failed', 'confirmed', 'abandoned', 'cancelled', 'superseded') AND t.ended_at_ms < $1) \
         OR (t.state = 'awaiting_confirmation' AND t.ended_at_ms < $2) \
       ORDER BY t.turn_id LIMIT $3 FOR UPDATE SKIP LOCKED), \
     gone AS (DELETE FROM ag_turns t USING doomed d WHERE t.turn_id = d.turn_id RETURNING t.turn_id), \

@@ -341,6 +341,28 @@ async fn start<S: BeginSql>(
         }
         None => (new_turn_id(), None, None),
     };
+    if kind == StartKind::Dequeue {
+        // A cancel of a queued turn takes no session lock: it may have
+        // ended the head since the decision read it. Taking the head out of
+        // its queue only while it is still queued orders the two (a cancel
+        // after this finds it running, and asks it to stop); a cancel
+        // before it makes the step decide again, and replay the cancel.
+        let dequeued = sql
+            .execute(
+                On::Conn(tx),
+                Statement::new(
+                    "UPDATE ag_turns SET queue_seq = NULL \
+                     WHERE turn_id = $1 AND state = 'queued' AND queue_seq IS NOT NULL",
+                )
+                .text(turn_id.as_str()),
+            )
+            .await?;
+        match dequeued {
+            1 => {}
+            0 => return Err(Error::conflict("begin: the queued turn left its queue")),
+            more => Error::expect_rows(more, 1, "the dequeued turn (turn_id is the key)")?,
+        }
+    }
     let rows = GrantRows {
         command,
         now_ms: facts.now_ms,
@@ -708,9 +730,11 @@ pub async fn apply<S: BeginSql>(
             Ok((BeginOutcome::Queued(queued), true))
         }
         BeginDecision::Queued { turn_id } => {
+            // A cancel takes no session lock: the turn may have left its
+            // queue since the decision; decide again.
             let queued = queued_turn(sql, tx, &turn_id, queue_retry(&read))
                 .await?
-                .ok_or_else(|| Error::corrupt(format!("queued turn {turn_id} left its queue")))?;
+                .ok_or_else(|| Error::conflict(format!("queued turn {turn_id} left its queue")))?;
             Ok((BeginOutcome::Queued(queued), false))
         }
     }
@@ -758,7 +782,14 @@ async fn enqueue<S: BeginSql>(
                 .text(command.session_id.as_str()),
             )
             .await?;
-        Error::expect_rows(superseded, u64::from(queue.len), "superseding the queue")?;
+        // Only a cancel (which takes no session lock) can have taken a
+        // queued turn out since the queue was read; nothing can add one.
+        if superseded > u64::from(queue.len) {
+            return Err(Error::corrupt(format!(
+                "superseding a queue of {} changed {superseded} rows",
+                queue.len
+            )));
+        }
     }
     let turn_id = TurnId::generate();
     let inserted = sql

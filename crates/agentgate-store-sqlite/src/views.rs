@@ -47,7 +47,7 @@ pub(crate) async fn set_user_cap(
 /// orphaned past its grace it is ended `abandoned` first, then kept for the
 /// retention like any ending, so a repeat of its request still finds it.
 const SWEEPABLE_TURNS: &str = "SELECT turn_id FROM ag_turns t WHERE \
-    (t.state IN ('succeeded', 'failed', 'confirmed', 'abandoned', 'cancelled') AND t.ended_at_ms < ?1) \
+    (t.state IN ('succeeded', 'failed', 'confirmed', 'abandoned', 'cancelled', 'superseded') AND t.ended_at_ms < ?1) \
     OR (t.state = 'awaiting_confirmation' AND t.ended_at_ms < ?2) \
     ORDER BY t.turn_id \
     LIMIT ?3";

@@ -18,7 +18,7 @@
 use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
-use agentgate_core::decide::{busy_step, BusyStep};
+use agentgate_core::decide::{busy_step, interruptible, BusyStep};
 use agentgate_core::error::Result;
 use agentgate_core::ids::TurnId;
 use agentgate_core::model::{BeginCommand, BeginOutcome, OnBusy};
@@ -101,9 +101,17 @@ pub(crate) async fn begin(
             BusyStep::Wait { poll } => poll,
             BusyStep::Interrupt { turn_id, poll } => {
                 let turn_id = TurnId::new(turn_id)?;
-                gate.request_cancel(&turn_id).await?;
-                tracing::info!(session_id = %command.session_id, %turn_id, "holder interrupted");
-                report.interrupted = Some(turn_id);
+                // The busy answer may name a queue's head, not a holder: a
+                // queued message is never cancelled by an interrupt.
+                let running = store
+                    .turn(&turn_id)
+                    .await?
+                    .is_some_and(|view| interruptible(view.state));
+                if running {
+                    gate.request_cancel(&turn_id).await?;
+                    tracing::info!(session_id = %command.session_id, %turn_id, "holder interrupted");
+                    report.interrupted = Some(turn_id);
+                }
                 poll
             }
         };

@@ -15,6 +15,9 @@
 //! let gate = Gate::open("sqlite://agentgate.db", Config::default()).await?;
 //! match gate.begin("alice", "chat-1", "msg-1", &json!({"text": "taxi 18"})).await? {
 //!     Begun::Replay(done) => println!("already answered: {:?}", done.response),
+//!     // Only with `on_busy: enqueue`/`supersede` (`Gate::begin_on_busy`),
+//!     // or a repeat of a message queued that way.
+//!     Begun::Queued(queued) => println!("queued at position {}", queued.position),
 //!     Begun::Started(turn) => {
 //!         let args = json!({"amount": 18, "category": "transport"});
 //!         let booked = match turn.tool("create_transaction", &args).await? {

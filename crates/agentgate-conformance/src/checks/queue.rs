@@ -407,3 +407,289 @@ pub async fn a_killed_holders_queue_drains_after_takeover(target: &Target, holde
         &counts,
     );
 }
+
+/// Rounds of each race in [`queue_races_cancel_supersede_and_handoff`].
+const RACE_ROUNDS: usize = 20;
+
+/// Three races, `RACE_ROUNDS` rounds each, every pair released by a
+/// barrier: (1) the handoff of a queue's only message races its cancel —
+/// the message either ends `cancelled` and never starts, or starts and is
+/// asked to stop (never both "cancelled" and started); (2) a `supersede`,
+/// a repeat of a queued message and that message's cancel race — every
+/// answer is a protocol answer (never `corrupt` or an outage), and exactly
+/// the superseder waits after; (3) the handoff races a `supersede` — the
+/// handoff never returns nothing while a message waits on a free session.
+pub async fn queue_races_cancel_supersede_and_handoff(target: &Target) {
+    let gate = target.gate(config()).await;
+    let user = "queue-race-user";
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for round in 0..RACE_ROUNDS {
+        let session = format!("race-cancel-{round}");
+        let holder = must_start(&gate, user, &session, "holder").await;
+        let queued = queue(&gate, user, &session, "q", BusyPolicy::Enqueue).await;
+        holder.succeed(&json!("held")).await.expect("ended");
+        let (taken, cancelled) = {
+            let (g1, g2) = (gate.clone(), gate.clone());
+            let id = session_id(&session);
+            let turn_id = queued.turn_id.clone();
+            let both = storm(2, move |i| {
+                let (g1, g2, id, turn_id) = (g1.clone(), g2.clone(), id.clone(), turn_id.clone());
+                async move {
+                    if i == 0 {
+                        (Some(g1.take_next(&id).await.expect("take next")), None)
+                    } else {
+                        (
+                            None,
+                            Some(g2.request_cancel(&turn_id).await.expect("cancel")),
+                        )
+                    }
+                }
+            })
+            .await;
+            let mut both = both.into_iter();
+            let (taken, _) = both.next().expect("the handoff");
+            let (_, cancelled) = both.next().expect("the cancel");
+            (
+                taken.flatten(),
+                cancelled.flatten().expect("the turn exists"),
+            )
+        };
+        match taken {
+            Some(next) => {
+                assert_eq!(
+                    cancelled.state,
+                    TurnState::Running,
+                    "started, then asked to stop"
+                );
+                assert!(cancelled.cancel_requested_at_ms.is_some());
+                next.turn
+                    .end_cancelled(&json!("stopped"))
+                    .await
+                    .expect("ended");
+                *counts.entry("cancel_after_start".to_owned()).or_default() += 1;
+            }
+            None => {
+                assert_eq!(cancelled.state, TurnState::Cancelled, "{cancelled:?}");
+                replays(&gate, user, &session, "q", TurnState::Cancelled).await;
+                *counts.entry("cancelled_queued".to_owned()).or_default() += 1;
+            }
+        }
+    }
+    for round in 0..RACE_ROUNDS {
+        let session = format!("race-supersede-{round}");
+        let holder = must_start(&gate, user, &session, "holder").await;
+        let mut ids = Vec::new();
+        for i in 0..4 {
+            ids.push(
+                queue(&gate, user, &session, &format!("q{i}"), BusyPolicy::Enqueue)
+                    .await
+                    .turn_id,
+            );
+        }
+        let victim = ids[3].clone();
+        let answers = storm(3, |i| {
+            let (gate, session, victim) = (gate.clone(), session.clone(), victim.clone());
+            async move {
+                let class = match i {
+                    0 => gate
+                        .begin_on_busy(
+                            &command(user, &session, "newest"),
+                            policy(BusyPolicy::Supersede),
+                        )
+                        .await
+                        .map(|(begun, _)| begun_class(&begun)),
+                    1 => gate
+                        .begin(user, &session, "q3", &json!({"text": "q3"}))
+                        .await
+                        .map(|begun| begun_class(&begun)),
+                    _ => gate
+                        .request_cancel(&victim)
+                        .await
+                        .map(|view| format!("cancel:{:?}", view.map(|v| v.state))),
+                };
+                class.unwrap_or_else(|error| panic!("round {i}: {error}"))
+            }
+        })
+        .await;
+        for class in answers {
+            *counts.entry(class).or_default() += 1;
+        }
+        let view = gate
+            .store()
+            .session(&session_id(&session))
+            .await
+            .expect("view")
+            .expect("session");
+        let waiting: Vec<String> = view
+            .queue
+            .iter()
+            .map(|e| e.client_request_id.to_string())
+            .collect();
+        assert_eq!(waiting, ["newest"], "only the superseder waits");
+        holder.succeed(&json!("held")).await.expect("ended");
+        assert_eq!(drain(&gate, &session).await, ["newest"]);
+    }
+    let mut stranded = 0;
+    for round in 0..RACE_ROUNDS {
+        let session = format!("race-handoff-{round}");
+        let holder = must_start(&gate, user, &session, "holder").await;
+        queue(&gate, user, &session, "q", BusyPolicy::Enqueue).await;
+        holder.succeed(&json!("held")).await.expect("ended");
+        let results = storm(2, |i| {
+            let (gate, session) = (gate.clone(), session.clone());
+            async move {
+                if i == 0 {
+                    gate.take_next(&session_id(&session))
+                        .await
+                        .expect("take next")
+                        .map(|next| next.turn)
+                } else {
+                    gate.begin_on_busy(
+                        &command(user, &session, "newest"),
+                        policy(BusyPolicy::Supersede),
+                    )
+                    .await
+                    .expect("supersede");
+                    None
+                }
+            }
+        })
+        .await;
+        let taken = results.into_iter().flatten().next();
+        let view = gate
+            .store()
+            .session(&session_id(&session))
+            .await
+            .expect("view")
+            .expect("session");
+        if taken.is_none() && view.holder.is_none() && !view.queue.is_empty() {
+            stranded += 1;
+        }
+        if let Some(turn) = taken {
+            turn.succeed(&json!("ran")).await.expect("ended");
+        }
+        drain(&gate, &session).await;
+    }
+    assert_eq!(
+        stranded, 0,
+        "a handoff returned nothing while a message waited on a free session"
+    );
+    report(target, "queue_races_cancel_supersede_and_handoff", &counts);
+}
+
+/// What a begin answered, as a class for the report.
+fn begun_class(begun: &Begun) -> String {
+    match begun {
+        Begun::Started(_) => "started".to_owned(),
+        Begun::Replay(view) => format!("replay:{}", view.state.as_str()),
+        Begun::Queued(_) => "queued".to_owned(),
+    }
+}
+
+/// What a queue must not do: a retry of an earlier failed request does not
+/// jump a waiting queue (it is `session_busy` naming the head, and the
+/// handoff still gets the head); an `interrupt` never cancels a queued
+/// message (it waits behind the queue); superseded turns are swept with
+/// the rest after the result retention.
+pub async fn queue_is_not_jumped_interrupted_or_kept(target: &Target) {
+    let gate = target.gate(config()).await;
+    let user = "queue-rules-user";
+    let mut counts = BTreeMap::new();
+
+    let session = "queue-restart";
+    let failed = must_start(&gate, user, session, "r").await;
+    failed
+        .fail(&json!({"code": "boom"}), true)
+        .await
+        .expect("failed");
+    let holder = must_start(&gate, user, session, "holder").await;
+    let head = queue(&gate, user, session, "q", BusyPolicy::Enqueue).await;
+    holder.succeed(&json!("held")).await.expect("ended");
+    let jumped = gate
+        .begin(user, session, "r", &json!({"text": "r"}))
+        .await
+        .map(|begun| begun_class(&begun))
+        .expect_err("a restart does not jump the queue");
+    assert_eq!(jumped.kind(), ErrorKind::SessionBusy, "{jumped}");
+    assert_eq!(jumped.active_turn_id(), Some(head.turn_id.as_str()));
+    assert_eq!(drain(&gate, session).await, ["q"]);
+    counts.insert("restart_waited".to_owned(), 1);
+
+    let session = "queue-interrupt";
+    let holder = must_start(&gate, user, session, "holder").await;
+    let mut queued = Vec::new();
+    for i in 0..3 {
+        queued.push(
+            queue(&gate, user, session, &format!("q{i}"), BusyPolicy::Enqueue)
+                .await
+                .turn_id,
+        );
+    }
+    // Without a lease layer the first busy answer names the live holder,
+    // which is interrupted; with one the rows cannot show the holder live
+    // and the answer names the queue's head, so nothing is interrupted and
+    // the holder ends by itself. Either way no queued message is touched.
+    let stopping = tokio::spawn(async move {
+        let signal = holder.cancellation();
+        let asked = tokio::time::timeout(Duration::from_secs(5), signal.cancelled()).await;
+        if asked.is_ok() {
+            holder
+                .end_cancelled(&json!("stopped"))
+                .await
+                .expect("ended");
+        } else {
+            holder.succeed(&json!("held")).await.expect("ended");
+        }
+    });
+    let interrupt = OnBusy::new(BusyPolicy::Interrupt, Some(1_500)).expect("bound");
+    let answer = gate
+        .begin_on_busy(&command(user, session, "interrupter"), interrupt)
+        .await
+        .map(|(begun, _)| begun_class(&begun));
+    stopping.await.expect("the holder was interrupted");
+    let error = answer.expect_err("the interrupter waits behind the queue");
+    assert_eq!(error.kind(), ErrorKind::SessionBusy, "{error}");
+    for turn_id in &queued {
+        let view = gate
+            .store()
+            .turn(turn_id)
+            .await
+            .expect("view")
+            .expect("turn");
+        assert_eq!(
+            view.state,
+            TurnState::Queued,
+            "an interrupt cancelled a queued message"
+        );
+    }
+    assert_eq!(drain(&gate, session).await, ["q0", "q1", "q2"]);
+    counts.insert("queue_kept_by_interrupt".to_owned(), queued.len());
+
+    let retention = agentgate::limits::MIN_RETENTION;
+    let swept = target
+        .gate(agentgate::Config {
+            result_retention: retention,
+            ..config()
+        })
+        .await;
+    let session = "queue-sweep";
+    let holder = must_start(&swept, user, session, "holder").await;
+    let superseded = queue(&swept, user, session, "old", BusyPolicy::Enqueue).await;
+    queue(&swept, user, session, "new", BusyPolicy::Supersede).await;
+    holder.succeed(&json!("held")).await.expect("ended");
+    assert_eq!(drain(&swept, session).await, ["new"]);
+    tokio::time::sleep(retention + Duration::from_millis(1_100)).await;
+    for _ in 0..10 {
+        let report = swept.store().sweep().await.expect("sweep");
+        if report.turns == 0 && report.sessions == 0 {
+            break;
+        }
+    }
+    let kept = swept.store().turn(&superseded.turn_id).await.expect("view");
+    assert!(
+        kept.is_none(),
+        "a superseded turn outlived the retention: {kept:?}"
+    );
+    counts.insert("superseded_swept".to_owned(), 1);
+    report(target, "queue_is_not_jumped_interrupted_or_kept", &counts);
+}

@@ -1367,21 +1367,60 @@ fn a_full_queue_refuses_with_its_bound_and_the_holders_remaining_lease() {
         .queue("turn-head", limit - 1)
         .enqueue(QueueMode::Enqueue);
     assert!(matches!(below.decide(), BeginDecision::Enqueue { .. }));
-    for mode in [QueueMode::Enqueue, QueueMode::Supersede] {
-        let full = Begin::new()
-            .holder(OTHER, NOW + 5_000)
-            .queue("turn-head", limit)
-            .enqueue(mode);
-        match full.decide() {
-            BeginDecision::Reject(Error::QueueFull {
-                limit: got,
-                retry_after,
-            }) => {
-                assert_eq!(got, limit);
-                assert_eq!(retry_after, ms(5_000));
-            }
-            other => panic!("{other:?}"),
+    let full = Begin::new()
+        .holder(OTHER, NOW + 5_000)
+        .queue("turn-head", limit)
+        .enqueue(QueueMode::Enqueue);
+    match full.decide() {
+        BeginDecision::Reject(Error::QueueFull {
+            limit: got,
+            retry_after,
+        }) => {
+            assert_eq!(got, limit);
+            assert_eq!(retry_after, ms(5_000));
         }
+        other => panic!("{other:?}"),
+    }
+    // A supersede empties the queue it joins: never refused for its length.
+    let superseding = Begin::new()
+        .holder(OTHER, NOW + 5_000)
+        .queue("turn-head", limit)
+        .enqueue(QueueMode::Supersede);
+    assert!(matches!(
+        superseding.decide(),
+        BeginDecision::Enqueue { supersede: true }
+    ));
+}
+
+#[test]
+fn a_restart_does_not_jump_a_waiting_queue_but_a_takeover_goes_first() {
+    for state in [TurnState::Failed, TurnState::Abandoned] {
+        let mut failed = turn(OWN, state, 1);
+        failed.retryable = true;
+        match Begin::new().turn(failed).queue("turn-head", 1).decide() {
+            BeginDecision::Reject(Error::SessionBusy { active_turn_id, .. }) => {
+                assert_eq!(active_turn_id, "turn-head");
+            }
+            other => panic!("{state:?}: {other:?}"),
+        }
+    }
+    // The queue waits behind the expired holder, which its retry resumes.
+    let orphan = Begin::new()
+        .turn(turn(OWN, TurnState::Running, 1))
+        .holder(OWN, NOW)
+        .queue("turn-head", 1);
+    assert_start(orphan.decide(), StartKind::Takeover, 2);
+}
+
+#[test]
+fn only_a_running_turn_is_interrupted() {
+    assert!(interruptible(TurnState::Running));
+    for state in [
+        TurnState::Queued,
+        TurnState::Succeeded,
+        TurnState::Cancelled,
+    ] {
+        assert!(!interruptible(state));
     }
 }
 

@@ -199,23 +199,29 @@ async fn end(
     let view = store.end_turn(lease, &ending).await?;
     state.metrics().turn_ended(view.state.as_str());
     tracing::info!(turn_id = %view.turn_id, fence = %view.fence, state = view.state.as_str(), "turn ended");
-    let next = match take_next {
+    // The ending is committed: a failed handoff must not hide it. The head
+    // stays queued, for a later handoff or a recovery worker's claim.
+    let taken = match take_next {
         false => None,
         true => agentgate_core::store::take_next_timed(store.as_ref(), &view.session_id, || ())
-            .await?
-            .map(|(claimed, ())| {
-                state.metrics().begin(BeginLabel::Handoff);
-                tracing::info!(
-                    turn_id = %claimed.grant.turn_id,
-                    fence = %claimed.grant.fence,
-                    "queued turn handed off"
-                );
-                NextTurnDto {
-                    turn: GrantDto::from(claimed.grant),
-                    payload: claimed.payload,
-                }
+            .await
+            .unwrap_or_else(|error| {
+                tracing::warn!(%error, session_id = %view.session_id, "handoff failed after the ending");
+                None
             }),
     };
+    let next = taken.map(|(claimed, ())| {
+        state.metrics().begin(BeginLabel::Handoff);
+        tracing::info!(
+            turn_id = %claimed.grant.turn_id,
+            fence = %claimed.grant.fence,
+            "queued turn handed off"
+        );
+        NextTurnDto {
+            turn: GrantDto::from(claimed.grant),
+            payload: claimed.payload,
+        }
+    });
     Ok(Json(TurnResponse {
         turn: TurnDto::from(view),
         next,
