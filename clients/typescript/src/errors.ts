@@ -108,6 +108,8 @@ export class PayloadMismatch extends codeClass("payload_mismatch") {}
 export class AttemptsExhausted extends codeClass("attempts_exhausted") {}
 /** 429: the user runs `--max-turns-per-user` turns already; retry after `retryAfterMs`. */
 export class UserAtCapacity extends codeClass("user_at_capacity") {}
+/** 429: the session's queue holds 100 waiting messages (`on_busy: enqueue` or `supersede`); nothing was queued. */
+export class QueueFull extends codeClass("queue_full") {}
 /** A side effect the server runs itself (the reference app's) failed. */
 export class EffectFailed extends codeClass("effect_failed") {}
 /** 500: a server bug. */
@@ -138,6 +140,7 @@ const CLASS_BY_CODE: Record<ErrorCode, new (message: string, options?: Agentgate
   payload_mismatch: PayloadMismatch,
   attempts_exhausted: AttemptsExhausted,
   user_at_capacity: UserAtCapacity,
+  queue_full: QueueFull,
   effect_failed: EffectFailed,
   internal: Internal,
   store_unavailable: StoreUnavailable,

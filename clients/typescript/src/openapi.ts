@@ -447,8 +447,9 @@ export interface components {
             client_request_id: components["schemas"]["Id"];
             confirmation?: null | components["schemas"]["ConfirmationRequest"];
             /**
-             * @description What to do when the session is held by another turn: `reject`
-             *     (default), `wait` or `interrupt`.
+             * @description What to do when the session is held by another turn (or has turns
+             *     queued): `reject` (default), `wait`, `interrupt`, `enqueue` or
+             *     `supersede`.
              */
             on_busy?: components["schemas"]["BusyPolicyDto"];
             /** @description The message; any JSON. Absent is the same as `null`. */
@@ -478,7 +479,7 @@ export interface components {
          * @description What a begin does when its session is held by another turn.
          * @enum {string}
          */
-        BusyPolicyDto: "reject" | "wait" | "interrupt";
+        BusyPolicyDto: "reject" | "wait" | "interrupt" | "enqueue" | "supersede";
         /** @description Body of `POST /v1/orphans/claim`; every field optional. */
         ClaimOrphanRequest: {
             /**
@@ -531,6 +532,11 @@ export interface components {
         CompleteTurnRequest: {
             /** @description The turn's answer; repeats of the request replay it. */
             response: components["schemas"]["JsonValue"];
+            /**
+             * @description Start the head of the session's queue for this caller right after
+             *     the ending (the answer's `next`). Default false.
+             */
+            take_next?: boolean;
         };
         /** @description What a confirmation turn carries over from the turn it answers. */
         ConfirmationDto: {
@@ -571,6 +577,11 @@ export interface components {
         /** @description Body of `POST /v1/turns/{turn_id}/end-cancelled`. */
         EndCancelledRequest: {
             partial?: null | components["schemas"]["JsonValue"];
+            /**
+             * @description Start the head of the session's queue for this caller right after
+             *     the ending (the answer's `next`). Default false.
+             */
+            take_next?: boolean;
         };
         /** @description The body of every error response. */
         ErrorBody: {
@@ -581,7 +592,7 @@ export interface components {
          * @description Every error code the server sends, in `error.code`.
          * @enum {string}
          */
-        ErrorCode: "invalid_request" | "unauthorized" | "origin_not_allowed" | "host_not_allowed" | "user_mismatch" | "not_found" | "method_not_allowed" | "request_timeout" | "payload_too_large" | "unsupported_media_type" | "session_busy" | "request_in_flight" | "awaiting_confirmation" | "tool_in_flight" | "lease_lost" | "unknown_tool_outcome" | "turn_cancelled" | "payload_mismatch" | "attempts_exhausted" | "user_at_capacity" | "effect_failed" | "internal" | "store_unavailable" | "overloaded";
+        ErrorCode: "invalid_request" | "unauthorized" | "origin_not_allowed" | "host_not_allowed" | "user_mismatch" | "not_found" | "method_not_allowed" | "request_timeout" | "payload_too_large" | "unsupported_media_type" | "session_busy" | "request_in_flight" | "awaiting_confirmation" | "tool_in_flight" | "lease_lost" | "unknown_tool_outcome" | "turn_cancelled" | "payload_mismatch" | "attempts_exhausted" | "user_at_capacity" | "queue_full" | "effect_failed" | "internal" | "store_unavailable" | "overloaded";
         /** @description What went wrong, with what a caller needs to act on it. */
         ErrorDetail: {
             /**
@@ -607,7 +618,7 @@ export interface components {
             /**
              * Format: int64
              * @description For `session_busy`, `request_in_flight`, `awaiting_confirmation`,
-             *     `tool_in_flight` and `user_at_capacity`: how long until the blocking
+             *     `tool_in_flight`, `user_at_capacity` and `queue_full`: how long until the blocking
              *     lease (or confirmation) runs out if not renewed, from the store's clock.
              *     On every 503: when to try again.
              */
@@ -705,6 +716,11 @@ export interface components {
              *     repeat replays this failure).
              */
             retryable?: boolean;
+            /**
+             * @description Start the head of the session's queue for this caller right after
+             *     the ending (the answer's `next`). Default false.
+             */
+            take_next?: boolean;
         };
         /** @description A granted lease and the turn it runs. Sent only to the caller granted it. */
         GrantDto: {
@@ -824,6 +840,16 @@ export interface components {
         JsonValue: JsonValue;
         /** @description The `lease_token` a grant returned (`lt_` and 64 hex digits). Any other value of 1–128 printable ASCII characters without spaces is answered `lease_lost`; anything else is `invalid_request`. */
         LeaseToken: string;
+        /**
+         * @description The queued turn an ending handed to its caller: a lease like a begin's,
+         *     and the message to run.
+         */
+        NextTurnDto: {
+            /** @description The queued message's payload. */
+            payload: components["schemas"]["JsonValue"];
+            /** @description The lease on the next turn, as a begin grants it. */
+            turn: components["schemas"]["GrantDto"];
+        };
         /** @description A session's pending confirmation. */
         PendingDto: {
             /**
@@ -839,6 +865,62 @@ export interface components {
          * @enum {string}
          */
         PreviousOutcomeDto: "failed" | "unknown";
+        /** @description A turn waiting in its session's queue. */
+        QueuedDto: {
+            /** @description Its request id. */
+            client_request_id: string;
+            /**
+             * Format: int64
+             * @description Store-clock time it was queued, ms since the Unix epoch.
+             */
+            enqueued_at_ms: number;
+            /**
+             * Format: int32
+             * @description 1 for the head of the queue, gap-free behind it.
+             */
+            position: number;
+            /**
+             * Format: int64
+             * @description When to look again (`GET /v1/turns/{turn_id}`, or a repeat): the
+             *     holder's remaining lease, at least 1.
+             */
+            retry_after_ms: number;
+            /** @description Its session. */
+            session_id: string;
+            /** @description Always `queued`. */
+            state: components["schemas"]["TurnStateDto"];
+            /** @description The turn. */
+            turn_id: string;
+            /** @description Its user. */
+            user_id: string;
+        };
+        /**
+         * @description 202 from `POST /v1/turns` with `on_busy: enqueue` or `supersede` (or a
+         *     repeat of a queued request): the request waits in its session's queue.
+         */
+        QueuedResponse: {
+            /** @description Always true. */
+            queued: boolean;
+            /** @description The queued turn. */
+            turn: components["schemas"]["QueuedDto"];
+        };
+        /** @description One waiting turn of a session's queue. */
+        QueueEntryDto: {
+            /** @description Its request id. */
+            client_request_id: string;
+            /**
+             * Format: int64
+             * @description Store-clock time it was queued, ms since the Unix epoch.
+             */
+            enqueued_at_ms: number;
+            /**
+             * Format: int32
+             * @description 1 for the head, gap-free behind it.
+             */
+            position: number;
+            /** @description The queued turn (`POST /v1/turns/{turn_id}/cancel` removes it). */
+            turn_id: string;
+        };
         /** @description Answer of `POST /v1/sessions/{session_id}/release`. */
         ReleaseResponse: {
             released?: null | components["schemas"]["TurnDto"];
@@ -859,6 +941,8 @@ export interface components {
             fence: number;
             holder: null | components["schemas"]["HolderDto"];
             pending_confirmation: null | components["schemas"]["PendingDto"];
+            /** @description The turns waiting in its queue, head first (at most 100). */
+            queue: components["schemas"]["QueueEntryDto"][];
             /** @description The session. */
             session_id: string;
             /** @description The user it is bound to. */
@@ -925,6 +1009,7 @@ export interface components {
         };
         /** @description 200 from a turn ending, and the turn part of `GET /v1/turns/{turn_id}`. */
         TurnResponse: {
+            next?: null | components["schemas"]["NextTurnDto"];
             /** @description The turn after the call. */
             turn: components["schemas"]["TurnDto"];
         };
@@ -932,7 +1017,7 @@ export interface components {
          * @description Where a turn is in its life.
          * @enum {string}
          */
-        TurnStateDto: "running" | "succeeded" | "failed" | "awaiting_confirmation" | "confirmed" | "abandoned" | "cancelled";
+        TurnStateDto: "running" | "succeeded" | "failed" | "awaiting_confirmation" | "confirmed" | "abandoned" | "cancelled" | "queued" | "superseded";
         /** @description 200 from `GET /v1/turns/{turn_id}`. */
         TurnStateResponse: {
             /**
@@ -1417,6 +1502,17 @@ export interface operations {
                     "application/json": components["schemas"]["BeginResponse"];
                 };
             };
+            /** @description With `on_busy: enqueue` or `supersede` (or a repeat of a queued request): the request waits in the session's queue; no lease taken */
+            202: {
+                headers: {
+                    /** @description Seconds until the session's holder's lease runs out, rounded up, at least 1 */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["QueuedResponse"];
+                };
+            };
             /**
              * @description `invalid_request`: malformed JSON or not I-JSON, a missing, unknown or
              *     oversized field (ids are 1–128 characters, no control characters;
@@ -1522,10 +1618,14 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `user_at_capacity`: the user holds all of their permits. */
+            /**
+             * @description `user_at_capacity` (the user holds all of their permits) or
+             *     `queue_full` (with `on_busy: enqueue` or `supersede`: the session's
+             *     queue holds 100 waiting turns; nothing was queued).
+             */
             429: {
                 headers: {
-                    /** @description Seconds until the user's soonest lease runs out, rounded up, at least 1 */
+                    /** @description Seconds until the user's soonest lease (or the session holder's) runs out, rounded up, at least 1 */
                     "Retry-After"?: number;
                     [name: string]: unknown;
                 };

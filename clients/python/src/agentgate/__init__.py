@@ -47,6 +47,7 @@ from .errors import (
     UnknownToolOutcome,
     UnsupportedMediaType,
     UserAtCapacity,
+    QueueFull,
     UserMismatch,
 )
 
@@ -86,5 +87,6 @@ __all__ = [
     "UnknownToolOutcome",
     "UnsupportedMediaType",
     "UserAtCapacity",
+    "QueueFull",
     "UserMismatch",
 ]

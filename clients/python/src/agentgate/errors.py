@@ -32,6 +32,7 @@ __all__ = [
     "PayloadMismatch",
     "AttemptsExhausted",
     "UserAtCapacity",
+    "QueueFull",
     "EffectFailed",
     "InternalError",
     "StoreUnavailable",
@@ -218,6 +219,13 @@ class UserAtCapacity(AgentgateError):
     code = "user_at_capacity"
 
 
+class QueueFull(AgentgateError):
+    """429: the session's queue holds 100 waiting messages (``on_busy:
+    enqueue`` or ``supersede``); nothing was queued."""
+
+    code = "queue_full"
+
+
 class EffectFailed(AgentgateError):
     """A tool's effect failed on the server side."""
 
@@ -305,6 +313,7 @@ _BY_CODE: Dict[str, Type[AgentgateError]] = {
         PayloadMismatch,
         AttemptsExhausted,
         UserAtCapacity,
+        QueueFull,
         EffectFailed,
         InternalError,
         StoreUnavailable,
