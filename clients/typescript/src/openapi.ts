@@ -123,6 +123,30 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{session_id}/policy": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        /**
+         * Set a session's default busy policy: what a begin on it that names no
+         *     `on_busy` does when the session is busy. A begin that names one
+         *     overrides it. A session not used yet is created, bound to `user_id`;
+         *     setting it keeps the session at least a result retention, as a begin
+         *     does. The default is read only when such a begin finds the session
+         *     busy, so it costs a free session nothing.
+         */
+        put: operations["set_session_policy"];
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions/{session_id}/release": {
         parameters: {
             query?: never;
@@ -447,11 +471,12 @@ export interface components {
             client_request_id: components["schemas"]["Id"];
             confirmation?: null | components["schemas"]["ConfirmationRequest"];
             /**
-             * @description What to do when the session is held by another turn (or has turns
-             *     queued): `reject` (default), `wait`, `interrupt`, `enqueue` or
-             *     `supersede`.
+             * @description With `supersede` only: also ask the running turn to stop once this
+             *     message is queued, so it runs next and soon (a correction typed
+             *     mid-reply). Default false.
              */
-            on_busy?: components["schemas"]["BusyPolicyDto"];
+            interrupt_running?: boolean;
+            on_busy?: null | components["schemas"]["BusyPolicyDto"];
             /** @description The message; any JSON. Absent is the same as `null`. */
             payload?: components["schemas"]["JsonValue"];
             /** @description The conversation; bound to its first user. */
@@ -469,6 +494,12 @@ export interface components {
         } | {
             /** @enum {string} */
             on_busy: "wait" | "interrupt";
+        }) & ({
+            /** @enum {boolean} */
+            interrupt_running?: false;
+        } | {
+            /** @enum {string} */
+            on_busy: "supersede";
         });
         /** @description 201 from `POST /v1/turns`: a lease was granted; run the turn. */
         BeginResponse: {
@@ -934,6 +965,7 @@ export interface components {
         };
         /** @description A session as callers see it. */
         SessionDto: {
+            default_policy: null | components["schemas"]["SessionPolicyDto"];
             /**
              * Format: int64
              * @description Latest fence granted on this session.
@@ -948,6 +980,44 @@ export interface components {
             /** @description The user it is bound to. */
             user_id: string;
         };
+        /** @description A session's default busy policy, as set. */
+        SessionPolicyDto: {
+            /** @description `supersede` also interrupts the running turn. */
+            interrupt_running: boolean;
+            /** @description The policy. */
+            on_busy: components["schemas"]["BusyPolicyDto"];
+            /**
+             * Format: int64
+             * @description The bound of `wait` and `interrupt`, in milliseconds; `null` for
+             *     the others.
+             */
+            wait_ms: number | null;
+        };
+        /** @description Body of `PUT /v1/sessions/{session_id}/policy`. */
+        SessionPolicyRequest: {
+            /** @description As in a begin: only with `supersede`. */
+            interrupt_running?: boolean;
+            /** @description The policy a begin on this session that names none follows. */
+            on_busy: components["schemas"]["BusyPolicyDto"];
+            /** @description The session's user (a session not used yet is bound to it). */
+            user_id: components["schemas"]["Id"];
+            /**
+             * Format: int64
+             * @description As in a begin: only with `wait` and `interrupt`.
+             */
+            wait_ms?: number | null;
+        } & ({
+            wait_ms?: null;
+        } | {
+            /** @enum {string} */
+            on_busy: "wait" | "interrupt";
+        }) & ({
+            /** @enum {boolean} */
+            interrupt_running?: false;
+        } | {
+            /** @enum {string} */
+            on_busy: "supersede";
+        });
         /** @description 200 from `GET /v1/sessions/{session_id}`. */
         SessionResponse: {
             /** @description The session. */
@@ -1356,6 +1426,124 @@ export interface operations {
              *     `user_id` query parameter.
              */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description `store_unavailable`: the store (or the Redis lease layer) is down
+             *     or the request took longer than the server's timeout.
+             */
+            503: {
+                headers: {
+                    /** @description Seconds before trying again, at least 1 */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    set_session_policy: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session */
+                session_id: components["schemas"]["Id"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SessionPolicyRequest"];
+            };
+        };
+        responses: {
+            /** @description The session, with its new default */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SessionResponse"];
+                };
+            };
+            /**
+             * @description `invalid_request`: malformed JSON, an unknown field, a malformed
+             *     id, a `wait_ms` beside a policy that does not wait, or
+             *     `interrupt_running` beside one other than `supersede`.
+             */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description `unauthorized`: API keys are configured and the bearer key is missing
+             *     or wrong.
+             */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description `origin_not_allowed`, `host_not_allowed` (a page elsewhere, or a
+             *     foreign `Host`), or `user_mismatch` (a trusted user header is
+             *     configured and names another user).
+             */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `not_found`: the session is bound to another user. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `request_timeout`: the body did not arrive within 10 s. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `payload_too_large`: the body is over the server's limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description `unsupported_media_type`: the body was not sent as
+             *     `Content-Type: application/json`.
+             */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };

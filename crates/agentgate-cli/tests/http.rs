@@ -1444,6 +1444,114 @@ async fn a_second_message_waits_interrupts_and_a_stuck_holder_is_released() {
     }
 }
 
+/// A session's default policy over HTTP: a contradictory body is 400 and
+/// sets nothing; the session's user sets `enqueue` (the view shows it),
+/// another user's set is 404; then a message naming no `on_busy` on the
+/// held session is queued (202) by that default, one naming `reject` is
+/// still 409; with the default `supersede` + `interrupt_running` a message
+/// naming none replaces the queued one and the holder's heartbeat reports
+/// the cancel request; its ending hands over only the newest message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_default_policy_handles_messages_that_name_none() {
+    let dir = scratch();
+    let server = Server::start(dir.path(), &[]);
+    let client = server.client();
+    let path = "/v1/sessions/chat-p/policy";
+    for bad in [
+        json!({"user_id": "ines", "on_busy": "reject", "wait_ms": 10}),
+        json!({"user_id": "ines", "on_busy": "enqueue", "interrupt_running": true}),
+        json!({"user_id": "ines", "on_busy": "sometimes"}),
+        json!({"user_id": "ines"}),
+    ] {
+        client.put(path, &bad).await.expect(400, "invalid_request");
+    }
+    client
+        .get("/v1/sessions/chat-p")
+        .await
+        .expect(404, "not_found");
+    let set = client
+        .put(path, &json!({"user_id": "ines", "on_busy": "enqueue"}))
+        .await
+        .expect(200, "");
+    assert_eq!(
+        set.body["session"]["default_policy"],
+        json!({"on_busy": "enqueue", "wait_ms": null, "interrupt_running": false})
+    );
+    client
+        .put(path, &json!({"user_id": "zoe", "on_busy": "wait"}))
+        .await
+        .expect(404, "not_found");
+    let (turn_id, token) = lease(&client.begin("ines", "chat-p", "m1", &json!("m1")).await);
+    let message = |request: &str| {
+        json!({"user_id": "ines", "session_id": "chat-p", "client_request_id": request,
+               "payload": {"text": request}})
+    };
+    let queued = client
+        .post("/v1/turns", None, &message("m2"))
+        .await
+        .expect(202, "");
+    assert_eq!(queued.body["turn"]["position"], 1);
+    let mut named = message("m3");
+    named["on_busy"] = json!("reject");
+    client
+        .post("/v1/turns", None, &named)
+        .await
+        .expect(409, "session_busy");
+    client
+        .post(
+            "/v1/turns",
+            None,
+            &json!({"user_id": "ines", "session_id": "chat-p",
+            "client_request_id": "m3", "wait_ms": 100}),
+        )
+        .await
+        .expect(400, "invalid_request");
+    client
+        .put(
+            path,
+            &json!({"user_id": "ines", "on_busy": "supersede", "interrupt_running": true}),
+        )
+        .await
+        .expect(200, "");
+    let newest = client
+        .post("/v1/turns", None, &message("m4"))
+        .await
+        .expect(202, "");
+    assert_eq!(newest.body["turn"]["position"], 1);
+    let view = client.get("/v1/sessions/chat-p").await.expect(200, "");
+    let waiting: Vec<&str> = view.body["session"]["queue"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["client_request_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(waiting, ["m4"]);
+    let beat = client
+        .post(
+            &format!("/v1/turns/{turn_id}/heartbeat"),
+            Some(&token),
+            &json!({}),
+        )
+        .await
+        .expect(200, "");
+    assert_eq!(beat.body["cancel_requested"], true, "{}", beat.text);
+    let ended = client
+        .post(
+            &format!("/v1/turns/{turn_id}/end-cancelled"),
+            Some(&token),
+            &json!({"take_next": true}),
+        )
+        .await
+        .expect(200, "");
+    assert_eq!(ended.body["turn"]["state"], "cancelled");
+    assert_eq!(ended.body["next"]["payload"]["text"], "m4");
+    let replay = client
+        .post("/v1/turns", None, &message("m2"))
+        .await
+        .expect(200, "");
+    assert_eq!(replay.body["turn"]["state"], "superseded");
+}
+
 /// Three messages sent with `on_busy: enqueue` while the first runs: each
 /// 202 with its position and a `Retry-After`, listed by the session view;
 /// a plain message is 409 `session_busy`, a repeat of a queued one answers

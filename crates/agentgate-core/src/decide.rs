@@ -653,6 +653,33 @@ pub fn interruptible(state: TurnState) -> bool {
     state == TurnState::Running
 }
 
+/// The policy a begin that names none follows, after its first attempt
+/// failed with `error`: the session's default (`session_default`, read
+/// from its view only then), when the failure is a busy session and a
+/// default other than `reject` was set. `None`: answer `error`.
+pub fn session_policy(error: &Error, session_default: Option<OnBusy>) -> Option<OnBusy> {
+    match (error, session_default) {
+        (Error::SessionBusy { .. }, Some(on_busy)) if on_busy.policy != BusyPolicy::Reject => {
+            Some(on_busy)
+        }
+        _ => None,
+    }
+}
+
+/// Whether a begin that asked `supersede` with `interrupt` and was queued
+/// as `queued_turn_id` asks the session's holder (`holder`, its turn id
+/// and state) to stop: only a running turn other than its own (a handoff
+/// may already have started the queued turn itself).
+pub fn supersede_interrupts(
+    on_busy: OnBusy,
+    queued_turn_id: &str,
+    holder: Option<(&str, TurnState)>,
+) -> bool {
+    on_busy.interrupt
+        && on_busy.policy == BusyPolicy::Supersede
+        && holder.is_some_and(|(turn_id, state)| turn_id != queued_turn_id && interruptible(state))
+}
+
 /// The error a turn ended by an operator's force-release records, the same
 /// on every store.
 pub const RELEASED_ERROR: &str = r#"{"code":"released","message":"an operator force-released the turn's session; a repeat of its request restarts it"}"#;

@@ -156,6 +156,10 @@ pub struct OnBusy {
     pub policy: BusyPolicy,
     /// How long `wait` and `interrupt` wait at most; zero for `reject`.
     pub wait: std::time::Duration,
+    /// `supersede` only: also ask the running turn to stop once this
+    /// request is queued, so the newest message runs next and soon (a
+    /// correction typed mid-reply).
+    pub interrupt: bool,
 }
 
 impl OnBusy {
@@ -163,6 +167,7 @@ impl OnBusy {
     pub const REJECT: Self = Self {
         policy: BusyPolicy::Reject,
         wait: std::time::Duration::ZERO,
+        interrupt: false,
     };
 
     /// Validates a policy and its bound: `wait_ms` defaults to
@@ -192,7 +197,29 @@ impl OnBusy {
             }
             (_, Some(ms)) => std::time::Duration::from_millis(ms),
         };
-        Ok(Self { policy, wait })
+        Ok(Self {
+            policy,
+            wait,
+            interrupt: false,
+        })
+    }
+
+    /// This `supersede` policy, also interrupting the running turn.
+    ///
+    /// # Errors
+    /// `invalid_request` for any other policy: `interrupt` stops the
+    /// holder by itself, and the others never stop a running turn.
+    pub fn interrupting(self) -> Result<Self> {
+        if self.policy != BusyPolicy::Supersede {
+            return Err(Error::invalid(format!(
+                "interrupt_running applies to the supersede policy, not {}",
+                self.policy.as_str()
+            )));
+        }
+        Ok(Self {
+            interrupt: true,
+            ..self
+        })
     }
 }
 
@@ -629,6 +656,10 @@ pub struct SessionView {
     /// The turns waiting in the session's queue, head first (at most
     /// [`crate::limits::MAX_SESSION_QUEUE`]).
     pub queue: Vec<QueueEntry>,
+    /// The session's default busy policy, for begins that name none
+    /// (`None`: never set, which means `reject`).
+    #[serde(skip)]
+    pub default_on_busy: Option<OnBusy>,
 }
 
 /// A user as callers see it.

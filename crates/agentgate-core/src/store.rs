@@ -22,8 +22,8 @@ use crate::error::{BoxError, Result};
 use crate::ids::{ExecutionId, SessionId, TurnId, UserId};
 use crate::model::{
     BeginCommand, BeginOutcome, ClaimedOrphan, Ending, ExecutionView, IgnoredCancel, JournalEntry,
-    LeaseRef, Orphan, OrphanFilter, Overview, SessionView, SweepReport, ToolCall, ToolClaim,
-    TurnView, UserView,
+    LeaseRef, OnBusy, Orphan, OrphanFilter, Overview, SessionView, SweepReport, ToolCall,
+    ToolClaim, TurnView, UserView,
 };
 use crate::page::{ExecutionPage, ExecutionPageRequest};
 
@@ -228,6 +228,21 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// # Errors
     /// `invalid_request` for a cap out of range, `store_unavailable`.
     async fn set_user_cap(&self, user_id: &UserId, cap: Option<u32>) -> Result<()>;
+
+    /// Sets `session_id`'s default busy policy, the one a begin that names
+    /// none follows; a session not yet used is created, bound to
+    /// `user_id`. Returns the session's view. Setting it keeps the session
+    /// from the sweeper for a retention, as a begin does.
+    ///
+    /// # Errors
+    /// `not_found` when the session is bound to another user;
+    /// `store_unavailable`.
+    async fn set_session_policy(
+        &self,
+        user_id: &UserId,
+        session_id: &SessionId,
+        on_busy: OnBusy,
+    ) -> Result<SessionView>;
 
     /// Live leases and the latest turns and tool executions, at most `limit`
     /// of each (capped at [`crate::limits::MAX_OVERVIEW_ROWS`]).

@@ -112,7 +112,7 @@ impl From<PreviousOutcome> for PreviousOutcomeDto {
 }
 
 /// What a begin does when its session is held by another turn.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum BusyPolicyDto {
     /// Refuse at once: 409 `session_busy` (the default).
@@ -131,6 +131,18 @@ pub enum BusyPolicyDto {
     /// As `enqueue`, and every turn queued before it ends `superseded`
     /// (the newest message replaces the unstarted ones).
     Supersede,
+}
+
+impl From<agentgate::BusyPolicy> for BusyPolicyDto {
+    fn from(policy: agentgate::BusyPolicy) -> Self {
+        match policy {
+            agentgate::BusyPolicy::Reject => Self::Reject,
+            agentgate::BusyPolicy::Wait => Self::Wait,
+            agentgate::BusyPolicy::Interrupt => Self::Interrupt,
+            agentgate::BusyPolicy::Enqueue => Self::Enqueue,
+            agentgate::BusyPolicy::Supersede => Self::Supersede,
+        }
+    }
 }
 
 impl From<BusyPolicyDto> for agentgate::BusyPolicy {
@@ -197,15 +209,110 @@ pub struct BeginRequest {
     #[serde(default)]
     pub confirmation: Option<ConfirmationRequest>,
     /// What to do when the session is held by another turn (or has turns
-    /// queued): `reject` (default), `wait`, `interrupt`, `enqueue` or
-    /// `supersede`.
+    /// queued): `reject`, `wait`, `interrupt`, `enqueue` or `supersede`.
+    /// Absent: the session's default (`PUT /v1/sessions/{id}/policy`),
+    /// `reject` when none was set.
     #[serde(default)]
-    pub on_busy: BusyPolicyDto,
+    pub on_busy: Option<BusyPolicyDto>,
     /// How long `wait` and `interrupt` wait at most, in milliseconds
     /// (default 12000, at most 20000). Only with those policies.
     #[serde(default, deserialize_with = "wait_ms")]
     #[schema(minimum = 0, maximum = 20000)]
     pub wait_ms: Option<u64>,
+    /// With `supersede` only: also ask the running turn to stop once this
+    /// message is queued, so it runs next and soon (a correction typed
+    /// mid-reply). Default false.
+    #[serde(default)]
+    pub interrupt_running: bool,
+}
+
+impl BeginRequest {
+    /// The policy the begin names, validated; `None` when it names none
+    /// (the session's default then applies).
+    ///
+    /// # Errors
+    /// `invalid_request` for a bound or `interrupt_running` the policy
+    /// does not take ([`OnBusy::new`], [`OnBusy::interrupting`]), or either
+    /// without a policy.
+    pub fn on_busy(&self) -> agentgate::Result<Option<agentgate::OnBusy>> {
+        on_busy_of(self.on_busy, self.wait_ms, self.interrupt_running)
+    }
+}
+
+/// A policy, its bound and its interrupt flag as a request names them,
+/// validated (`None`: no policy named, and no bound or flag either).
+fn on_busy_of(
+    policy: Option<BusyPolicyDto>,
+    wait_ms: Option<u64>,
+    interrupt_running: bool,
+) -> agentgate::Result<Option<agentgate::OnBusy>> {
+    let Some(policy) = policy else {
+        if wait_ms.is_some() || interrupt_running {
+            return Err(agentgate::Error::invalid(
+                "wait_ms and interrupt_running need an on_busy policy",
+            ));
+        }
+        return Ok(None);
+    };
+    let on_busy = agentgate::OnBusy::new(policy.into(), wait_ms)?;
+    Ok(Some(if interrupt_running {
+        on_busy.interrupting()?
+    } else {
+        on_busy
+    }))
+}
+
+/// Body of `PUT /v1/sessions/{session_id}/policy`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionPolicyRequest {
+    /// The session's user (a session not used yet is bound to it).
+    #[schema(value_type = Id)]
+    pub user_id: String,
+    /// The policy a begin on this session that names none follows.
+    pub on_busy: BusyPolicyDto,
+    /// As in a begin: only with `wait` and `interrupt`.
+    #[serde(default, deserialize_with = "wait_ms")]
+    #[schema(minimum = 0, maximum = 20000)]
+    pub wait_ms: Option<u64>,
+    /// As in a begin: only with `supersede`.
+    #[serde(default)]
+    pub interrupt_running: bool,
+}
+
+impl SessionPolicyRequest {
+    /// The policy, validated.
+    ///
+    /// # Errors
+    /// As [`BeginRequest::on_busy`].
+    pub fn on_busy(&self) -> agentgate::Result<agentgate::OnBusy> {
+        let on_busy = on_busy_of(Some(self.on_busy), self.wait_ms, self.interrupt_running)?;
+        Ok(on_busy.expect("a named policy validates to a policy"))
+    }
+}
+
+/// A session's default busy policy, as set.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionPolicyDto {
+    /// The policy.
+    pub on_busy: BusyPolicyDto,
+    /// The bound of `wait` and `interrupt`, in milliseconds; `null` for
+    /// the others.
+    #[schema(required = true)]
+    pub wait_ms: Option<u64>,
+    /// `supersede` also interrupts the running turn.
+    pub interrupt_running: bool,
+}
+
+impl From<agentgate::OnBusy> for SessionPolicyDto {
+    fn from(on_busy: agentgate::OnBusy) -> Self {
+        Self {
+            on_busy: BusyPolicyDto::from(on_busy.policy),
+            wait_ms: (!on_busy.wait.is_zero())
+                .then(|| u64::try_from(on_busy.wait.as_millis()).unwrap_or(u64::MAX)),
+            interrupt_running: on_busy.interrupt,
+        }
+    }
 }
 
 impl fmt::Debug for BeginRequest {
@@ -808,6 +915,10 @@ pub struct SessionDto {
     pub fence: i64,
     /// The turns waiting in its queue, head first (at most 100).
     pub queue: Vec<QueueEntryDto>,
+    /// Its default busy policy (`PUT /v1/sessions/{id}/policy`); `null`
+    /// when never set, which means `reject`.
+    #[schema(required = true)]
+    pub default_policy: Option<SessionPolicyDto>,
 }
 
 impl From<SessionView> for SessionDto {
@@ -828,6 +939,7 @@ impl From<SessionView> for SessionDto {
                     enqueued_at_ms: entry.enqueued_at_ms,
                 })
                 .collect(),
+            default_policy: view.default_on_busy.map(SessionPolicyDto::from),
         }
     }
 }

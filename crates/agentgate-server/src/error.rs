@@ -587,6 +587,46 @@ pub(crate) enum OrphanErrors {
     StoreUnavailable(ErrorBody),
 }
 
+/// The errors of setting a session's default policy.
+#[derive(IntoResponses)]
+#[allow(dead_code)] // documentation only, see above
+pub(crate) enum PolicyErrors {
+    /// `invalid_request`: malformed JSON, an unknown field, a malformed
+    /// id, a `wait_ms` beside a policy that does not wait, or
+    /// `interrupt_running` beside one other than `supersede`.
+    #[response(status = 400)]
+    InvalidRequest(ErrorBody),
+    /// `unauthorized`: API keys are configured and the bearer key is missing
+    /// or wrong.
+    #[response(status = 401)]
+    Unauthorized(ErrorBody),
+    /// `origin_not_allowed`, `host_not_allowed` (a page elsewhere, or a
+    /// foreign `Host`), or `user_mismatch` (a trusted user header is
+    /// configured and names another user).
+    #[response(status = 403)]
+    Forbidden(ErrorBody),
+    /// `not_found`: the session is bound to another user.
+    #[response(status = 404)]
+    NotFound(ErrorBody),
+    /// `request_timeout`: the body did not arrive within 10 s.
+    #[response(status = 408)]
+    RequestTimeout(ErrorBody),
+    /// `payload_too_large`: the body is over the server's limit.
+    #[response(status = 413)]
+    PayloadTooLarge(ErrorBody),
+    /// `unsupported_media_type`: the body was not sent as
+    /// `Content-Type: application/json`.
+    #[response(status = 415)]
+    UnsupportedMediaType(ErrorBody),
+    /// `store_unavailable`: the store (or the Redis lease layer) is down
+    /// or the request took longer than the server's timeout.
+    #[response(
+        status = 503,
+        headers(("Retry-After" = u64, description = "Seconds before trying again, at least 1"))
+    )]
+    StoreUnavailable(ErrorBody),
+}
+
 /// The errors of the read endpoints.
 #[derive(IntoResponses)]
 #[allow(dead_code)] // documentation only, see above

@@ -85,6 +85,7 @@ pub(crate) fn v1_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(views::turn_executions))
         .routes(routes!(views::session))
         .routes(routes!(views::release))
+        .routes(routes!(views::set_session_policy))
         .routes(routes!(views::user))
         .routes(routes!(orphans::claim))
 }
@@ -136,12 +137,14 @@ pub fn document() -> Document {
     document
 }
 
-/// States in `BeginRequest`'s schema what the server refuses with 400
-/// `invalid_request` ([`agentgate::OnBusy::new`]): a `wait_ms` beside the
-/// `reject` policy, named or defaulted, is a contradiction. The struct's
-/// derived schema cannot relate two fields, so it is wrapped: `allOf` the
-/// derived object and `anyOf` "no `wait_ms`" (absent or `null`) or "a waiting
-/// `on_busy`".
+/// States in the schemas of `BeginRequest` and `SessionPolicyRequest` what
+/// the server refuses with 400 `invalid_request` ([`agentgate::OnBusy::new`],
+/// [`agentgate::OnBusy::interrupting`]): a `wait_ms` beside a policy that
+/// does not wait, named or not, and `interrupt_running` beside one other
+/// than `supersede`, are contradictions. A derived schema cannot relate two
+/// fields, so each is wrapped: `allOf` the derived object, `anyOf` "no
+/// `wait_ms`" (absent or `null`) or "a waiting `on_busy`", and `anyOf` "no
+/// `interrupt_running`" (absent or `false`) or "`on_busy: supersede`".
 fn wait_ms_needs_a_waiting_policy(document: &mut Document) {
     use utoipa::openapi::schema::{AllOfBuilder, AnyOfBuilder, ObjectBuilder, Schema, Type};
     use utoipa::openapi::RefOr;
@@ -151,36 +154,50 @@ fn wait_ms_needs_a_waiting_policy(document: &mut Document) {
         .as_mut()
         .expect("the document names its components")
         .schemas;
-    let derived = schemas
-        .remove("BeginRequest")
-        .expect("BeginRequest is POST /v1/turns's body");
-    let no_wait =
-        ObjectBuilder::new().property("wait_ms", ObjectBuilder::new().schema_type(Type::Null));
-    let waiting = ObjectBuilder::new().required("on_busy").property(
-        "on_busy",
-        ObjectBuilder::new()
-            .schema_type(Type::String)
-            .enum_values(Some(["wait", "interrupt"])),
-    );
-    let either = AnyOfBuilder::new()
-        .description(Some(
-            "`wait_ms` only with `on_busy` `wait` or `interrupt`, never with `reject` (the default)",
-        ))
-        .item(no_wait)
-        .item(waiting);
-    let description = match &derived {
-        RefOr::T(Schema::Object(object)) => object.description.clone(),
-        _ => panic!("BeginRequest derives an object schema"),
+    let policy_is = |policies: &[&'static str]| {
+        ObjectBuilder::new().required("on_busy").property(
+            "on_busy",
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .enum_values(Some(policies.to_vec())),
+        )
     };
-    let constrained = AllOfBuilder::new()
-        .description(description)
-        .item(derived)
-        .item(either)
-        .build();
-    schemas.insert(
-        "BeginRequest".to_owned(),
-        RefOr::T(Schema::AllOf(constrained)),
-    );
+    for name in ["BeginRequest", "SessionPolicyRequest"] {
+        let derived = schemas
+            .remove(name)
+            .unwrap_or_else(|| panic!("{name} is a request body"));
+        let no_wait =
+            ObjectBuilder::new().property("wait_ms", ObjectBuilder::new().schema_type(Type::Null));
+        let waits = AnyOfBuilder::new()
+            .description(Some(
+                "`wait_ms` only with `on_busy` `wait` or `interrupt`, never with another policy or none",
+            ))
+            .item(no_wait)
+            .item(policy_is(&["wait", "interrupt"]));
+        let no_interrupt = ObjectBuilder::new().property(
+            "interrupt_running",
+            ObjectBuilder::new()
+                .schema_type(Type::Boolean)
+                .enum_values(Some([false])),
+        );
+        let interrupts = AnyOfBuilder::new()
+            .description(Some(
+                "`interrupt_running: true` only with `on_busy: supersede`",
+            ))
+            .item(no_interrupt)
+            .item(policy_is(&["supersede"]));
+        let description = match &derived {
+            RefOr::T(Schema::Object(object)) => object.description.clone(),
+            _ => panic!("{name} derives an object schema"),
+        };
+        let constrained = AllOfBuilder::new()
+            .description(description)
+            .item(derived)
+            .item(waits)
+            .item(interrupts)
+            .build();
+        schemas.insert(name.to_owned(), RefOr::T(Schema::AllOf(constrained)));
+    }
 }
 
 /// [`document`] as JSON text.

@@ -377,6 +377,16 @@ impl Store for Faulty {
         self.inner.user(user_id).await
     }
 
+    async fn set_session_policy(
+        &self,
+        user_id: &UserId,
+        session_id: &SessionId,
+        on_busy: agentgate_core::model::OnBusy,
+    ) -> Result<SessionView> {
+        self.inner
+            .set_session_policy(user_id, session_id, on_busy)
+            .await
+    }
     async fn set_user_cap(&self, user_id: &UserId, cap: Option<u32>) -> Result<()> {
         self.inner.set_user_cap(user_id, cap).await
     }

@@ -30,8 +30,8 @@ use agentgate_core::ids::{
 use agentgate_core::limits::{MAX_ORPHAN_SCAN, MAX_OVERVIEW_ROWS};
 use agentgate_core::model::{
     idempotency_key, BeginCommand, BeginOutcome, ConfirmationContext, Ending, ExecutionView, Grant,
-    HolderView, IgnoredCancel, LeaseRef, LiveTurn, Orphan, OrphanFilter, Overview, SessionView,
-    SweepReport, ToolCall, ToolClaim, ToolState, TurnState, TurnView, UserView,
+    HolderView, IgnoredCancel, LeaseRef, LiveTurn, OnBusy, Orphan, OrphanFilter, Overview,
+    SessionView, SweepReport, ToolCall, ToolClaim, ToolState, TurnState, TurnView, UserView,
 };
 use agentgate_core::page::{assemble, ExecutionCursor, ExecutionPage, ExecutionPageRequest};
 use agentgate_core::store::{Completion, LeaseStatus, ReleaseWatch, SqlEffect, Store};
@@ -101,6 +101,8 @@ struct SessionRow {
     /// Last change of the row (a grant, renewal, release): an idle session
     /// is swept once this is older than the result retention.
     updated_at_ms: i64,
+    /// The default busy policy, for begins that name none.
+    default_on_busy: Option<OnBusy>,
 }
 
 #[derive(Clone, Debug)]
@@ -548,6 +550,7 @@ impl SimStore {
                 holder: None,
                 pending: None,
                 updated_at_ms: now,
+                default_on_busy: None,
             });
         session.fence = fence;
         session.updated_at_ms = now;
@@ -1316,7 +1319,38 @@ impl Store for SimStore {
                 ),
                 fence: Fence(row.fence),
                 queue: Vec::new(),
+                default_on_busy: row.default_on_busy,
             }))
+    }
+
+    async fn set_session_policy(
+        &self,
+        user_id: &UserId,
+        session_id: &SessionId,
+        on_busy: OnBusy,
+    ) -> Result<SessionView> {
+        {
+            let mut state = self.lock();
+            let now = self.clock.now_ms();
+            let row = state
+                .sessions
+                .entry(session_id.as_str().to_owned())
+                .or_insert_with(|| SessionRow {
+                    user_id: user_id.as_str().to_owned(),
+                    fence: 0,
+                    holder: None,
+                    pending: None,
+                    updated_at_ms: now,
+                    default_on_busy: None,
+                });
+            if row.user_id != user_id.as_str() {
+                return Err(Error::not_found(format!("session {session_id}")));
+            }
+            row.default_on_busy = Some(on_busy);
+            row.updated_at_ms = now;
+        }
+        let view = self.session(session_id).await?;
+        view.ok_or_else(|| Error::corrupt(format!("session {session_id} vanished after its write")))
     }
 
     /// The simulation queues nothing (its `begin` refuses a queued

@@ -171,6 +171,16 @@ macro_rules! impl_store {
                 crate::views::set_user_cap(self, user_id, cap).await
             }
 
+            async fn set_session_policy(
+                &self,
+                user_id: &::agentgate_core::ids::UserId,
+                session_id: &::agentgate_core::ids::SessionId,
+                on_busy: ::agentgate_core::model::OnBusy,
+            ) -> ::agentgate_core::error::Result<::agentgate_core::model::SessionView> {
+                $crate::views::set_session_policy(&crate::steps::Sql(self), user_id, session_id, on_busy)
+                    .await
+            }
+
             async fn overview(
                 &self,
                 limit: u32,

@@ -14,8 +14,8 @@ use agentgate_core::error::Result;
 use agentgate_core::ids::{ClientRequestId, Fence, SessionId, TurnId, UserId};
 use agentgate_core::limits::{MAX_OVERVIEW_ROWS, MAX_SESSION_QUEUE};
 use agentgate_core::model::{
-    ExecutionView, HolderView, LiveTurn, Overview, PendingView, QueueEntry, SessionView, TurnView,
-    UserView,
+    BusyPolicy, ExecutionView, HolderView, LiveTurn, OnBusy, Overview, PendingView, QueueEntry,
+    SessionView, TurnView, UserView,
 };
 use agentgate_core::page::{assemble, plan, ExecutionPage, ExecutionPageRequest};
 
@@ -26,7 +26,7 @@ use crate::rows::{count, execution_view, id, turn_view, Columns, EXECUTION_COLUM
 
 /// The columns a session's view reads, under these names.
 pub const SESSION_VIEW_COLUMNS: &str = "user_id, holder_turn_id, fence, lease_expires_at_ms, \
-    pending_turn_id, pending_expires_at_ms";
+    pending_turn_id, pending_expires_at_ms, busy_policy, busy_wait_ms, busy_interrupt";
 
 /// A session's live holder as its row names it.
 #[derive(Debug)]
@@ -106,6 +106,7 @@ pub struct SessionRow {
     lease_expires_at_ms: Option<i64>,
     pending_turn_id: Option<String>,
     pending_expires_at_ms: Option<i64>,
+    default_on_busy: Option<OnBusy>,
     now_ms: i64,
 }
 
@@ -122,8 +123,112 @@ impl SessionRow {
             lease_expires_at_ms: row.int("lease_expires_at_ms")?,
             pending_turn_id: row.text("pending_turn_id")?,
             pending_expires_at_ms: row.int("pending_expires_at_ms")?,
+            default_on_busy: default_on_busy(row)?,
             now_ms: row.int_required("now_ms")?,
         })
+    }
+}
+
+/// A session row's default busy policy: `None` when never set, else the
+/// policy the engine validated when it was set.
+///
+/// # Errors
+/// `corrupt` for a policy, bound or flag the engine never writes.
+fn default_on_busy(row: &impl Columns) -> Result<Option<OnBusy>> {
+    let Some(policy) = row.text("busy_policy")? else {
+        return Ok(None);
+    };
+    let corrupt = |what: String| Error::corrupt(format!("a session's default busy policy: {what}"));
+    let policy: BusyPolicy = policy.parse().map_err(|_| corrupt(format!("`{policy}`")))?;
+    let wait_ms = row
+        .int("busy_wait_ms")?
+        .map(|ms| u64::try_from(ms).map_err(|_| corrupt(format!("wait {ms} ms"))))
+        .transpose()?;
+    let on_busy = OnBusy::new(policy, wait_ms).map_err(|error| corrupt(error.to_string()))?;
+    match row.flag("busy_interrupt")? {
+        Some(true) => on_busy
+            .interrupting()
+            .map(Some)
+            .map_err(|error| corrupt(error.to_string())),
+        Some(false) => Ok(Some(on_busy)),
+        None => Err(corrupt("no interrupt flag".to_owned())),
+    }
+}
+
+/// Sets a session's default busy policy (creating the session, bound to
+/// `user_id`, on first use) and reads its view back. The write is
+/// conditioned on the binding, so it never changes another user's
+/// session; two first uses at once meet the primary key, and the loser
+/// updates on its retry.
+///
+/// # Errors
+/// `not_found` for a session bound to another user; the store's.
+pub async fn set_session_policy<S: ViewSql>(
+    sql: &S,
+    user_id: &UserId,
+    session_id: &SessionId,
+    on_busy: OnBusy,
+) -> Result<SessionView> {
+    let policy = on_busy.policy.as_str();
+    let wait_ms = i64::try_from(on_busy.wait.as_millis())
+        .map_err(|_| Error::invalid("the wait bound is out of range"))?;
+    let wait_ms = (on_busy.wait > std::time::Duration::ZERO).then_some(wait_ms);
+    let mut retry = crate::Retry::new();
+    loop {
+        let updated = sql
+            .execute(
+                On::Write,
+                Statement::new(format!(
+                    "UPDATE ag_sessions SET busy_policy = $1, busy_wait_ms = $2, \
+                     busy_interrupt = ($3 = 1), updated_at_ms = {} \
+                     WHERE session_id = $4 AND user_id = $5",
+                    S::NOW_MS
+                ))
+                .text(policy)
+                .opt_int(wait_ms)
+                .int(i64::from(on_busy.interrupt))
+                .text(session_id.as_str())
+                .text(user_id.as_str()),
+            )
+            .await;
+        let written = match updated {
+            Ok(0) => {
+                sql.execute(
+                    On::Write,
+                    Statement::new(format!(
+                        "INSERT INTO ag_sessions (session_id, user_id, fence, updated_at_ms, \
+                           busy_policy, busy_wait_ms, busy_interrupt) \
+                         SELECT $1, $2, 0, {}, $3, $4, ($5 = 1) FROM (SELECT 1) AS one \
+                         WHERE NOT EXISTS (SELECT 1 FROM ag_sessions WHERE session_id = $1)",
+                        S::NOW_MS
+                    ))
+                    .text(session_id.as_str())
+                    .text(user_id.as_str())
+                    .text(policy)
+                    .opt_int(wait_ms)
+                    .int(i64::from(on_busy.interrupt)),
+                )
+                .await
+            }
+            done => done,
+        };
+        match written {
+            Ok(0 | 1) => break,
+            Ok(n) => {
+                return Err(Error::corrupt(format!(
+                    "setting session {session_id}'s policy changed {n} rows"
+                )))
+            }
+            Err(error) => retry.after(error).await?,
+        }
+    }
+    match session(sql, session_id).await? {
+        // Written, or bound to another user (nothing written): the same
+        // answer as any call on another user's session.
+        // (A concurrent set of the same session may show instead: the
+        // last write wins, as it does for the next begin.)
+        Some(view) if view.user_id == *user_id => Ok(view),
+        _ => Err(Error::not_found(format!("session {session_id}"))),
     }
 }
 
@@ -477,6 +582,7 @@ pub async fn session<S: ViewSql>(sql: &S, session_id: &SessionId) -> Result<Opti
         pending_confirmation,
         fence: Fence(row.fence),
         queue: queue(sql, session_id).await?,
+        default_on_busy: row.default_on_busy,
     }))
 }
 

@@ -75,6 +75,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (8, include_str!("../migrations/0008_begin_layered.sql")),
     (9, include_str!("../migrations/0009_cancel.sql")),
     (10, include_str!("../migrations/0010_queue.sql")),
+    (11, include_str!("../migrations/0011_session_policy.sql")),
 ];
 
 /// agentgate on an embedded SQLite file.

@@ -18,9 +18,11 @@
 use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
-use agentgate_core::decide::{busy_step, interruptible, BusyStep};
+use agentgate_core::decide::{
+    busy_step, interruptible, session_policy, supersede_interrupts, BusyStep,
+};
 use agentgate_core::error::Result;
-use agentgate_core::ids::TurnId;
+use agentgate_core::ids::{SessionId, TurnId};
 use agentgate_core::model::{BeginCommand, BeginOutcome, OnBusy};
 use tokio::time::Instant;
 
@@ -35,8 +37,12 @@ pub struct BusyReport {
     pub woken: u32,
     /// Time spent waiting between attempts.
     pub waited: Duration,
-    /// The holder this begin asked to stop (`interrupt`).
+    /// The holder this begin asked to stop (`interrupt`, or `supersede`
+    /// with `interrupt`).
     pub interrupted: Option<TurnId>,
+    /// The session's default policy this begin followed: it named none and
+    /// found the session busy ([`begin_by_session`]).
+    pub session_default: Option<OnBusy>,
 }
 
 /// A begin's outcome under its policy, and when its last attempt was sent
@@ -87,11 +93,21 @@ pub(crate) async fn begin(
         report.attempts += 1;
         let error = match store.begin(command).await {
             Ok(outcome) => {
+                if let BeginOutcome::Queued(queued) = &outcome {
+                    interrupt_for(
+                        gate,
+                        on_busy,
+                        &queued.turn_id,
+                        &command.session_id,
+                        &mut report,
+                    )
+                    .await?;
+                }
                 return Ok(BusyOutcome {
                     outcome,
                     report,
                     requested_at,
-                })
+                });
             }
             Err(error) => error,
         };
@@ -121,6 +137,80 @@ pub(crate) async fn begin(
         }
         report.waited += waiting.elapsed();
     }
+}
+
+/// `supersede` with `interrupt`, once its request is queued as
+/// `queued_turn_id`: asks the session's running holder to stop, unless it
+/// is the queued turn itself ([`supersede_interrupts`]). A repeat of the
+/// request asks again, which changes nothing (a cancel request is
+/// recorded once).
+async fn interrupt_for(
+    gate: &Gate,
+    on_busy: OnBusy,
+    queued_turn_id: &TurnId,
+    session_id: &SessionId,
+    report: &mut BusyReport,
+) -> Result<()> {
+    if !on_busy.interrupt {
+        return Ok(());
+    }
+    let store = gate.store();
+    let Some(holder) = store
+        .session(session_id)
+        .await?
+        .and_then(|view| view.holder)
+    else {
+        return Ok(());
+    };
+    let Some(view) = store.turn(&holder.turn_id).await? else {
+        return Ok(());
+    };
+    let holder_state = Some((view.turn_id.as_str(), view.state));
+    if supersede_interrupts(on_busy, queued_turn_id.as_str(), holder_state) {
+        gate.request_cancel(&view.turn_id).await?;
+        tracing::info!(%session_id, turn_id = %view.turn_id, "holder interrupted by a superseding message");
+        report.interrupted = Some(view.turn_id);
+    }
+    Ok(())
+}
+
+/// Begins `command`, which names no policy, under its session's default
+/// ([`Store::set_session_policy`]): one plain begin; only when it finds
+/// the session busy does this read the session's default and, when one
+/// other than `reject` is set ([`session_policy`]), begin again under it.
+///
+/// # Errors
+/// As [`begin`]; the first attempt's `session_busy` when no default applies.
+pub(crate) async fn begin_by_session(gate: &Gate, command: &BeginCommand) -> Result<BusyOutcome> {
+    let store = gate.store();
+    let requested_at = Instant::now();
+    let error = match store.begin(command).await {
+        Ok(outcome) => {
+            return Ok(BusyOutcome {
+                outcome,
+                report: BusyReport {
+                    attempts: 1,
+                    ..BusyReport::default()
+                },
+                requested_at,
+            })
+        }
+        Err(error) => error,
+    };
+    let session_default = match &error {
+        agentgate_core::error::Error::SessionBusy { .. } => store
+            .session(&command.session_id)
+            .await?
+            .and_then(|view| view.default_on_busy),
+        _ => None,
+    };
+    let Some(on_busy) = session_policy(&error, session_default) else {
+        return Err(error);
+    };
+    let mut done = begin(gate, command, on_busy).await?;
+    done.report.attempts += 1;
+    done.report.session_default = Some(on_busy);
+    Ok(done)
 }
 
 #[cfg(test)]

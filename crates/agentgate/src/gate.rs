@@ -10,7 +10,7 @@ use agentgate_core::ids::{ClientRequestId, SessionId, TurnId, UserId};
 use agentgate_core::lease::LeaseLayer;
 use agentgate_core::model::{
     BeginCommand, BeginOutcome, Confirmation, Decision, JournalEntry, OnBusy, OrphanFilter,
-    QueuedTurn, TurnView,
+    QueuedTurn, SessionView, TurnView,
 };
 use agentgate_core::store::Store;
 use serde_json::Value;
@@ -158,6 +158,8 @@ impl Gate {
     }
 
     /// Begins a turn for `user` in `session`, keyed by `client_request_id`.
+    /// A busy session is handled by the session's default policy
+    /// ([`Gate::set_session_policy`]; `reject` when none was set).
     ///
     /// # Errors
     /// `invalid_request` for bad ids or payload; `payload_mismatch`;
@@ -178,7 +180,7 @@ impl Gate {
             payload,
             None,
         )?;
-        self.begin_command(&command).await
+        Ok(self.begin_by_session(&command).await?.0)
     }
 
     /// Begins the confirmation turn that answers `pending_turn`'s pending
@@ -278,6 +280,49 @@ impl Gate {
     ) -> Result<(BeginOutcome, BusyReport)> {
         let done = crate::busy::begin(self, command, on_busy).await?;
         Ok((done.outcome, done.report))
+    }
+
+    /// Begins `command`, which names no busy policy, under its session's
+    /// default ([`Gate::set_session_policy`]; `reject` when none was set).
+    /// The default is read only when the session is found busy.
+    ///
+    /// # Errors
+    /// As [`Gate::begin_on_busy`].
+    pub async fn begin_by_session(&self, command: &BeginCommand) -> Result<(Begun, BusyReport)> {
+        let done = crate::busy::begin_by_session(self, command).await?;
+        Ok((self.begun(done.outcome, done.requested_at), done.report))
+    }
+
+    /// [`Gate::begin_by_session`] for a caller that runs no [`Turn`] here
+    /// (the HTTP service).
+    ///
+    /// # Errors
+    /// As [`Gate::begin_on_busy`].
+    pub async fn begin_outcome_by_session(
+        &self,
+        command: &BeginCommand,
+    ) -> Result<(BeginOutcome, BusyReport)> {
+        let done = crate::busy::begin_by_session(self, command).await?;
+        Ok((done.outcome, done.report))
+    }
+
+    /// Sets `session`'s default busy policy: what a begin that names none
+    /// does when the session is busy. A session not used yet is bound to
+    /// `user`. Returns the session's view.
+    ///
+    /// # Errors
+    /// `invalid_request` for bad ids; `not_found` for another user's
+    /// session; `store_unavailable`.
+    pub async fn set_session_policy(
+        &self,
+        user: &str,
+        session: &str,
+        on_busy: OnBusy,
+    ) -> Result<SessionView> {
+        let (user, session) = (UserId::new(user)?, SessionId::new(session)?);
+        self.store
+            .set_session_policy(&user, &session, on_busy)
+            .await
     }
 
     /// Takes over the longest-orphaned turn that `filter` admits (a running

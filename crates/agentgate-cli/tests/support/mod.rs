@@ -307,6 +307,16 @@ impl Client {
         self.post_raw(path, lease, body.to_string()).await
     }
 
+    /// PUTs JSON.
+    pub async fn put(&self, path: &str, body: &Value) -> Reply {
+        let builder = self
+            .http
+            .put(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        self.send(builder).await
+    }
+
     /// GETs a path.
     pub async fn get(&self, path: &str) -> Reply {
         self.send(self.http.get(format!("{}{path}", self.base)))

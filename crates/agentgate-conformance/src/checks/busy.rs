@@ -11,14 +11,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use agentgate::model::BeginCommand;
 use agentgate::{
-    Begun, BusyPolicy, ClientRequestId, ErrorKind, OnBusy, PreviousOutcome, SessionId, ToolStep,
-    Turn, TurnState, UserId,
+    Begun, BusyPolicy, ErrorKind, OnBusy, PreviousOutcome, SessionId, ToolStep, Turn, TurnState,
 };
 use serde_json::json;
 
-use super::{config, must_start, report, short_ttl, storm};
+use super::{command, config, must_start, report, short_ttl, storm};
 use crate::Target;
 
 /// Waiters released together on one session by [`wait_storm_one_holder_at_a_time`].
@@ -43,17 +41,6 @@ const ROUNDS: usize = 10;
 
 /// Force-releases per round, racing the holder's ending and each other.
 const RELEASES: usize = 5;
-
-fn command(user: &str, session: &str, request: &str) -> BeginCommand {
-    BeginCommand::new(
-        UserId::new(user).expect("user id"),
-        SessionId::new(session).expect("session id"),
-        ClientRequestId::new(request).expect("request id"),
-        &json!({"text": request}),
-        None,
-    )
-    .expect("command")
-}
 
 fn on_busy(policy: BusyPolicy, wait_ms: u64) -> OnBusy {
     OnBusy::new(policy, Some(wait_ms)).expect("a bound within the limit")

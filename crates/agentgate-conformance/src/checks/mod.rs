@@ -15,6 +15,7 @@ pub mod process;
 mod queue;
 mod redis_loss;
 mod retention;
+mod session_policy;
 mod storms;
 mod takeover;
 mod tools;
@@ -60,6 +61,7 @@ pub use redis_loss::{
     lying_lease_layer_is_refused_by_the_sql_fence, redis_loss_is_fenced,
 };
 pub use retention::retention_sweeps_expired_turns_and_sessions;
+pub use session_policy::session_default_policy_applies_to_unnamed_begins;
 pub use storms::{duplicate_storm, fences_only_grow, session_storm, user_capacity_storm};
 pub use takeover::takeover_fences_the_old_holder;
 pub use tools::{execution_limit_storm, same_transaction_effect, tool_storm};
@@ -73,6 +75,18 @@ pub const STORM_TASKS: usize = 100;
 /// A short lease for checks that wait for expiry: long enough that a loaded
 /// CI machine renews in time, short enough to keep the suite fast.
 pub const SHORT_TTL: Duration = Duration::from_millis(800);
+
+/// A begin of `request` (its payload names it) by `user` in `session`.
+pub(crate) fn command(user: &str, session: &str, request: &str) -> agentgate::model::BeginCommand {
+    agentgate::model::BeginCommand::new(
+        agentgate::UserId::new(user).expect("user id"),
+        agentgate::SessionId::new(session).expect("session id"),
+        agentgate::ClientRequestId::new(request).expect("request id"),
+        &serde_json::json!({"text": request}),
+        None,
+    )
+    .expect("command")
+}
 
 /// The configuration most checks use.
 pub fn config() -> Config {

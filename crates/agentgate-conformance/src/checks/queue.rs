@@ -10,14 +10,12 @@ use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::time::Duration;
 
-use agentgate::model::{BeginCommand, OrphanFilter, QueuedTurn};
-use agentgate::{
-    Begun, BusyPolicy, ClientRequestId, ErrorKind, Gate, OnBusy, SessionId, TurnState, UserId,
-};
+use agentgate::model::{OrphanFilter, QueuedTurn};
+use agentgate::{Begun, BusyPolicy, ErrorKind, Gate, OnBusy, SessionId, TurnState};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-use super::{config, must_start, report, short_ttl, storm, SHORT_TTL};
+use super::{command, config, must_start, report, short_ttl, storm, SHORT_TTL};
 use crate::holder::Holder;
 use crate::Target;
 
@@ -29,17 +27,6 @@ const EARLY: usize = 5;
 
 /// Superseding messages released together.
 const SUPERSEDERS: usize = 10;
-
-fn command(user: &str, session: &str, request: &str) -> BeginCommand {
-    BeginCommand::new(
-        UserId::new(user).expect("user id"),
-        SessionId::new(session).expect("session id"),
-        ClientRequestId::new(request).expect("request id"),
-        &json!({"text": request}),
-        None,
-    )
-    .expect("command")
-}
 
 fn policy(policy: BusyPolicy) -> OnBusy {
     OnBusy::new(policy, None).expect("no bound")

@@ -1515,3 +1515,53 @@ fn the_queueing_policies_do_not_wait() {
         );
     }
 }
+
+#[test]
+fn a_session_default_applies_only_to_a_busy_session_and_never_as_reject() {
+    let enqueue = OnBusy::new(BusyPolicy::Enqueue, None).expect("policy");
+    let busy_error = busy("t1", ms(900));
+    assert_eq!(session_policy(&busy_error, Some(enqueue)), Some(enqueue));
+    // Nothing set, or `reject` set: the first attempt's answer stands.
+    assert_eq!(session_policy(&busy_error, None), None);
+    assert_eq!(session_policy(&busy_error, Some(OnBusy::REJECT)), None);
+    // Any other refusal is not the session's to handle.
+    for other in [
+        Error::RequestInFlight {
+            active_turn_id: "t1".to_owned(),
+            retry_after: ms(900),
+        },
+        Error::UserAtCapacity {
+            cap: 1,
+            retry_after: ms(900),
+        },
+        Error::invalid("bad"),
+    ] {
+        assert_eq!(session_policy(&other, Some(enqueue)), None, "{other}");
+    }
+}
+
+#[test]
+fn supersede_interrupts_only_a_running_holder_other_than_itself() {
+    let plain = OnBusy::new(BusyPolicy::Supersede, None).expect("policy");
+    let interrupting = plain.interrupting().expect("supersede interrupts");
+    let running = Some(("holder", TurnState::Running));
+    assert!(supersede_interrupts(interrupting, "queued", running));
+    assert!(!supersede_interrupts(plain, "queued", running), "not asked");
+    assert!(
+        !supersede_interrupts(interrupting, "holder", running),
+        "a handoff already started the queued turn itself"
+    );
+    assert!(!supersede_interrupts(interrupting, "queued", None));
+    assert!(!supersede_interrupts(
+        interrupting,
+        "queued",
+        Some(("holder", TurnState::Succeeded))
+    ));
+    for other in [BusyPolicy::Enqueue, BusyPolicy::Wait, BusyPolicy::Reject] {
+        let on_busy = OnBusy::new(other, None).expect("policy");
+        assert_eq!(
+            on_busy.interrupting().expect_err("only supersede").kind(),
+            ErrorKind::InvalidRequest
+        );
+    }
+}

@@ -3,7 +3,6 @@
 
 use agentgate::canonical::CanonicalJson;
 use agentgate::model::{BeginCommand, BeginOutcome, Ending, LeaseRef};
-use agentgate::{BusyPolicy, OnBusy};
 use agentgate::{ClientRequestId, SessionId, UserId};
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -64,38 +63,48 @@ pub(crate) async fn begin(
     ApiJson(request): ApiJson<BeginRequest>,
 ) -> Result<Response, ApiError> {
     caller.check(&request.user_id)?;
-    let on_busy = OnBusy::new(request.on_busy.into(), request.wait_ms)?;
+    let on_busy = request.on_busy()?;
     let outcome = match command(&request) {
-        Ok(command) => state
-            .gate()
-            .begin_outcome_on_busy(&command, on_busy)
-            .await
-            .map(|(outcome, report)| {
-                if on_busy.policy != BusyPolicy::Reject {
-                    tracing::debug!(
-                        attempts = report.attempts,
-                        woken = report.woken,
-                        waited_ms = report.waited.as_millis() as u64,
-                        "begin under its busy policy"
-                    );
-                }
-                let queued = matches!(outcome, BeginOutcome::Queued(_));
-                let label = busy_outcome(queued, &report);
-                (outcome, label)
-            })
-            .map_err(ApiError::from),
+        Ok(command) => {
+            let gate = state.gate();
+            let begun = match on_busy {
+                Some(on_busy) => gate.begin_outcome_on_busy(&command, on_busy).await,
+                None => gate.begin_outcome_by_session(&command).await,
+            };
+            begun
+                .map(|(outcome, report)| {
+                    if report.attempts > 1 {
+                        tracing::debug!(
+                            attempts = report.attempts,
+                            woken = report.woken,
+                            waited_ms = report.waited.as_millis() as u64,
+                            session_default = report.session_default.is_some(),
+                            "begin under its busy policy"
+                        );
+                    }
+                    let queued = matches!(outcome, BeginOutcome::Queued(_));
+                    let policy = on_busy
+                        .or(report.session_default)
+                        .unwrap_or_default()
+                        .policy;
+                    (outcome, policy, busy_outcome(queued, &report))
+                })
+                .map_err(ApiError::from)
+        }
         Err(error) => Err(error),
     };
     let metrics = state.metrics();
-    metrics.busy_begin(
-        on_busy.policy,
-        match &outcome {
-            Ok((_, label)) => label,
-            Err(error) if error.code() == ErrorCode::SessionBusy => "timed_out",
-            Err(_) => "refused",
-        },
-    );
-    let outcome = outcome.map(|(outcome, _)| outcome);
+    // A refusal's policy: the one named, else `reject` (a default that
+    // applied and still refused is counted under `reject` too).
+    let named = on_busy.unwrap_or_default().policy;
+    match &outcome {
+        Ok((_, policy, label)) => metrics.busy_begin(*policy, label),
+        Err(error) if error.code() == ErrorCode::SessionBusy => {
+            metrics.busy_begin(named, "timed_out");
+        }
+        Err(_) => metrics.busy_begin(named, "refused"),
+    }
+    let outcome = outcome.map(|(outcome, _, _)| outcome);
     match outcome {
         Ok(BeginOutcome::Started(grant)) => {
             metrics.begin(match (grant.takeover, grant.attempt) {

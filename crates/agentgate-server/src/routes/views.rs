@@ -13,10 +13,11 @@ use axum::Json;
 
 use crate::dto::{
     ExecutionDto, ExecutionPageQuery, ExecutionPageResponse, OwnerQuery, ReleaseResponse,
-    SessionDto, SessionResponse, TurnDto, TurnStateResponse, UserDto, UserResponse,
+    SessionDto, SessionPolicyRequest, SessionResponse, TurnDto, TurnStateResponse, UserDto,
+    UserResponse,
 };
-use crate::error::{ApiError, ErrorCode, ReadErrors};
-use crate::extract::{ApiPath, ApiQuery};
+use crate::error::{ApiError, ErrorCode, PolicyErrors, ReadErrors};
+use crate::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::guard::CallerUser;
 use crate::AppState;
 
@@ -227,6 +228,42 @@ pub(crate) async fn release(
     }
     Ok(Json(ReleaseResponse {
         released: released.map(TurnDto::from),
+    }))
+}
+
+/// Set a session's default busy policy: what a begin on it that names no
+/// `on_busy` does when the session is busy. A begin that names one
+/// overrides it. A session not used yet is created, bound to `user_id`;
+/// setting it keeps the session at least a result retention, as a begin
+/// does. The default is read only when such a begin finds the session
+/// busy, so it costs a free session nothing.
+#[utoipa::path(
+    put,
+    path = "/v1/sessions/{session_id}/policy",
+    tag = "views",
+    params(("session_id" = crate::schema::Id, Path, description = "The session")),
+    request_body = SessionPolicyRequest,
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "The session, with its new default", body = SessionResponse),
+        PolicyErrors,
+    )
+)]
+pub(crate) async fn set_session_policy(
+    State(state): State<AppState>,
+    ApiPath(session_id): ApiPath<String>,
+    caller: CallerUser,
+    ApiJson(request): ApiJson<SessionPolicyRequest>,
+) -> Result<Json<SessionResponse>, ApiError> {
+    caller.check(&request.user_id)?;
+    let on_busy = request.on_busy()?;
+    let view = state
+        .gate()
+        .set_session_policy(&request.user_id, &session_id, on_busy)
+        .await?;
+    tracing::info!(%session_id, policy = on_busy.policy.as_str(), "session policy set");
+    Ok(Json(SessionResponse {
+        session: SessionDto::from(view),
     }))
 }
 
