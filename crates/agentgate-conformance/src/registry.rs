@@ -118,6 +118,8 @@ macro_rules! for_each_check {
                 "20 rounds each: a handoff races a cancel, a supersede races a repeat and a cancel, a handoff races a supersede; no cancelled turn starts, no corrupt answer, no stranded queue";
             queue_is_not_jumped_interrupted_or_kept: any,
                 "a retry of a failed request does not jump a waiting queue; an interrupt never cancels a queued message; superseded turns are swept";
+            events_are_fenced_ordered_and_resumable: any,
+                "20 batches of 10 events at once: ids 1..200, batches contiguous, bad appends refused; a zombie's event after the takeover refused; followers see 1..201 once each, in order, and the ending; resumes at any cut, and a dropped-and-resumed stream, see exactly the rest";
             session_default_policy_applies_to_unnamed_begins: any,
                 "a session's default policy: set by its user only; 20 unnamed begins queued by it in order, a named reject still refused; an unnamed begin waits by it; supersede + interrupt asks the holder to stop and runs only the newest";
             a_killed_holders_queue_drains_after_takeover: any + holder,

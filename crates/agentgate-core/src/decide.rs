@@ -575,6 +575,64 @@ pub fn check_execution_room(turn_id: &str, executions: i64) -> Result<(), Error>
     Ok(())
 }
 
+/// A turn's event log as an append read it, under the step's lease check.
+#[derive(Clone, Copy, Debug)]
+pub struct EventLogFacts {
+    /// Whether the turn is running.
+    pub running: bool,
+    /// The turn's fence (its newest grant's).
+    pub fence: i64,
+    /// Events it holds.
+    pub count: u64,
+    /// Their bytes (names and data).
+    pub bytes: u64,
+}
+
+/// Whether the holder of `live_fence` may append `batch` events of
+/// `batch_bytes` to the log `facts` describes; the first new event's id.
+/// A turn that ended, or that a newer lease took over, refuses (a
+/// zombie's events never land after a takeover); a batch over
+/// [`crate::limits::MAX_EVENT_BATCH`], or one that would take the turn
+/// over [`crate::limits::MAX_TURN_EVENTS`] events or
+/// [`crate::limits::MAX_TURN_EVENT_BYTES`] bytes, is refused whole.
+///
+/// # Errors
+/// `lease_lost`; `invalid_request` for an empty or oversized batch or a
+/// full log.
+pub fn check_event_append(
+    turn_id: &str,
+    facts: EventLogFacts,
+    live_fence: i64,
+    batch: usize,
+    batch_bytes: u64,
+) -> Result<u64, Error> {
+    use crate::limits::{MAX_EVENT_BATCH, MAX_TURN_EVENTS, MAX_TURN_EVENT_BYTES};
+    if !facts.running {
+        return Err(Error::LeaseLost {
+            reason: "turn already ended",
+        });
+    }
+    if facts.fence != live_fence {
+        return Err(Error::LeaseLost {
+            reason: "turn taken over by a newer lease",
+        });
+    }
+    if batch == 0 || batch > MAX_EVENT_BATCH {
+        return Err(Error::invalid(format!(
+            "an append carries 1 to {MAX_EVENT_BATCH} events, not {batch}"
+        )));
+    }
+    let count = facts.count + batch as u64;
+    let bytes = facts.bytes + batch_bytes;
+    if count > MAX_TURN_EVENTS || bytes > MAX_TURN_EVENT_BYTES {
+        return Err(Error::invalid(format!(
+            "turn {turn_id}'s events would be {count} ({bytes} bytes); \
+             the limits are {MAX_TURN_EVENTS} events and {MAX_TURN_EVENT_BYTES} bytes"
+        )));
+    }
+    Ok(facts.count + 1)
+}
+
 /// The error an orphan ended `abandoned` by the sweeper records, the same
 /// on every store.
 pub const ABANDONED_ERROR: &str = r#"{"code":"abandoned","message":"the turn's holder stopped without an ending and no one resumed it within the orphan grace"}"#;

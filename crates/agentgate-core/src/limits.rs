@@ -179,3 +179,41 @@ pub const MAX_WATCHED_SESSIONS: usize = 10_000;
 /// `supersede`): a conversation's backlog a person could still follow; one
 /// more is refused `queue_full`, never dropped.
 pub const MAX_SESSION_QUEUE: u32 = 100;
+
+/// Most events one append carries (`Turn::emit_all`, `POST
+/// /v1/turns/{id}/events`): a batch is one transaction, and its statement
+/// binds six values an event, far below every driver's placeholder limit.
+pub const MAX_EVENT_BATCH: usize = 500;
+
+/// Longest event name, in bytes: names an SSE `event:` line, so it is a
+/// short token (letters, digits, `_`, `-`, `.`, `:`).
+pub const MAX_EVENT_NAME_BYTES: usize = 64;
+
+/// Largest event data, canonical JSON bytes: a streamed token, a tool's
+/// progress, a status line; not a document.
+pub const MAX_EVENT_DATA_BYTES: usize = 64 * 1024;
+
+/// Most events one turn keeps: a long reply streamed token by token fits
+/// several times over; a runaway loop is refused, typed, long before the
+/// store fills.
+pub const MAX_TURN_EVENTS: u64 = 20_000;
+
+/// Most event data bytes one turn keeps.
+pub const MAX_TURN_EVENT_BYTES: u64 = 16 * 1024 * 1024;
+
+/// Most events one read returns; a reader pages through the rest.
+pub const MAX_EVENT_PAGE: u32 = 500;
+
+/// Longest a follower of a turn's events waits between reads when no
+/// notification wakes it (MySQL, SQLite across processes, a node whose
+/// listener is reconnecting): the tail's latency bound there.
+pub const EVENT_POLL: Duration = Duration::from_millis(250);
+
+/// Most turns one gate follows at once (one store read loop each, shared
+/// by all of a turn's subscribers on the node); past it a subscription is
+/// refused `store_unavailable` with a retry.
+pub const MAX_FOLLOWED_TURNS: usize = 10_000;
+
+/// Events buffered per followed turn for its slowest subscriber; one that
+/// falls further behind re-reads from the store, never blocks the others.
+pub const EVENT_FANOUT_BUFFER: usize = 1_024;

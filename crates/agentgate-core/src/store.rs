@@ -21,9 +21,9 @@ use crate::config::Config;
 use crate::error::{BoxError, Result};
 use crate::ids::{ExecutionId, SessionId, TurnId, UserId};
 use crate::model::{
-    BeginCommand, BeginOutcome, ClaimedOrphan, Ending, ExecutionView, IgnoredCancel, JournalEntry,
-    LeaseRef, OnBusy, Orphan, OrphanFilter, Overview, SessionView, SweepReport, ToolCall,
-    ToolClaim, TurnView, UserView,
+    BeginCommand, BeginOutcome, ClaimedOrphan, Ending, EventPage, ExecutionView, IgnoredCancel,
+    JournalEntry, LeaseRef, NewEvent, OnBusy, Orphan, OrphanFilter, Overview, SessionView,
+    SweepReport, ToolCall, ToolClaim, TurnView, UserView,
 };
 use crate::page::{ExecutionPage, ExecutionPageRequest};
 
@@ -228,6 +228,29 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// # Errors
     /// `invalid_request` for a cap out of range, `store_unavailable`.
     async fn set_user_cap(&self, user_id: &UserId, cap: Option<u32>) -> Result<()>;
+
+    /// Appends `events` to the turn's log under the caller's lease, in
+    /// one step, and wakes its followers ([`Store::watch_events`]); the
+    /// last new event's id. Refused whole, nothing written, as
+    /// [`crate::decide::check_event_append`] says.
+    ///
+    /// # Errors
+    /// `lease_lost`, `not_found`, `invalid_request`, `store_unavailable`.
+    async fn append_events(&self, lease: &LeaseRef, events: &[NewEvent]) -> Result<u64>;
+
+    /// The turn's events after `after` (0: from the first), at most
+    /// `limit` (capped at [`crate::limits::MAX_EVENT_PAGE`]), with the
+    /// turn's state read first; `None` when there is no such turn.
+    ///
+    /// # Errors
+    /// `store_unavailable`.
+    async fn events(&self, turn_id: &TurnId, after: u64, limit: u32) -> Result<Option<EventPage>>;
+
+    /// A watch that wakes when `turn_id`'s log may have grown or the turn
+    /// may have ended, through this handle or (where the store notifies
+    /// across nodes) another node; a follower still re-reads at least every
+    /// [`crate::limits::EVENT_POLL`].
+    fn watch_events(&self, turn_id: &TurnId) -> Box<dyn ReleaseWatch>;
 
     /// Sets `session_id`'s default busy policy, the one a begin that names
     /// none follows; a session not yet used is created, bound to

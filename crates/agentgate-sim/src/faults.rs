@@ -377,6 +377,27 @@ impl Store for Faulty {
         self.inner.user(user_id).await
     }
 
+    async fn append_events(
+        &self,
+        lease: &LeaseRef,
+        events: &[agentgate_core::model::NewEvent],
+    ) -> Result<u64> {
+        self.inner.append_events(lease, events).await
+    }
+
+    async fn events(
+        &self,
+        turn_id: &TurnId,
+        after: u64,
+        limit: u32,
+    ) -> Result<Option<agentgate_core::model::EventPage>> {
+        self.inner.events(turn_id, after, limit).await
+    }
+
+    fn watch_events(&self, turn_id: &TurnId) -> Box<dyn agentgate_core::store::ReleaseWatch> {
+        self.inner.watch_events(turn_id)
+    }
+
     async fn set_session_policy(
         &self,
         user_id: &UserId,

@@ -16,22 +16,23 @@ use std::sync::{Mutex, MutexGuard};
 
 use agentgate_core::canonical::CanonicalJson;
 use agentgate_core::config::Config;
-use agentgate_core::decide::RELEASED_ERROR;
 use agentgate_core::decide::{
     cancel_ignored, check_execution, check_execution_room, check_row_lease, decide_begin,
     decide_tool_claim, release_target, BeginDecision, BeginFacts, CheckedLease, ExecutionSnapshot,
     HolderSnapshot, PendingSnapshot, RowLeaseFacts, SessionSnapshot, StartKind, ToolDecision,
     TurnSnapshot, UserLoad,
 };
+use agentgate_core::decide::{check_event_append, EventLogFacts, RELEASED_ERROR};
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{
     ClientRequestId, ExecutionId, Fence, LeaseToken, SessionId, ToolName, TurnId, UserId,
 };
 use agentgate_core::limits::{MAX_ORPHAN_SCAN, MAX_OVERVIEW_ROWS};
 use agentgate_core::model::{
-    idempotency_key, BeginCommand, BeginOutcome, ConfirmationContext, Ending, ExecutionView, Grant,
-    HolderView, IgnoredCancel, LeaseRef, LiveTurn, OnBusy, Orphan, OrphanFilter, Overview,
-    SessionView, SweepReport, ToolCall, ToolClaim, ToolState, TurnState, TurnView, UserView,
+    idempotency_key, BeginCommand, BeginOutcome, ConfirmationContext, Ending, EventPage,
+    ExecutionView, Grant, HolderView, IgnoredCancel, LeaseRef, LiveTurn, NewEvent, OnBusy, Orphan,
+    OrphanFilter, Overview, SessionView, SweepReport, ToolCall, ToolClaim, ToolState, TurnEvent,
+    TurnState, TurnView, UserView,
 };
 use agentgate_core::page::{assemble, ExecutionCursor, ExecutionPage, ExecutionPageRequest};
 use agentgate_core::store::{Completion, LeaseStatus, ReleaseWatch, SqlEffect, Store};
@@ -161,6 +162,8 @@ struct State {
     /// The application's rows written by same-transaction effects
     /// ([`SimConnection`]), committed with their executions' success marks.
     effects: Vec<Value>,
+    /// Each turn's event log and its bytes.
+    events: BTreeMap<String, (Vec<TurnEvent>, u64)>,
 }
 
 /// What the simulated store hands a same-transaction effect
@@ -1042,6 +1045,7 @@ impl SimStore {
                 state
                     .by_request
                     .remove(&(row.session_id.clone(), row.client_request_id.clone()));
+                state.events.remove(turn_id);
                 report.turns += 1;
             }
             let executions: Vec<String> = state
@@ -1257,6 +1261,68 @@ impl Store for SimStore {
 
     fn watch_releases(&self, _session_id: &SessionId) -> Box<dyn ReleaseWatch> {
         // The model has no notification: a waiter waits by its poll alone.
+        Box::new(PollOnly)
+    }
+
+    async fn append_events(&self, lease: &LeaseRef, events: &[NewEvent]) -> Result<u64> {
+        self.step(|_, state, now| {
+            let (checked, _) = Self::check_lease(state, lease, now)?;
+            let turn_id = lease.turn_id.as_str();
+            let turn = state
+                .turns
+                .get(turn_id)
+                .ok_or_else(|| Error::corrupt(format!("turn {turn_id} vanished")))?;
+            let (running, fence, attempt) =
+                (turn.state == TurnState::Running, turn.fence, turn.attempt);
+            let (log, bytes) = state.events.entry(turn_id.to_owned()).or_default();
+            let batch_bytes: u64 = events.iter().map(NewEvent::size).sum();
+            let facts = EventLogFacts {
+                running,
+                fence,
+                count: log.len() as u64,
+                bytes: *bytes,
+            };
+            let first =
+                check_event_append(turn_id, facts, checked.fence.0, events.len(), batch_bytes)?;
+            for (event, event_id) in events.iter().zip(first..) {
+                log.push(TurnEvent {
+                    event_id,
+                    attempt,
+                    name: event.name.clone(),
+                    data: event.data.as_str().to_owned(),
+                });
+            }
+            *bytes += batch_bytes;
+            Ok(first + events.len() as u64 - 1)
+        })
+    }
+
+    async fn events(&self, turn_id: &TurnId, after: u64, limit: u32) -> Result<Option<EventPage>> {
+        let state = self.lock();
+        let Some(turn) = state.turns.get(turn_id.as_str()) else {
+            return Ok(None);
+        };
+        let limit = limit.clamp(1, agentgate_core::limits::MAX_EVENT_PAGE) as usize;
+        let events = state
+            .events
+            .get(turn_id.as_str())
+            .map(|(log, _)| {
+                log.iter()
+                    .filter(|e| e.event_id > after)
+                    .take(limit)
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(Some(EventPage {
+            state: turn.state,
+            attempt: turn.attempt,
+            events,
+        }))
+    }
+
+    fn watch_events(&self, _turn_id: &TurnId) -> Box<dyn ReleaseWatch> {
+        // As releases: a follower reads again after its poll.
         Box::new(PollOnly)
     }
 

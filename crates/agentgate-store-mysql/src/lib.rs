@@ -138,6 +138,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (9, include_str!("../migrations/0009_begin_layered.sql")),
     (10, include_str!("../migrations/0010_queue.sql")),
     (11, include_str!("../migrations/0011_session_policy.sql")),
+    (12, include_str!("../migrations/0012_events.sql")),
 ];
 
 /// agentgate on a MySQL or MariaDB database.
@@ -150,6 +151,8 @@ pub struct MySqlStore {
     leases: Option<Arc<dyn LeaseLayer>>,
     /// Waiting begins' watches on session releases.
     wakeups: agentgate_store_sql::wakeups::Wakeups,
+    /// Followers of turns' event logs, by turn id.
+    event_wakeups: agentgate_store_sql::wakeups::Wakeups,
     /// The database's name, which the test suites' path counts are kept by.
     #[cfg(any(test, feature = "testing"))]
     database: String,
@@ -216,6 +219,7 @@ impl MySqlStore {
             config,
             leases,
             wakeups: agentgate_store_sql::wakeups::Wakeups::default(),
+            event_wakeups: agentgate_store_sql::wakeups::Wakeups::default(),
             #[cfg(any(test, feature = "testing"))]
             database,
         })

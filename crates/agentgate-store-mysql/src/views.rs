@@ -176,6 +176,8 @@ async fn sweep_turns(store: &MySqlStore, at: Cutoffs) -> Result<(u64, u64)> {
     )
     .await?;
     let executions = delete_in(&mut tx, "ag_tool_executions", "turn_id", &doomed).await?;
+    // A turn's events go with it (not counted in the report).
+    delete_in(&mut tx, "ag_turn_events", "turn_id", &doomed).await?;
     let turns = delete_in(&mut tx, "ag_turns", "turn_id", &doomed).await?;
     tx.commit().await.map_err(map_sqlx)?;
     Ok((turns, executions))

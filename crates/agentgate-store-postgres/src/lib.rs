@@ -142,6 +142,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (9, include_str!("../migrations/0009_begin_layered.sql")),
     (10, include_str!("../migrations/0010_queue.sql")),
     (11, include_str!("../migrations/0011_session_policy.sql")),
+    (12, include_str!("../migrations/0012_events.sql")),
 ];
 
 /// agentgate on a PostgreSQL database.
@@ -154,6 +155,8 @@ pub struct PostgresStore {
     leases: Option<Arc<dyn LeaseLayer>>,
     /// Waiting begins' watches on session releases.
     wakeups: agentgate_store_sql::wakeups::Wakeups,
+    /// Followers of turns' event logs, by turn id.
+    event_wakeups: agentgate_store_sql::wakeups::Wakeups,
     /// The `LISTEN` task that feeds `wakeups` from other nodes, started by
     /// the first waiting begin.
     listener: notify::Slot,
@@ -210,6 +213,7 @@ impl PostgresStore {
             config,
             leases,
             wakeups: agentgate_store_sql::wakeups::Wakeups::default(),
+            event_wakeups: agentgate_store_sql::wakeups::Wakeups::default(),
             listener: notify::Slot::default(),
         };
         store.migrate().await?;
@@ -269,7 +273,11 @@ impl PostgresStore {
     }
 }
 
-agentgate_store_sql::impl_store!(PostgresStore, listen = crate::notify::listen);
+agentgate_store_sql::impl_store!(
+    PostgresStore,
+    listen = crate::notify::listen,
+    announce = crate::notify::announce_events
+);
 
 #[cfg(test)]
 mod tests {

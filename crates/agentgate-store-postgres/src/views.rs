@@ -67,7 +67,8 @@ const SWEEP_TURNS: &str = "WITH doomed AS ( \
       ORDER BY t.turn_id LIMIT $3 FOR UPDATE SKIP LOCKED), \
     gone AS (DELETE FROM ag_turns t USING doomed d WHERE t.turn_id = d.turn_id RETURNING t.turn_id), \
     gone_executions AS (DELETE FROM ag_tool_executions e USING gone g \
-      WHERE e.turn_id = g.turn_id RETURNING 1) \
+      WHERE e.turn_id = g.turn_id RETURNING 1), \
+    gone_events AS (DELETE FROM ag_turn_events v USING gone g WHERE v.turn_id = g.turn_id) \
     SELECT (SELECT COUNT(*) FROM gone), (SELECT COUNT(*) FROM gone_executions)";
 
 /// Idle sessions with no turns left lose their user binding after

@@ -13,6 +13,8 @@
 //! - [`begin`]: a begin's decision applied inside the store's transaction
 //!   ([`begin::begin_in`]), over the dialect's [`begin::BeginSql`].
 //!
+//! - [`events`]: a turn's event log: the holder's fenced append, readers'
+//!   pages.
 //! - [`claim`]: a tool claim, the one-statement first claim and the full
 //!   read-decide-write path, over the dialect's [`claim::ClaimSql`].
 //! - [`rows`]: the columns every store selects, decoded into core snapshots
@@ -36,6 +38,7 @@
 
 pub mod begin;
 pub mod claim;
+pub mod events;
 pub mod heartbeat;
 pub mod lease;
 pub mod orphans;

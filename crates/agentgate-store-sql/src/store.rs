@@ -19,10 +19,14 @@
 //!   [`ViewSql`](crate::views::ViewSql), plus
 //!   `crate::views::{set_user_cap, sweep}(&Store, …)`;
 //! - `crate::orphans`: [`OrphanSql`](crate::orphans::OrphanSql) for `crate::steps::Sql`;
-//! - a `config: Config` field and a `wakeups:`
-//!   [`Wakeups`](crate::wakeups::Wakeups) field;
-//! - optionally `listen = path`: a `fn(&Store)` called before every release
-//!   watch, which starts (once) whatever feeds `wakeups` from other nodes.
+//! - a `config: Config` field, a `wakeups:`
+//!   [`Wakeups`](crate::wakeups::Wakeups) field (session releases) and an
+//!   `event_wakeups:` one (turns' new events, by turn id);
+//! - optionally `listen = path, announce = path`: a `fn(&Store)` called
+//!   before every watch, which starts (once) whatever feeds the wakeups from
+//!   other nodes, and an `async fn(&Store, &TurnId)` called after an append
+//!   commits, which tells other nodes (it reports no error: a follower
+//!   that misses it re-reads within its poll).
 
 /// Implements `agentgate_core::store::Store` for `$store` over the layout
 /// the [module documentation](self) names, and `Debug` (its configuration,
@@ -33,9 +37,13 @@
 #[macro_export]
 macro_rules! impl_store {
     ($store:ty) => {
-        $crate::impl_store!($store, listen = $crate::store::in_process_only);
+        $crate::impl_store!(
+            $store,
+            listen = $crate::store::in_process_only,
+            announce = $crate::store::no_announcement
+        );
     };
-    ($store:ty, listen = $listen:path) => {
+    ($store:ty, listen = $listen:path, announce = $announce:path) => {
         #[$crate::async_trait]
         impl ::agentgate_core::store::Store for $store {
             fn config(&self) -> &::agentgate_core::config::Config {
@@ -139,6 +147,34 @@ macro_rules! impl_store {
             ) -> Box<dyn ::agentgate_core::store::ReleaseWatch> {
                 $listen(self);
                 self.wakeups.watch(session_id)
+            }
+
+            async fn append_events(
+                &self,
+                lease: &::agentgate_core::model::LeaseRef,
+                events: &[::agentgate_core::model::NewEvent],
+            ) -> ::agentgate_core::error::Result<u64> {
+                let last = $crate::events::append(&crate::steps::Sql(self), lease, events).await?;
+                self.event_wakeups.released(lease.turn_id.as_str());
+                $announce(self, &lease.turn_id).await;
+                Ok(last)
+            }
+
+            async fn events(
+                &self,
+                turn_id: &::agentgate_core::ids::TurnId,
+                after: u64,
+                limit: u32,
+            ) -> ::agentgate_core::error::Result<Option<::agentgate_core::model::EventPage>> {
+                $crate::events::page(&crate::steps::Sql(self), turn_id, after, limit).await
+            }
+
+            fn watch_events(
+                &self,
+                turn_id: &::agentgate_core::ids::TurnId,
+            ) -> Box<dyn ::agentgate_core::store::ReleaseWatch> {
+                $listen(self);
+                self.event_wakeups.watch_key(turn_id.as_str())
             }
 
             async fn executions(
@@ -253,3 +289,7 @@ macro_rules! impl_store {
 /// The `listen` of a store whose releases reach only this process's
 /// waiters (SQLite, MySQL): nothing to start.
 pub fn in_process_only<T>(_store: &T) {}
+
+/// The `announce` of a store whose new events reach only this process's
+/// followers (SQLite, MySQL): followers elsewhere find them by their poll.
+pub async fn no_announcement<T>(_store: &T, _turn_id: &agentgate_core::ids::TurnId) {}

@@ -65,19 +65,25 @@ impl Wakeups {
 
     /// A watch on `session_id`'s releases from now on.
     pub fn watch(&self, session_id: &SessionId) -> Box<dyn ReleaseWatch> {
+        self.watch_key(session_id.as_str())
+    }
+
+    /// A watch on whatever `key` names (a session's releases, or, in a
+    /// store's second `Wakeups`, a turn's new events) from now on.
+    pub fn watch_key(&self, key: &str) -> Box<dyn ReleaseWatch> {
         let mut map = lock(&self.watched);
-        let receiver = match map.get(session_id.as_str()) {
+        let receiver = match map.get(key) {
             Some(sender) => Some(sender.subscribe()),
             None if map.len() < MAX_WATCHED_SESSIONS => {
                 let (sender, receiver) = watch::channel(0);
-                map.insert(session_id.as_str().to_owned(), sender);
+                map.insert(key.to_owned(), sender);
                 Some(receiver)
             }
             None => None,
         };
         Box::new(Watch {
             receiver,
-            session_id: session_id.as_str().to_owned(),
+            session_id: key.to_owned(),
             watched: Arc::clone(&self.watched),
             listening: Arc::clone(&self.listening),
         })

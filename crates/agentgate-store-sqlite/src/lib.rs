@@ -76,6 +76,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (9, include_str!("../migrations/0009_cancel.sql")),
     (10, include_str!("../migrations/0010_queue.sql")),
     (11, include_str!("../migrations/0011_session_policy.sql")),
+    (12, include_str!("../migrations/0012_events.sql")),
 ];
 
 /// agentgate on an embedded SQLite file.
@@ -89,6 +90,8 @@ pub struct SqliteStore {
     leases: Option<Arc<dyn LeaseLayer>>,
     /// Waiting begins' watches on session releases.
     wakeups: agentgate_store_sql::wakeups::Wakeups,
+    /// Followers of turns' event logs, by turn id.
+    event_wakeups: agentgate_store_sql::wakeups::Wakeups,
     /// Explicit write transactions begun (`BEGIN IMMEDIATE`), for
     /// [`SqliteStore::transactions_begun`].
     transactions: Arc<AtomicU64>,
@@ -175,6 +178,7 @@ impl SqliteStore {
             config: config.clone(),
             leases,
             wakeups: agentgate_store_sql::wakeups::Wakeups::default(),
+            event_wakeups: agentgate_store_sql::wakeups::Wakeups::default(),
             transactions: Arc::default(),
         };
         store.migrate().await?;

@@ -67,6 +67,16 @@ pub(crate) async fn sweep(store: &SqliteStore) -> Result<SweepReport> {
     .await
     .map_err(map_sqlx)?
     .rows_affected();
+    // A turn's events go with it (not counted in the report).
+    sqlx::query(&format!(
+        "DELETE FROM ag_turn_events WHERE turn_id IN ({SWEEPABLE_TURNS})"
+    ))
+    .bind(cutoff)
+    .bind(pending_cutoff)
+    .bind(batch)
+    .execute(&mut *tx)
+    .await
+    .map_err(map_sqlx)?;
     let turns = sqlx::query(&format!(
         "DELETE FROM ag_turns WHERE turn_id IN ({SWEEPABLE_TURNS})"
     ))

@@ -62,6 +62,8 @@ pub struct Gate {
     swept: Arc<Swept>,
     /// The turns this gate holds in this process.
     local: LocalTurns,
+    /// The turns whose events this gate's followers read, one feed each.
+    feeds: crate::events::Feeds,
 }
 
 impl Gate {
@@ -126,7 +128,30 @@ impl Gate {
             _sweeper: Arc::new(stop.drop_guard()),
             swept,
             local: LocalTurns::default(),
+            feeds: crate::events::Feeds::default(),
         }
+    }
+
+    /// Follows `turn_id`'s event log after the event id `after` (0: from
+    /// the first): every event in id order, live while the turn runs,
+    /// then [`crate::events::Followed::End`] once it ended. Any node
+    /// sharing the store can follow any turn; the followers of one turn on
+    /// this gate share one store read per change (see [`crate::events`]).
+    /// A reader that drops the stream and follows again after the last id
+    /// it saw misses nothing and sees nothing twice.
+    ///
+    /// # Errors
+    /// `store_unavailable` when this node follows
+    /// [`agentgate_core::limits::MAX_FOLLOWED_TURNS`] turns already; the
+    /// stream itself yields `not_found` for no such turn, and the store's
+    /// errors.
+    pub fn follow(&self, turn_id: &TurnId, after: u64) -> Result<crate::events::EventStream> {
+        crate::events::follow(&self.feeds, &self.store, turn_id, after)
+    }
+
+    /// Turns this gate's followers follow now (one feed each).
+    pub fn followed_turns(&self) -> usize {
+        self.feeds.followed()
     }
 
     /// How many orphans this gate's background sweeper has ended

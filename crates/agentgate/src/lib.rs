@@ -36,6 +36,8 @@
 //!   `wait`, `interrupt`).
 //! - [`turn`]: the [`Turn`] guard, its watchdog and cancellation signal, tools
 //!   and endings.
+//! - [`events`]: following a turn's event log ([`Gate::follow`]), one
+//!   shared feed per followed turn on a node.
 //! - [`effect`]: [`SqlTx`], running a tool's side effect in the same SQL
 //!   transaction as its success mark.
 //!
@@ -45,6 +47,7 @@
 
 pub mod busy;
 pub mod effect;
+pub mod events;
 pub mod gate;
 pub mod turn;
 mod watchdog;

@@ -18,8 +18,8 @@ use agentgate_core::error::{BoxError, Error, ErrorKind, Result};
 use agentgate_core::ids::{ExecutionId, Fence, SessionId, ToolName, TurnId, UserId};
 use agentgate_core::limits::MAX_STORE_RETRIES;
 use agentgate_core::model::{
-    ConfirmationContext, Ending, Grant, LeaseRef, PreviousOutcome, ToolCall, ToolClaim, TurnState,
-    TurnView,
+    ConfirmationContext, Ending, Grant, LeaseRef, NewEvent, PreviousOutcome, ToolCall, ToolClaim,
+    TurnState, TurnView,
 };
 use agentgate_core::retry;
 use agentgate_core::store::{BoxFuture, Completion, LeaseStatus, Store};
@@ -306,6 +306,34 @@ impl Turn {
             self.cancel.fire();
         }
         Ok(status)
+    }
+
+    /// Appends one event to the turn's log (a streamed token, a status):
+    /// fenced like every write, so after a takeover it is refused
+    /// `lease_lost` and never seen. Returns its id. Readers follow the log
+    /// with [`crate::Gate::follow`], on any node.
+    ///
+    /// # Errors
+    /// `invalid_request` for a bad name or data, or a full log
+    /// ([`agentgate_core::limits::MAX_TURN_EVENTS`],
+    /// [`agentgate_core::limits::MAX_TURN_EVENT_BYTES`]); `lease_lost`;
+    /// `store_unavailable`.
+    pub async fn emit(&self, name: &str, data: &Value) -> Result<u64> {
+        self.emit_all(&[(name, data)]).await
+    }
+
+    /// Appends events in one step (at most
+    /// [`agentgate_core::limits::MAX_EVENT_BATCH`]), all or none; the last
+    /// one's id.
+    ///
+    /// # Errors
+    /// As [`Turn::emit`].
+    pub async fn emit_all(&self, events: &[(&str, &Value)]) -> Result<u64> {
+        let events = events
+            .iter()
+            .map(|(name, data)| NewEvent::new(name, data))
+            .collect::<Result<Vec<_>>>()?;
+        self.store.append_events(&self.lease, &events).await
     }
 
     /// Claims the tool execution keyed by `(this turn, tool, args)`.

@@ -5,6 +5,7 @@ mod busy;
 mod cancel;
 mod confirm_races;
 mod confirmation;
+mod events;
 mod inflight;
 mod input;
 mod lifecycle;
@@ -39,6 +40,7 @@ pub use cancel::{
 };
 pub use confirm_races::{confirmation_races_a_new_message, confirmation_rejected_and_repeated};
 pub use confirmation::{confirmation_flow, confirmation_race, pending_confirmation_expires};
+pub use events::events_are_fenced_ordered_and_resumable;
 pub use inflight::old_writes_in_flight_during_takeover;
 pub use input::bad_input_changes_nothing;
 pub use lifecycle::{
