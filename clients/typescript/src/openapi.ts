@@ -306,6 +306,39 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/turns/{turn_id}/events": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Follow the turn's events as Server-Sent Events.
+         * @description From the first event, or after `Last-Event-ID` (the header an
+         *     `EventSource` sends when it reconnects) or `after`: every event once,
+         *     in id order, live while the turn runs, then `event: end` with the
+         *     turn's ending. Any node sharing the store serves any turn. With
+         *     `on_disconnect=cancel`, a client that goes away before the end asks the
+         *     turn to stop (a cancel request, as `POST /v1/turns/{id}/cancel`).
+         */
+        get: operations["follow_events"];
+        put?: never;
+        /**
+         * Append events to the turn's log (its holder only).
+         * @description One step, all or none: the events get the next ids of the turn, in
+         *     order, and every follower on every node sees them. Fenced like every
+         *     write: after a takeover, expiry or ending the append is refused 409
+         *     `lease_lost` and none of its events is ever seen. At most 500 events an
+         *     append, 64 KiB of data an event, 20,000 events and 16 MiB a turn.
+         */
+        post: operations["append_events"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/turns/{turn_id}/executions": {
         parameters: {
             query?: never;
@@ -457,6 +490,19 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /** @description Body of `POST /v1/turns/{turn_id}/events`. */
+        AppendEventsRequest: {
+            /** @description The events, in order: 1 to 500. */
+            events: components["schemas"]["EventDto"][];
+        };
+        /** @description 200 from `POST /v1/turns/{turn_id}/events`. */
+        AppendEventsResponse: {
+            /**
+             * Format: int64
+             * @description The id of the last event appended.
+             */
+            last_event_id: number;
+        };
         /** @description `POST /v1/turns/{turn_id}/await-confirmation`. */
         AwaitConfirmationRequest: {
             /** @description What the person is asked to approve; handed to the confirmation turn. */
@@ -654,6 +700,16 @@ export interface components {
              *     On every 503: when to try again.
              */
             retry_after_ms?: number | null;
+        };
+        /** @description One event of `POST /v1/turns/{turn_id}/events`. */
+        EventDto: {
+            /** @description Its data: any JSON (I-JSON), at most 64 KiB canonical. */
+            data: components["schemas"]["JsonValue"];
+            /**
+             * @description Its name, the SSE `event:` of its readers: 1 to 64 ASCII letters,
+             *     digits, `_`, `-`, `.` or `:`.
+             */
+            event: string;
         };
         /** @description A claimed execution the caller must now run. */
         ExecuteDto: {
@@ -2371,6 +2427,238 @@ export interface operations {
             /**
              * @description `lease_lost`: wrong token, taken over, expired, or the turn (or tool
              *     execution) already ended. Stop: this lease can change nothing.
+             */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `payload_too_large`: the body is over the server's limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description `unsupported_media_type`: the body was not sent as
+             *     `Content-Type: application/json`.
+             */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description `store_unavailable`: the store (or the Redis lease layer) is down
+             *     or the request took longer than the server's timeout.
+             */
+            503: {
+                headers: {
+                    /** @description Seconds before trying again, at least 1 */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    follow_events: {
+        parameters: {
+            query?: {
+                /**
+                 * @description Resume after this event id (0: from the first). `Last-Event-ID`
+                 *     wins when both are sent.
+                 */
+                after?: number;
+                /** @description `continue` (default) or `cancel`. */
+                on_disconnect?: "continue" | "cancel";
+                /** @description As for the other reads: a turn of another user is `not_found`. */
+                user_id?: components["schemas"]["Id"];
+            };
+            header?: {
+                /** @description Resume after this event id (digits); wins over `after` */
+                "Last-Event-ID"?: string | null;
+            };
+            path: {
+                /** @description The turn */
+                turn_id: components["schemas"]["Id"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The event stream: `id`, `event` and `data: {"attempt", "data"}` per event; `event: end` with `data: {"state", "attempt"}` last */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/event-stream": string;
+                };
+            };
+            /**
+             * @description `invalid_request`: an id (path or `user_id` query) that is empty,
+             *     over 128 characters or holds a control character.
+             */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description `unauthorized`: API keys are configured and the bearer key is missing
+             *     or wrong.
+             */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description `origin_not_allowed`, `host_not_allowed` (a page elsewhere, or a
+             *     foreign `Host`), or `user_mismatch` (a trusted user header is
+             *     configured and names another user).
+             */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description `not_found`: no such record, or it belongs to a user other than the
+             *     `user_id` query parameter.
+             */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description `store_unavailable`: the store (or the Redis lease layer) is down
+             *     or the request took longer than the server's timeout.
+             */
+            503: {
+                headers: {
+                    /** @description Seconds before trying again, at least 1 */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    append_events: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description The lease token returned by begin */
+                "Lease-Token": components["schemas"]["LeaseToken"];
+            };
+            path: {
+                /** @description The turn, as returned by begin */
+                turn_id: components["schemas"]["Id"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["AppendEventsRequest"];
+            };
+        };
+        responses: {
+            /** @description Appended: the last new event's id */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AppendEventsResponse"];
+                };
+            };
+            /**
+             * @description `invalid_request`: missing `Lease-Token` header, malformed JSON, a
+             *     bad event name, data that is not I-JSON or over 64 KiB, more than
+             *     500 events, or a turn whose log is full (20,000 events, 16 MiB).
+             */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description `unauthorized`: API keys are configured and the bearer key is missing
+             *     or wrong.
+             */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description `origin_not_allowed` or `host_not_allowed`: a browser sent this for
+             *     a page that is neither this server nor an allowed origin, or under a
+             *     `Host` this server does not answer to.
+             */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `not_found`: no such turn. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `request_timeout`: the body did not arrive within 10 s. */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description `lease_lost`: wrong token, taken over, expired, or the turn already
+             *     ended. None of the events will ever be seen.
              */
             409: {
                 headers: {

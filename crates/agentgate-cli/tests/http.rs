@@ -1444,6 +1444,139 @@ async fn a_second_message_waits_interrupts_and_a_stuck_holder_is_released() {
     }
 }
 
+/// Reads SSE blocks from `response` until `count` events with data were
+/// read; their `(id, event, data)`.
+async fn sse_events(
+    response: &mut reqwest::Response,
+    count: usize,
+) -> Vec<(Option<String>, String, Value)> {
+    let mut buffer = String::new();
+    let mut events = Vec::new();
+    while events.len() < count {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), response.chunk())
+            .await
+            .expect("the stream moves")
+            .expect("reads")
+            .expect("not closed before the events");
+        buffer.push_str(std::str::from_utf8(&chunk).unwrap());
+        while let Some(at) = buffer.find("\n\n") {
+            let block: String = buffer.drain(..at + 2).collect();
+            let (mut id, mut event, mut data) = (None, String::new(), None);
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("id: ") {
+                    id = Some(v.to_owned());
+                } else if let Some(v) = line.strip_prefix("event: ") {
+                    event = v.to_owned();
+                } else if let Some(v) = line.strip_prefix("data: ") {
+                    data = Some(serde_json::from_str(v).unwrap());
+                }
+            }
+            if let Some(data) = data {
+                events.push((id, event, data));
+            }
+        }
+    }
+    events
+}
+
+/// A turn's events over HTTP: a follower opened before any event sees the
+/// holder's appends live, with ids 1, 2, 3 and the attempt beside each
+/// datum; bad appends and a bad `Last-Event-ID` are 400 and append
+/// nothing, an unknown turn 404, a wrong token 409; a follower with
+/// `on_disconnect=cancel` that goes away asks the turn to stop (the
+/// holder's heartbeat reports it); after the ending a resume after id 1
+/// gets events 2 and 3, then `end` with the ending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turns_events_stream_live_resume_and_cancel_on_disconnect() {
+    let dir = scratch();
+    let server = Server::start(dir.path(), &[]);
+    let client = server.client();
+    let (turn, token) = lease(&client.begin("ines", "chat-e", "m1", &json!("m1")).await);
+    let path = format!("/v1/turns/{turn}/events");
+    let mut live = client
+        .get_stream(&format!("{path}?on_disconnect=cancel"), None)
+        .await;
+    assert_eq!(live.status(), 200);
+    let append = |events: Value| json!({ "events": events });
+    let appended = client
+        .post(
+            &path,
+            Some(&token),
+            &append(json!([{"event": "token", "data": "Hel"}, {"event": "token", "data": "lo"}])),
+        )
+        .await
+        .expect(200, "");
+    assert_eq!(appended.body["last_event_id"], 2);
+    for bad in [
+        json!([]),
+        json!([{"event": "to ken", "data": 1}]),
+        json!([{"event": "token"}]),
+        Value::Array((0..501).map(|i| json!({"event": "t", "data": i})).collect()),
+    ] {
+        client
+            .post(&path, Some(&token), &append(bad))
+            .await
+            .expect(400, "invalid_request");
+    }
+    client
+        .post(
+            &path,
+            Some("lt_wrong"),
+            &append(json!([{"event": "t", "data": 1}])),
+        )
+        .await
+        .expect(409, "lease_lost");
+    client
+        .post(
+            &path,
+            Some(&token),
+            &append(json!([{"event": "token", "data": "!"}])),
+        )
+        .await
+        .expect(200, "");
+    let seen = sse_events(&mut live, 3).await;
+    let ids: Vec<_> = seen.iter().map(|(id, _, _)| id.clone().unwrap()).collect();
+    assert_eq!(ids, ["1", "2", "3"], "nothing refused landed");
+    assert_eq!(seen[0].1, "token");
+    assert_eq!(seen[2].2, json!({"attempt": 1, "data": "!"}));
+    drop(live);
+    let mut asked = false;
+    for _ in 0..100 {
+        let beat = client
+            .post(
+                &format!("/v1/turns/{turn}/heartbeat"),
+                Some(&token),
+                &json!({}),
+            )
+            .await
+            .expect(200, "");
+        if beat.body["cancel_requested"] == true {
+            asked = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(asked, "the follower's going away asked the turn to stop");
+    client
+        .post(
+            &format!("/v1/turns/{turn}/end-cancelled"),
+            Some(&token),
+            &json!({}),
+        )
+        .await
+        .expect(200, "");
+    let bad_resume = client.http_get_with(&path, &[("Last-Event-ID", "x")]).await;
+    assert_eq!(bad_resume, 400);
+    let missing = client.get("/v1/turns/turn_nope/events").await;
+    assert_eq!(missing.status, 404);
+    let mut resumed = client.get_stream(&path, Some(1)).await;
+    let rest = sse_events(&mut resumed, 3).await;
+    assert_eq!(rest[0].0.as_deref(), Some("2"));
+    assert_eq!(rest[1].0.as_deref(), Some("3"));
+    assert_eq!(rest[2].1, "end");
+    assert_eq!(rest[2].2, json!({"state": "cancelled", "attempt": 1}));
+}
+
 /// A session's default policy over HTTP: a contradictory body is 400 and
 /// sets nothing; the session's user sets `enqueue` (the view shows it),
 /// another user's set is 404; then a message naming no `on_busy` on the

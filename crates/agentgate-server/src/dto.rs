@@ -1136,3 +1136,82 @@ pub struct ClaimOrphanResponse {
     /// How long the turn had been without a live lease.
     pub orphaned_for_ms: i64,
 }
+
+/// One event of `POST /v1/turns/{turn_id}/events`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EventDto {
+    /// Its name, the SSE `event:` of its readers: 1 to 64 ASCII letters,
+    /// digits, `_`, `-`, `.` or `:`.
+    #[schema(min_length = 1, max_length = 64, pattern = "^[A-Za-z0-9_.:-]{1,64}$")]
+    pub event: String,
+    /// Its data: any JSON (I-JSON), at most 64 KiB canonical.
+    #[schema(value_type = JsonValue)]
+    pub data: Value,
+}
+
+/// Body of `POST /v1/turns/{turn_id}/events`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AppendEventsRequest {
+    /// The events, in order: 1 to 500.
+    #[schema(min_items = 1, max_items = 500)]
+    pub events: Vec<EventDto>,
+}
+
+impl AppendEventsRequest {
+    /// The engine's events.
+    ///
+    /// # Errors
+    /// `invalid_request` for a bad name or data (the batch's own bounds are
+    /// the store step's).
+    pub fn to_engine(&self) -> agentgate::Result<Vec<agentgate::model::NewEvent>> {
+        if self.events.len() > agentgate::limits::MAX_EVENT_BATCH {
+            return Err(agentgate::Error::invalid(format!(
+                "an append carries at most {} events",
+                agentgate::limits::MAX_EVENT_BATCH
+            )));
+        }
+        self.events
+            .iter()
+            .map(|event| agentgate::model::NewEvent::new(&event.event, &event.data))
+            .collect()
+    }
+}
+
+/// 200 from `POST /v1/turns/{turn_id}/events`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AppendEventsResponse {
+    /// The id of the last event appended.
+    pub last_event_id: u64,
+}
+
+/// What a follower's going away does to the turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OnDisconnectDto {
+    /// Nothing: the turn runs on (the default).
+    Continue,
+    /// Ask the turn to stop (a cancel request) when this stream's client
+    /// goes away before the end.
+    Cancel,
+}
+
+/// Query of `GET /v1/turns/{turn_id}/events`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct EventsQuery {
+    /// Resume after this event id (0: from the first). `Last-Event-ID`
+    /// wins when both are sent.
+    #[serde(default)]
+    #[param(minimum = 0)]
+    pub after: Option<u64>,
+    /// As for the other reads: a turn of another user is `not_found`.
+    #[param(value_type = Option<Id>)]
+    #[serde(default, deserialize_with = "valid_user_id")]
+    pub user_id: Option<String>,
+    /// `continue` (default) or `cancel`.
+    #[serde(default)]
+    #[param(inline)]
+    pub on_disconnect: Option<OnDisconnectDto>,
+}

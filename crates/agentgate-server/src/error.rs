@@ -257,6 +257,11 @@ impl ApiError {
         self.code
     }
 
+    /// The message for a person (bounded).
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
     /// This error's HTTP status.
     pub fn status(&self) -> StatusCode {
         status_of(self.code)
@@ -580,6 +585,50 @@ pub(crate) enum OrphanErrors {
     UnsupportedMediaType(ErrorBody),
     /// `store_unavailable`: the store could not be reached or the request
     /// took longer than the server's timeout.
+    #[response(
+        status = 503,
+        headers(("Retry-After" = u64, description = "Seconds before trying again, at least 1"))
+    )]
+    StoreUnavailable(ErrorBody),
+}
+
+/// The errors of an event append.
+#[derive(IntoResponses)]
+#[allow(dead_code)] // documentation only, see above
+pub(crate) enum EventErrors {
+    /// `invalid_request`: missing `Lease-Token` header, malformed JSON, a
+    /// bad event name, data that is not I-JSON or over 64 KiB, more than
+    /// 500 events, or a turn whose log is full (20,000 events, 16 MiB).
+    #[response(status = 400)]
+    InvalidRequest(ErrorBody),
+    /// `unauthorized`: API keys are configured and the bearer key is missing
+    /// or wrong.
+    #[response(status = 401)]
+    Unauthorized(ErrorBody),
+    /// `origin_not_allowed` or `host_not_allowed`: a browser sent this for
+    /// a page that is neither this server nor an allowed origin, or under a
+    /// `Host` this server does not answer to.
+    #[response(status = 403)]
+    Forbidden(ErrorBody),
+    /// `not_found`: no such turn.
+    #[response(status = 404)]
+    NotFound(ErrorBody),
+    /// `lease_lost`: wrong token, taken over, expired, or the turn already
+    /// ended. None of the events will ever be seen.
+    #[response(status = 409)]
+    LeaseLost(ErrorBody),
+    /// `request_timeout`: the body did not arrive within 10 s.
+    #[response(status = 408)]
+    RequestTimeout(ErrorBody),
+    /// `payload_too_large`: the body is over the server's limit.
+    #[response(status = 413)]
+    PayloadTooLarge(ErrorBody),
+    /// `unsupported_media_type`: the body was not sent as
+    /// `Content-Type: application/json`.
+    #[response(status = 415)]
+    UnsupportedMediaType(ErrorBody),
+    /// `store_unavailable`: the store (or the Redis lease layer) is down
+    /// or the request took longer than the server's timeout.
     #[response(
         status = 503,
         headers(("Retry-After" = u64, description = "Seconds before trying again, at least 1"))

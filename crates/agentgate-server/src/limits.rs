@@ -126,3 +126,7 @@ pub const MAX_ALLOWED_HOSTS: usize = 64;
 /// Most `--allowed-origin` entries, for the same reason as
 /// [`MAX_ALLOWED_HOSTS`].
 pub const MAX_ALLOWED_ORIGINS: usize = 64;
+
+/// How often an idle event stream sends an SSE comment line: proxies and
+/// load balancers commonly close a response silent for 30 to 60 seconds.
+pub const SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);

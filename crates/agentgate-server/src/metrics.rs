@@ -82,6 +82,8 @@ pub struct Metrics {
     busy_begins: IntCounterVec,
     cancel_requests: IntCounter,
     force_releases: IntCounter,
+    events_appended: IntCounter,
+    event_streams: IntGauge,
 }
 
 /// The counters the dashboard shows: a snapshot of this process's metrics.
@@ -283,6 +285,16 @@ fn build() -> prometheus::Result<Metrics> {
         "Sessions force-released (POST /v1/sessions/{id}/release) that had a holder",
     )?;
     registry.register(Box::new(force_releases.clone()))?;
+    let events_appended = IntCounter::new(
+        "events_appended_total",
+        "Turn events appended (POST /v1/turns/{id}/events)",
+    )?;
+    registry.register(Box::new(events_appended.clone()))?;
+    let event_streams = IntGauge::new(
+        "event_streams",
+        "Event streams open now on this node (GET /v1/turns/{id}/events)",
+    )?;
+    registry.register(Box::new(event_streams.clone()))?;
     Ok(Metrics {
         registry,
         begins,
@@ -302,6 +314,8 @@ fn build() -> prometheus::Result<Metrics> {
         busy_begins,
         cancel_requests,
         force_releases,
+        events_appended,
+        event_streams,
     })
 }
 
@@ -380,6 +394,21 @@ impl Metrics {
     /// Records a force-release that ended a holder.
     pub fn force_released(&self) {
         self.force_releases.inc();
+    }
+
+    /// Records `count` events appended.
+    pub fn events_appended(&self, count: usize) {
+        self.events_appended.inc_by(count as u64);
+    }
+
+    /// Records an event stream opened.
+    pub fn event_stream_opened(&self) {
+        self.event_streams.inc();
+    }
+
+    /// Records an event stream closed.
+    pub fn event_stream_closed(&self) {
+        self.event_streams.dec();
     }
 
     fn error(&self, code: ErrorCode) {

@@ -18,7 +18,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::error::{ErrorBody, ErrorCode, ErrorDetail};
-use crate::routes::{ops, orphans, tools, turns, views};
+use crate::routes::{events, ops, orphans, tools, turns, views};
 use crate::schema::{Id, JsonValue, LeaseTokenText};
 use crate::AppState;
 
@@ -77,6 +77,7 @@ pub(crate) fn v1_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(turns::fail))
         .routes(routes!(turns::await_confirmation))
         .routes(routes!(turns::cancel))
+        .routes(routes!(events::append_events, events::follow_events))
         .routes(routes!(turns::end_cancelled))
         .routes(routes!(tools::claim))
         .routes(routes!(tools::complete))

@@ -31,6 +31,8 @@ const SPEC_ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/sessions/{session_id}"),
     ("post", "/v1/sessions/{session_id}/release"),
     ("put", "/v1/sessions/{session_id}/policy"),
+    ("post", "/v1/turns/{turn_id}/events"),
+    ("get", "/v1/turns/{turn_id}/events"),
     ("get", "/v1/users/{user_id}"),
     ("post", "/v1/orphans/claim"),
     ("get", "/healthz"),

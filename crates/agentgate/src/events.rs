@@ -192,6 +192,7 @@ async fn feed(
         match release_watch.as_mut() {
             Some(release) => {
                 tokio::select! {
+                    biased;
                     _ = events_watch.wait(EVENT_POLL) => {}
                     _ = release.wait(EVENT_POLL) => {}
                 }
@@ -287,6 +288,7 @@ impl Follower {
                 stale = false;
             }
             let update = tokio::select! {
+                biased;
                 update = updates.recv() => update,
                 () = self.out.closed() => return,
             };

@@ -307,6 +307,33 @@ impl Client {
         self.post_raw(path, lease, body.to_string()).await
     }
 
+    /// GETs a streaming response (Server-Sent Events), resuming after
+    /// `last_event_id` when given; the caller reads its body.
+    pub async fn get_stream(&self, path: &str, last_event_id: Option<u64>) -> reqwest::Response {
+        let mut builder = self.http.get(format!("{}{path}", self.base));
+        if let Some(id) = last_event_id {
+            builder = builder.header("Last-Event-ID", id.to_string());
+        }
+        if let Some(key) = &self.bearer {
+            builder = builder.bearer_auth(key);
+        }
+        builder.send().await.expect("the server answers")
+    }
+
+    /// GETs `path` with extra headers; the status only.
+    pub async fn http_get_with(&self, path: &str, headers: &[(&str, &str)]) -> u16 {
+        let mut builder = self.http.get(format!("{}{path}", self.base));
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        builder
+            .send()
+            .await
+            .expect("the server answers")
+            .status()
+            .as_u16()
+    }
+
     /// PUTs JSON.
     pub async fn put(&self, path: &str, body: &Value) -> Reply {
         let builder = self

@@ -93,7 +93,9 @@ pub async fn events_are_fenced_ordered_and_resumable(target: &Target) {
     .await;
     let mut sorted = lasts.clone();
     sorted.sort_unstable();
-    let expected: Vec<u64> = (1..=APPENDERS as u64).map(|k| k * PER_BATCH as u64).collect();
+    let expected: Vec<u64> = (1..=APPENDERS as u64)
+        .map(|k| k * PER_BATCH as u64)
+        .collect();
     assert_eq!(sorted, expected, "each batch's last id, no gap");
 
     let refused = [
@@ -102,15 +104,24 @@ pub async fn events_are_fenced_ordered_and_resumable(target: &Target) {
     ];
     for batch in &refused {
         let error = store.append_events(&old, batch).await.expect_err("refused");
-        assert_eq!(error.kind(), ErrorKind::InvalidRequest, "{} events", batch.len());
+        assert_eq!(
+            error.kind(),
+            ErrorKind::InvalidRequest,
+            "{} events",
+            batch.len()
+        );
     }
     let big = "x".repeat(MAX_EVENT_DATA_BYTES);
     assert_eq!(
-        NewEvent::new("token", &json!(big)).expect_err("over").kind(),
+        NewEvent::new("token", &json!(big))
+            .expect_err("over")
+            .kind(),
         ErrorKind::InvalidRequest
     );
     assert_eq!(
-        NewEvent::new("to\nken", &json!(1)).expect_err("bad name").kind(),
+        NewEvent::new("to\nken", &json!(1))
+            .expect_err("bad name")
+            .kind(),
         ErrorKind::InvalidRequest
     );
 
@@ -121,7 +132,11 @@ pub async fn events_are_fenced_ordered_and_resumable(target: &Target) {
         .expect("the turn");
     assert_eq!(page.state, TurnState::Running);
     let ids: Vec<u64> = page.events.iter().map(|e| e.event_id).collect();
-    assert_eq!(ids, (1..=200).collect::<Vec<u64>>(), "nothing refused landed");
+    assert_eq!(
+        ids,
+        (1..=200).collect::<Vec<u64>>(),
+        "nothing refused landed"
+    );
     for block in page.events.chunks(PER_BATCH) {
         let data: Vec<serde_json::Value> = block
             .iter()
@@ -142,16 +157,29 @@ pub async fn events_are_fenced_ordered_and_resumable(target: &Target) {
         .await
         .expect_err("fenced");
     assert_eq!(zombie.kind(), ErrorKind::LeaseLost);
-    let last = taker.emit("token", &json!("after the takeover")).await.expect("emit");
+    let last = taker
+        .emit("token", &json!("after the takeover"))
+        .await
+        .expect("emit");
     assert_eq!(last, 201);
     taker.succeed(&json!("done")).await.expect("ends");
 
     let (seen, end) = early.await.expect("follower task");
     let ids: Vec<u64> = seen.iter().map(|e| e.event_id).collect();
-    assert_eq!(ids, (1..=201).collect::<Vec<u64>>(), "every event once, in order");
-    assert!(seen.iter().all(|e| e.data != "\"zombie\""), "no zombie event");
+    assert_eq!(
+        ids,
+        (1..=201).collect::<Vec<u64>>(),
+        "every event once, in order"
+    );
+    assert!(
+        seen.iter().all(|e| e.data != "\"zombie\""),
+        "no zombie event"
+    );
     assert_eq!(seen[199].attempt, 1);
-    assert_eq!(seen[200].attempt, 2, "the taker's event carries its attempt");
+    assert_eq!(
+        seen[200].attempt, 2,
+        "the taker's event carries its attempt"
+    );
     assert_eq!(
         end,
         Followed::End {
@@ -163,7 +191,11 @@ pub async fn events_are_fenced_ordered_and_resumable(target: &Target) {
     for cut in CUTS {
         let (rest, _) = drain(&gate, &turn_id, cut).await;
         let ids: Vec<u64> = rest.iter().map(|e| e.event_id).collect();
-        assert_eq!(ids, (cut + 1..=201).collect::<Vec<u64>>(), "resumed after {cut}");
+        assert_eq!(
+            ids,
+            (cut + 1..=201).collect::<Vec<u64>>(),
+            "resumed after {cut}"
+        );
     }
     // A reader drops its stream after 37 events and resumes after the last
     // one it saw: the two halves are the whole, exactly.
@@ -179,7 +211,10 @@ pub async fn events_are_fenced_ordered_and_resumable(target: &Target) {
     let resumed_after = halves.last().expect("37 events").event_id;
     let (rest, _) = drain(&gate, &turn_id, resumed_after).await;
     halves.extend(rest);
-    assert_eq!(halves, seen, "dropped and resumed equals followed throughout");
+    assert_eq!(
+        halves, seen,
+        "dropped and resumed equals followed throughout"
+    );
 
     let mut counts = BTreeMap::new();
     counts.insert("events".to_owned(), seen.len());

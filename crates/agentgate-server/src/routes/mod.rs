@@ -2,6 +2,7 @@
 //!
 //! - [`turns`]: begin (and confirmation), heartbeat, the three endings.
 //! - [`tools`]: tool claim, completion, failure.
+//! - [`events`]: a turn's event log: the holder's append, the SSE follow.
 //! - [`views`]: read-only state of a turn, a session, a user.
 //! - [`orphans`]: a recovery worker's claim of an orphaned turn.
 //! - [`ops`]: `/healthz`, `/metrics`, `/openapi.json`, and the JSON answers
@@ -12,6 +13,7 @@
 //! runs here. Each handler is one store step; none holds state between
 //! requests. Which routes exist is decided in [`crate::openapi::api_router`].
 
+pub(crate) mod events;
 pub(crate) mod ops;
 pub(crate) mod orphans;
 pub(crate) mod tools;
