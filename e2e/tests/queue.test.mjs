@@ -232,3 +232,44 @@ test("a Chinese browser reads the queue in Chinese", async () => {
     await zh.close();
   }
 });
+
+// Last in this file: it leaves a full queue behind an API holder that never ends.
+test("a message sent to a full queue is not sent: it stays in the box with a true notice (429 queue_full)", async () => {
+  const user = unique("full");
+  const session = unique("s");
+  const post = async (pathname, body) => {
+    const response = await fetch(server.base + pathname, {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify(body),
+    });
+    return { status: response.status, body: await response.json() };
+  };
+  // An API caller holds the session; the app's messages queue behind it up to the engine's limit.
+  const holder = await post("/v1/turns", { user_id: user, session_id: session, client_request_id: "api-holder", payload: { text: "held" } });
+  assert.equal(holder.status, 201, JSON.stringify(holder.body));
+  const QUEUE_LIMIT = 100;
+  for (let n = 1; n <= QUEUE_LIMIT; n += 1) {
+    const queued = await post("/app/messages", {
+      user_id: user, session_id: session, client_request_id: `m${n}`, text: `tea ${n}`, on_busy: "enqueue",
+    });
+    assert.deepEqual([queued.status, queued.body.turn.position], [202, n]);
+  }
+  const page = await browser.newTab(chatUrl(server.base, user, session));
+  await page.selectOption("#busy-policy", "enqueue");
+  await send(page, "coffee 12");
+  await page.waitForSelector("#notice:not([hidden])");
+  assert.match(
+    await page.innerText("#notice"),
+    /^This conversation already has the most messages waiting\. Yours was not sent; it is still in the box\. Send it again in about \d+ s\.$/,
+  );
+  assert.equal(await page.inputValue("#composer-input"), "coffee 12");
+  assert.equal(await bubble(page, "coffee 12").count(), 0, "no bubble for a message that was not sent");
+  const order = await roles(page);
+  assert.deepEqual([order[0], order.length], ["assistant", QUEUE_LIMIT + 1], "the holder's running turn shows ahead of the queue");
+  const { turns, queue } = await transcript(user, session);
+  assert.equal(queue.length, QUEUE_LIMIT);
+  assert.ok(turns.every((turn) => turn.user_text !== "coffee 12"), "the refused message was not recorded");
+  await page.screenshot({ path: path.join(ARTIFACTS, "queue-full.png") });
+  await page.close();
+});

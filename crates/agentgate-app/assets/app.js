@@ -775,8 +775,12 @@ function renderTranscript(data) {
   }
   if (data.running && !data.turns.some((turn) => turn.state === "running")) {
     // The session is held by a turn whose message is not recorded yet (or by
-    // an API caller): show that something is running.
-    items.push(recordedAssistant({ turn_id: "", state: "running" }, null));
+    // an API caller): show that something is running, ahead of what waits
+    // behind it.
+    const firstQueued = items.findIndex((li) => li.dataset.state === "queued");
+    const placeholder = recordedAssistant({ turn_id: "", state: "running" }, null);
+    if (firstQueued >= 0) items.splice(firstQueued, 0, placeholder);
+    else items.push(placeholder);
   }
   // Messages of ours the server accepted but has not recorded yet.
   for (const entry of readOutbox()) {
