@@ -9,6 +9,8 @@
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import net from "node:net";
 import path from "node:path";
 import { ARTIFACTS, startServer, launchBrowser, entries, getJson, chatUrl, unique } from "../lib/harness.mjs";
 
@@ -230,6 +232,64 @@ test("a Chinese browser reads the queue in Chinese", async () => {
     assert.deepEqual(await booked(user), [3500, 1800]);
   } finally {
     await zh.close();
+  }
+});
+
+async function freePort() {
+  return new Promise((resolve, reject) => {
+    const probe = net.createServer();
+    probe.once("error", reject);
+    probe.listen(0, "127.0.0.1", () => {
+      const { port } = probe.address();
+      probe.close(() => resolve(port));
+    });
+  });
+}
+
+test("a server killed mid-reply with two messages queued: after a restart the reply resumes and the queue drains in order, each booked once, hands off the page", async () => {
+  const LEASE_TTL_MS = 2_000;
+  const port = await freePort();
+  const options = { thinkTimeMs: THINK_TIME_MS, listen: `127.0.0.1:${port}`, args: ["--lease-ttl-ms", String(LEASE_TTL_MS)] };
+  const first = await startServer({ name: "queue-killed-1", ...options });
+  let second;
+  const user = unique("killed");
+  const session = unique("s");
+  const page = await browser.newTab(chatUrl(first.base, user, session));
+  try {
+    await page.selectOption("#busy-policy", "enqueue");
+    await send(page, "lunch 35");
+    await page.locator("#messages li.msg.assistant button.stop").waitFor();
+    await send(page, "taxi 18");
+    await send(page, "coffee 12");
+    await statusOf(page, "coffee 12", "^Queued · position 2$");
+    await first.stop({ keepStore: true, signal: "SIGKILL" });
+
+    second = await startServer({ ...options, name: "queue-killed-2", dir: first.dir });
+    // Read back before the recovery worker's first look (2 s after the
+    // start) and before the dead reply's lease ran out: both still queued
+    // behind it.
+    const left = await getJson(second.base, `/app/transcript?${new URLSearchParams({ user_id: user, session_id: session })}`);
+    assert.deepEqual(left.turns.map((turn) => turn.state), ["running", "queued", "queued"]);
+    assert.deepEqual(left.queue.map((q) => q.position), [1, 2]);
+    // Hands off the page: the turn is taken over (by the recovery worker, or
+    // the page asking again with the same id), then the queue is handed off.
+    await finals(page, 3);
+    const amounts = (await entries(second.base, user)).sort((a, b) => a.id - b.id).map((e) => e.amount_cents);
+    assert.deepEqual(amounts, [3500, 1800, 1200], "each booked once, in the order typed");
+    assert.deepEqual(await roles(page), ["user", "assistant", "user", "assistant", "user", "assistant"]);
+    const { turns } = await getJson(second.base, `/app/transcript?${new URLSearchParams({ user_id: user, session_id: session })}`);
+    assert.deepEqual(turns.map((turn) => [turn.user_text, turn.state, turn.attempt]), [
+      ["lunch 35", "succeeded", 2],
+      ["taxi 18", "succeeded", 1],
+      ["coffee 12", "succeeded", 1],
+    ], "the killed reply ran again once (attempt 2), the queued ones once");
+    await page.screenshot({ path: path.join(ARTIFACTS, "queue-killed-recovered.png") });
+    const log = readFileSync(second.log, "utf8");
+    console.log(`after the restart: ${log.includes("resuming an orphaned turn") ? "the recovery worker resumed the reply" : "the page's resend took the reply over"}; handoffs logged: ${(log.match(/running a queued message/g) || []).length}`);
+  } finally {
+    await page.close();
+    await second?.stop();
+    if (!second) await first.stop();
   }
 });
 
