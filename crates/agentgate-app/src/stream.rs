@@ -28,8 +28,8 @@
 use std::convert::Infallible;
 
 use agentgate_ledger::{
-    event_channel, AgentEvent, ChatOutcome, ConfirmRequest, EventSender, LedgerApp, LedgerError,
-    QueuedMessage, RunningTurn, Started, UserMessage,
+    event_channel, AgentEvent, ChatOutcome, ConfirmRequest, EventSender, Handoff, LedgerApp,
+    LedgerError, QueuedMessage, RunningTurn, Started, UserMessage,
 };
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -251,9 +251,9 @@ async fn drive(
     // The response ends with its turn: the queued turns are not its to show.
     drop(stream);
     let drained = app
-        .drain_queue(&session_id, |turn_id, result| {
-            metrics.begin(BeginLabel::Handoff);
-            ended(&metrics, turn_id, &result);
+        .drain_queue(&session_id, |handoff| match handoff {
+            Handoff::Started { .. } => metrics.begin(BeginLabel::Handoff),
+            Handoff::Ended { turn_id, result } => ended(&metrics, &turn_id, &result),
         })
         .await;
     if let Err(error) = drained {

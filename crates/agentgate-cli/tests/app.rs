@@ -559,7 +559,20 @@ async fn queued_messages_wait_show_on_the_dashboard_cancel_and_are_handed_off_in
     assert_eq!(last_event.0, "final", "{events:?}");
     assert_eq!(last_event.1["outcome"]["client_request_id"], "m1");
 
-    // The handoff runs the second message with no page streaming it.
+    // The handoff runs the second message with no page streaming it,
+    // counted as a live turn of this node while it runs.
+    let deadline = Instant::now() + TURN_DEADLINE;
+    loop {
+        let transcript = app.transcript("quinn", "s1").await.unwrap();
+        let (_, dashboard) = app.get("/app/dashboard").await.unwrap();
+        let second_state = transcript["turns"][1]["state"].clone();
+        assert_ne!(second_state, "succeeded", "never seen live: {dashboard}");
+        if second_state == "running" && dashboard["counters"]["live_turns"] == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{transcript}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let transcript = until_state(&app, "quinn", "m2", "succeeded").await;
     let states: Vec<&str> = transcript["turns"]
         .as_array()
@@ -579,6 +592,18 @@ async fn queued_messages_wait_show_on_the_dashboard_cancel_and_are_handed_off_in
         .collect();
     amounts.sort_unstable();
     assert_eq!(amounts, [1800, 3500], "the cancelled message never booked");
+    // And it ended: nothing is counted live any more.
+    let deadline = Instant::now() + TURN_DEADLINE;
+    loop {
+        let (_, dashboard) = app.get("/app/dashboard").await.unwrap();
+        let counters = &dashboard["counters"];
+        if counters["turn_endings"]["succeeded"] == 2 {
+            assert_eq!(counters["live_turns"], 0, "{counters}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{counters}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let metrics = server.client().get("/metrics").await.text;
     assert!(
         metrics.contains("agentgate_begins_total{outcome=\"queued\"} 2"),

@@ -123,6 +123,23 @@ pub enum Started {
     Queued(QueuedMessage),
 }
 
+/// What [`LedgerApp::drain_queue`] reports of each queued turn it runs.
+#[derive(Debug)]
+pub enum Handoff {
+    /// The turn was taken from the head of the queue and runs now.
+    Started {
+        /// The turn.
+        turn_id: String,
+    },
+    /// The turn ended: its outcome, or why it did not finish.
+    Ended {
+        /// The turn.
+        turn_id: String,
+        /// As [`RunningTurn::run`] returned it.
+        result: Result<ChatOutcome>,
+    },
+}
+
 /// A message waiting in its session's queue.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct QueuedMessage {
@@ -532,7 +549,11 @@ impl LedgerApp {
                 let session_id = running.session_id();
                 let mut results = vec![running.run(None, CancellationToken::new()).await];
                 let drained = app
-                    .drain_queue(&session_id, |_, result| results.push(result))
+                    .drain_queue(&session_id, |handoff| {
+                        if let Handoff::Ended { result, .. } = handoff {
+                            results.push(result);
+                        }
+                    })
                     .await;
                 if let Err(error) = drained {
                     tracing::warn!(%session_id, %error, "could not hand off the queue; the next look claims it");
@@ -618,16 +639,16 @@ impl LedgerApp {
     /// whether or not the pages that sent them are still open. The engine
     /// starts each queued turn once: a head taken by someone else (a
     /// recovery worker's claim, a repeat of its request) is not taken here.
-    /// `ended` is called with each turn's id and result. At most
+    /// `report` is told when each turn starts and how it ended. At most
     /// [`MAX_HANDOFFS_PER_DRAIN`] turns; the rest stays queued for the
     /// recovery worker. Returns how many turns ran.
     ///
     /// # Errors
     /// As [`LedgerApp::take_next`]; the queue is then left to the recovery
     /// worker. A drained turn's own failure is its result, not an error.
-    pub async fn drain_queue<F>(&self, session_id: &str, mut ended: F) -> Result<u32>
+    pub async fn drain_queue<F>(&self, session_id: &str, mut report: F) -> Result<u32>
     where
-        F: FnMut(&str, Result<ChatOutcome>) + Send,
+        F: FnMut(Handoff) + Send,
     {
         let mut ran = 0;
         while ran < MAX_HANDOFFS_PER_DRAIN {
@@ -636,10 +657,13 @@ impl LedgerApp {
             };
             let turn_id = next.turn_id();
             tracing::info!(%turn_id, %session_id, "running a queued message");
+            report(Handoff::Started {
+                turn_id: turn_id.clone(),
+            });
             // No page streams a handed-off turn: its page shows the reply
             // from the transcript, and a closed page must not stop it.
             let result = next.run(None, CancellationToken::new()).await;
-            ended(&turn_id, result);
+            report(Handoff::Ended { turn_id, result });
             ran += 1;
         }
         tracing::info!(%session_id, ran, "handoff bound reached; the recovery worker takes the rest");

@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentgate::{BusyPolicy, Config, OnBusy, TurnId, TurnState};
-use agentgate_ledger::{ChatOutcome, LedgerApp, QueuedMessage, RunningTurn, Started, UserMessage};
+use agentgate_ledger::{
+    ChatOutcome, Handoff, LedgerApp, QueuedMessage, RunningTurn, Started, UserMessage,
+};
 use common::*;
 use tokio_util::sync::CancellationToken;
 
@@ -67,18 +69,25 @@ async fn booked_in_order(app: &LedgerApp) -> Vec<i64> {
 }
 
 /// Drains the session's queue, returning the ids and outcomes of the turns
-/// it ran, in the order they ended.
+/// it ran, in the order they ended; each was reported started, then ended,
+/// before the next started.
 async fn drain(app: &LedgerApp) -> Vec<(String, ChatOutcome)> {
     let mut ran = Vec::new();
+    let mut running: Option<String> = None;
     let count = app
-        .drain_queue("s1", |turn_id, result| {
-            ran.push((
-                turn_id.to_owned(),
-                result.expect("a queued turn runs to its end"),
-            ));
+        .drain_queue("s1", |handoff| match handoff {
+            Handoff::Started { turn_id } => {
+                assert_eq!(running, None, "one queued turn at a time");
+                running = Some(turn_id);
+            }
+            Handoff::Ended { turn_id, result } => {
+                assert_eq!(running.take().as_deref(), Some(turn_id.as_str()));
+                ran.push((turn_id, result.expect("a queued turn runs to its end")));
+            }
         })
         .await
         .expect("drain");
+    assert_eq!(running, None, "every started turn ended");
     assert_eq!(count as usize, ran.len(), "the count is of the turns run");
     ran
 }
