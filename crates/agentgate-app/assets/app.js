@@ -14,6 +14,13 @@
 //
 // Every notice says what is true: when it says a message is in the box, it
 // is; when it says a message will be resent, the outbox resends it.
+//
+// With the conversation's policy "queues behind the reply" (enqueue) or
+// "replaces queued messages" (supersede), a message sent while a reply runs
+// is answered 202: it waits in the session's queue and shows "Queued ·
+// position N" with a Cancel button, from the transcript (so also after a
+// reload). The server runs it when the reply before it ends (the handoff),
+// whether or not this page is open; its reply then shows like any other.
 
 import { h, getJson, postStream, postBytes, newId, money, clock, fill } from "/assets/common.js";
 import { t, translatePage } from "/assets/i18n.js";
@@ -32,6 +39,19 @@ const BACKOFF_FIRST_MS = 1000;
 const BACKOFF_MAX_MS = 30_000;
 /** Messages kept in the outbox at most; the oldest are dropped beyond. */
 const MAX_OUTBOX = 50;
+/**
+ * How long a queued message of ours keeps the transcript polled at the busy
+ * pace: a queue of ten replies of a slow model. Beyond it the idle pace
+ * still shows its reply, only later.
+ */
+const QUEUED_FOLLOW_MS = 10 * 60_000;
+/**
+ * Longest a queued-policy message waits for the server's answer to the one
+ * sent before it in this tab before it is sent anyway: sent in the order
+ * typed, they queue in that order. An answer's headers come in
+ * milliseconds; this only bounds a server that never answers.
+ */
+const SEND_ORDER_MAX_WAIT_MS = 10_000;
 /** An outbox entry whose tab has not touched it for this long is adopted by another tab (the first was closed). */
 const OWNER_STALE_MS = 10_000;
 /** Re-asks of one confirmation answer while another tab's answer runs. */
@@ -126,11 +146,11 @@ function seconds(ms) {
   return Math.max(1, Math.ceil((ms || 0) / 1000));
 }
 
-/** The conversation's policy for a message sent while a reply runs: reject, wait or interrupt. */
+/** The conversation's policy for a message sent while a reply runs: reject, wait, interrupt, enqueue or supersede. */
 function busyPolicy(user, session) {
   try {
     const saved = localStorage.getItem(`agentgate.busy.${user}.${session}`);
-    return ["wait", "interrupt"].includes(saved) ? saved : "reject";
+    return ["wait", "interrupt", "enqueue", "supersede"].includes(saved) ? saved : "reject";
   } catch {
     return "reject";
   }
@@ -143,6 +163,14 @@ function saveBusyPolicy(policy) {
     // Private mode: the choice lasts for this page only.
   }
 }
+
+/** Whether `policy` queues a message sent while a reply runs. */
+function queues(policy) {
+  return policy === "enqueue" || policy === "supersede";
+}
+
+/** Per conversation, the answer to this tab's last queued-policy send: the next one is sent after it. */
+const sendOrder = new Map();
 
 /** This tab's interrupting messages per session still being answered. */
 const interrupting = new Map();
@@ -234,6 +262,98 @@ function userBubble(text, status, requestId) {
 function setStatus(li, text) {
   const status = li && li.querySelector(".status");
   if (status) status.textContent = text;
+}
+
+/** Whether a turn of the transcript ended without ever running: cancelled while queued, or superseded. */
+function unrun(turn) {
+  return turn.attempt === 0 && (turn.state === "cancelled" || turn.state === "superseded");
+}
+
+/** The queue's positions by turn id, from the transcript's `queue`. */
+function queuePositions(data) {
+  return new Map((data.queue || []).map((entry) => [entry.turn_id, entry.position]));
+}
+
+/**
+ * Shows a user bubble as waiting in its session's queue: its position (null
+ * when the server's list no longer names it: it is being handed off right
+ * now) and a Cancel button.
+ */
+function showQueued(li, turnId, position, text) {
+  li.dataset.state = "queued";
+  li.dataset.turnId = turnId;
+  setStatus(li, position ? t("status.queued", { n: position }) : t("status.queued_next"));
+  if (!li.querySelector("button.cancel-queued")) li.append(cancelButton(li, turnId, text));
+}
+
+/** Shows that a queued message ended without running: cancelled, or replaced by a newer one. */
+function showUnrun(li, turnState) {
+  li.dataset.state = turnState;
+  li.classList.add("unrun");
+  li.querySelector("button.cancel-queued")?.remove();
+  setStatus(li, t(turnState === "superseded" ? "queued.superseded" : "queued.cancelled"));
+}
+
+/**
+ * The Cancel button of a queued message: the engine's cancel (the Stop
+ * route), which ends a queued turn at once. The page says what the server
+ * found: cancelled before it ran, or too late (it had started: then the
+ * cancel stops it, or it had already run).
+ */
+function cancelButton(li, turnId, text) {
+  const button = h("button", { type: "button", class: "cancel-queued" }, t("queue.cancel"));
+  button.addEventListener("click", async () => {
+    button.disabled = true;
+    setStatus(li, t("status.cancelling"));
+    const params = new URLSearchParams({ user_id: state.user, turn_id: turnId });
+    const result = await postBytes(`/app/stop?${params}`, new ArrayBuffer(0));
+    if (!result.ok) {
+      button.disabled = false;
+      const error = (result.body && result.body.error) || {};
+      setStatus(
+        li,
+        result.status === 0 ? t("status.cancel_offline") : t("status.cancel_refused", { message: error.message || error.code || result.status }),
+      );
+      return;
+    }
+    const found = result.body;
+    if (found.attempt === 0 && (found.state === "cancelled" || found.state === "superseded")) {
+      showUnrun(li, found.state);
+      if (found.state === "cancelled") showNotice(t("notice.queue_cancelled", { text }), "warn", "queue-cancel");
+      if (li.dataset.requestId) outboxRemove(li.dataset.requestId);
+    } else if (found.state === "running") {
+      // Handed off since the last look: the cancel request stops it.
+      stoppedBy.set(turnId, "stopped.by_you");
+      button.remove();
+      setStatus(li, t("status.cancel_stopping"));
+    } else {
+      button.remove();
+      showNotice(t("notice.queue_cancel_late", { text }), "warn", "queue-cancel");
+    }
+    broadcast();
+    syncNow();
+  });
+  return button;
+}
+
+/**
+ * Updates the queued bubbles in view from the transcript without redrawing
+ * it (a reply of this tab is streaming): positions, and the ones that ended
+ * without running. One that started shows its reply at the next redraw.
+ */
+function updateQueued(data) {
+  const positions = queuePositions(data);
+  for (const li of els.messages.querySelectorAll("li.msg.user[data-state=queued]")) {
+    const turn = data.turns.find((recorded) => recorded.turn_id === li.dataset.turnId);
+    if (!turn) continue;
+    if (turn.state === "queued") showQueued(li, turn.turn_id, positions.get(turn.turn_id) ?? null, turn.user_text);
+    else if (unrun(turn)) showUnrun(li, turn.state);
+    else {
+      li.dataset.state = "started";
+      li.querySelector("button.cancel-queued")?.remove();
+      setStatus(li, "");
+    }
+  }
 }
 
 function bookedList(entries) {
@@ -640,18 +760,27 @@ function retry(turn) {
 function renderTranscript(data) {
   const items = [];
   const recorded = new Set();
+  const positions = queuePositions(data);
   for (const turn of data.turns) {
     if (turn.client_request_id) recorded.add(turn.client_request_id);
     // A confirmation turn records "确认"/"取消" or "Approve"/"Reject" (by the card's language).
     const approved = ["确认", "Approve"].includes(turn.user_text);
     const said = turn.confirms ? (approved ? t("approved_label") : t("rejected_label")) : turn.user_text;
-    items.push(userBubble(said, clock(turn.created_at_ms), turn.confirms ? undefined : turn.client_request_id));
-    items.push(recordedAssistant(turn, data.pending));
+    const user = userBubble(said, clock(turn.created_at_ms), turn.confirms ? undefined : turn.client_request_id);
+    items.push(user);
+    // A message that waits, or never ran, has no reply: its state is on its bubble.
+    if (turn.state === "queued") showQueued(user, turn.turn_id, positions.get(turn.turn_id) ?? null, turn.user_text);
+    else if (unrun(turn)) showUnrun(user, turn.state);
+    else items.push(recordedAssistant(turn, data.pending));
   }
   if (data.running && !data.turns.some((turn) => turn.state === "running")) {
     // The session is held by a turn whose message is not recorded yet (or by
-    // an API caller): show that something is running.
-    items.push(recordedAssistant({ turn_id: "", state: "running" }, null));
+    // an API caller): show that something is running, ahead of what waits
+    // behind it.
+    const firstQueued = items.findIndex((li) => li.dataset.state === "queued");
+    const placeholder = recordedAssistant({ turn_id: "", state: "running" }, null);
+    if (firstQueued >= 0) items.splice(firstQueued, 0, placeholder);
+    else items.push(placeholder);
   }
   // Messages of ours the server accepted but has not recorded yet.
   for (const entry of readOutbox()) {
@@ -983,6 +1112,7 @@ async function loadSettings() {
 function signatureOf(data) {
   return JSON.stringify([
     data.turns.map((turn) => [turn.turn_id, turn.state, Boolean(turn.reply)]),
+    (data.queue || []).map((entry) => [entry.turn_id, entry.position]),
     data.running,
     data.pending && data.pending.turn_id,
     readOutbox().filter((e) => e.accepted && e.session === state.session).map((e) => e.id),
@@ -994,7 +1124,7 @@ function settleOutbox(data) {
   for (const entry of readOutbox()) {
     if (entry.user !== state.user || entry.session !== state.session || sending.has(entry.id)) continue;
     const turn = data.turns.find((recorded) => recorded.client_request_id === entry.id);
-    if (!turn || !turn.state || turn.state === "running") continue;
+    if (!turn || !turn.state || turn.state === "running" || turn.state === "queued") continue;
     outboxRemove(entry.id);
     // It reached the server after all (only its answer was lost): it is
     // in the transcript now, no longer waiting in the box.
@@ -1029,6 +1159,8 @@ async function syncOnce({ force = false } = {}) {
     renderTranscript(data);
     loadLedger();
     loadSessions();
+  } else if (state.activeStreams > 0) {
+    updateQueued(data);
   }
   if (!data.running && state.busyText !== null && els.notice.dataset.key === "busy") {
     const stillInBox = els.input.value.trim() === state.busyText;
@@ -1049,7 +1181,14 @@ async function syncLoop() {
     } catch (error) {
       console.error("sync", error);
     }
-    const waiting = readOutbox().some((e) => e.accepted && e.user === state.user && e.session === state.session);
+    const now = Date.now();
+    const waiting = readOutbox().some(
+      (e) =>
+        e.accepted &&
+        e.user === state.user &&
+        e.session === state.session &&
+        !(e.queued && now - (e.queued_at_ms || 0) > QUEUED_FOLLOW_MS),
+    );
     const ms = document.hidden ? SYNC_HIDDEN_MS : state.running || waiting ? SYNC_BUSY_MS : SYNC_IDLE_MS;
     if (wakeRequested) {
       wakeRequested = false;
@@ -1142,7 +1281,19 @@ async function deliver(message, { auto = false } = {}) {
     visible() && (state.running || Boolean(els.messages.querySelector("li.msg.assistant[data-state=running]")));
   if (bubble && running && policy === "wait") setStatus(bubble.li, t("status.waiting_turn"));
   if (bubble && running && policy === "interrupt") setStatus(bubble.li, t("status.interrupting"));
+  if (bubble && running && queues(policy)) setStatus(bubble.li, t("status.queuing"));
   if (policy === "interrupt") interrupting.set(message.session, (interrupting.get(message.session) || 0) + 1);
+  // Queued messages run in the order the server received them: send them in
+  // the order they were typed, each once the one before it is answered.
+  let answered = () => {};
+  if (queues(policy)) {
+    const key = `${message.user}\n${message.session}`;
+    const before = sendOrder.get(key);
+    sendOrder.set(key, new Promise((resolve) => {
+      answered = resolve;
+    }));
+    if (before) await Promise.race([before, sleep(SEND_ORDER_MAX_WAIT_MS)]);
+  }
   const result = await postStream(
     "/app/messages",
     {
@@ -1155,6 +1306,7 @@ async function deliver(message, { auto = false } = {}) {
     },
     {
       onOpen() {
+        answered();
         outboxUpdate(message.id, { accepted: true });
         if (state.draft && state.draft.id === message.id) state.draft = null;
         if (visible() && els.input.value.trim() === message.text) els.input.value = "";
@@ -1177,6 +1329,7 @@ async function deliver(message, { auto = false } = {}) {
       },
     },
   );
+  answered();
   state.activeStreams -= 1;
   if (policy === "interrupt") {
     const n = (interrupting.get(message.session) || 1) - 1;
@@ -1186,6 +1339,10 @@ async function deliver(message, { auto = false } = {}) {
   const left = (sending.get(message.id) || 1) - 1;
   if (left > 0) sending.set(message.id, left);
   else sending.delete(message.id);
+  if (result.ok && result.body && result.body.queued) {
+    queuedAccepted(message, bubble, result.body.turn);
+    return;
+  }
   if (result.ok) {
     if (result.ended && assistant && assistant.done) {
       afterTurn();
@@ -1209,6 +1366,32 @@ async function deliver(message, { auto = false } = {}) {
     return;
   }
   refused(message, bubble, result.status, error, auto);
+}
+
+/**
+ * 202 for our message: it waits in the session's queue (the server has it,
+ * recorded). It stays in the outbox, not to be sent again (the server runs
+ * it), but so this page follows it until the transcript shows it ended.
+ */
+function queuedAccepted(message, bubble, turn) {
+  const previous = outboxGet(message.id);
+  outboxUpdate(message.id, {
+    accepted: true,
+    queued: true,
+    queued_at_ms: (previous && previous.queued_at_ms) || Date.now(),
+    turn_id: turn.turn_id,
+  });
+  if (state.draft && state.draft.id === message.id) state.draft = null;
+  if (message.user === state.user && message.session === state.session) {
+    if (els.input.value.trim() === message.text) els.input.value = "";
+    hideNotice("kept");
+    hideNotice("inflight");
+    if (bubble && bubble.li.isConnected) showQueued(bubble.li, turn.turn_id, turn.position, message.text);
+    // The session has this message now (its list counts it).
+    loadSessions();
+  }
+  broadcast();
+  syncNow();
 }
 
 /**
@@ -1286,7 +1469,11 @@ function refused(message, bubble, status, error, auto) {
     scheduleResend(message, error.retry_after_ms || 0, false, bubble);
     return;
   }
-  if (auto && (code === "session_busy" || code === "user_at_capacity") && !(visible && keepInBoxPossible(message))) {
+  if (
+    auto &&
+    (code === "session_busy" || code === "user_at_capacity" || code === "queue_full") &&
+    !(visible && keepInBoxPossible(message))
+  ) {
     // The box holds something else: keep it queued instead, honouring Retry-After.
     scheduleResend(message, error.retry_after_ms || 0, false, bubble);
     return;
@@ -1315,6 +1502,9 @@ function refused(message, bubble, status, error, auto) {
     case "user_at_capacity":
       showNotice(t("notice.capacity", { seconds: secs }), "warn", "capacity");
       break;
+    case "queue_full":
+      showNotice(t("notice.queue_full", { seconds: secs }), "warn", "queue-full");
+      break;
     case "payload_mismatch":
       showNotice(t("notice.mismatch"), "error", "mismatch");
       break;
@@ -1333,6 +1523,8 @@ function pumpOutbox() {
   const now = Date.now();
   for (const entry of readOutbox()) {
     if (entry.user !== state.user) continue;
+    // The server has a queued message and runs it: it is followed, never sent again.
+    if (entry.queued) continue;
     const mine = entry.owner === TAB_ID;
     if (!mine && now - (entry.touched_at_ms || 0) < OWNER_STALE_MS) continue;
     if (sending.has(entry.id)) {

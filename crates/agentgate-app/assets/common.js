@@ -82,9 +82,12 @@ export async function postBytes(path, bytes) {
 
 /**
  * POSTs `body` to an endpoint that answers either a JSON error (a refusal,
- * before any stream starts) or a `text/event-stream`. `onOpen()` runs when
- * the stream is accepted, `onEvent(name, data)` per event. Resolves to
- * {ok, status, error?, ended}: `ended` is false when the stream broke off.
+ * before any stream starts), a JSON success without a stream (202: a
+ * message queued behind a running reply) or a `text/event-stream`.
+ * `onOpen()` runs when the stream is accepted, `onEvent(name, data)` per
+ * event. Resolves to {ok, status, error?, ended, body?}: `ended` is false
+ * when the stream broke off; `body` is the JSON of a success without a
+ * stream.
  */
 export async function postStream(path, body, { onOpen, onEvent, signal } = {}) {
   let response;
@@ -99,6 +102,9 @@ export async function postStream(path, body, { onOpen, onEvent, signal } = {}) {
     return { ok: false, status: 0, error: { code: "network", message: String(error) } };
   }
   const type = response.headers.get("content-type") || "";
+  if (response.ok && type.startsWith("application/json")) {
+    return { ok: true, status: response.status, ended: true, body: await readJson(response) };
+  }
   if (!response.ok || !type.startsWith("text/event-stream")) {
     const parsed = await readJson(response);
     return {

@@ -1,7 +1,9 @@
 // The live dashboard: polls /app/dashboard about once a second (never two
 // requests at once) and redraws. Everything but the counters is the store's
 // truth on the store's clock, across every node on the store; the counters
-// are this server process's ("this node"). The recent lists are paged.
+// are this server process's ("this node"). The recent lists are paged. Each
+// session's queue (messages sent with "queues behind the reply") is listed
+// head first beside its holder.
 
 import { h, getJson, clock, fill } from "/assets/common.js";
 
@@ -22,6 +24,8 @@ const els = {
   live: document.querySelector("#live tbody"),
   liveCount: document.getElementById("live-count"),
   permits: document.querySelector("#permits tbody"),
+  queues: document.querySelector("#queues tbody"),
+  queuesCount: document.getElementById("queues-count"),
   turns: document.querySelector("#turns tbody"),
   executions: document.querySelector("#executions tbody"),
   turnsPager: document.getElementById("turns-pager"),
@@ -152,6 +156,46 @@ function render(data) {
               l.cancel_requested
                 ? h("span", { class: "badge failed", title: "asked to stop; force-released if it does not end within the cancel grace" }, "stop requested")
                 : null,
+            ),
+          ),
+        ),
+  );
+  const queues = data.queues || [];
+  const waiting = queues.reduce((n, q) => n + q.queue.length, 0);
+  els.queuesCount.textContent = `${waiting} queued in ${queues.length} ${queues.length === 1 ? "session" : "sessions"}`;
+  fill(
+    els.queues,
+    queues.length === 0
+      ? emptyRow(5, "No message waits in a queue.", "queues-empty")
+      : queues.map((q) =>
+          h(
+            "tr",
+            { dataset: { session: q.session_id, length: q.queue.length } },
+            h("td", {}, q.user_id),
+            h("td", { class: "mono" }, q.session_id),
+            h(
+              "td",
+              { class: "mono", title: q.holder_turn_id || "" },
+              q.holder_turn_id
+                ? short(q.holder_turn_id)
+                : h("span", { class: "muted", title: "between an ending and its handoff, behind a pending confirmation, or waiting for the recovery worker" }, "none"),
+              q.cancel_requested ? h("span", { class: "badge failed" }, " stop requested") : null,
+            ),
+            h("td", { class: "num" }, q.queue.length),
+            h(
+              "td",
+              {},
+              h(
+                "ol",
+                { class: "queue-list" },
+                q.queue.map((entry) =>
+                  h(
+                    "li",
+                    { class: "mono", title: `turn ${entry.turn_id}, queued ${clock(entry.enqueued_at_ms)}`, dataset: { turnId: entry.turn_id, position: entry.position } },
+                    `${short(entry.client_request_id)} · ${short(entry.turn_id)}`,
+                  ),
+                ),
+              ),
             ),
           ),
         ),

@@ -1,11 +1,14 @@
 //! The chat page's reads: a user's sessions, a session's transcript (with
-//! its pending confirmation and whether a turn is still running), a user's
-//! ledger entries and totals, and the app's settings.
+//! its pending confirmation, whether a turn is still running and the
+//! messages queued behind it), a user's ledger entries and totals, and the
+//! app's settings; and the Stop button (which also cancels a queued
+//! message).
 //!
 //! Ids are checked with the engine's constructors, so a bad one is a 400 like
 //! on `/v1`. Another user's session reads as empty, never as an error that
 //! would tell it exists.
 
+use agentgate::model::QueueEntry;
 use agentgate::{SessionId, TurnState, UserId};
 use agentgate_ledger::{Entry, Reply, SessionSummary, Totals, TranscriptTurn};
 use agentgate_server::{ApiError, ApiQuery, AppState, CallerUser};
@@ -58,6 +61,9 @@ pub(crate) struct TranscriptResponse {
     running: bool,
     /// The live pending confirmation, if any.
     pending: Option<PendingDto>,
+    /// The messages waiting in the session's queue, head first, with their
+    /// positions (their turns are in `turns`, in state `queued`).
+    queue: Vec<QueueEntry>,
 }
 
 /// A user's ledger.
@@ -141,16 +147,18 @@ pub(crate) async fn transcript(
         });
     // The session's live lease says a turn runs even before that turn's
     // first transcript row is written (or when a /v1 caller holds it).
-    let held = session.is_some_and(|view| view.holder.is_some());
+    let held = session.as_ref().is_some_and(|view| view.holder.is_some());
     let running = held
         || turns
             .iter()
             .any(|turn| turn.state == Some(TurnState::Running));
+    let queue = session.map(|view| view.queue).unwrap_or_default();
     Ok(Json(TranscriptResponse {
         session_id: session_id.as_str().to_owned(),
         turns,
         running,
         pending,
+        queue,
     }))
 }
 
@@ -204,16 +212,22 @@ pub(crate) struct StopQuery {
 #[derive(Debug, Serialize)]
 pub(crate) struct StopResponse {
     /// The turn's state after the request (`running` until its holder ends
-    /// it `cancelled`; an ended turn is left as it was).
+    /// it `cancelled`; a queued turn is `cancelled` at once; an ended turn
+    /// is left as it was).
     state: TurnState,
     /// Whether the request is recorded on the running turn.
     cancel_requested: bool,
+    /// The turn's attempts: 0 when it never started, so a `cancelled`
+    /// turn with 0 was cancelled before it ran.
+    attempt: u32,
 }
 
-/// `POST /app/stop`: the Stop button. The engine's cancel request for one
-/// of the user's turns: a holder on this node is signalled at once, one on
-/// another node at its next heartbeat; it ends the turn `cancelled`, which
-/// a repeat of the message replays.
+/// `POST /app/stop`: the Stop button, and the Cancel button of a queued
+/// message. The engine's cancel request for one of the user's turns: a
+/// holder on this node is signalled at once, one on another node at its
+/// next heartbeat; it ends the turn `cancelled`, which a repeat of the
+/// message replays. A queued turn is removed from its queue and ended
+/// `cancelled` at once, never having run.
 pub(crate) async fn stop(
     State(state): State<AppState>,
     caller: CallerUser,
@@ -235,5 +249,6 @@ pub(crate) async fn stop(
     Ok(Json(StopResponse {
         state: view.state,
         cancel_requested: view.cancel_requested_at_ms.is_some(),
+        attempt: view.attempt,
     }))
 }

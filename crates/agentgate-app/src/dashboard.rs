@@ -1,5 +1,6 @@
 //! The dashboard's data: the store's overview (live holders with fence and
-//! remaining lease, recent turns and tool executions), permits in use per
+//! remaining lease, recent turns and tool executions), each session's queue
+//! (the messages waiting behind its holder, in order), permits in use per
 //! user against their cap, and this server's counters (conflicts by code,
 //! replays, takeovers, unknown tool outcomes).
 //!
@@ -11,8 +12,8 @@
 
 use std::collections::BTreeSet;
 
-use agentgate::model::{ExecutionView, LiveTurn, TurnView};
-use agentgate::{TurnState, UserId};
+use agentgate::model::{ExecutionView, LiveTurn, QueueEntry, TurnView};
+use agentgate::{SessionId, TurnState, UserId};
 use agentgate_ingest::IngestionView;
 use agentgate_server::metrics::Counters;
 use agentgate_server::{ApiError, AppState};
@@ -20,7 +21,7 @@ use axum::extract::State;
 use axum::Json;
 use serde::Serialize;
 
-use crate::limits::{DASHBOARD_MAX_USERS, DASHBOARD_ROWS};
+use crate::limits::{DASHBOARD_MAX_QUEUES, DASHBOARD_MAX_USERS, DASHBOARD_ROWS};
 
 /// A live lease.
 #[derive(Debug, Serialize)]
@@ -98,6 +99,21 @@ impl TurnRow {
     }
 }
 
+/// A session's queue: the turns waiting behind its holder.
+#[derive(Debug, Serialize)]
+pub(crate) struct QueueRow {
+    user_id: String,
+    session_id: String,
+    /// The turn holding the session; `None` between an ending and the
+    /// handoff, or when the queue waits for a recovery worker's claim (its
+    /// worker died) or behind a pending confirmation.
+    holder_turn_id: Option<String>,
+    /// Whether the holder was asked to stop and has not ended yet.
+    cancel_requested: bool,
+    /// The queued turns, head first (position 1).
+    queue: Vec<QueueEntry>,
+}
+
 /// A recent tool execution, without its result.
 #[derive(Debug, Serialize)]
 pub(crate) struct ExecutionRow {
@@ -133,6 +149,9 @@ pub(crate) struct DashboardResponse {
     /// Users with a live lease or a recent turn (at most
     /// [`DASHBOARD_MAX_USERS`]), live ones first.
     permits: Vec<PermitRow>,
+    /// The sessions with a non-empty queue among those held or with a
+    /// recent queued turn (at most [`DASHBOARD_MAX_QUEUES`] looked at).
+    queues: Vec<QueueRow>,
     /// Newest first.
     recent_turns: Vec<TurnRow>,
     /// Newest first.
@@ -159,6 +178,25 @@ fn permit_users<'a>(live: &'a [LiveTurn], turns: &'a [TurnView]) -> Vec<&'a User
         .collect()
 }
 
+/// The sessions whose queue to read: those held, then those with a recent
+/// queued turn (a queue with no holder), without repeats, at most
+/// [`DASHBOARD_MAX_QUEUES`]. A queue always waits behind a holder or for
+/// one of these, so a session with neither has an empty queue.
+fn queue_sessions<'a>(live: &'a [LiveTurn], turns: &'a [TurnView]) -> Vec<&'a SessionId> {
+    let mut seen = BTreeSet::new();
+    live.iter()
+        .map(|l| &l.holder.session_id)
+        .chain(
+            turns
+                .iter()
+                .filter(|t| t.state == TurnState::Queued)
+                .map(|t| &t.session_id),
+        )
+        .filter(|session| seen.insert(session.as_str()))
+        .take(DASHBOARD_MAX_QUEUES)
+        .collect()
+}
+
 /// Whether `turn` is an orphan: `running` with no live lease. Only judged
 /// when `live` is the whole list of live leases (shorter than the row
 /// limit); a cut list could miss the turn's holder.
@@ -181,6 +219,22 @@ pub(crate) async fn dashboard(
             user_id: user_id.as_str().to_owned(),
             live_turns: user.live_turns,
             max_turns_per_user: user.max_turns_per_user,
+        });
+    }
+    let mut queues = Vec::new();
+    for session_id in queue_sessions(&overview.live, &overview.recent_turns) {
+        let Some(session) = store.session(session_id).await? else {
+            continue;
+        };
+        if session.queue.is_empty() {
+            continue;
+        }
+        queues.push(QueueRow {
+            user_id: session.user_id.as_str().to_owned(),
+            session_id: session.session_id.as_str().to_owned(),
+            cancel_requested: session.holder.as_ref().is_some_and(|h| h.cancel_requested),
+            holder_turn_id: session.holder.map(|h| h.turn_id.as_str().to_owned()),
+            queue: session.queue,
         });
     }
     let engine = state.gate().config();
@@ -209,6 +263,7 @@ pub(crate) async fn dashboard(
         live: overview.live.into_iter().map(HolderRow::from).collect(),
         rows_limit: DASHBOARD_ROWS,
         permits,
+        queues,
         recent_turns,
         recent_executions: overview
             .recent_executions
@@ -286,6 +341,25 @@ mod tests {
             &holders,
             false
         ));
+    }
+
+    #[test]
+    fn queue_sessions_are_the_held_then_the_queued_distinct_and_bounded() {
+        let holders = vec![live("alice", "a1"), live("bob", "b1")];
+        let turns = vec![
+            turn("q1", TurnState::Queued),
+            turn("a1", TurnState::Queued),
+            turn("done", TurnState::Succeeded),
+            turn("q1", TurnState::Queued),
+        ];
+        let sessions = queue_sessions(&holders, &turns);
+        let names: Vec<&str> = sessions.iter().map(|s| s.as_str()).collect();
+        // An ended turn's session with no holder has nothing queued.
+        assert_eq!(names, ["a1", "b1", "q1"]);
+        let many: Vec<TurnView> = (0..DASHBOARD_MAX_QUEUES + 5)
+            .map(|i| turn(&format!("q{i}"), TurnState::Queued))
+            .collect();
+        assert_eq!(queue_sessions(&[], &many).len(), DASHBOARD_MAX_QUEUES);
     }
 
     #[test]

@@ -14,8 +14,8 @@
 //!   [`OnDisconnect`], and the route list (`routes`);
 //! - `stream`: send a message or a confirmation and stream the turn's
 //!   [`agentgate_ledger::AgentEvent`]s as server-sent events;
-//! - `api`: the page's reads (sessions, transcript, ledger, pending
-//!   confirmation);
+//! - `api`: the page's reads (sessions, transcript with the session's
+//!   queue, ledger, pending confirmation) and the Stop / Cancel button;
 //! - `error`: the app's errors as the server's error body;
 //! - `dashboard`: the store's overview, permits per user and this server's
 //!   counters;
@@ -31,7 +31,9 @@
 //! `awaiting_confirmation`, `user_at_capacity`, …) is answered with its real
 //! status and the usual JSON error body, through
 //! [`agentgate_server::error::status_of`],
-//! before any event stream starts. Only a granted turn (or a replay) streams.
+//! before any event stream starts. Only a granted turn (or a replay) streams;
+//! a message queued behind a running reply is a 202 with its position, and
+//! the task that ends the reply runs the session's queue after it.
 //!
 //! Architecture invariant: the app's endpoints are the pages' own, not part
 //! of the v1 contract; they are deliberately absent from `/openapi.json`.

@@ -23,6 +23,11 @@ pub const DASHBOARD_ROWS: u32 = 50;
 /// The dashboard refreshes every second; this bounds the reads it costs.
 pub const DASHBOARD_MAX_USERS: usize = 20;
 
+/// Sessions whose queue the dashboard reads per refresh (the held ones,
+/// then those with a recent queued turn), one store read each, like
+/// [`DASHBOARD_MAX_USERS`]: the dashboard refreshes every second.
+pub const DASHBOARD_MAX_QUEUES: usize = 20;
+
 /// Hits a documents search returns: what a person reads at a glance, and
 /// what the agent quotes from.
 pub const SEARCH_HITS: usize = 5;

@@ -3,9 +3,12 @@
 //!
 //! Step one is the engine's begin. A refusal leaves here as a plain JSON
 //! error with its real status (409 `session_busy`, `request_in_flight`,
-//! `awaiting_confirmation`, 429 `user_at_capacity`, …) — no stream is opened,
-//! so the page can tell "still being processed" from a reply. A repeat of an
-//! ended request streams one `final` event with the stored outcome.
+//! `awaiting_confirmation`, 429 `user_at_capacity`, `queue_full`, …) — no
+//! stream is opened, so the page can tell "still being processed" from a
+//! reply. A repeat of an ended request streams one `final` event with the
+//! stored outcome. A message queued behind a running reply (`enqueue`,
+//! `supersede`) is answered 202 with its turn and position, as JSON: no
+//! stream, nothing runs yet.
 //!
 //! Step two: a granted turn runs in its own task, whatever happens to the
 //! HTTP connection; the response only forwards its events (one SSE event per
@@ -15,17 +18,25 @@
 //! under [`OnDisconnect::Finish`] nothing happens and the turn ends by
 //! itself. Either way the turn ends (or is failed as retryable) and releases
 //! its lease, and the transcript shows the result.
+//!
+//! Step three, the handoff: the task that ran the turn then runs the
+//! messages queued behind it in its session, one after another
+//! ([`agentgate_ledger::LedgerApp::drain_queue`]), with no stream: their
+//! pages show each reply from the transcript, and a closed page neither
+//! stops them nor leaves them unrun.
 
 use std::convert::Infallible;
 
 use agentgate_ledger::{
-    event_channel, AgentEvent, ConfirmRequest, EventSender, LedgerError, RunningTurn, Started,
-    UserMessage,
+    event_channel, AgentEvent, ChatOutcome, ConfirmRequest, EventSender, Handoff, LedgerApp,
+    LedgerError, QueuedMessage, RunningTurn, Started, UserMessage,
 };
 use axum::extract::State;
+use axum::http::{header, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
+use axum::Json;
+use serde::{Deserialize, Serialize};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
@@ -53,8 +64,8 @@ pub(crate) struct MessageRequest {
     #[serde(default)]
     utc_offset_minutes: Option<i32>,
     /// The conversation's policy for a message sent while a reply runs:
-    /// `reject` (default), `wait` or `interrupt`, with the engine's default
-    /// bound.
+    /// `reject` (default), `wait` or `interrupt` (with the engine's default
+    /// bound), `enqueue` or `supersede` (answered 202: queued).
     #[serde(default)]
     on_busy: BusyPolicyDto,
 }
@@ -70,6 +81,15 @@ pub(crate) struct ConfirmationRequest {
     /// The turn awaiting confirmation.
     turn_id: String,
     decision: DecisionDto,
+}
+
+/// `202`: the message waits in its session's queue.
+#[derive(Debug, Serialize)]
+pub(crate) struct QueuedResponse {
+    /// Always true.
+    queued: bool,
+    /// The queued turn and its position.
+    turn: QueuedMessage,
 }
 
 /// Begins a message turn and streams it.
@@ -93,14 +113,13 @@ pub(crate) async fn send_message(
     state.metrics().busy_begin(
         policy,
         match &started {
-            // The app's policies never queue.
-            Ok((_, report)) => busy_outcome(false, report),
+            Ok((started, report)) => busy_outcome(matches!(started, Started::Queued(_)), report),
             Err(error) if error.code() == "session_busy" => "timed_out",
             Err(_) => "refused",
         },
     );
     let started = started.map(|(started, _)| started);
-    respond(&state, mount.on_disconnect, started)
+    respond(&state, mount, started)
 }
 
 /// Begins a confirmation turn and streams it.
@@ -119,14 +138,14 @@ pub(crate) async fn confirm(
         decision: request.decision.into(),
     };
     let started = mount.app.start_confirmation(&answer).await;
-    respond(&state, mount.on_disconnect, started)
+    respond(&state, mount, started)
 }
 
 /// Turns the begin's result into a response: an error body, a one-event
-/// replay, or the live stream of a running turn.
+/// replay, a queued message's 202, or the live stream of a running turn.
 fn respond(
     state: &AppState,
-    on_disconnect: OnDisconnect,
+    mount: &crate::LedgerMount,
     started: Result<Started, LedgerError>,
 ) -> Result<Response, ApiError> {
     let metrics = state.metrics();
@@ -144,19 +163,41 @@ fn respond(
             let stream = tokio_stream::once(Ok::<_, Infallible>(event));
             Ok(Sse::new(stream).into_response())
         }
-        Ok(Started::Running(turn)) => Ok(stream_turn(metrics.clone(), on_disconnect, turn)),
+        Ok(Started::Queued(queued)) => {
+            metrics.begin(BeginLabel::Queued);
+            tracing::info!(turn_id = %queued.turn_id, position = queued.position, "app message queued");
+            let retry_after_secs = queued.retry_after_ms.div_ceil(1000).max(1);
+            let body = QueuedResponse {
+                queued: true,
+                turn: queued,
+            };
+            let headers = [(header::RETRY_AFTER, retry_after_secs.to_string())];
+            Ok((StatusCode::ACCEPTED, headers, Json(body)).into_response())
+        }
+        Ok(Started::Running(turn)) => Ok(stream_turn(
+            metrics.clone(),
+            mount.app.clone(),
+            mount.on_disconnect,
+            turn,
+        )),
     }
 }
 
-/// Spawns the turn and answers with the stream of its events.
-fn stream_turn(metrics: Metrics, on_disconnect: OnDisconnect, turn: RunningTurn) -> Response {
+/// Spawns the turn (and the handoff after it) and answers with the stream of
+/// its events.
+fn stream_turn(
+    metrics: Metrics,
+    app: LedgerApp,
+    on_disconnect: OnDisconnect,
+    turn: RunningTurn,
+) -> Response {
     tracing::info!(turn_id = %turn.turn_id(), attempt = turn.attempt(), "app turn started");
     if turn.attempt() == 1 {
         metrics.begin(BeginLabel::Started);
     }
     let (events, receiver) = event_channel();
     let cancel = CancellationToken::new();
-    tokio::spawn(drive(metrics, turn, events, cancel.clone()));
+    tokio::spawn(drive(metrics, app, turn, events, cancel.clone()));
     // Under `cancel`, dropping the stream (the client went away, or the
     // stream ended after the last event, when cancelling is a no-op) fires
     // the token; under `finish` the token is never fired.
@@ -175,14 +216,17 @@ fn stream_turn(metrics: Metrics, on_disconnect: OnDisconnect, turn: RunningTurn)
 
 /// Runs the turn to its ending, forwarding its events to `stream` (the
 /// response; gone when the client left) and counting what the server's
-/// metrics count for `/v1` turns: takeovers, restarts, endings.
+/// metrics count for `/v1` turns: takeovers, restarts, endings. Then ends
+/// the stream and runs what was queued behind the turn.
 async fn drive(
     metrics: Metrics,
+    app: LedgerApp,
     turn: RunningTurn,
     stream: EventSender,
     cancel: CancellationToken,
 ) {
     let turn_id = turn.turn_id();
+    let session_id = turn.session_id();
     let (events, mut receiver) = event_channel();
     let run = turn.run(Some(events), cancel);
     let forward = async {
@@ -203,6 +247,24 @@ async fn drive(
         }
     };
     let (result, ()) = tokio::join!(run, forward);
+    ended(&metrics, &turn_id, &result);
+    // The response ends with its turn: the queued turns are not its to show.
+    drop(stream);
+    let drained = app
+        .drain_queue(&session_id, |handoff| match handoff {
+            Handoff::Started { .. } => metrics.begin(BeginLabel::Handoff),
+            Handoff::Ended { turn_id, result } => ended(&metrics, &turn_id, &result),
+        })
+        .await;
+    if let Err(error) = drained {
+        // The head stays queued on a free session: the recovery worker
+        // claims it.
+        tracing::warn!(%session_id, %error, "could not hand off the session's queue");
+    }
+}
+
+/// Counts and logs a turn's ending.
+fn ended(metrics: &Metrics, turn_id: &str, result: &Result<ChatOutcome, LedgerError>) {
     match result {
         Ok(outcome) => {
             metrics.turn_ended(outcome.state.as_str());

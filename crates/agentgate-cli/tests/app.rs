@@ -423,6 +423,242 @@ async fn the_dashboard_shows_holders_permits_and_counters() {
     assert!(metrics.contains("agentgate_conflicts_total{code=\"session_busy\"} 1"));
 }
 
+/// Sends `text` with `on_busy` `policy`; asserts the 202 of a queued
+/// message and returns its body.
+async fn enqueue(app: &AppClient, user: &str, request: &str, text: &str, policy: &str) -> Value {
+    let mut body = AppClient::message(user, "s1", request, text);
+    body["on_busy"] = json!(policy);
+    match app.open("/app/messages", &body).await.unwrap() {
+        Opened::Refused(app_client::Sent::Refused {
+            status: 202,
+            body,
+            retry_after,
+            ..
+        }) => {
+            assert!(
+                retry_after.unwrap() >= 1,
+                "a queued message says when to look again"
+            );
+            assert_eq!(body["queued"], true, "{body}");
+            body
+        }
+        Opened::Refused(other) => panic!("not queued: {other:?}"),
+        Opened::Stream(_) => panic!("a queued message is not streamed"),
+    }
+}
+
+/// Polls the transcript until the turn of `request` is in `state`.
+async fn until_state(app: &AppClient, user: &str, request: &str, state: &str) -> Value {
+    let deadline = Instant::now() + TURN_DEADLINE;
+    loop {
+        let transcript = app.transcript(user, "s1").await.unwrap();
+        let turn = transcript["turns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["client_request_id"] == request)
+            .cloned();
+        if turn.as_ref().is_some_and(|t| t["state"] == state) {
+            return transcript;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{request} never {state}: {transcript}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn queued_messages_wait_show_on_the_dashboard_cancel_and_are_handed_off_in_order() {
+    let dir = scratch();
+    let server = Server::start(dir.path(), &["--think-time-ms", "300"]);
+    let app = AppClient::new(&server.base);
+    let stream = open_stream(&app, &AppClient::message("quinn", "s1", "m1", "lunch 35")).await;
+    let second = enqueue(&app, "quinn", "m2", "taxi 18", "enqueue").await;
+    let third = enqueue(&app, "quinn", "m3", "coffee 12", "enqueue").await;
+    assert_eq!(second["turn"]["position"], 1);
+    assert_eq!(third["turn"]["position"], 2);
+    assert_eq!(third["turn"]["client_request_id"], "m3");
+    let third_id = third["turn"]["turn_id"].as_str().unwrap().to_owned();
+
+    // The page's data: the queued messages in the transcript, in order, with
+    // their positions.
+    let transcript = app.transcript("quinn", "s1").await.unwrap();
+    let turns: Vec<(&str, &str)> = transcript["turns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["user_text"].as_str().unwrap(),
+                t["state"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        turns,
+        [
+            ("lunch 35", "running"),
+            ("taxi 18", "queued"),
+            ("coffee 12", "queued")
+        ]
+    );
+    let positions: Vec<(&str, u64)> = transcript["queue"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| {
+            (
+                q["client_request_id"].as_str().unwrap(),
+                q["position"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(positions, [("m2", 1), ("m3", 2)]);
+
+    // The dashboard lists the session's queue behind its holder.
+    let (_, dashboard) = app.get("/app/dashboard").await.unwrap();
+    let queues = dashboard["queues"].as_array().unwrap();
+    assert_eq!(queues.len(), 1, "{dashboard}");
+    assert_eq!(queues[0]["session_id"], "s1");
+    assert_eq!(queues[0]["holder_turn_id"], dashboard["live"][0]["turn_id"]);
+    let queued: Vec<&str> = queues[0]["queue"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| q["client_request_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(queued, ["m2", "m3"]);
+
+    // Cancel: another user's cancel finds nothing; the owner's ends it at
+    // once, never having run.
+    let client = server.client();
+    client
+        .post(
+            &format!("/app/stop?user_id=mallory&turn_id={third_id}"),
+            None,
+            &json!({}),
+        )
+        .await
+        .expect(404, "not_found");
+    let cancelled = client
+        .post(
+            &format!("/app/stop?user_id=quinn&turn_id={third_id}"),
+            None,
+            &json!({}),
+        )
+        .await;
+    assert_eq!(cancelled.status, 200, "{}", cancelled.text);
+    assert_eq!(cancelled.body["state"], "cancelled");
+    assert_eq!(cancelled.body["attempt"], 0);
+
+    // The first message's stream ends with its own reply, not the queue's.
+    let events = stream.rest().await.unwrap();
+    let last_event = events.last().unwrap();
+    assert_eq!(last_event.0, "final", "{events:?}");
+    assert_eq!(last_event.1["outcome"]["client_request_id"], "m1");
+
+    // The handoff runs the second message with no page streaming it,
+    // counted as a live turn of this node while it runs.
+    let deadline = Instant::now() + TURN_DEADLINE;
+    loop {
+        let transcript = app.transcript("quinn", "s1").await.unwrap();
+        let (_, dashboard) = app.get("/app/dashboard").await.unwrap();
+        let second_state = transcript["turns"][1]["state"].clone();
+        assert_ne!(second_state, "succeeded", "never seen live: {dashboard}");
+        if second_state == "running" && dashboard["counters"]["live_turns"] == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{transcript}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let transcript = until_state(&app, "quinn", "m2", "succeeded").await;
+    let states: Vec<&str> = transcript["turns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["succeeded", "succeeded", "cancelled"]);
+    assert_eq!(transcript["turns"][2]["attempt"], 0);
+    assert_eq!(transcript["queue"], json!([]));
+    let mut amounts: Vec<i64> = app
+        .entries("quinn")
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e["amount_cents"].as_i64().unwrap())
+        .collect();
+    amounts.sort_unstable();
+    assert_eq!(amounts, [1800, 3500], "the cancelled message never booked");
+    // And it ended: nothing is counted live any more.
+    let deadline = Instant::now() + TURN_DEADLINE;
+    loop {
+        let (_, dashboard) = app.get("/app/dashboard").await.unwrap();
+        let counters = &dashboard["counters"];
+        if counters["turn_endings"]["succeeded"] == 2 {
+            assert_eq!(counters["live_turns"], 0, "{counters}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{counters}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let metrics = server.client().get("/metrics").await.text;
+    assert!(
+        metrics.contains("agentgate_begins_total{outcome=\"queued\"} 2"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("agentgate_begins_total{outcome=\"handoff\"} 1"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_full_queue_is_refused_429_queue_full_before_any_stream() {
+    let dir = scratch();
+    // A reply long enough to queue a full queue behind it.
+    let server = Server::start(dir.path(), &["--think-time-ms", "5000"]);
+    let app = AppClient::new(&server.base);
+    let _stream = open_stream(&app, &AppClient::message("rhea", "s1", "m0", "lunch 35")).await;
+    let limit = agentgate::limits::MAX_SESSION_QUEUE;
+    for n in 1..=limit {
+        let queued = enqueue(
+            &app,
+            "rhea",
+            &format!("m{n}"),
+            &format!("taxi {n}"),
+            "enqueue",
+        )
+        .await;
+        assert_eq!(queued["turn"]["position"], n);
+    }
+    let mut body = AppClient::message("rhea", "s1", "over", "coffee 12");
+    body["on_busy"] = json!("enqueue");
+    let Opened::Refused(full) = app.open("/app/messages", &body).await.unwrap() else {
+        panic!("a full queue opens no stream");
+    };
+    assert_eq!(full.refusal(), (429, "queue_full"));
+    let app_client::Sent::Refused { retry_after, .. } = full else {
+        unreachable!()
+    };
+    assert!(retry_after.unwrap() >= 1);
+    let transcript = app.transcript("rhea", "s1").await.unwrap();
+    assert_eq!(
+        transcript["queue"].as_array().unwrap().len(),
+        limit as usize
+    );
+    assert!(
+        transcript["turns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t["user_text"] != "coffee 12"),
+        "the refused message is not recorded"
+    );
+}
+
 #[tokio::test]
 async fn keys_no_app_and_bad_input() {
     let dir = scratch();

@@ -217,20 +217,45 @@ async fn started(
             takeover: turn.is_takeover(),
         },
     );
+    // Usually recorded already, when the turn was begun or queued (a
+    // repeat writes nothing); a turn claimed by a recovery worker is
+    // recorded here if it never was.
+    // The transcript is a view; a failed write is retried by the next replay
+    // or restart of this request and must not fail the turn.
+    if let Err(error) = record_user_message(
+        inner,
+        turn.user_id().as_str(),
+        turn.session_id().as_str(),
+        turn.id().as_str(),
+        text,
+        data,
+    )
+    .await
+    {
+        tracing::warn!(turn_id = %turn.id(), %error, "could not record the user message");
+    }
+}
+
+/// Records the user's side of a turn in the transcript; a second record of
+/// the same turn writes nothing.
+pub(crate) async fn record_user_message(
+    inner: &Inner,
+    user_id: &str,
+    session_id: &str,
+    turn_id: &str,
+    text: &str,
+    data: Value,
+) -> Result<()> {
     let row = MessageRow {
-        user_id: turn.user_id().to_string(),
-        session_id: turn.session_id().to_string(),
-        turn_id: turn.id().to_string(),
+        user_id: user_id.to_owned(),
+        session_id: session_id.to_owned(),
+        turn_id: turn_id.to_owned(),
         role: "user",
         content: text.to_owned(),
         data,
         created_at_ms: 0,
     };
-    // The transcript is a view; a failed write is retried by the next replay
-    // or restart of this request and must not fail the turn.
-    if let Err(error) = inner.db.insert_message(&row).await {
-        tracing::warn!(turn_id = %turn.id(), %error, "could not record the user message");
-    }
+    inner.db.insert_message(&row).await
 }
 
 async fn rounds(ctx: &Ctx<'_>, text: &str) -> Result<Ending, Failure> {

@@ -13,17 +13,26 @@
 //!    cancellation token fires (the "client went away → cancel" policy; to
 //!    let the turn finish instead, never fire it).
 //!
+//! A message sent with `on_busy` `enqueue` or `supersede` while a reply
+//! runs is [`Started::Queued`] instead: recorded in the transcript, it waits
+//! in the session's queue. Whoever ends a turn of the session then takes the
+//! queue's head and runs it ([`LedgerApp::drain_queue`], the engine's
+//! handoff), so one worker drains a conversation in order; the recovery
+//! worker ([`LedgerApp::recover_once`]) claims a head nobody took and drains
+//! the rest the same way.
+//!
 //! [`LedgerApp::chat`] and [`LedgerApp::confirm`] do both steps at once. The
 //! queries (sessions, transcript, entries, totals, pending confirmation)
 //! serve the page.
 
 use std::sync::Arc;
 
-use agentgate::model::BeginCommand;
+use agentgate::model::{BeginCommand, QueuedTurn};
 use agentgate::{
-    Begun, BusyReport, ClientRequestId, Decision, Gate, OnBusy, SessionId, Turn, TurnState,
-    TurnView, UserId,
+    Begun, BusyReport, ClientRequestId, Decision, Gate, OnBusy, Recovered, SessionId, Turn,
+    TurnState, TurnView, UserId,
 };
+use serde::Serialize;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
@@ -33,7 +42,8 @@ use crate::db::LedgerDb;
 use crate::error::{LedgerError, Result};
 use crate::events::{emit, AgentEvent, EventSender};
 use crate::limits::{
-    MAX_MESSAGE_CHARS, RECOVERIES_PER_TICK, RECOVERY_CANDIDATES, RECOVERY_INTERVAL,
+    MAX_HANDOFFS_PER_DRAIN, MAX_MESSAGE_CHARS, RECOVERIES_PER_TICK, RECOVERY_CANDIDATES,
+    RECOVERY_INTERVAL,
 };
 use crate::model::Model;
 use crate::records::{Category, ChatOutcome, Entry, Reply, SessionSummary, Totals, TranscriptTurn};
@@ -78,7 +88,9 @@ pub struct UserMessage {
     /// `None` uses the app's default.
     pub utc_offset_minutes: Option<i32>,
     /// What to do when a reply of this conversation is still running:
-    /// refuse (`session_busy`), wait for it, or interrupt it.
+    /// refuse (`session_busy`), wait for it, interrupt it, or queue behind
+    /// it (`enqueue`; `supersede` also replaces the queued messages that
+    /// have not started).
     pub on_busy: OnBusy,
 }
 
@@ -104,6 +116,55 @@ pub enum Started {
     Replay(ChatOutcome),
     /// A lease was granted: run it.
     Running(RunningTurn),
+    /// The message waits in its session's queue (`enqueue` or
+    /// `supersede`), recorded in the transcript; nothing ran yet. The
+    /// caller that ends the session's running turn runs it
+    /// ([`LedgerApp::drain_queue`]), or the recovery worker does.
+    Queued(QueuedMessage),
+}
+
+/// What [`LedgerApp::drain_queue`] reports of each queued turn it runs.
+#[derive(Debug)]
+pub enum Handoff {
+    /// The turn was taken from the head of the queue and runs now.
+    Started {
+        /// The turn.
+        turn_id: String,
+    },
+    /// The turn ended: its outcome, or why it did not finish.
+    Ended {
+        /// The turn.
+        turn_id: String,
+        /// As [`RunningTurn::run`] returned it.
+        result: Result<ChatOutcome>,
+    },
+}
+
+/// A message waiting in its session's queue.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct QueuedMessage {
+    /// Its turn, in state `queued` (cancel it with the engine's cancel).
+    pub turn_id: String,
+    /// The client's id of the message.
+    pub client_request_id: String,
+    /// 1 for the head of the queue, gap-free behind it.
+    pub position: u32,
+    /// Store-clock time it was queued, ms since the Unix epoch.
+    pub enqueued_at_ms: i64,
+    /// When to look again: the running turn's remaining lease.
+    pub retry_after_ms: u64,
+}
+
+impl From<&QueuedTurn> for QueuedMessage {
+    fn from(queued: &QueuedTurn) -> Self {
+        Self {
+            turn_id: queued.turn_id.to_string(),
+            client_request_id: queued.client_request_id.as_str().to_owned(),
+            position: queued.position,
+            enqueued_at_ms: queued.enqueued_at_ms,
+            retry_after_ms: u64::try_from(queued.retry_after.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
 }
 
 /// What kind of turn is running.
@@ -134,6 +195,11 @@ impl RunningTurn {
     /// 1 for the first start, +1 per takeover or restart.
     pub fn attempt(&self) -> u32 {
         self.turn.attempt()
+    }
+
+    /// The turn's session.
+    pub fn session_id(&self) -> String {
+        self.turn.session_id().to_string()
     }
 
     /// Runs the turn to its ending, sending events to `events` (if any).
@@ -282,25 +348,50 @@ impl LedgerApp {
                 agent::record_replay(&self.inner, &view, text, json!({})).await;
                 Started::Replay(ChatOutcome::from_view(&view, true))
             }
-            // The app's policies never queue; a message queued through the
-            // API by another caller waits behind the session's holder.
+            // Recorded before it is acknowledged: the page shows it queued
+            // from the transcript (after a reload too), and the recovery
+            // worker, which resumes only turns this app recorded, can claim
+            // it when no handoff does. A failed write fails the request; its
+            // repeat (same id) finds the turn queued and writes again.
             Begun::Queued(queued) => {
-                return Err(agentgate::Error::SessionBusy {
-                    active_turn_id: queued.turn_id.to_string(),
-                    retry_after: queued.retry_after,
-                }
-                .into())
+                agent::record_user_message(
+                    &self.inner,
+                    &message.user_id,
+                    &message.session_id,
+                    queued.turn_id.as_str(),
+                    text,
+                    json!({}),
+                )
+                .await?;
+                Started::Queued(QueuedMessage::from(&queued))
             }
-            Begun::Started(turn) => Started::Running(RunningTurn {
-                app: self.clone(),
-                turn,
-                work: Work::Message {
-                    text: text.to_owned(),
-                    utc_offset_minutes: message
-                        .utc_offset_minutes
-                        .unwrap_or(self.inner.config.utc_offset_minutes),
-                },
-            }),
+            Begun::Started(turn) => {
+                // Recorded now, not when the turn's task gets to it: a
+                // message queued right behind this one is recorded after
+                // it, so the transcript lists them in the order they run.
+                if let Err(error) = agent::record_user_message(
+                    &self.inner,
+                    &message.user_id,
+                    &message.session_id,
+                    turn.id().as_str(),
+                    text,
+                    json!({}),
+                )
+                .await
+                {
+                    tracing::warn!(turn_id = %turn.id(), %error, "could not record the user message");
+                }
+                Started::Running(RunningTurn {
+                    app: self.clone(),
+                    turn,
+                    work: Work::Message {
+                        text: text.to_owned(),
+                        utc_offset_minutes: message
+                            .utc_offset_minutes
+                            .unwrap_or(self.inner.config.utc_offset_minutes),
+                    },
+                })
+            }
         };
         Ok((started, report))
     }
@@ -354,7 +445,9 @@ impl LedgerApp {
     }
 
     /// Starts and runs a chat message; a replay is returned as it is (and
-    /// sent as a `final` event).
+    /// sent as a `final` event). A message queued behind a running reply
+    /// (`enqueue`, `supersede`) is returned in state `queued`, with no
+    /// event: it runs when the session's holder hands it off.
     ///
     /// # Errors
     /// As [`LedgerApp::start_message`] and [`RunningTurn::run`].
@@ -390,7 +483,14 @@ impl LedgerApp {
     /// unknown is looked up by its idempotency key before anything is
     /// booked, and the reply is stored, so the page that was waiting shows
     /// it. Only turns this app recorded are claimed: other callers of the
-    /// same store resume their own. Returns the outcomes.
+    /// same store resume their own.
+    ///
+    /// The engine's claim also starts the head of a queue whose session is
+    /// free (its worker died before the handoff, or ended without one):
+    /// queued messages are recorded when queued, so they are candidates.
+    /// After each resumed turn its session's queue is drained
+    /// ([`LedgerApp::drain_queue`]), so the messages queued behind a dead
+    /// worker run in order. Returns the outcomes, the drained ones included.
     ///
     /// # Errors
     /// `Database` or `Engine` when the look-up or a claim fails; a resumed
@@ -441,42 +541,37 @@ impl LedgerApp {
                     .count(),
                 "resuming an orphaned turn"
             );
-            let text = recovered.payload["text"].as_str().map(str::to_owned);
-            let work = match (recovered.turn.confirmation(), text) {
-                (Some(_), _) => Work::Confirmation,
-                // A turn recorded before payloads were kept: there is
-                // nothing to resume from. End it retryable, so the person's
-                // own resend (same id) restarts it.
-                (None, None) => {
-                    let error = json!({
-                        "code": "no_stored_payload",
-                        "message": "the turn's message was not kept; send it again",
-                    });
-                    if let Err(error) = recovered.turn.fail(&error, true).await {
-                        tracing::warn!(error = %error.error, "could not end a turn without a payload");
-                    }
-                    continue;
+            let Some(running) = self.resume(recovered).await else {
+                continue;
+            };
+            let app = self.clone();
+            resumed.spawn(async move {
+                let session_id = running.session_id();
+                let mut results = vec![running.run(None, CancellationToken::new()).await];
+                let drained = app
+                    .drain_queue(&session_id, |handoff| {
+                        if let Handoff::Ended { result, .. } = handoff {
+                            results.push(result);
+                        }
+                    })
+                    .await;
+                if let Err(error) = drained {
+                    tracing::warn!(%session_id, %error, "could not hand off the queue; the next look claims it");
                 }
-                (None, Some(text)) => Work::Message {
-                    text,
-                    utc_offset_minutes: recovered.payload["utc_offset_minutes"]
-                        .as_i64()
-                        .and_then(|m| i32::try_from(m).ok())
-                        .unwrap_or(self.inner.config.utc_offset_minutes),
-                },
-            };
-            let running = RunningTurn {
-                app: self.clone(),
-                turn: recovered.turn,
-                work,
-            };
-            resumed.spawn(running.run(None, CancellationToken::new()));
+                results
+            });
         }
         let mut outcomes = Vec::new();
         while let Some(joined) = resumed.join_next().await {
             match joined {
-                Ok(Ok(outcome)) => outcomes.push(outcome),
-                Ok(Err(error)) => tracing::warn!(%error, "a resumed turn did not finish"),
+                Ok(results) => {
+                    for result in results {
+                        match result {
+                            Ok(outcome) => outcomes.push(outcome),
+                            Err(error) => tracing::warn!(%error, "a resumed turn did not finish"),
+                        }
+                    }
+                }
                 Err(error) => tracing::warn!(%error, "a resumed turn's task died"),
             }
         }
@@ -484,6 +579,95 @@ impl LedgerApp {
             Some(error) => Err(error.into()),
             None => Ok(outcomes),
         }
+    }
+
+    /// A claimed or handed-off turn as a [`RunningTurn`], its work read back
+    /// from the stored payload. `None` for a message turn whose payload was
+    /// not kept (recorded before payloads were): it is ended retryable, so
+    /// the person's own resend (same id) restarts it.
+    async fn resume(&self, recovered: Recovered) -> Option<RunningTurn> {
+        let text = recovered.payload["text"].as_str().map(str::to_owned);
+        let work = match (recovered.turn.confirmation(), text) {
+            (Some(_), _) => Work::Confirmation,
+            (None, None) => {
+                let error = json!({
+                    "code": "no_stored_payload",
+                    "message": "the turn's message was not kept; send it again",
+                });
+                if let Err(error) = recovered.turn.fail(&error, true).await {
+                    tracing::warn!(error = %error.error, "could not end a turn without a payload");
+                }
+                return None;
+            }
+            (None, Some(text)) => Work::Message {
+                text,
+                utc_offset_minutes: recovered.payload["utc_offset_minutes"]
+                    .as_i64()
+                    .and_then(|m| i32::try_from(m).ok())
+                    .unwrap_or(self.inner.config.utc_offset_minutes),
+            },
+        };
+        Some(RunningTurn {
+            app: self.clone(),
+            turn: recovered.turn,
+            work,
+        })
+    }
+
+    /// The handoff: starts the head of `session_id`'s queue for this
+    /// caller, who has just ended the session's running turn
+    /// ([`Gate::take_next`]). `None` when nothing waits or the head cannot
+    /// start now (the session is held again, a confirmation is pending, the
+    /// user is at its cap): it stays queued for a later handoff or the
+    /// recovery worker.
+    ///
+    /// # Errors
+    /// `Engine` (`invalid_request` for a bad session id,
+    /// `store_unavailable`).
+    pub async fn take_next(&self, session_id: &str) -> Result<Option<RunningTurn>> {
+        let session_id = SessionId::new(session_id)?;
+        match self.inner.gate.take_next(&session_id).await? {
+            Some(recovered) => Ok(self.resume(recovered).await),
+            None => Ok(None),
+        }
+    }
+
+    /// Runs the messages queued in `session_id`, head first, each to its
+    /// ending before the next is taken ([`LedgerApp::take_next`]): call it
+    /// after ending a turn of the session, so the worker that ran the
+    /// conversation's reply also runs what was queued behind it, in order,
+    /// whether or not the pages that sent them are still open. The engine
+    /// starts each queued turn once: a head taken by someone else (a
+    /// recovery worker's claim, a repeat of its request) is not taken here.
+    /// `report` is told when each turn starts and how it ended. At most
+    /// [`MAX_HANDOFFS_PER_DRAIN`] turns; the rest stays queued for the
+    /// recovery worker. Returns how many turns ran.
+    ///
+    /// # Errors
+    /// As [`LedgerApp::take_next`]; the queue is then left to the recovery
+    /// worker. A drained turn's own failure is its result, not an error.
+    pub async fn drain_queue<F>(&self, session_id: &str, mut report: F) -> Result<u32>
+    where
+        F: FnMut(Handoff) + Send,
+    {
+        let mut ran = 0;
+        while ran < MAX_HANDOFFS_PER_DRAIN {
+            let Some(next) = self.take_next(session_id).await? else {
+                return Ok(ran);
+            };
+            let turn_id = next.turn_id();
+            tracing::info!(%turn_id, %session_id, "running a queued message");
+            report(Handoff::Started {
+                turn_id: turn_id.clone(),
+            });
+            // No page streams a handed-off turn: its page shows the reply
+            // from the transcript, and a closed page must not stop it.
+            let result = next.run(None, CancellationToken::new()).await;
+            report(Handoff::Ended { turn_id, result });
+            ran += 1;
+        }
+        tracing::info!(%session_id, ran, "handoff bound reached; the recovery worker takes the rest");
+        Ok(ran)
     }
 
     /// Runs [`LedgerApp::recover_once`] every [`RECOVERY_INTERVAL`] until
@@ -540,6 +724,7 @@ impl LedgerApp {
                         state: None,
                         error: None,
                         retryable: None,
+                        attempt: None,
                         created_at_ms: row.created_at_ms,
                     });
                     turns.len() - 1
@@ -560,6 +745,7 @@ impl LedgerApp {
                 turn.state = Some(view.state);
                 turn.error = view.error.clone();
                 turn.retryable = view.retryable;
+                turn.attempt = Some(view.attempt);
                 turn.client_request_id = Some(view.client_request_id.as_str().to_owned());
                 if turn.reply.is_none() {
                     turn.reply = ChatOutcome::from_view(&view, true).reply;
@@ -625,6 +811,16 @@ async fn finish(
 ) -> Result<ChatOutcome> {
     match started {
         Ok(Started::Running(turn)) => turn.run(events, cancel).await,
+        Ok(Started::Queued(queued)) => Ok(ChatOutcome {
+            turn_id: queued.turn_id,
+            client_request_id: queued.client_request_id,
+            state: TurnState::Queued,
+            replayed: false,
+            reply: None,
+            error: None,
+            confirmed_by: None,
+            decision: None,
+        }),
         Ok(Started::Replay(outcome)) => {
             emit(
                 events.as_ref(),

@@ -50,7 +50,9 @@ pub mod money;
 pub mod records;
 pub mod tools;
 
-pub use app::{ConfirmRequest, LedgerApp, RunningTurn, Started, UserMessage};
+pub use app::{
+    ConfirmRequest, Handoff, LedgerApp, QueuedMessage, RunningTurn, Started, UserMessage,
+};
 pub use config::LedgerConfig;
 pub use error::{LedgerError, Result};
 pub use events::{event_channel, AgentEvent, EventSender};

@@ -84,3 +84,10 @@ pub const RECOVERY_CANDIDATES: u32 = 100;
 /// runs them together, so a backlog after a crash is worked off a few at a
 /// time rather than all at once or one by one.
 pub const RECOVERIES_PER_TICK: usize = 4;
+
+/// Queued messages one worker runs after ending a turn, one after another
+/// (the handoff). The engine's queue holds at most 100 per session
+/// (`agentgate::limits::MAX_SESSION_QUEUE`), so this drains a full queue
+/// once; messages that keep arriving after that are left to the recovery
+/// worker, so no worker's task runs one conversation forever.
+pub const MAX_HANDOFFS_PER_DRAIN: u32 = 100;

@@ -114,7 +114,9 @@ pub struct ChatOutcome {
     #[serde(default)]
     pub client_request_id: String,
     /// Its state: `succeeded`, `awaiting_confirmation`, `confirmed` (a
-    /// pending turn that was since answered) or `failed`.
+    /// pending turn that was since answered), `failed`, `cancelled`,
+    /// `superseded`, or `queued` (a message waiting behind a running reply,
+    /// from [`crate::LedgerApp::chat`]).
     pub state: TurnState,
     /// Whether this is a stored outcome returned again (no model call, no
     /// booking).
@@ -222,6 +224,11 @@ pub struct TranscriptTurn {
     /// (else the repeat replays the failure).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retryable: Option<bool>,
+    /// The engine's attempts of the turn: 0 for one that never started (a
+    /// queued message, and one cancelled or superseded before it ran);
+    /// `None` once the engine swept it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
     /// Store-clock time of the message, ms since the Unix epoch.
     pub created_at_ms: i64,
 }

@@ -185,6 +185,9 @@ async fn retry_until_started(
         match app.start_message(&message("s1", "m1", text)).await {
             Ok(Started::Running(turn)) => return turn,
             Ok(Started::Replay(outcome)) => panic!("nothing ended yet: {outcome:?}"),
+            Ok(Started::Queued(queued)) => {
+                panic!("a rejecting message is never queued: {queued:?}")
+            }
             Err(LedgerError::Engine(error)) if error.kind() == ErrorKind::RequestInFlight => {
                 tokio::time::sleep(error.retry_after().unwrap_or(SHORT_TTL).min(SHORT_TTL)).await;
             }
@@ -424,6 +427,7 @@ async fn an_engine_cancel_stops_the_reply_and_the_repeat_replays_it() {
     {
         Started::Replay(outcome) => assert_eq!(outcome.state, TurnState::Cancelled),
         Started::Running(_) => panic!("a cancelled message must not run again"),
+        Started::Queued(queued) => panic!("a rejecting message is never queued: {queued:?}"),
     }
     assert_eq!(count_entries(&store.url).await, 1);
 }

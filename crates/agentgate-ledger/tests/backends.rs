@@ -64,6 +64,9 @@ async fn exercise(url: &str) {
                         .await
                         .map(|_| "ran"),
                     Ok(Started::Replay(_)) => Ok("replayed"),
+                    Ok(Started::Queued(queued)) => {
+                        panic!("a confirmation is never queued: {queued:?}")
+                    }
                     Err(LedgerError::Engine(e)) if e.kind() == ErrorKind::RequestInFlight => {
                         Ok("in_flight")
                     }

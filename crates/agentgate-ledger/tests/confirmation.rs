@@ -96,6 +96,7 @@ async fn approving_in_two_tabs_at_once_books_exactly_once() {
         match handle.await.expect("tab") {
             Ok(Started::Running(turn)) => running.push(turn),
             Ok(Started::Replay(outcome)) => panic!("nothing to replay yet: {outcome:?}"),
+            Ok(Started::Queued(queued)) => panic!("a confirmation is never queued: {queued:?}"),
             Err(LedgerError::Engine(error)) => {
                 assert_eq!(error.kind(), ErrorKind::RequestInFlight, "{error}");
                 refused.push(tab);
