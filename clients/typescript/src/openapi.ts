@@ -2487,7 +2487,7 @@ export interface operations {
                 user_id?: components["schemas"]["Id"];
             };
             header?: {
-                /** @description Resume after this event id (digits); wins over `after` */
+                /** @description Resume after this event id (digits; empty: none); wins over `after` */
                 "Last-Event-ID"?: string | null;
             };
             path: {

@@ -84,7 +84,7 @@ pub(crate) async fn append_events(
     tag = "events",
     params(
         ("turn_id" = crate::schema::Id, Path, description = "The turn"),
-        ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event id (digits); wins over `after`"),
+        ("Last-Event-ID" = Option<String>, Header, pattern = "^[0-9]{0,19}$", description = "Resume after this event id (digits; empty: none); wins over `after`"),
         EventsQuery,
     ),
     security((), ("bearer" = [])),
@@ -100,13 +100,16 @@ pub(crate) async fn follow_events(
     headers: HeaderMap,
     ApiQuery(query): ApiQuery<EventsQuery>,
 ) -> Result<Response, ApiError> {
-    let after = match headers.get(LAST_EVENT_ID) {
-        Some(value) => value
-            .to_str()
-            .ok()
-            .and_then(|text| text.trim().parse::<u64>().ok())
-            .ok_or_else(|| ApiError::invalid("Last-Event-ID is an event id: digits"))?,
-        None => query.after.unwrap_or(0),
+    // An empty `Last-Event-ID` is no id (an `EventSource` that saw none).
+    let after = match headers
+        .get(LAST_EVENT_ID)
+        .map(|v| v.to_str().map(str::trim))
+    {
+        Some(Ok("")) | None => query.after.unwrap_or(0),
+        Some(Ok(text)) => text
+            .parse::<u64>()
+            .map_err(|_| ApiError::invalid("Last-Event-ID is an event id: digits"))?,
+        Some(Err(_)) => return Err(ApiError::invalid("Last-Event-ID is an event id: digits")),
     };
     let turn_id = TurnId::new(turn_id)?;
     let owner = OwnerQuery {
