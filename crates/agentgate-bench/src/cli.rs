@@ -64,6 +64,13 @@ pub struct BenchArgs {
     /// at most the session queue's bound, 100).
     #[arg(long, default_value_t = 100)]
     queue_messages: usize,
+    /// Followers of one turn in the events row (each event's delivery to
+    /// every follower, memory and store connections; 0 skips it).
+    #[arg(long, default_value_t = 1_000)]
+    event_subscribers: usize,
+    /// Events the events row appends, one at a time.
+    #[arg(long, default_value_t = 100)]
+    event_count: usize,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -91,6 +98,8 @@ impl BenchArgs {
             ingest_documents: self.ingest_documents,
             wake_rounds: self.wake_rounds,
             queue_messages: self.queue_messages,
+            event_subscribers: self.event_subscribers,
+            event_count: self.event_count,
             // This very binary is `agentgate serve` for HTTP runs.
             server_binary: std::env::current_exe().ok(),
             progress: true,

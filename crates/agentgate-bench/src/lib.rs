@@ -34,6 +34,7 @@ pub mod cli;
 pub mod count;
 mod counting;
 mod error;
+mod events;
 mod http;
 mod ingest;
 mod library;
@@ -108,6 +109,10 @@ pub struct BenchOptions {
     /// Messages per loop of the queue row (0: skip it; at most the
     /// session queue's bound).
     pub queue_messages: usize,
+    /// Followers of one turn in the events row (0: skip it).
+    pub event_subscribers: usize,
+    /// Events the events row appends.
+    pub event_count: usize,
     /// The `agentgate` binary for HTTP runs; without it, the server runs in
     /// this process and its memory is not measured.
     pub server_binary: Option<PathBuf>,
@@ -133,6 +138,8 @@ impl Default for BenchOptions {
             ingest_documents: 20,
             wake_rounds: 20,
             queue_messages: 100,
+            event_subscribers: 1_000,
+            event_count: 100,
             server_binary: None,
             progress: true,
         }
@@ -195,6 +202,15 @@ impl BenchOptions {
             format!(
                 "queue messages must be at most the session queue's bound, {}",
                 agentgate::limits::MAX_SESSION_QUEUE
+            ),
+        )?;
+        check(
+            self.event_subscribers <= limits::MAX_EVENT_SUBSCRIBERS
+                && self.event_count as u64 <= agentgate::limits::MAX_TURN_EVENTS,
+            format!(
+                "event subscribers must be at most {} and event count at most {}",
+                limits::MAX_EVENT_SUBSCRIBERS,
+                agentgate::limits::MAX_TURN_EVENTS
             ),
         )?;
         check(

@@ -120,5 +120,9 @@ pub const MAX_WIRE_HEADER_BYTES: usize = 32;
 /// the store is wedged.
 pub const STORM_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Most followers of the events row: each is a task and a channel on one
+/// gate; past this the figure is the machine's, not the feed's.
+pub const MAX_EVENT_SUBSCRIBERS: usize = 100_000;
+
 /// Most rounds per mode of the wake row.
 pub const MAX_WAKE_ROUNDS: usize = 10_000;

@@ -129,6 +129,8 @@ pub struct Report {
     pub wake: Option<crate::wake::Wake>,
     /// The queue row: a conversation drained through enqueue and handoffs.
     pub queue: Option<crate::queue::QueueRow>,
+    /// The events row: many followers of one turn's event log.
+    pub events: Option<crate::events::EventsRow>,
     /// The machine the run was on.
     pub machine: Machine,
 }
@@ -283,6 +285,32 @@ impl Report {
                 );
             }
             None => text.push_str("queue: skipped (0 messages)\n"),
+        }
+        match &self.events {
+            Some(e) => {
+                let mib = |v: Option<f64>| v.map_or("n/a".to_owned(), |v| format!("{v:.1} MiB"));
+                let _ = writeln!(
+                    text,
+                    "events ({} followers on another node, {} events): delivery p50 {:.2} / p99 {:.2} ms{}; RSS {} before, {} following; store connections {}; feeds {}",
+                    e.subscribers,
+                    e.events,
+                    e.delivery.p50_ms,
+                    e.delivery.p99_ms,
+                    match (&e.raw_notify, e.delivery_to_raw_p50) {
+                        (Some(raw), Some(ratio)) => format!(
+                            " (raw notify p50 {:.2} ms, ratio {ratio:.1})",
+                            raw.p50_ms
+                        ),
+                        _ => " (no raw notification on this store)".to_owned(),
+                    },
+                    mib(e.rss_before_mib),
+                    mib(e.rss_following_mib),
+                    e.store_connections
+                        .map_or("n/a".to_owned(), |c| c.to_string()),
+                    e.feeds
+                );
+            }
+            None => text.push_str("events: skipped (0 followers)\n"),
         }
         text
     }

@@ -261,6 +261,18 @@ async fn measure(options: &BenchOptions, target: &Target, progress: &Progress) -
     ));
     let queue = crate::queue::measure(target, &config, options.queue_messages).await?;
     progress.done();
+    progress.phase(format!(
+        "events: {} followers of {} events",
+        options.event_subscribers, options.event_count
+    ));
+    let events = crate::events::measure(
+        target,
+        &config,
+        options.event_subscribers,
+        options.event_count,
+    )
+    .await?;
+    progress.done();
     pool.close().await;
     loader.close().await;
     drop(loops);
@@ -307,6 +319,7 @@ async fn measure(options: &BenchOptions, target: &Target, progress: &Progress) -
         ingestion,
         wake,
         queue,
+        events,
         machine,
     })
 }

@@ -107,7 +107,7 @@ async fn round(holder: &Gate, waiter: &Gate, session: &str) -> Result<(Duration,
 
 /// The raw `pg_notify` → `LISTEN` round trip, `rounds` times: one plain
 /// connection sends, a listener on a connection of its own receives.
-async fn raw_postgres(store_url: &str, rounds: usize) -> Result<StepLatency> {
+pub(crate) async fn raw_postgres(store_url: &str, rounds: usize) -> Result<StepLatency> {
     use sqlx::postgres::{PgConnection, PgListener};
     use sqlx::Connection as _;
     let map = |e: sqlx::Error| BenchError::Options(format!("raw notify: {e}"));
