@@ -177,24 +177,27 @@ pub(crate) async fn run_message(
     events: Option<&EventSender>,
     caller: CancellationToken,
 ) -> Result<ChatOutcome> {
-    started(inner, &turn, events, text, json!({})).await;
-    let today = match turn_today(inner, &turn, utc_offset_minutes).await {
-        Ok(today) => today,
-        Err(error) => return finish_failed(turn, events, Failure::Ledger(error)).await,
+    // Everything up to the ending is teed into the turn's event log; the
+    // ending's own events (final, error) follow the log's end.
+    let (log, pump) = crate::events::tee(&turn, events);
+    let work = async {
+        let log = log;
+        started(inner, &turn, Some(&log), text, json!({})).await;
+        let today = turn_today(inner, &turn, utc_offset_minutes).await?;
+        let ctx = Ctx {
+            inner,
+            turn: &turn,
+            events: Some(&log),
+            signals: Signals {
+                lease: turn.cancellation(),
+                caller,
+            },
+            today,
+            chinese: is_chinese(text),
+        };
+        rounds(&ctx, text).await
     };
-    let ctx = Ctx {
-        inner,
-        turn: &turn,
-        events,
-        signals: Signals {
-            lease: turn.cancellation(),
-            caller,
-        },
-        today,
-        chinese: is_chinese(text),
-    };
-    let result = rounds(&ctx, text).await;
-    drop(ctx);
+    let (result, ()) = tokio::join!(work, pump);
     match result {
         Ok(Ending::Reply(reply)) => finish_reply(inner, turn, events, &reply).await,
         Ok(Ending::Pending(reply)) => finish_pending(inner, turn, events, &reply).await,
@@ -707,7 +710,39 @@ pub(crate) async fn run_confirmation(
         (false, false) => "Reject",
     };
     let data = json!({"confirms": context.turn_id, "decision": context.decision});
-    started(inner, &turn, events, user_text, data).await;
+    let (log, pump) = crate::events::tee(&turn, events);
+    let work = async {
+        let log = log;
+        started(inner, &turn, Some(&log), user_text, data).await;
+        book_confirmed(
+            inner,
+            &turn,
+            Some(&log),
+            caller,
+            &asked.pending,
+            approve,
+            chinese,
+        )
+        .await
+    };
+    let (result, ()) = tokio::join!(work, pump);
+    match result {
+        Ok(reply) => finish_reply(inner, turn, events, &reply).await,
+        Err(failure) => finish_failed(turn, events, failure).await,
+    }
+}
+
+/// A confirmation turn's work up to its ending: books `pending` on approve
+/// (each as its own tool execution), and the reply saying what was done.
+async fn book_confirmed(
+    inner: &Inner,
+    turn: &Turn,
+    events: Option<&EventSender>,
+    caller: CancellationToken,
+    pending: &[NewEntry],
+    approve: bool,
+    chinese: bool,
+) -> Result<Reply, Failure> {
     let signals = Signals {
         lease: turn.cancellation(),
         caller,
@@ -715,9 +750,9 @@ pub(crate) async fn run_confirmation(
     let mut booked = Vec::new();
     let mut errors = Vec::new();
     if approve {
-        for (index, entry) in asked.pending.iter().enumerate() {
+        for (index, entry) in pending.iter().enumerate() {
             if let Some(stop) = signals.fired() {
-                return finish_failed(turn, events, Failure::Stopped(stop)).await;
+                return Err(Failure::Stopped(stop));
             }
             let args = tools::canonical_create_args(entry);
             let call_id = format!("confirm_{index}");
@@ -729,10 +764,7 @@ pub(crate) async fn run_confirmation(
                     args: args.clone(),
                 },
             );
-            let answer = match book(inner, &turn, &args, entry.clone()).await {
-                Ok(answer) => answer,
-                Err(failure) => return finish_failed(turn, events, failure).await,
-            };
+            let answer = book(inner, turn, &args, entry.clone()).await?;
             emit(
                 events,
                 AgentEvent::ToolResult {
@@ -769,12 +801,11 @@ pub(crate) async fn run_confirmation(
         });
     }
     emit(events, AgentEvent::Delta { text: text.clone() });
-    let reply = Reply {
+    Ok(Reply {
         text,
         entries: booked,
         pending: Vec::new(),
-    };
-    finish_reply(inner, turn, events, &reply).await
+    })
 }
 
 async fn record_reply(inner: &Inner, view: &TurnView, reply: &Reply) {

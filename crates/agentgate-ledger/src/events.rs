@@ -6,6 +6,7 @@
 //! live view. The channel holds a whole turn's events, so the turn never
 //! waits for a slow reader.
 
+use agentgate::Turn;
 use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -108,5 +109,70 @@ pub(crate) fn emit(events: Option<&EventSender>, event: AgentEvent) {
     let Some(events) = events else { return };
     if let Err(mpsc::error::TrySendError::Full(event)) = events.try_send(event) {
         tracing::warn!(event = event.name(), "event channel full; event dropped");
+    }
+}
+
+/// Tees a turn's events: each goes to `live` (the caller's stream, if any)
+/// and into the turn's durable event log in the engine
+/// ([`Turn::emit_all`]), where any reader on any node follows it and a
+/// reader that dropped resumes with the last id it saw (the page after a
+/// reload, a second tab, a page whose node died).
+///
+/// Returns the sender the turn's work emits to and the pump to run beside
+/// that work: the pump forwards each event live at once, then appends what
+/// gathered meanwhile in one step (one store round trip per batch, not per
+/// delta). It ends when the sender is dropped and everything is logged,
+/// so the turn ends after its log is complete: an append after the ending
+/// would be refused. A refused append (the lease was lost: a zombie's
+/// events never appear; or the log's bound) stops the logging, not the
+/// turn or its live stream.
+pub(crate) fn tee<'a>(
+    turn: &'a Turn,
+    live: Option<&'a EventSender>,
+) -> (EventSender, impl std::future::Future<Output = ()> + 'a) {
+    let (sender, mut receiver) = event_channel();
+    let pump = async move {
+        let mut logging = true;
+        let mut batch = Vec::with_capacity(EVENT_BUFFER);
+        while let Some(first) = receiver.recv().await {
+            batch.push(first);
+            while batch.len() < EVENT_BUFFER {
+                match receiver.try_recv() {
+                    Ok(event) => batch.push(event),
+                    Err(_) => break,
+                }
+            }
+            for event in &batch {
+                emit(live, event.clone());
+            }
+            if logging {
+                logging = append(turn, &batch).await;
+            }
+            batch.clear();
+        }
+    };
+    (sender, pump)
+}
+
+/// Appends `batch` to the turn's log; false when the log refused it.
+async fn append(turn: &Turn, batch: &[AgentEvent]) -> bool {
+    let encoded = match batch
+        .iter()
+        .map(|event| serde_json::to_value(event).map(|data| (event.name(), data)))
+        .collect::<Result<Vec<_>, _>>()
+    {
+        Ok(encoded) => encoded,
+        Err(error) => {
+            tracing::error!(turn_id = %turn.id(), %error, "cannot encode an agent event; the turn's log stops here");
+            return false;
+        }
+    };
+    let refs: Vec<(&str, &Value)> = encoded.iter().map(|(name, data)| (*name, data)).collect();
+    match turn.emit_all(&refs).await {
+        Ok(_) => true,
+        Err(error) => {
+            tracing::warn!(turn_id = %turn.id(), %error, "the turn's event log refused an append; live events only from here");
+            false
+        }
     }
 }

@@ -33,6 +33,10 @@ pub const MAX_AMOUNT_CENTS: i64 = 10_000_000_000;
 /// reader and never drops an event of its own turn.
 pub const EVENT_BUFFER: usize = 128;
 
+// The tee appends what its channel holds in one step: one channel's worth
+// must fit the engine's batch.
+const _: () = assert!(EVENT_BUFFER <= agentgate::limits::MAX_EVENT_BATCH);
+
 /// Chunks the offline model's reply is streamed in at most, so a long reply
 /// stays within [`EVENT_BUFFER`].
 pub const MAX_DELTAS_PER_ROUND: usize = 16;

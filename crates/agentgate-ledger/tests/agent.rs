@@ -58,6 +58,23 @@ async fn the_seed_sentence_books_one_expense_of_35_to_dining() {
     assert_eq!(calls, ["list_categories", "create_transaction"]);
     assert!(kinds.contains(&"delta"));
 
+    // The turn's event log in the engine holds what was streamed up to the
+    // ending, in order, as the same JSON: what a reader on any node, or a
+    // page after a reload, replays. (The ending's own `final` follows the
+    // log's end.)
+    let logged = event_log(&app, &outcome.turn_id).await;
+    let live: Vec<(u32, String, serde_json::Value)> = seen[..seen.len() - 1]
+        .iter()
+        .map(|e| {
+            (
+                1,
+                e.name().to_owned(),
+                serde_json::to_value(e).expect("json"),
+            )
+        })
+        .collect();
+    assert_eq!(logged, live);
+
     // The page's views agree.
     let transcript = app.transcript("alice", "s1").await.expect("transcript");
     assert_eq!(transcript.len(), 1);
@@ -283,6 +300,66 @@ async fn a_worker_killed_after_booking_is_taken_over_and_books_nothing_new() {
         .collect();
     assert_eq!(cached, [true], "the booking came from the engine's record");
     assert_eq!(outcome.reply.expect("reply").entries.len(), 1);
+
+    // The log holds the dead worker's events (attempt 1) and then the
+    // takeover's, which start over with their own `started`.
+    let logged = event_log(&app, &outcome.turn_id).await;
+    let attempts: Vec<u32> = logged.iter().map(|(attempt, _, _)| *attempt).collect();
+    let first_of_two = attempts
+        .iter()
+        .position(|a| *a == 2)
+        .expect("attempt 2 logged");
+    assert!(
+        first_of_two > 0,
+        "the dead worker's events are kept: {attempts:?}"
+    );
+    assert!(
+        attempts[..first_of_two].iter().all(|a| *a == 1),
+        "{attempts:?}"
+    );
+    assert!(
+        attempts[first_of_two..].iter().all(|a| *a == 2),
+        "{attempts:?}"
+    );
+    assert_eq!(logged[first_of_two].1, "started");
+    let resumed: Vec<(u32, String, serde_json::Value)> = seen[..seen.len() - 1]
+        .iter()
+        .map(|e| {
+            (
+                2,
+                e.name().to_owned(),
+                serde_json::to_value(e).expect("json"),
+            )
+        })
+        .collect();
+    assert_eq!(logged[first_of_two..], resumed[..]);
+}
+
+/// A turn's whole event log: (attempt, name, data) per event, in id order.
+async fn event_log(
+    app: &agentgate_ledger::LedgerApp,
+    turn_id: &str,
+) -> Vec<(u32, String, serde_json::Value)> {
+    let turn_id = agentgate::TurnId::new(turn_id).expect("id");
+    let page = app
+        .gate()
+        .store()
+        .events(&turn_id, 0, agentgate::limits::MAX_EVENT_PAGE)
+        .await
+        .expect("events")
+        .expect("the turn");
+    assert_ne!(
+        page.state,
+        agentgate::TurnState::Running,
+        "read after the ending"
+    );
+    page.events
+        .into_iter()
+        .map(|e| {
+            let data = serde_json::from_str(&e.data).expect("event json");
+            (e.attempt, e.name, data)
+        })
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
