@@ -3,6 +3,7 @@
 // downloaded browser), talk to the app's JSON endpoints.
 
 import { spawn } from "node:child_process";
+import net from "node:net";
 import { mkdtempSync, mkdirSync, rmSync, openSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -149,4 +150,16 @@ export async function eventually(check, { timeoutMs = 20_000, intervalMs = 100, 
 /** A unique id for this run, so tests never share users or sessions. */
 export function unique(prefix) {
   return `${prefix}-${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 7)}`;
+}
+
+/** A port free on 127.0.0.1 now: a server restarted on it keeps the page's address. */
+export async function freePort() {
+  return new Promise((resolve, reject) => {
+    const probe = net.createServer();
+    probe.once("error", reject);
+    probe.listen(0, "127.0.0.1", () => {
+      const { port } = probe.address();
+      probe.close(() => resolve(port));
+    });
+  });
 }

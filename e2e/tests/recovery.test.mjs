@@ -31,9 +31,8 @@ import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
 import { readFileSync } from "node:fs";
 import path from "node:path";
-import net from "node:net";
 import {
-  startServer, launchBrowser, entries, getJson, chatUrl, eventually, unique,
+  startServer, launchBrowser, entries, getJson, chatUrl, eventually, unique, freePort,
 } from "../lib/harness.mjs";
 
 const LEASE_TTL_MS = 2000;
@@ -60,17 +59,6 @@ after(async () => {
     );
   }
 });
-
-async function freePort() {
-  return new Promise((resolve, reject) => {
-    const probe = net.createServer();
-    probe.once("error", reject);
-    probe.listen(0, "127.0.0.1", () => {
-      const { port } = probe.address();
-      probe.close(() => resolve(port));
-    });
-  });
-}
 
 function sqlite(dir, sql) {
   execFileSync("sqlite3", ["-cmd", ".timeout 5000", path.join(dir, "agentgate.db"), sql]);

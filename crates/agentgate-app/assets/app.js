@@ -22,7 +22,7 @@
 // reload). The server runs it when the reply before it ends (the handoff),
 // whether or not this page is open; its reply then shows like any other.
 
-import { h, getJson, postStream, postBytes, newId, money, clock, fill } from "/assets/common.js";
+import { h, getJson, getStream, postStream, postBytes, newId, money, clock, fill } from "/assets/common.js";
 import { t, translatePage } from "/assets/i18n.js";
 
 /** Transcript polls while a turn of this session runs, or a message of ours waits for its reply. */
@@ -56,6 +56,12 @@ const SEND_ORDER_MAX_WAIT_MS = 10_000;
 const OWNER_STALE_MS = 10_000;
 /** Re-asks of one confirmation answer while another tab's answer runs. */
 const MAX_CONFIRM_FOLLOWS = 60;
+/**
+ * Reconnects of one running reply's event stream in a row with no event
+ * between them (about four minutes with the backoff): a server restart
+ * takes a few seconds; beyond it the transcript's poll takes over.
+ */
+const MAX_FOLLOW_RECONNECTS = 12;
 const USER_STORAGE = "agentgate.user";
 const OUTBOX_STORAGE = "agentgate.outbox";
 const TAB_ID = newId("tab");
@@ -393,6 +399,10 @@ function liveAssistant(session = state.session) {
       switch (name) {
         case "started":
           li.dataset.turnId = data.turn_id;
+          li.dataset.attempt = String(data.attempt);
+          // This tab's own stream of a turn it was following (its resend
+          // took the turn over): one bubble shows it, this one.
+          if (!bubble.follower) unfollow(data.turn_id);
           fill(
             extra,
             stopButton(data.turn_id, status, () => {
@@ -791,6 +801,97 @@ function renderTranscript(data) {
   if (items.length === 0) items.push(h("li", { class: "empty" }, t("empty")));
   fill(els.messages, items);
   scrollToEnd();
+  followRunning();
+}
+
+/** The running replies this tab follows: turn id → AbortController. */
+const following = new Map();
+
+/**
+ * Follows every running reply in view that no stream of this tab shows:
+ * after a reload, in a second tab, after this tab's own stream broke.
+ */
+function followRunning() {
+  for (const li of els.messages.querySelectorAll("li.msg.assistant[data-state=running]")) {
+    const turnId = li.dataset.turnId;
+    if (turnId && !following.has(turnId)) followTurn(li, turnId);
+  }
+}
+
+/** Stops following (another conversation or user is shown). */
+function stopFollowing() {
+  for (const turnId of [...following.keys()]) unfollow(turnId);
+}
+
+/** Stops following one turn and takes its bubble away. */
+function unfollow(turnId) {
+  const follower = following.get(turnId);
+  if (!follower) return;
+  following.delete(turnId);
+  follower.controller.abort();
+  follower.bubble.li.remove();
+  state.activeStreams -= 1;
+}
+
+/**
+ * Shows a running reply live from the engine's event log of its turn
+ * (`GET /v1/turns/{id}/events`, served by any node): everything from the
+ * first event, then live. A broken stream resumes with the last event id
+ * seen (Last-Event-ID), so no text is missed or shown twice; a new attempt
+ * (the turn taken over after a crash, or restarted) starts its reply over
+ * in a fresh bubble. The log ends before the turn's ending is recorded:
+ * at its end the transcript, read again, shows how the reply ended.
+ */
+async function followTurn(placeholder, turnId) {
+  const controller = new AbortController();
+  const session = state.session;
+  const fresh = () => {
+    const bubble = liveAssistant(session);
+    bubble.follower = true;
+    bubble.li.dataset.turnId = turnId;
+    return bubble;
+  };
+  const follower = { controller, bubble: fresh() };
+  following.set(turnId, follower);
+  state.activeStreams += 1;
+  placeholder.replaceWith(follower.bubble.li);
+  const path = `/v1/turns/${encodeURIComponent(turnId)}/events?${new URLSearchParams({ user_id: state.user })}`;
+  let lastEventId = null;
+  let attempt = null;
+  let ended = false;
+  for (let quiet = 0; !ended && quiet <= MAX_FOLLOW_RECONNECTS; quiet += 1) {
+    if (quiet > 0) await sleep(backoffMs(quiet));
+    if (controller.signal.aborted) return;
+    const result = await getStream(path, {
+      lastEventId,
+      signal: controller.signal,
+      onEvent(name, data, id) {
+        if (controller.signal.aborted) return;
+        if (name === "end") {
+          ended = true;
+          return;
+        }
+        // The server could not read on (the store is out): the stream
+        // closes, and is resumed from the last id like a broken one.
+        if (name === "error") return;
+        if (attempt !== null && data.attempt !== attempt) {
+          const next = fresh();
+          follower.bubble.li.replaceWith(next.li);
+          follower.bubble = next;
+        }
+        attempt = data.attempt;
+        if (id) lastEventId = id;
+        quiet = 0;
+        follower.bubble.handle(name, data.data);
+      },
+    });
+    if (controller.signal.aborted) return;
+    // The turn is not there (or not this user's): the transcript says more.
+    if (!result.ok && result.status >= 400 && result.status < 500) break;
+  }
+  following.delete(turnId);
+  state.activeStreams -= 1;
+  afterTurn();
 }
 
 function renderSessions(sessions) {
@@ -1542,6 +1643,7 @@ function pumpOutbox() {
 // ------------------------------------------------------------ navigation
 
 async function switchSession(sessionId) {
+  stopFollowing();
   state.session = sessionId;
   els.busyPolicy.value = busyPolicy(state.user, sessionId);
   state.draft = null;
@@ -1564,6 +1666,7 @@ async function switchUser(userId) {
     showNotice("A user id is 1 to 128 characters, none of them a control character.", "error", "user");
     return;
   }
+  stopFollowing();
   state.user = user;
   localStorage.setItem(USER_STORAGE, user);
   els.userInput.value = user;

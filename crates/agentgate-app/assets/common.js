@@ -114,6 +114,34 @@ export async function postStream(path, body, { onOpen, onEvent, signal } = {}) {
     };
   }
   if (onOpen) onOpen();
+  return readEvents(response, onEvent);
+}
+
+/**
+ * GETs a `text/event-stream` (a turn's event log), resuming after
+ * `lastEventId` when given. `onEvent(name, data, id)` per event. Resolves
+ * like postStream: {ok, status, error?, ended}; `ended` is false when the
+ * stream broke off (resume with the last id seen).
+ */
+export async function getStream(path, { lastEventId, onEvent, signal } = {}) {
+  let response;
+  try {
+    const headers = { Accept: "text/event-stream" };
+    if (lastEventId) headers["Last-Event-ID"] = lastEventId;
+    response = await fetchWithKey(path, { method: "GET", cache: "no-store", headers, signal });
+  } catch (error) {
+    return { ok: false, status: 0, error: { code: "network", message: String(error) } };
+  }
+  const type = response.headers.get("content-type") || "";
+  if (!response.ok || !type.startsWith("text/event-stream")) {
+    const parsed = await readJson(response);
+    return { ok: false, status: response.status, error: parsed.error || { code: "bad_response", message: response.statusText } };
+  }
+  return readEvents(response, onEvent);
+}
+
+/** Reads an event stream's blocks to its end, or until it breaks off. */
+async function readEvents(response, onEvent) {
   const reader = response.body.getReader();
   const decoder = new TextDecoder();
   let buffer = "";
@@ -137,6 +165,7 @@ export async function postStream(path, body, { onOpen, onEvent, signal } = {}) {
 
 function dispatch(block, onEvent) {
   let name = "message";
+  let id = null;
   const data = [];
   for (const line of block.split("\n")) {
     if (line.startsWith(":")) continue; // keep-alive comment
@@ -145,13 +174,17 @@ function dispatch(block, onEvent) {
     const value = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
     if (field === "event") name = value;
     else if (field === "data") data.push(value);
+    else if (field === "id") id = value;
   }
   if (data.length === 0 || !onEvent) return;
+  let parsed;
   try {
-    onEvent(name, JSON.parse(data.join("\n")));
+    parsed = JSON.parse(data.join("\n"));
   } catch (error) {
     console.error("bad event", name, error);
+    return;
   }
+  onEvent(name, parsed, id);
 }
 
 /** A fresh id for a message or a confirmation answer. */
