@@ -190,3 +190,32 @@ test("the node serving the stream is SIGKILLed mid-reply: after its restart the 
     if (!secondNode) await firstNode.stop();
   }
 });
+
+test("Stop on a reply resumed after a reload stops it before it books", async () => {
+  const server = await startServer({ name: "stream-stop", thinkTimeMs: THINK_TIME_MS });
+  const user = unique("resumed-stop");
+  const session = "s-stop";
+  const page = await newRecordedTab(chatUrl(server.base, user, session));
+  try {
+    await page.fill("#composer-input", MESSAGE);
+    await page.click("#send");
+    await page.locator("#messages li.msg.assistant button.stop").waitFor();
+    const turn = await turnIdOf(server.base, user, session);
+    await page.reload();
+    await page.waitForSelector("body[data-ready=true]");
+    // The resumed bubble: followed from the log (its attempt came from the log's started event).
+    const resumed = page.locator(`#messages li.msg.assistant[data-state=running][data-attempt="1"][data-turn-id="${turn}"]`);
+    await resumed.locator("button.stop").click({ timeout: THINK_TIME_MS });
+    await page.waitForSelector("#messages li.msg.assistant[data-state=cancelled]", { timeout: 2 * THINK_TIME_MS });
+    await page.screenshot({ path: path.join(ARTIFACTS, "stream-stopped-after-reload.png") });
+    assert.match(await page.textContent("#messages li.msg.assistant[data-state=cancelled]"), /You stopped this reply\./);
+    const view = await getJson(server.base, `/v1/turns/${turn}`);
+    assert.equal(view.turn.state, "cancelled");
+    // Its rounds would have booked by now had it gone on.
+    await new Promise((resolve) => setTimeout(resolve, 3 * THINK_TIME_MS));
+    assert.equal((await entries(server.base, user)).length, 0);
+  } finally {
+    await page.close();
+    await server.stop();
+  }
+});
