@@ -816,6 +816,8 @@ pub struct SweepReport {
     pub turns: u64,
     /// Tool executions deleted.
     pub executions: u64,
+    /// Turn events deleted (with their turns).
+    pub events: u64,
     /// Idle sessions deleted.
     pub sessions: u64,
 }

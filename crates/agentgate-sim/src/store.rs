@@ -1045,7 +1045,9 @@ impl SimStore {
                 state
                     .by_request
                     .remove(&(row.session_id.clone(), row.client_request_id.clone()));
-                state.events.remove(turn_id);
+                if let Some((events, _)) = state.events.remove(turn_id) {
+                    report.events += events.len() as u64;
+                }
                 report.turns += 1;
             }
             let executions: Vec<String> = state

@@ -86,7 +86,7 @@ pub(crate) async fn sweep(store: &MySqlStore) -> Result<SweepReport> {
         .await
         .map_err(map_sqlx)?;
     let cutoffs = Cutoffs::new(now, &store.config);
-    let (turns, executions) = sweep_turns(store, cutoffs).await?;
+    let (turns, executions, events) = sweep_turns(store, cutoffs).await?;
     let sessions = sweep_sessions(store, cutoffs).await?;
     sweep_users(store, cutoffs).await?;
     Ok(SweepReport {
@@ -94,6 +94,7 @@ pub(crate) async fn sweep(store: &MySqlStore) -> Result<SweepReport> {
         released: 0,
         turns,
         executions,
+        events,
         sessions,
     })
 }
@@ -152,7 +153,8 @@ async fn delete_in(
     Ok(query.execute(conn).await.map_err(map_sqlx)?.rows_affected())
 }
 
-async fn sweep_turns(store: &MySqlStore, at: Cutoffs) -> Result<(u64, u64)> {
+/// Deletes due turns with their executions and events: the three counts.
+async fn sweep_turns(store: &MySqlStore, at: Cutoffs) -> Result<(u64, u64, u64)> {
     let candidates: Vec<Vec<u8>> = sqlx::query_scalar(&format!(
         "SELECT t.turn_id FROM ag_turns t WHERE {SWEEPABLE_TURNS} ORDER BY t.turn_id LIMIT ?"
     ))
@@ -163,7 +165,7 @@ async fn sweep_turns(store: &MySqlStore, at: Cutoffs) -> Result<(u64, u64)> {
     .await
     .map_err(map_sqlx)?;
     if candidates.is_empty() {
-        return Ok((0, 0));
+        return Ok((0, 0, 0));
     }
     let mut tx = store.transaction().await?;
     let doomed = lock_candidates(
@@ -176,11 +178,11 @@ async fn sweep_turns(store: &MySqlStore, at: Cutoffs) -> Result<(u64, u64)> {
     )
     .await?;
     let executions = delete_in(&mut tx, "ag_tool_executions", "turn_id", &doomed).await?;
-    // A turn's events go with it (not counted in the report).
-    delete_in(&mut tx, "ag_turn_events", "turn_id", &doomed).await?;
+    // A turn's events go with it.
+    let events = delete_in(&mut tx, "ag_turn_events", "turn_id", &doomed).await?;
     let turns = delete_in(&mut tx, "ag_turns", "turn_id", &doomed).await?;
     tx.commit().await.map_err(map_sqlx)?;
-    Ok((turns, executions))
+    Ok((turns, executions, events))
 }
 
 async fn sweep_sessions(store: &MySqlStore, at: Cutoffs) -> Result<u64> {

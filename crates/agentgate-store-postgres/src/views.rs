@@ -68,8 +68,10 @@ const SWEEP_TURNS: &str = "WITH doomed AS ( \
     gone AS (DELETE FROM ag_turns t USING doomed d WHERE t.turn_id = d.turn_id RETURNING t.turn_id), \
     gone_executions AS (DELETE FROM ag_tool_executions e USING gone g \
       WHERE e.turn_id = g.turn_id RETURNING 1), \
-    gone_events AS (DELETE FROM ag_turn_events v USING gone g WHERE v.turn_id = g.turn_id) \
-    SELECT (SELECT COUNT(*) FROM gone), (SELECT COUNT(*) FROM gone_executions)";
+    gone_events AS (DELETE FROM ag_turn_events v USING gone g WHERE v.turn_id = g.turn_id \
+      RETURNING 1) \
+    SELECT (SELECT COUNT(*) FROM gone), (SELECT COUNT(*) FROM gone_executions), \
+      (SELECT COUNT(*) FROM gone_events)";
 
 /// Idle sessions with no turns left lose their user binding after
 /// retention. `$1` cutoff, `$2` now, `$3` batch. A begin that granted since
@@ -97,7 +99,7 @@ pub(crate) async fn sweep(store: &PostgresStore) -> Result<SweepReport> {
         .await
         .map_err(map_sqlx)?;
     let at = Cutoffs::new(now, &store.config);
-    let (turns, executions): (i64, i64) = sqlx::query_as(SWEEP_TURNS)
+    let (turns, executions, events): (i64, i64, i64) = sqlx::query_as(SWEEP_TURNS)
         .bind(at.cutoff_ms)
         .bind(at.pending_cutoff_ms)
         .bind(at.batch)
@@ -123,6 +125,7 @@ pub(crate) async fn sweep(store: &PostgresStore) -> Result<SweepReport> {
         released: 0,
         turns: count(turns)?,
         executions: count(executions)?,
+        events: count(events)?,
         sessions,
     })
 }

@@ -67,8 +67,8 @@ pub(crate) async fn sweep(store: &SqliteStore) -> Result<SweepReport> {
     .await
     .map_err(map_sqlx)?
     .rows_affected();
-    // A turn's events go with it (not counted in the report).
-    sqlx::query(&format!(
+    // A turn's events go with it.
+    let events = sqlx::query(&format!(
         "DELETE FROM ag_turn_events WHERE turn_id IN ({SWEEPABLE_TURNS})"
     ))
     .bind(cutoff)
@@ -76,7 +76,8 @@ pub(crate) async fn sweep(store: &SqliteStore) -> Result<SweepReport> {
     .bind(batch)
     .execute(&mut *tx)
     .await
-    .map_err(map_sqlx)?;
+    .map_err(map_sqlx)?
+    .rows_affected();
     let turns = sqlx::query(&format!(
         "DELETE FROM ag_turns WHERE turn_id IN ({SWEEPABLE_TURNS})"
     ))
@@ -107,6 +108,7 @@ pub(crate) async fn sweep(store: &SqliteStore) -> Result<SweepReport> {
         released: 0,
         turns,
         executions,
+        events,
         sessions,
     })
 }

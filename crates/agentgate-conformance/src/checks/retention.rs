@@ -2,14 +2,17 @@
 //! holder crashed), a turn awaiting a confirmation nobody gave, and the
 //! sessions they leave behind are swept by the settings of `Config`
 //! (`orphan_grace`, `result_retention`, `confirmation_ttl`), in Redis mode
-//! too, while a live turn, its session and the user's cap override stay.
+//! too, with their event logs, while a live turn (and its log), its
+//! session and the user's cap override stay.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use agentgate::{Config, ToolName, TurnState};
 use agentgate_core::ids::{ClientRequestId, SessionId, UserId};
-use agentgate_core::model::{BeginCommand, BeginOutcome, LeaseRef, SweepReport, ToolCall};
+use agentgate_core::model::{
+    BeginCommand, BeginOutcome, LeaseRef, NewEvent, SweepReport, ToolCall,
+};
 use agentgate_core::store::all_executions;
 use serde_json::json;
 use tokio::time::Instant;
@@ -37,6 +40,7 @@ fn add(total: &mut SweepReport, report: &SweepReport) {
     total.abandoned += report.abandoned;
     total.turns += report.turns;
     total.executions += report.executions;
+    total.events += report.events;
     total.sessions += report.sessions;
 }
 
@@ -76,9 +80,21 @@ pub async fn retention_sweeps_expired_turns_and_sessions(target: &Target) {
     store.set_user_cap(&user, Some(3)).await.expect("override");
 
     let live = must_start(&long, USER, "retain-live", "r").await;
+    // Each turn logs events: they go with their turn, and only then.
+    live.emit_all(&[("live", &json!(1)), ("live", &json!(2))])
+        .await
+        .expect("live events");
 
     let pending = must_start(&gate, USER, "retain-pending", "r").await;
     let pending_id = pending.id().clone();
+    pending
+        .emit_all(&[
+            ("asked", &json!(1)),
+            ("asked", &json!(2)),
+            ("asked", &json!(3)),
+        ])
+        .await
+        .expect("pending events");
     // The pending turn's ending lands between these two instants.
     let pending_asked = Instant::now();
     pending
@@ -114,6 +130,13 @@ pub async fn retention_sweeps_expired_turns_and_sessions(target: &Target) {
         )
         .await
         .expect("claim");
+    store
+        .append_events(
+            &held,
+            &[NewEvent::new("crashed", &json!(1)).expect("event")],
+        )
+        .await
+        .expect("crashed event");
     let crashed_granted = Instant::now();
     // The holder crashes here: no heartbeat, no ending, no release.
 
@@ -140,9 +163,24 @@ pub async fn retention_sweeps_expired_turns_and_sessions(target: &Target) {
     );
     assert_eq!(abandoning.abandoned, 1, "the crashed turn is abandoned");
     assert_eq!(
-        (abandoning.turns, abandoning.executions, abandoning.sessions),
-        (0, 0, 0),
+        (
+            abandoning.turns,
+            abandoning.executions,
+            abandoning.events,
+            abandoning.sessions
+        ),
+        (0, 0, 0, 0),
         "nothing is deleted yet: {abandoning:?}"
+    );
+    let kept_events = store
+        .events(&crashed.turn_id, 0, 10)
+        .await
+        .expect("events")
+        .expect("kept");
+    assert_eq!(
+        kept_events.events.len(),
+        1,
+        "an abandoned turn keeps its log"
     );
     let view = store
         .turn(&crashed.turn_id)
@@ -172,11 +210,17 @@ pub async fn retention_sweeps_expired_turns_and_sessions(target: &Target) {
             swept.abandoned,
             swept.turns,
             swept.executions,
+            swept.events,
             swept.sessions
         ),
-        (0, 2, 1, 2),
-        "both turns, the crashed turn's execution and both sessions: {swept:?}"
+        (0, 2, 1, 4, 2),
+        "both turns, the crashed turn's execution, both turns' events and both sessions: {swept:?}"
     );
+    assert!(store
+        .events(&crashed.turn_id, 0, 10)
+        .await
+        .expect("events")
+        .is_none());
     assert!(store.turn(&crashed.turn_id).await.expect("view").is_none());
     assert!(store.turn(&pending_id).await.expect("view").is_none());
     assert!(all_executions(store.as_ref(), &crashed.turn_id)
@@ -200,6 +244,12 @@ pub async fn retention_sweeps_expired_turns_and_sessions(target: &Target) {
         Some(live.id().clone())
     );
     assert!(store.turn(live.id()).await.expect("view").is_some());
+    let live_events = store
+        .events(live.id(), 0, 10)
+        .await
+        .expect("events")
+        .expect("the live turn");
+    assert_eq!(live_events.events.len(), 2, "the live turn's log stays");
     let user_view = store.user(&user).await.expect("user");
     assert_eq!(user_view.live_turns, 1, "only the live turn holds a permit");
     assert_eq!(user_view.max_turns_per_user, 3, "the cap override stays");
@@ -209,6 +259,7 @@ pub async fn retention_sweeps_expired_turns_and_sessions(target: &Target) {
     counts.insert("abandoned".to_owned(), abandoning.abandoned);
     counts.insert("swept_turns".to_owned(), swept.turns);
     counts.insert("swept_executions".to_owned(), swept.executions);
+    counts.insert("swept_events".to_owned(), swept.events);
     counts.insert("swept_sessions".to_owned(), swept.sessions);
     counts.insert("kept_live".to_owned(), 1);
     let counts = counts
