@@ -192,10 +192,7 @@ pub(crate) async fn measure(
             .map_err(|e| BenchError::Options(format!("events row follower: {e}")))??;
         delivery.extend(samples);
     }
-    let raw_notify = match target.dialect {
-        Dialect::Postgres => Some(crate::wake::raw_postgres(&target.store_url, events).await?),
-        Dialect::Sqlite | Dialect::MySql => None,
-    };
+    let raw_notify = crate::wake::raw_notification(target, events).await?;
     let delivery = delivery.summary();
     let delivery_to_raw_p50 = raw_notify
         .as_ref()

@@ -152,6 +152,77 @@ pub(crate) async fn raw_postgres(store_url: &str, rounds: usize) -> Result<StepL
     Ok(samples.summary())
 }
 
+/// The raw `PUBLISH` → `SUBSCRIBE` round trip on Redis, `rounds` times:
+/// one connection publishes, a subscriber on a connection of its own
+/// receives.
+pub(crate) async fn raw_redis(redis_url: &str, rounds: usize) -> Result<StepLatency> {
+    use tokio_stream::StreamExt as _;
+    let map = |e: redis::RedisError| BenchError::Options(format!("raw publish: {e}"));
+    let bounded = |what: &'static str| {
+        move |_| BenchError::Options(format!("raw publish: {what} took over {RAW_TIMEOUT:?}"))
+    };
+    // The layer's URL may carry `?key_prefix=`; redis-rs knows no such
+    // parameter.
+    let url = redis_url.split('?').next().unwrap_or(redis_url);
+    let client = redis::Client::open(url).map_err(map)?;
+    let mut sender = tokio::time::timeout(RAW_TIMEOUT, client.get_multiplexed_async_connection())
+        .await
+        .map_err(bounded("connecting"))?
+        .map_err(map)?;
+    let mut subscriber = tokio::time::timeout(RAW_TIMEOUT, client.get_async_pubsub())
+        .await
+        .map_err(bounded("connecting the subscriber"))?
+        .map_err(map)?;
+    subscriber
+        .subscribe("agentgate_bench_wake")
+        .await
+        .map_err(map)?;
+    let mut messages = subscriber.on_message();
+    let mut samples = Samples::default();
+    for n in 0..rounds {
+        let payload = n.to_string();
+        let sent = Instant::now();
+        let _: i64 = tokio::time::timeout(
+            RAW_TIMEOUT,
+            redis::cmd("PUBLISH")
+                .arg("agentgate_bench_wake")
+                .arg(&payload)
+                .query_async(&mut sender),
+        )
+        .await
+        .map_err(bounded("a publish"))?
+        .map_err(map)?;
+        let got = tokio::time::timeout(RAW_TIMEOUT, messages.next())
+            .await
+            .map_err(bounded("a message"))?
+            .ok_or_else(|| BenchError::Options("raw publish: the subscription closed".into()))?;
+        let got: String = got.get_payload().map_err(map)?;
+        if got != payload {
+            return Err(BenchError::Options(format!(
+                "raw publish: got {got:?}, sent {payload}"
+            )));
+        }
+        samples.push(sent.elapsed());
+    }
+    Ok(samples.summary())
+}
+
+/// The raw notification round trip other nodes are woken by on `target`:
+/// PostgreSQL's `NOTIFY`, else the Redis layer's pub/sub, else none (they
+/// poll).
+pub(crate) async fn raw_notification(
+    target: &Target,
+    rounds: usize,
+) -> Result<Option<StepLatency>> {
+    match (target.dialect, target.redis_url.as_deref()) {
+        (Dialect::Postgres, _) => Ok(Some(raw_postgres(&target.store_url, rounds).await?)),
+        (Dialect::Sqlite | Dialect::MySql, Some(redis_url)) => {
+            Ok(Some(raw_redis(redis_url, rounds).await?))
+        }
+        (Dialect::Sqlite | Dialect::MySql, None) => Ok(None),
+    }
+}
+
 /// Runs the row (`rounds` per mode; 0 skips it).
 ///
 /// # Errors
@@ -183,10 +254,7 @@ pub(crate) async fn measure(
         other.push(latency);
         woken += usize::from(was_woken);
     }
-    let raw_notify = match target.dialect {
-        Dialect::Postgres => Some(raw_postgres(&target.store_url, rounds).await?),
-        Dialect::Sqlite | Dialect::MySql => None,
-    };
+    let raw_notify = raw_notification(target, rounds).await?;
     let other_node = other.summary();
     let other_node_to_raw_p50 = raw_notify
         .as_ref()

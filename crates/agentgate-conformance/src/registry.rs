@@ -120,6 +120,8 @@ macro_rules! for_each_check {
                 "a retry of a failed request does not jump a waiting queue; an interrupt never cancels a queued message; superseded turns are swept";
             events_are_fenced_ordered_and_resumable: any,
                 "20 batches of 10 events at once: ids 1..200, batches contiguous, bad appends refused; a zombie's event after the takeover refused; followers see 1..201 once each, in order, and the ending; resumes at any cut, and a dropped-and-resumed stream, see exactly the rest";
+            an_append_on_another_node_wakes_its_followers: any,
+                "an append on node A wakes node B's watch of the turn where the target announces (PostgreSQL, Redis), and node B reads it";
             session_default_policy_applies_to_unnamed_begins: any,
                 "a session's default policy: set by its user only; 20 unnamed begins queued by it in order, a named reject still refused; an unnamed begin waits by it; supersede + interrupt asks the holder to stop and runs only the newest";
             a_killed_holders_queue_drains_after_takeover: any + holder,

@@ -12,6 +12,8 @@
 //! atomic step in the layer (one Redis script) and expiry is judged by the
 //! layer's clock (Redis `PEXPIRE` and `TIME`).
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 
 use crate::error::Result;
@@ -141,6 +143,34 @@ pub trait LeaseLayer: Send + Sync + std::fmt::Debug + 'static {
     /// # Errors
     /// `store_unavailable`.
     async fn user_holders(&self, user_id: &str) -> Result<Vec<HolderView>>;
+
+    /// Tells every node that `session_id` was released (an ending, an
+    /// abandon, a force-release), for the begins waiting on it there. Best
+    /// effort: a waiter that misses it finds the session by its bounded
+    /// poll. By default no other node hears it.
+    async fn announce_release(&self, _session_id: &str) {}
+
+    /// Tells every node that `turn_id`'s event log grew, for its followers
+    /// there. Best effort, as [`LeaseLayer::announce_release`].
+    async fn announce_events(&self, _turn_id: &str) {}
+
+    /// Starts delivering other nodes' announcements to `to`, once: a later
+    /// call while that delivery runs changes nothing. By default nothing
+    /// arrives (the store's followers and waiters poll across nodes).
+    fn listen(&self, _to: Arc<dyn Announced>) {}
+}
+
+/// Where a lease layer delivers other nodes' announcements (a store's
+/// in-process wakeups).
+pub trait Announced: Send + Sync + 'static {
+    /// `session_id` was released on some node.
+    fn released(&self, session_id: &str);
+    /// `turn_id`'s event log grew on some node.
+    fn events(&self, turn_id: &str);
+    /// Whether announcements reach this node now: false while the layer
+    /// reconnects; turning true must wake every watch, since what was
+    /// announced meanwhile reached no one.
+    fn listening(&self, listening: bool);
 }
 
 /// Before a store records a turn as exhausted: with an external layer the

@@ -22,17 +22,24 @@
 //! keys derived inside the script, so a Redis Cluster is not supported; use a
 //! single primary (with replicas) as Redisson's single-server mode does.
 //!
+//! Releases and new events are announced on Redis pub/sub (`announce`), so
+//! waiting begins and event followers on every node wake at once where the
+//! SQL store has no notification of its own.
+//!
 //! `connect` turns the URL into a client: `key_prefix`, and for `rediss://`
 //! (TLS, the crate's `tls` feature) `ca_file`, `cert_file`, `key_file`.
 #![forbid(unsafe_code)]
 
+mod announce;
 mod connect;
 
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{Fence, SessionId, TurnId};
-use agentgate_core::lease::{Acquired, LeaseClaim, LeaseLayer, LiveLease};
+use agentgate_core::lease::{Acquired, Announced, LeaseClaim, LeaseLayer, LiveLease};
 use agentgate_core::limits::STORE_ACQUIRE_TIMEOUT;
 use agentgate_core::model::HolderView;
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use redis::aio::ConnectionManager;
 use redis::Script;
@@ -66,6 +73,10 @@ pub struct RedisLeases {
     connection: ConnectionManager,
     prefix: String,
     scripts: Scripts,
+    /// For the announcements' subscription, a connection of its own.
+    client: redis::Client,
+    channels: announce::Channels,
+    subscriber: announce::Subscriber,
 }
 
 impl std::fmt::Debug for RedisLeases {
@@ -96,15 +107,20 @@ impl RedisLeases {
         let parsed = connect::parse(url)?;
         let client = connect::client(&parsed)?;
         let prefix = parsed.prefix;
-        let connection =
-            tokio::time::timeout(STORE_ACQUIRE_TIMEOUT, ConnectionManager::new(client))
-                .await
-                .map_err(|_| Error::store("timed out connecting to redis"))?
-                .map_err(map_redis)?;
+        let connection = tokio::time::timeout(
+            STORE_ACQUIRE_TIMEOUT,
+            ConnectionManager::new(client.clone()),
+        )
+        .await
+        .map_err(|_| Error::store("timed out connecting to redis"))?
+        .map_err(map_redis)?;
         Ok(Self {
             connection,
+            channels: announce::Channels::new(&prefix),
             prefix,
             scripts: Scripts::new(),
+            client,
+            subscriber: announce::Subscriber::default(),
         })
     }
 
@@ -255,6 +271,18 @@ impl LeaseLayer for RedisLeases {
                 Some(holder_view(&row[0], &row[1], fence, ms))
             })
             .collect()
+    }
+
+    async fn announce_release(&self, session_id: &str) {
+        self.channels.released(&self.connection, session_id).await;
+    }
+
+    async fn announce_events(&self, turn_id: &str) {
+        self.channels.events(&self.connection, turn_id).await;
+    }
+
+    fn listen(&self, to: Arc<dyn Announced>) {
+        self.subscriber.start(&self.client, &self.channels, to);
     }
 }
 

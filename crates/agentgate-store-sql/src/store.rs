@@ -22,11 +22,25 @@
 //! - a `config: Config` field, a `wakeups:`
 //!   [`Wakeups`](crate::wakeups::Wakeups) field (session releases) and an
 //!   `event_wakeups:` one (turns' new events, by turn id);
+//! - a `leases: Option<Arc<dyn LeaseLayer>>` field (the Redis lease layer);
 //! - optionally `listen = path, announce = path`: a `fn(&Store)` called
 //!   before every watch, which starts (once) whatever feeds the wakeups from
 //!   other nodes, and an `async fn(&Store, &TurnId)` called after an append
 //!   commits, which tells other nodes (it reports no error: a follower
-//!   that misses it re-reads within its poll).
+//!   that misses it re-reads within its poll). A store that names none
+//!   (SQLite, MySQL) has no notification of its own: it announces and
+//!   listens through its lease layer when it has one
+//!   ([`listen_through_layer`], [`announce_through_layer`], and
+//!   [`release_through_layer`] for releases), and otherwise its waiters and
+//!   followers on other nodes poll. A store that names them (PostgreSQL)
+//!   announces releases in its own SQL.
+
+use std::sync::Arc;
+
+use agentgate_core::ids::TurnId;
+use agentgate_core::lease::{Announced, LeaseLayer};
+
+use crate::wakeups::Wakeups;
 
 /// Implements `agentgate_core::store::Store` for `$store` over the layout
 /// the [module documentation](self) names, and `Debug` (its configuration,
@@ -39,11 +53,36 @@ macro_rules! impl_store {
     ($store:ty) => {
         $crate::impl_store!(
             $store,
-            listen = $crate::store::in_process_only,
-            announce = $crate::store::no_announcement
+            listen = $crate::store::listen_through_layer,
+            announce = $crate::store::announce_through_layer,
+            release = $crate::store::release_through_layer
         );
     };
     ($store:ty, listen = $listen:path, announce = $announce:path) => {
+        $crate::impl_store!(
+            $store,
+            listen = $listen,
+            announce = $announce,
+            release = $crate::store::released_in_sql
+        );
+    };
+    ($store:ty, listen = $listen:path, announce = $announce:path, release = $release:path) => {
+        impl $crate::store::LayerFields for $store {
+            fn lease_layer(
+                &self,
+            ) -> Option<&::std::sync::Arc<dyn ::agentgate_core::lease::LeaseLayer>> {
+                self.leases.as_ref()
+            }
+
+            fn release_wakeups(&self) -> &$crate::wakeups::Wakeups {
+                &self.wakeups
+            }
+
+            fn event_wakeups(&self) -> &$crate::wakeups::Wakeups {
+                &self.event_wakeups
+            }
+        }
+
         #[$crate::async_trait]
         impl ::agentgate_core::store::Store for $store {
             fn config(&self) -> &::agentgate_core::config::Config {
@@ -103,6 +142,7 @@ macro_rules! impl_store {
             ) -> ::agentgate_core::error::Result<::agentgate_core::model::TurnView> {
                 let view = crate::steps::end_turn(self, lease, ending).await?;
                 self.wakeups.released(view.session_id.as_str());
+                $release(self, view.session_id.as_str()).await;
                 Ok(view)
             }
 
@@ -129,6 +169,7 @@ macro_rules! impl_store {
                 let released = $crate::orphans::force_release(&sql, session_id, only).await?;
                 if released.is_some() {
                     self.wakeups.released(session_id.as_str());
+                    $release(self, session_id.as_str()).await;
                 }
                 match released {
                     Some(turn_id) => match $crate::views::turn(&sql, &turn_id).await? {
@@ -270,6 +311,7 @@ macro_rules! impl_store {
                 let abandoned = $crate::orphans::abandon(&crate::steps::Sql(self), orphan).await?;
                 if abandoned {
                     self.wakeups.released(orphan.session_id.as_str());
+                    $release(self, orphan.session_id.as_str()).await;
                 }
                 Ok(abandoned)
             }
@@ -286,10 +328,67 @@ macro_rules! impl_store {
     };
 }
 
-/// The `listen` of a store whose releases reach only this process's
-/// waiters (SQLite, MySQL): nothing to start.
-pub fn in_process_only<T>(_store: &T) {}
+/// What the announcing functions below read of a store (`impl_store!`
+/// implements it from the fields it requires).
+pub trait LayerFields {
+    /// The lease layer, if the store has one.
+    fn lease_layer(&self) -> Option<&Arc<dyn LeaseLayer>>;
+    /// The wakeups of waiting begins, by session.
+    fn release_wakeups(&self) -> &Wakeups;
+    /// The wakeups of event followers, by turn.
+    fn event_wakeups(&self) -> &Wakeups;
+}
 
-/// The `announce` of a store whose new events reach only this process's
-/// followers (SQLite, MySQL): followers elsewhere find them by their poll.
-pub async fn no_announcement<T>(_store: &T, _turn_id: &agentgate_core::ids::TurnId) {}
+/// A store's two wakeups, where its lease layer delivers other nodes'
+/// announcements.
+struct LayerWakeups {
+    releases: Wakeups,
+    events: Wakeups,
+}
+
+impl Announced for LayerWakeups {
+    fn released(&self, session_id: &str) {
+        self.releases.released(session_id);
+    }
+
+    fn events(&self, turn_id: &str) {
+        self.events.released(turn_id);
+    }
+
+    fn listening(&self, listening: bool) {
+        self.releases.listening(listening);
+        self.events.listening(listening);
+    }
+}
+
+/// The `listen` of a store without notification of its own: its lease
+/// layer's announcements (Redis pub/sub), if it has a layer, else nothing
+/// (other nodes' releases and events are found by polling).
+pub fn listen_through_layer<T: LayerFields>(store: &T) {
+    if let Some(layer) = store.lease_layer() {
+        layer.listen(Arc::new(LayerWakeups {
+            releases: store.release_wakeups().clone(),
+            events: store.event_wakeups().clone(),
+        }));
+    }
+}
+
+/// The `announce` of a store without notification of its own: through its
+/// lease layer, if any.
+pub async fn announce_through_layer<T: LayerFields>(store: &T, turn_id: &TurnId) {
+    if let Some(layer) = store.lease_layer() {
+        layer.announce_events(turn_id.as_str()).await;
+    }
+}
+
+/// The `release` of a store without notification of its own: through its
+/// lease layer, if any.
+pub async fn release_through_layer<T: LayerFields>(store: &T, session_id: &str) {
+    if let Some(layer) = store.lease_layer() {
+        layer.announce_release(session_id).await;
+    }
+}
+
+/// The `release` of a store whose release statements announce themselves
+/// (PostgreSQL's `pg_notify` in the same transaction): nothing more.
+pub async fn released_in_sql<T>(_store: &T, _session_id: &str) {}

@@ -390,33 +390,23 @@ pub async fn force_release_races_the_ending(target: &Target) {
 
 /// A waiter on one node (store handle) behind a holder on another: it
 /// starts once the holder ends there. On PostgreSQL the ending's
-/// `NOTIFY` wakes it (at least one wake counted: a poll that times out
-/// is not one); on the other stores no notification crosses handles and
-/// its bounded poll finds the free session. Prints how long after the
+/// `NOTIFY`, with the Redis layer its pub/sub announcement, wakes it (at
+/// least one wake counted: a poll that times out is not one); elsewhere
+/// no notification crosses handles and its bounded poll finds the free
+/// session. Prints how long after the
 /// ending's answer the waiter started, and how.
 pub async fn a_release_on_another_node_wakes_a_waiter(target: &Target) {
     let node_a = target.gate(config()).await;
     let node_b = target.gate(config()).await;
     let session = "cross-node-wait";
     let holder = must_start(&node_a, "cross-user", session, "first").await;
-    let waiter = {
-        let node_b = node_b.clone();
-        tokio::spawn(async move {
-            let (begun, report) = node_b
-                .begin_on_busy(
-                    &command("cross-user", session, "second"),
-                    on_busy(BusyPolicy::Wait, 20_000),
-                )
-                .await
-                .expect("the waiter starts within its bound");
-            (started(begun), report, Instant::now())
-        })
-    };
-    let notified = target.store_url.starts_with("postgres");
+    let notified = super::announces_across_nodes(target);
     if notified {
         // Node B's listener connects on its first watch; under a loaded
         // server that can take a while, and a release before it listens
-        // would reach the waiter by its poll. So: until it listens.
+        // would reach the waiter by its poll. So: until it listens, before
+        // the waiter's own watch (the listener's start wakes every watch,
+        // which must not count as the release's wake).
         let deadline = Instant::now() + Duration::from_secs(30);
         while !node_b
             .store()
@@ -430,6 +420,19 @@ pub async fn a_release_on_another_node_wakes_a_waiter(target: &Target) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+    let waiter = {
+        let node_b = node_b.clone();
+        tokio::spawn(async move {
+            let (begun, report) = node_b
+                .begin_on_busy(
+                    &command("cross-user", session, "second"),
+                    on_busy(BusyPolicy::Wait, 20_000),
+                )
+                .await
+                .expect("the waiter starts within its bound");
+            (started(begun), report, Instant::now())
+        })
+    };
     // Long enough for the waiter's first attempt.
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     assert!(!waiter.is_finished(), "it waits while the holder runs");
@@ -438,7 +441,7 @@ pub async fn a_release_on_another_node_wakes_a_waiter(target: &Target) {
     let (next, busy, started_at) = waiter.await.expect("waiter");
     next.succeed(&json!("two")).await.expect("ended");
     if notified {
-        assert!(busy.woken >= 1, "the NOTIFY woke it: {busy:?}");
+        assert!(busy.woken >= 1, "the announcement woke it: {busy:?}");
     }
     let after_ms = started_at.saturating_duration_since(ended_at).as_millis();
     let counts: BTreeMap<String, usize> = [

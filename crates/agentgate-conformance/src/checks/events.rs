@@ -221,3 +221,57 @@ pub async fn events_are_fenced_ordered_and_resumable(target: &Target) {
     counts.insert("resumes".to_owned(), CUTS.len() + 1);
     report(target, "events_are_fenced_ordered_and_resumable", &counts);
 }
+
+/// Where the target announces across nodes (PostgreSQL `NOTIFY`, the Redis
+/// layer's pub/sub) an append on node A wakes a watch of the turn's events
+/// on node B; elsewhere node B's watch says it hears only its own node, and
+/// its followers find the event by their poll. Either way node B reads the
+/// event.
+pub async fn an_append_on_another_node_wakes_its_followers(target: &Target) {
+    let node_a = target.gate(short_ttl()).await;
+    let node_b = target.gate(short_ttl()).await;
+    let turn = super::must_start(&node_a, "cross-events", "cross-events", "r").await;
+    let store_b = node_b.store();
+    let mut watch = store_b.watch_events(turn.id());
+    let notified = super::announces_across_nodes(target);
+    if notified {
+        // Node B's listener subscribes on its first watch.
+        let deadline = tokio::time::Instant::now() + FOLLOW_LIMIT;
+        while !watch.across_nodes() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "node B never listened"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // A fresh watch: subscribing woke the first one (what was announced
+        // before reached no one), and only the append may wake this one.
+        watch = store_b.watch_events(turn.id());
+    } else {
+        assert!(!watch.across_nodes(), "nothing announces across nodes here");
+    }
+    turn.emit("token", &json!("across")).await.expect("append");
+    let bound = if notified {
+        FOLLOW_LIMIT
+    } else {
+        Duration::from_millis(500)
+    };
+    let woken = watch.wait(bound).await;
+    assert_eq!(woken, notified, "woken by the append on node A");
+    let page = store_b
+        .events(turn.id(), 0, 10)
+        .await
+        .expect("read")
+        .expect("the turn");
+    assert_eq!(page.events.len(), 1);
+    assert_eq!(page.events[0].data, r#""across""#);
+    turn.succeed(&json!("done")).await.expect("ended");
+    let counts = [("woken".to_owned(), usize::from(woken))]
+        .into_iter()
+        .collect();
+    report(
+        target,
+        "an_append_on_another_node_wakes_its_followers",
+        &counts,
+    );
+}

@@ -40,7 +40,9 @@ pub use cancel::{
 };
 pub use confirm_races::{confirmation_races_a_new_message, confirmation_rejected_and_repeated};
 pub use confirmation::{confirmation_flow, confirmation_race, pending_confirmation_expires};
-pub use events::events_are_fenced_ordered_and_resumable;
+pub use events::{
+    an_append_on_another_node_wakes_its_followers, events_are_fenced_ordered_and_resumable,
+};
 pub use inflight::old_writes_in_flight_during_takeover;
 pub use input::bad_input_changes_nothing;
 pub use lifecycle::{
@@ -159,6 +161,12 @@ pub fn started(results: Vec<Result<Begun, Error>>) -> (Vec<Turn>, Vec<Result<Beg
         }
     }
     (turns, rest)
+}
+
+/// Whether `target` tells other nodes of releases and new events:
+/// PostgreSQL by `NOTIFY`, any store with the Redis layer by its pub/sub.
+pub fn announces_across_nodes(target: &Target) -> bool {
+    target.store_url.starts_with("postgres") || target.redis_url.is_some()
 }
 
 /// Begins and expects a start.
