@@ -10,9 +10,8 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
-import net from "node:net";
 import path from "node:path";
-import { ARTIFACTS, startServer, launchBrowser, entries, getJson, chatUrl, unique } from "../lib/harness.mjs";
+import { ARTIFACTS, startServer, launchBrowser, entries, getJson, chatUrl, unique, freePort } from "../lib/harness.mjs";
 
 /** Per model round: a booking takes three, so a reply runs about 4.5 s: long enough to queue behind, reload and cancel. */
 const THINK_TIME_MS = 1_500;
@@ -234,17 +233,6 @@ test("a Chinese browser reads the queue in Chinese", async () => {
     await zh.close();
   }
 });
-
-async function freePort() {
-  return new Promise((resolve, reject) => {
-    const probe = net.createServer();
-    probe.once("error", reject);
-    probe.listen(0, "127.0.0.1", () => {
-      const { port } = probe.address();
-      probe.close(() => resolve(port));
-    });
-  });
-}
 
 test("a server killed mid-reply with two messages queued: after a restart the reply resumes and the queue drains in order, each booked once, hands off the page", async () => {
   const LEASE_TTL_MS = 2_000;

@@ -8,7 +8,7 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import {
-  startServer, launchBrowser, entries, getJson, chatUrl, eventually, unique,
+  startServer, launchBrowser, entries, getJson, chatUrl, eventually, unique, freePort,
 } from "../lib/harness.mjs";
 
 /** Per model round; a booking takes three, so a turn takes about 2 s. */
@@ -303,18 +303,6 @@ test("with the server down, a message stays in the box and is sent by itself, on
   }
   first = null;
 });
-
-async function freePort() {
-  const net = await import("node:net");
-  return new Promise((resolve, reject) => {
-    const probe = net.createServer();
-    probe.once("error", reject);
-    probe.listen(0, "127.0.0.1", () => {
-      const { port } = probe.address();
-      probe.close(() => resolve(port));
-    });
-  });
-}
 
 test("a server crash mid-reply: the page asks again with the same id and the reply arrives, booked once", async () => {
   const port = await freePort();

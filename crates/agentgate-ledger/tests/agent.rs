@@ -221,44 +221,13 @@ async fn a_worker_killed_after_booking_is_taken_over_and_books_nothing_new() {
         lease_ttl: SHORT_TTL,
         ..Config::default()
     };
-    // The doomed worker: its own runtime, killed with everything on it
-    // (watchdog, turn, the drop-release) once the entry is committed.
-    let (booked_sender, booked) = tokio::sync::oneshot::channel();
-    let (kill, killed) = tokio::sync::oneshot::channel::<()>();
-    let url = store.url.clone();
-    let worker_config = config.clone();
-    let worker = std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        runtime.block_on(async move {
-            let (model, hung) = HangAfterBooking::new();
-            let app = app_on(&url, worker_config, model).await;
-            tokio::spawn(async move {
-                let _ = app
-                    .chat(
-                        &message("s1", "m1", "午饭 35"),
-                        None,
-                        CancellationToken::new(),
-                    )
-                    .await;
-            });
-            hung.await.expect("booked");
-            let _ = booked_sender.send(());
-            let _ = killed.await;
-        });
-        runtime.shutdown_background();
-    });
-    booked.await.expect("the worker booked");
+    let worker = DoomedWorker::booked(&store.url, config.clone()).await;
     assert_eq!(
         count_entries(&store.url).await,
         1,
         "the booking committed before the crash"
     );
-    let _ = kill.send(());
-    worker.join().expect("worker thread");
+    worker.kill();
 
     // The client retries the same request on another node.
     let app = app_on(

@@ -274,37 +274,9 @@ async fn the_recovery_worker_resumes_a_dead_workers_reply_then_drains_its_queue(
         lease_ttl: SHORT_TTL,
         ..Config::default()
     };
-    // The doomed worker: its own runtime, killed with everything on it
-    // once its reply has booked and two messages wait behind it.
-    let (booked_sender, booked) = tokio::sync::oneshot::channel();
-    let (kill, killed) = tokio::sync::oneshot::channel::<()>();
-    let url = store.url.clone();
-    let worker_config = config.clone();
-    let worker = std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        runtime.block_on(async move {
-            let (model, hung) = HangAfterBooking::new();
-            let app = app_on(&url, worker_config, model).await;
-            tokio::spawn(async move {
-                let _ = app
-                    .chat(
-                        &message("s1", "m1", "午饭 35"),
-                        None,
-                        CancellationToken::new(),
-                    )
-                    .await;
-            });
-            hung.await.expect("booked");
-            let _ = booked_sender.send(());
-            let _ = killed.await;
-        });
-        runtime.shutdown_background();
-    });
-    booked.await.expect("the worker booked");
+    // The doomed worker, killed once its reply has booked and two
+    // messages wait behind it.
+    let worker = DoomedWorker::booked(&store.url, config.clone()).await;
     let app = app_on(
         &store.url,
         config,
@@ -313,8 +285,7 @@ async fn the_recovery_worker_resumes_a_dead_workers_reply_then_drains_its_queue(
     .await;
     let second = enqueue(&app, BusyPolicy::Enqueue, "m2", "打车 18").await;
     let third = enqueue(&app, BusyPolicy::Enqueue, "m3", "咖啡 12").await;
-    let _ = kill.send(());
-    worker.join().expect("worker thread");
+    worker.kill();
 
     // The first looks find the reply's lease still live; bounded.
     let mut outcomes = Vec::new();

@@ -57,37 +57,25 @@ pub(crate) async fn sweep(store: &SqliteStore) -> Result<SweepReport> {
     let at = Cutoffs::new(now_ms(&mut tx).await?, &store.config);
     let (cutoff, pending_cutoff, now, batch) =
         (at.cutoff_ms, at.pending_cutoff_ms, at.now_ms, at.batch);
-    let executions = sqlx::query(&format!(
-        "DELETE FROM ag_tool_executions WHERE turn_id IN ({SWEEPABLE_TURNS})"
-    ))
-    .bind(cutoff)
-    .bind(pending_cutoff)
-    .bind(batch)
-    .execute(&mut *tx)
-    .await
-    .map_err(map_sqlx)?
-    .rows_affected();
-    // A turn's events go with it.
-    let events = sqlx::query(&format!(
-        "DELETE FROM ag_turn_events WHERE turn_id IN ({SWEEPABLE_TURNS})"
-    ))
-    .bind(cutoff)
-    .bind(pending_cutoff)
-    .bind(batch)
-    .execute(&mut *tx)
-    .await
-    .map_err(map_sqlx)?
-    .rows_affected();
-    let turns = sqlx::query(&format!(
-        "DELETE FROM ag_turns WHERE turn_id IN ({SWEEPABLE_TURNS})"
-    ))
-    .bind(cutoff)
-    .bind(pending_cutoff)
-    .bind(batch)
-    .execute(&mut *tx)
-    .await
-    .map_err(map_sqlx)?
-    .rows_affected();
+    // Executions and events first: the turn rows they name select them.
+    let mut deleted = [0_u64; 3];
+    for (count, table) in
+        deleted
+            .iter_mut()
+            .zip(["ag_tool_executions", "ag_turn_events", "ag_turns"])
+    {
+        *count = sqlx::query(&format!(
+            "DELETE FROM {table} WHERE turn_id IN ({SWEEPABLE_TURNS})"
+        ))
+        .bind(cutoff)
+        .bind(pending_cutoff)
+        .bind(batch)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_sqlx)?
+        .rows_affected();
+    }
+    let [executions, events, turns] = deleted;
     // Idle sessions with no turns left lose their user binding after retention.
     let sessions = sqlx::query(
         "DELETE FROM ag_sessions WHERE session_id IN (SELECT s.session_id FROM ag_sessions s \

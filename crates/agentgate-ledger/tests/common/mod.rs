@@ -215,3 +215,53 @@ impl Model for Scripted {
         Ok(reply)
     }
 }
+
+/// A worker that dies: its own runtime (its own "process"), running the
+/// chat `("s1", "m1", "午饭 35")` with a model that hangs once the booking
+/// committed, killed with everything on it (watchdog, turn, the
+/// drop-release) by [`DoomedWorker::kill`].
+pub struct DoomedWorker {
+    kill: tokio::sync::oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl DoomedWorker {
+    /// Starts it on the store at `url`; returns once its booking committed.
+    pub async fn booked(url: &str, config: Config) -> Self {
+        let (booked_sender, booked) = tokio::sync::oneshot::channel();
+        let (kill, killed) = tokio::sync::oneshot::channel::<()>();
+        let url = url.to_owned();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async move {
+                let (model, hung) = HangAfterBooking::new();
+                let app = app_on(&url, config, model).await;
+                tokio::spawn(async move {
+                    let _ = app
+                        .chat(
+                            &message("s1", "m1", "午饭 35"),
+                            None,
+                            tokio_util::sync::CancellationToken::new(),
+                        )
+                        .await;
+                });
+                hung.await.expect("booked");
+                let _ = booked_sender.send(());
+                let _ = killed.await;
+            });
+            runtime.shutdown_background();
+        });
+        booked.await.expect("the worker booked");
+        Self { kill, thread }
+    }
+
+    /// Kills it: its runtime is dropped with its tasks unfinished.
+    pub fn kill(self) {
+        let _ = self.kill.send(());
+        self.thread.join().expect("worker thread");
+    }
+}
