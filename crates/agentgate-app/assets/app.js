@@ -804,8 +804,10 @@ function renderTranscript(data) {
   followRunning();
 }
 
-/** The running replies this tab follows: turn id → AbortController. */
+/** The running replies this tab follows: turn id → {controller, bubble}. */
 const following = new Map();
+/** Turns whose event stream was refused (4xx): shown as recorded, not followed again. */
+const unfollowable = new Set();
 
 /**
  * Follows every running reply in view that no stream of this tab shows:
@@ -814,7 +816,7 @@ const following = new Map();
 function followRunning() {
   for (const li of els.messages.querySelectorAll("li.msg.assistant[data-state=running]")) {
     const turnId = li.dataset.turnId;
-    if (turnId && !following.has(turnId)) followTurn(li, turnId);
+    if (turnId && !following.has(turnId) && !unfollowable.has(turnId)) followTurn(li, turnId);
   }
 }
 
@@ -887,7 +889,10 @@ async function followTurn(placeholder, turnId) {
     });
     if (controller.signal.aborted) return;
     // The turn is not there (or not this user's): the transcript says more.
-    if (!result.ok && result.status >= 400 && result.status < 500) break;
+    if (!result.ok && result.status >= 400 && result.status < 500) {
+      unfollowable.add(turnId);
+      break;
+    }
   }
   following.delete(turnId);
   state.activeStreams -= 1;
