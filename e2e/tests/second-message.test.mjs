@@ -3,7 +3,8 @@
 // fast are both answered, in order, each booked once; with "stops the
 // reply", a correction typed while the first reply runs stops it before it
 // books, and only the correction is booked; with "is refused" (the default)
-// the second message stays in the box with the notice it always had.
+// the second message stays in the box with the notice it always had; the
+// dashboard counts a waiting message while it waits.
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
@@ -46,6 +47,14 @@ test("'waits': two messages typed fast are both answered in order, each booked o
   );
   await page.screenshot({ path: path.join(ARTIFACTS, "second-message-waiting.png") });
   assert.match(await second.innerText(), /taxi 18/);
+  // The dashboard shows the waiter while it waits.
+  const dashboard = await browser.newTab(`${server.base}/dashboard`);
+  await dashboard.waitForFunction(
+    () => document.querySelector('[data-counter="waiting"] .value')?.textContent === "1",
+    null,
+    { timeout: 5_000 },
+  );
+  await dashboard.screenshot({ path: path.join(ARTIFACTS, "second-message-dashboard-waiting.png") });
   await page.waitForFunction(
     () => document.querySelectorAll("#messages li.msg.assistant[data-state=final]").length === 2,
     null,
@@ -53,6 +62,13 @@ test("'waits': two messages typed fast are both answered in order, each booked o
   );
   const booked = await entries(server.base, user);
   assert.deepEqual(booked.map((e) => e.amount_cents).sort((a, b) => a - b), [1800, 3500], JSON.stringify(booked));
+  // Nobody waits any more.
+  await dashboard.waitForFunction(
+    () => document.querySelector('[data-counter="waiting"] .value')?.textContent === "0",
+    null,
+    { timeout: 10_000 },
+  );
+  await dashboard.close();
   // In order: the transcript alternates user, assistant, user, assistant.
   const order = await page.$$eval("#messages li.msg", (items) => items.map((li) => (li.classList.contains("user") ? "user" : "assistant")));
   assert.deepEqual(order, ["user", "assistant", "user", "assistant"]);

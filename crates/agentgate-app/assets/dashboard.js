@@ -133,6 +133,7 @@ function render(data) {
     counter("Lease lost · this node", c.lease_lost, "calls refused to a stale holder", "lease_lost"),
     counter("Turns ended · this node", sum(c.turn_endings), detail(c.turn_endings), "endings"),
     counter("Second messages · this node", sum(busyDetail(c.busy_begins)), detail(busyDetail(c.busy_begins)) || "none waited or interrupted", "busy"),
+    counter("Waiting now · this node", c.waiting_begins, "begins waiting for a busy session (wait, interrupt)", "waiting"),
     counter("Stops · this node", c.cancel_requests, `cancel requests; ${c.force_releases} force-released`, "stops"),
   );
   els.liveCount.textContent = `${liveCount} held`;

@@ -271,7 +271,12 @@ pub(crate) async fn dashboard(
             .map(ExecutionRow::from)
             .collect(),
         ingestions,
-        counters: state.metrics().counters(),
+        counters: {
+            state
+                .metrics()
+                .set_waiting_begins(state.gate().waiting_begins());
+            state.metrics().counters()
+        },
         lease_ttl_ms: u64::try_from(engine.lease_ttl.as_millis()).unwrap_or(u64::MAX),
         max_turns_per_user: engine.max_turns_per_user,
     }))

@@ -1354,6 +1354,18 @@ async fn a_second_message_waits_interrupts_and_a_stuck_holder_is_released() {
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!waiter.is_finished(), "it waits while the holder runs");
+    // The node counts it while it waits (between its attempts, woken or
+    // polled: read until one read catches it between two attempts).
+    let mut seen_waiting = false;
+    for _ in 0..50 {
+        let metrics = client.get("/metrics").await.text;
+        if metrics.contains("\nagentgate_waiting_begins 1\n") {
+            seen_waiting = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(seen_waiting, "the waiting begin is counted while it waits");
     client
         .post(
             &format!("/v1/turns/{first}/complete"),
@@ -1364,6 +1376,11 @@ async fn a_second_message_waits_interrupts_and_a_stuck_holder_is_released() {
         .expect(200, "");
     let second = waiter.await.unwrap().expect(201, "");
     let (second_id, second_token) = lease(&second);
+    let metrics = client.get("/metrics").await.text;
+    assert!(
+        metrics.contains("\nagentgate_waiting_begins 0\n"),
+        "no begin waits once it started"
+    );
     // An interrupter: the holder learns it on its heartbeat and stops.
     let interrupter = {
         let client = client.clone();

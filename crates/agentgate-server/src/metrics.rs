@@ -84,6 +84,7 @@ pub struct Metrics {
     force_releases: IntCounter,
     events_appended: IntCounter,
     event_streams: IntGauge,
+    waiting_begins: IntGauge,
 }
 
 /// The counters the dashboard shows: a snapshot of this process's metrics.
@@ -111,6 +112,8 @@ pub struct Counters {
     pub cancel_requests: u64,
     /// Sessions force-released that had a holder.
     pub force_releases: u64,
+    /// Begins waiting now for a busy session (`wait`, `interrupt`).
+    pub waiting_begins: i64,
 }
 
 /// A labelled counter's values by its one label.
@@ -295,6 +298,11 @@ fn build() -> prometheus::Result<Metrics> {
         "Event streams open now on this node (GET /v1/turns/{id}/events)",
     )?;
     registry.register(Box::new(event_streams.clone()))?;
+    let waiting_begins = IntGauge::new(
+        "waiting_begins",
+        "Begins waiting now on this node for a busy session to be released (on_busy wait, or interrupt while the holder stops)",
+    )?;
+    registry.register(Box::new(waiting_begins.clone()))?;
     Ok(Metrics {
         registry,
         begins,
@@ -316,6 +324,7 @@ fn build() -> prometheus::Result<Metrics> {
         force_releases,
         events_appended,
         event_streams,
+        waiting_begins,
     })
 }
 
@@ -335,6 +344,13 @@ impl Metrics {
             .set(i64::try_from(abandoned).unwrap_or(i64::MAX));
         self.cancel_releases
             .set(i64::try_from(released).unwrap_or(i64::MAX));
+    }
+
+    /// Sets the waiting begins' gauge (the gate's count) before a scrape
+    /// or a dashboard read.
+    pub fn set_waiting_begins(&self, waiting: usize) {
+        self.waiting_begins
+            .set(i64::try_from(waiting).unwrap_or(i64::MAX));
     }
 
     /// Records a begin's outcome.
@@ -435,6 +451,7 @@ impl Metrics {
             busy_begins: by_labels(&self.busy_begins),
             cancel_requests: self.cancel_requests.get(),
             force_releases: self.force_releases.get(),
+            waiting_begins: self.waiting_begins.get(),
         }
     }
 

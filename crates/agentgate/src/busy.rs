@@ -132,9 +132,11 @@ pub(crate) async fn begin(
             }
         };
         let waiting = Instant::now();
+        let counted = gate.waiting_guard();
         if watch.wait(jittered(poll)).await {
             report.woken += 1;
         }
+        drop(counted);
         report.waited += waiting.elapsed();
     }
 }

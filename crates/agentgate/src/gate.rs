@@ -64,6 +64,9 @@ pub struct Gate {
     local: LocalTurns,
     /// The turns whose events this gate's followers read, one feed each.
     feeds: crate::events::Feeds,
+    /// Begins of this gate waiting now for a busy session (`wait`, and
+    /// `interrupt` while its holder stops).
+    waiting: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Gate {
@@ -129,6 +132,7 @@ impl Gate {
             swept,
             local: LocalTurns::default(),
             feeds: crate::events::Feeds::default(),
+            waiting: Arc::default(),
         }
     }
 
@@ -147,6 +151,19 @@ impl Gate {
     /// errors.
     pub fn follow(&self, turn_id: &TurnId, after: u64) -> Result<crate::events::EventStream> {
         crate::events::follow(&self.feeds, &self.store, turn_id, after)
+    }
+
+    /// Begins of this gate waiting now for a busy session to be released
+    /// (`wait`, and `interrupt` while its holder stops).
+    pub fn waiting_begins(&self) -> usize {
+        self.waiting.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Counts one waiting begin until the guard drops.
+    pub(crate) fn waiting_guard(&self) -> WaitingGuard {
+        self.waiting
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        WaitingGuard(Arc::clone(&self.waiting))
     }
 
     /// Turns this gate's followers follow now (one feed each).
@@ -544,5 +561,14 @@ async fn sweep_forever(store: Arc<dyn Store>, stop: CancellationToken, swept: Ar
                 }
             }
         }
+    }
+}
+
+/// One begin counted in [`Gate::waiting_begins`] while it lives.
+pub(crate) struct WaitingGuard(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for WaitingGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }

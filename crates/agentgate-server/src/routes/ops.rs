@@ -85,6 +85,7 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> impl IntoResponse 
             .metrics()
             .set_orphans(orphans.len(), gate.abandoned_total(), gate.released_total());
     }
+    state.metrics().set_waiting_begins(gate.waiting_begins());
     (
         [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
         state.metrics().render(),
