@@ -163,3 +163,39 @@ export async function freePort() {
     });
   });
 }
+
+/**
+ * A TCP proxy on 127.0.0.1 in front of one node of a cluster, as a load
+ * balancer is: the page talks to the proxy's port, and `target` names the
+ * node new connections go to. A node that dies breaks its connections; the
+ * page's next ones reach whichever node `target` names then.
+ */
+export async function tcpProxy(targetPort) {
+  const sockets = new Set();
+  const proxy = {
+    target: targetPort,
+    port: 0,
+    close: () => new Promise((resolve) => {
+      for (const socket of sockets) socket.destroy();
+      server.close(() => resolve());
+    }),
+  };
+  const server = net.createServer((client) => {
+    const upstream = net.connect(proxy.target, "127.0.0.1");
+    for (const socket of [client, upstream]) {
+      sockets.add(socket);
+      socket.on("close", () => sockets.delete(socket));
+      socket.on("error", () => {
+        client.destroy();
+        upstream.destroy();
+      });
+    }
+    client.pipe(upstream).pipe(client);
+  });
+  await new Promise((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(0, "127.0.0.1", resolve);
+  });
+  proxy.port = server.address().port;
+  return proxy;
+}

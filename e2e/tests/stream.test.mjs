@@ -15,7 +15,7 @@ import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import path from "node:path";
 import {
-  ARTIFACTS, startServer, launchBrowser, entries, getJson, chatUrl, eventually, unique, freePort,
+  ARTIFACTS, startServer, launchBrowser, entries, getJson, chatUrl, eventually, unique, freePort, tcpProxy,
 } from "../lib/harness.mjs";
 
 /** Per model round; the reply's text then streams in up to 16 pieces, one per THINK_TIME_MS / 20. */
@@ -217,5 +217,43 @@ test("Stop on a reply resumed after a reload stops it before it books", async ()
   } finally {
     await page.close();
     await server.stop();
+  }
+});
+
+test("two nodes behind a proxy: the node serving the stream is SIGKILLed mid-reply and the page resumes the reply from the other node", async () => {
+  const options = { thinkTimeMs: THINK_TIME_MS, args: ["--lease-ttl-ms", String(LEASE_TTL_MS)] };
+  const nodeA = await startServer({ name: "stream-nodes-a", ...options });
+  // Node B: another process on the same store.
+  const nodeB = await startServer({ name: "stream-nodes-b", ...options, dir: nodeA.dir });
+  const proxy = await tcpProxy(nodeA.port);
+  const user = unique("nodes");
+  const session = "s-nodes";
+  const page = await newRecordedTab(chatUrl(`http://127.0.0.1:${proxy.port}`, user, session));
+  try {
+    await page.fill("#composer-input", MESSAGE);
+    await page.click("#send");
+    await midReply(page);
+    const turn = await turnIdOf(nodeB.base, user, session);
+    // The balancer sends new connections to node B; node A dies.
+    proxy.target = nodeB.port;
+    await nodeA.stop({ keepStore: true, signal: "SIGKILL" });
+    await page.waitForSelector(FINAL, { timeout: RECOVERY_BUDGET_MS });
+    await page.screenshot({ path: path.join(ARTIFACTS, "stream-other-node.png") });
+    const reply = await storedReply(nodeB.base, user, session);
+    assert.equal(reply.turn, turn);
+    const texts = await liveTexts(page, turn);
+    assertPrefixes(texts, reply.text, "across the nodes");
+    assertPrefixes(texts.filter((s) => s.attempt === "2"), reply.text, "the attempt node B resumed");
+    const view = await getJson(nodeB.base, `/v1/turns/${turn}`);
+    assert.equal(view.turn.state, "succeeded");
+    assert.equal(view.turn.attempt, 2);
+    assert.equal((await page.textContent(`${FINAL} .bubble`)).trim(), reply.text);
+    assert.equal(await page.locator("#messages li.msg.assistant").count(), 1);
+    assert.equal((await entries(nodeB.base, user)).length, 2);
+  } finally {
+    await page.close();
+    await proxy.close();
+    await nodeA.stop({ keepStore: true });
+    await nodeB.stop();
   }
 });
