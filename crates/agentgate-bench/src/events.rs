@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use agentgate::events::Followed;
 use agentgate::model::BeginCommand;
-use agentgate::{Begun, ClientRequestId, Config, Gate, SessionId, UserId};
+use agentgate::{Begun, ClientRequestId, Config, SessionId, UserId};
 use serde::Serialize;
 use serde_json::json;
 use tokio::time::Instant;
@@ -118,14 +118,7 @@ pub(crate) async fn measure(
     if subscribers == 0 || events == 0 {
         return Ok(None);
     }
-    let open = || {
-        Gate::connect(
-            &target.store_url,
-            target.redis_url.as_deref(),
-            config.clone(),
-        )
-    };
-    let (node_a, node_b) = (open().await?, open().await?);
+    let (node_a, node_b) = crate::wake::two_nodes(target, config).await?;
     let id = options("ids");
     let command = BeginCommand::new(
         UserId::new("events-user").map_err(&id)?,

@@ -152,6 +152,19 @@ pub(crate) async fn raw_postgres(store_url: &str, rounds: usize) -> Result<StepL
     Ok(samples.summary())
 }
 
+/// Two gates on `target`'s store (and Redis): two nodes of one cluster,
+/// each with its own pools, listener and subscriber.
+pub(crate) async fn two_nodes(target: &Target, config: &Config) -> Result<(Gate, Gate)> {
+    let open = || {
+        Gate::connect(
+            &target.store_url,
+            target.redis_url.as_deref(),
+            config.clone(),
+        )
+    };
+    Ok((open().await?, open().await?))
+}
+
 /// The raw `PUBLISH` → `SUBSCRIBE` round trip on Redis, `rounds` times:
 /// one connection publishes, a subscriber on a connection of its own
 /// receives.
@@ -235,15 +248,7 @@ pub(crate) async fn measure(
     if rounds == 0 {
         return Ok(None);
     }
-    let open = || {
-        Gate::connect(
-            &target.store_url,
-            target.redis_url.as_deref(),
-            config.clone(),
-        )
-    };
-    let node_a = open().await?;
-    let node_b = open().await?;
+    let (node_a, node_b) = two_nodes(target, config).await?;
     let mut same = Samples::default();
     let mut other = Samples::default();
     let mut woken = 0;
