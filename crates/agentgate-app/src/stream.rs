@@ -11,7 +11,9 @@
 //! stream, nothing runs yet.
 //!
 //! Step two: a granted turn runs in its own task, whatever happens to the
-//! HTTP connection; the response only forwards its events (one SSE event per
+//! HTTP connection; the ledger tees its events into the turn's durable log
+//! (where a reload, a second tab or another node follows them); the
+//! response only forwards them live (one SSE event per
 //! [`AgentEvent`], named by [`AgentEvent::name`], its JSON as data). When the
 //! client goes away the response stream is dropped: under
 //! [`OnDisconnect::Cancel`] that drop fires the turn's cancellation token;
@@ -21,9 +23,11 @@
 //!
 //! Step three, the handoff: the task that ran the turn then runs the
 //! messages queued behind it in its session, one after another
-//! ([`agentgate_ledger::LedgerApp::drain_queue`]), with no stream: their
-//! pages show each reply from the transcript, and a closed page neither
-//! stops them nor leaves them unrun.
+//! ([`agentgate_ledger::LedgerApp::drain_queue`]), with no response stream
+//! of their own: pages follow each from its turn's event log (`GET
+//! /v1/turns/{id}/events`, as after a reload), show the reply from the
+//! transcript at its end, and a closed page neither stops them nor leaves
+//! them unrun.
 
 use std::convert::Infallible;
 

@@ -1,10 +1,12 @@
 //! [`AgentEvent`]: what a running turn streams to its caller (the SSE layer
 //! forwards each as one event named by its `type`).
 //!
-//! Events are best effort: the durable outcome is the turn's record and the
-//! transcript, so a reader that went away (or reloads) loses nothing but the
-//! live view. The channel holds a whole turn's events, so the turn never
-//! waits for a slow reader.
+//! Live events are best effort: the durable outcome is the turn's record
+//! and the transcript. Everything before the ending is also teed into the
+//! turn's event log in the engine ([`tee`]), so a reader that went away (a
+//! reload, a second tab, another node) follows it again from the log and
+//! misses nothing. The channel holds a whole turn's events, so the turn
+//! never waits for a slow reader.
 
 use agentgate::Turn;
 use serde::Serialize;
