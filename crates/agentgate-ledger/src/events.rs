@@ -3,7 +3,7 @@
 //!
 //! Live events are best effort: the durable outcome is the turn's record
 //! and the transcript. Everything before the ending is also teed into the
-//! turn's event log in the engine ([`tee`]), so a reader that went away (a
+//! X that went away (a
 //! reload, a second tab, another node) follows it again from the log and
 //! misses nothing. The channel holds a whole turn's events, so the turn
 //! never waits for a slow reader.
