@@ -489,6 +489,12 @@ function liveAssistant(session = state.session) {
       if (!streamed) text.hidden = true;
       status.textContent = t("status.broken");
     },
+    /** The turn's log ended (a follower's): no Stop, no "thinking"; the transcript says how. */
+    ended() {
+      text.classList.remove("working");
+      fill(extra);
+      status.textContent = "";
+    },
   };
   return bubble;
 }
@@ -871,6 +877,7 @@ async function followTurn(placeholder, turnId) {
         if (controller.signal.aborted) return;
         if (name === "end") {
           ended = true;
+          follower.bubble.ended();
           return;
         }
         // The server could not read on (the store is out): the stream

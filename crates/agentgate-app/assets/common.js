@@ -184,7 +184,12 @@ function dispatch(block, onEvent) {
     console.error("bad event", name, error);
     return;
   }
-  onEvent(name, parsed, id);
+  // A handler's own error is the page's, not the stream's: the stream goes on.
+  try {
+    onEvent(name, parsed, id);
+  } catch (error) {
+    console.error("event handler", name, error);
+  }
 }
 
 /** A fresh id for a message or a confirmation answer. */

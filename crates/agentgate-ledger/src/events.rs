@@ -3,17 +3,17 @@
 //!
 //! Live events are best effort: the durable outcome is the turn's record
 //! and the transcript. Everything before the ending is also teed into the
-//! X that went away (a
-//! reload, a second tab, another node) follows it again from the log and
-//! misses nothing. The channel holds a whole turn's events, so the turn
-//! never waits for a slow reader.
+//! turn's event log in the engine (`tee`), so a reader that went away (a
+//! reload, a second tab, another node) follows it again from the log. The
+//! channels hold a whole turn's events, so the turn never waits for a slow
+//! reader or a slow append (it waits for the log only at its ending).
 
 use agentgate::Turn;
 use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-use crate::limits::EVENT_BUFFER;
+use crate::limits::{EVENT_BUFFER, LOG_APPEND_PAUSE, LOG_APPEND_TRIES};
 use crate::records::{ChatOutcome, NewEntry};
 
 /// One step of a running turn.
@@ -121,31 +121,42 @@ pub(crate) fn emit(events: Option<&EventSender>, event: AgentEvent) {
 /// reload, a second tab, a page whose node died).
 ///
 /// Returns the sender the turn's work emits to and the pump to run beside
-/// that work: the pump forwards each event live at once, then appends what
-/// gathered meanwhile in one step (one store round trip per batch, not per
-/// delta). It ends when the sender is dropped and everything is logged,
-/// so the turn ends after its log is complete: an append after the ending
-/// would be refused. A refused append (the lease was lost: a zombie's
-/// events never appear; or the log's bound) stops the logging, not the
-/// turn or its live stream.
+/// that work. The pump forwards each event live at once and hands it to
+/// its appender, which appends what gathered meanwhile in one step (one
+/// store round trip per batch, not per delta): a slow append delays the
+/// log, never the live stream. The pump ends when the sender is dropped
+/// and everything is logged, so the turn ends after its log is complete
+/// (an append after the ending would be refused). An append the store
+/// could not take (`store_unavailable`) is tried again
+/// [`LOG_APPEND_TRIES`] times in all; a refused one (the lease was lost,
+/// so a zombie's events never appear; or the log's bound) stops the
+/// logging, not the turn or its live stream.
 pub(crate) fn tee<'a>(
     turn: &'a Turn,
     live: Option<&'a EventSender>,
 ) -> (EventSender, impl std::future::Future<Output = ()> + 'a) {
     let (sender, mut receiver) = event_channel();
-    let pump = async move {
+    let (to_log, mut logged) = event_channel();
+    let forward = async move {
+        while let Some(event) = receiver.recv().await {
+            emit(live, event.clone());
+            // Bounded like the turn's own channel; full only if the log is
+            // a whole turn behind, and then the work's own sends drop.
+            if to_log.send(event).await.is_err() {
+                break;
+            }
+        }
+    };
+    let append_all = async move {
         let mut logging = true;
         let mut batch = Vec::with_capacity(EVENT_BUFFER);
-        while let Some(first) = receiver.recv().await {
+        while let Some(first) = logged.recv().await {
             batch.push(first);
             while batch.len() < EVENT_BUFFER {
-                match receiver.try_recv() {
+                match logged.try_recv() {
                     Ok(event) => batch.push(event),
                     Err(_) => break,
                 }
-            }
-            for event in &batch {
-                emit(live, event.clone());
             }
             if logging {
                 logging = append(turn, &batch).await;
@@ -153,10 +164,14 @@ pub(crate) fn tee<'a>(
             batch.clear();
         }
     };
+    let pump = async move {
+        tokio::join!(forward, append_all);
+    };
     (sender, pump)
 }
 
-/// Appends `batch` to the turn's log; false when the log refused it.
+/// Appends `batch` to the turn's log; false when the log refused it (or
+/// the store stayed unavailable through every try).
 async fn append(turn: &Turn, batch: &[AgentEvent]) -> bool {
     let encoded = match batch
         .iter()
@@ -170,11 +185,22 @@ async fn append(turn: &Turn, batch: &[AgentEvent]) -> bool {
         }
     };
     let refs: Vec<(&str, &Value)> = encoded.iter().map(|(name, data)| (*name, data)).collect();
-    match turn.emit_all(&refs).await {
-        Ok(_) => true,
-        Err(error) => {
-            tracing::warn!(turn_id = %turn.id(), %error, "the turn's event log refused an append; live events only from here");
-            false
+    let mut pause = LOG_APPEND_PAUSE;
+    for tries_left in (0..LOG_APPEND_TRIES).rev() {
+        match turn.emit_all(&refs).await {
+            Ok(_) => return true,
+            Err(error)
+                if error.kind() == agentgate::ErrorKind::StoreUnavailable && tries_left > 0 =>
+            {
+                tracing::debug!(turn_id = %turn.id(), %error, "the turn's event log is unavailable; trying again");
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+            }
+            Err(error) => {
+                tracing::warn!(turn_id = %turn.id(), %error, "the turn's event log refused an append; live events only from here");
+                return false;
+            }
         }
     }
+    false
 }

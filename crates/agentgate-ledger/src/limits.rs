@@ -33,6 +33,13 @@ pub const MAX_AMOUNT_CENTS: i64 = 10_000_000_000;
 /// reader and never drops an event of its own turn.
 pub const EVENT_BUFFER: usize = 128;
 
+/// Tries of one append to a turn's event log while the store is
+/// unavailable, before the log stops (the turn and its live stream go on).
+pub const LOG_APPEND_TRIES: u32 = 4;
+
+/// The first pause between those tries; it doubles after each.
+pub const LOG_APPEND_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
+
 // The tee appends what its channel holds in one step: one channel's worth
 // must fit the engine's batch.
 const _: () = assert!(EVENT_BUFFER <= agentgate::limits::MAX_EVENT_BATCH);

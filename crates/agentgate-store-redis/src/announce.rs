@@ -92,12 +92,17 @@ impl Subscriber {
 async fn run(client: redis::Client, channels: Channels, to: Arc<dyn Announced>) {
     let mut pause = RESUBSCRIBE_MIN;
     loop {
-        match subscribe_once(&client, &channels, to.as_ref()).await {
+        let mut subscribed = false;
+        match subscribe_once(&client, &channels, to.as_ref(), &mut subscribed).await {
             Ok(never) => match never {},
             Err(error) => {
                 to.listening(false);
                 tracing::warn!(%error, "redis announcements lost; waiters and followers poll meanwhile");
             }
+        }
+        // A subscription that held starts the next pauses over.
+        if subscribed {
+            pause = RESUBSCRIBE_MIN;
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(RESUBSCRIBE_MAX);
@@ -108,6 +113,7 @@ async fn subscribe_once(
     client: &redis::Client,
     channels: &Channels,
     to: &dyn Announced,
+    subscribed: &mut bool,
 ) -> redis::RedisResult<std::convert::Infallible> {
     let mut pubsub = tokio::time::timeout(STORE_ACQUIRE_TIMEOUT, client.get_async_pubsub())
         .await
@@ -118,6 +124,7 @@ async fn subscribe_once(
         .subscribe(&[channels.released.as_str(), channels.events.as_str()])
         .await?;
     to.listening(true);
+    *subscribed = true;
     let mut messages = pubsub.on_message();
     while let Some(message) = messages.next().await {
         let Ok(id) = message.get_payload::<String>() else {

@@ -87,6 +87,9 @@ pub(crate) async fn begin(
     };
     let started = Instant::now();
     let mut report = BusyReport::default();
+    // Counted in `Gate::waiting_begins` from its first wait until it
+    // returns, its attempts between waits included.
+    let mut counted = None;
     loop {
         let mut watch = store.watch_releases(&command.session_id);
         let requested_at = Instant::now();
@@ -132,11 +135,10 @@ pub(crate) async fn begin(
             }
         };
         let waiting = Instant::now();
-        let counted = gate.waiting_guard();
+        counted.get_or_insert_with(|| gate.waiting_guard());
         if watch.wait(jittered(poll)).await {
             report.woken += 1;
         }
-        drop(counted);
         report.waited += waiting.elapsed();
     }
 }

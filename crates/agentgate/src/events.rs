@@ -4,8 +4,9 @@
 //! Each [`Gate`](crate::Gate) keeps one feed per followed turn (at most
 //! [`MAX_FOLLOWED_TURNS`]): a task that reads the store after its cursor
 //! whenever the turn's events or its session's release may have changed
-//! ([`Store::watch_events`], [`Store::watch_releases`]: in-process, and on
-//! PostgreSQL `LISTEN` from other nodes) or after [`EVENT_POLL`] at the
+//! ([`Store::watch_events`], [`Store::watch_releases`]: in-process, and
+//! from other nodes by PostgreSQL `LISTEN` or the Redis layer's pub/sub)
+//! or after [`EVENT_POLL`] at the
 //! latest, and broadcasts what it read to every subscriber of the turn on
 //! this node. So a thousand readers of one reply cost one store read per
 //! change, not a thousand.
