@@ -304,12 +304,16 @@ async fn rounds(ctx: &Ctx<'_>, text: &str) -> Result<Ending, Failure> {
                     pending.push(entry);
                 }
             }
-            ctx.emit(AgentEvent::ToolResult {
-                call_id: call.id.clone(),
-                name: call.name.clone(),
-                result: answer.result.clone(),
-                cached: answer.cached,
-            });
+            // Calls past the bound are answered to the model, not shown:
+            // a turn's events stay within its channel (`EVENT_BUFFER`).
+            if index < MAX_TOOL_CALLS_PER_ROUND {
+                ctx.emit(AgentEvent::ToolResult {
+                    call_id: call.id.clone(),
+                    name: call.name.clone(),
+                    result: answer.result.clone(),
+                    cached: answer.cached,
+                });
+            }
             messages.push(Message::Tool {
                 tool_call_id: call.id.clone(),
                 name: call.name.clone(),
@@ -404,8 +408,9 @@ async fn model_round(
     }
 }
 
+/// Shows the calls the loop will run (at most [`MAX_TOOL_CALLS_PER_ROUND`]).
 fn emit_calls(ctx: &Ctx<'_>, reply: &ModelReply) {
-    for call in &reply.tool_calls {
+    for call in reply.tool_calls.iter().take(MAX_TOOL_CALLS_PER_ROUND) {
         ctx.emit(AgentEvent::ToolCall {
             call_id: call.id.clone(),
             name: call.name.clone(),
