@@ -101,6 +101,29 @@ function assertPrefixes(texts, reply, where) {
   assert.ok(partial.length >= 1, `${where}: no part of the reply was shown live (${JSON.stringify(texts)})`);
 }
 
+/**
+ * After a kill mid-reply: the page ends with the stored reply, once, every
+ * text it showed a prefix of it (each attempt's bubble starts the reply
+ * over: within any, no gap and no repeat), some of the resumed attempt 2
+ * shown live, the turn succeeded at attempt 2 and each entry booked once.
+ * `base` is a live node.
+ */
+async function assertResumed(page, { base, user, session, turn, where, screenshot }) {
+  await page.waitForSelector(FINAL, { timeout: RECOVERY_BUDGET_MS });
+  await page.screenshot({ path: path.join(ARTIFACTS, screenshot) });
+  const reply = await storedReply(base, user, session);
+  assert.equal(reply.turn, turn);
+  const texts = await liveTexts(page, turn);
+  assertPrefixes(texts, reply.text, where);
+  assertPrefixes(texts.filter((s) => s.attempt === "2"), reply.text, `${where}: the resumed attempt`);
+  const view = await getJson(base, `/v1/turns/${turn}`);
+  assert.equal(view.turn.state, "succeeded");
+  assert.equal(view.turn.attempt, 2);
+  assert.equal((await page.textContent(`${FINAL} .bubble`)).trim(), reply.text);
+  assert.equal(await page.locator("#messages li.msg.assistant").count(), 1);
+  assert.equal((await entries(base, user)).length, 2);
+}
+
 test("a reload mid-reply resumes the reply live: the same final text, no fragment twice", async () => {
   const server = await startServer({ name: "stream-reload", thinkTimeMs: THINK_TIME_MS });
   const user = unique("reload");
@@ -170,20 +193,9 @@ test("the node serving the stream is SIGKILLed mid-reply: after its restart the 
     const turn = await turnIdOf(firstNode.base, user, session);
     await firstNode.stop({ keepStore: true, signal: "SIGKILL" });
     secondNode = await startServer({ ...options, name: "stream-kill-2", dir: firstNode.dir });
-    await page.waitForSelector(FINAL, { timeout: RECOVERY_BUDGET_MS });
-    await page.screenshot({ path: path.join(ARTIFACTS, "stream-after-kill.png") });
-    const reply = await storedReply(secondNode.base, user, session);
-    assert.equal(reply.turn, turn);
-    const texts = await liveTexts(page, turn);
-    // Each attempt's bubble starts the reply over: within any, no gap and no repeat.
-    assertPrefixes(texts, reply.text, "across the kill");
-    assertPrefixes(texts.filter((s) => s.attempt === "2"), reply.text, "the resumed attempt");
-    const view = await getJson(secondNode.base, `/v1/turns/${turn}`);
-    assert.equal(view.turn.state, "succeeded");
-    assert.equal(view.turn.attempt, 2);
-    assert.equal((await page.textContent(`${FINAL} .bubble`)).trim(), reply.text);
-    assert.equal(await page.locator("#messages li.msg.assistant").count(), 1);
-    assert.equal((await entries(secondNode.base, user)).length, 2);
+    await assertResumed(page, {
+      base: secondNode.base, user, session, turn, where: "across the kill", screenshot: "stream-after-kill.png",
+    });
   } finally {
     await page.close();
     await secondNode?.stop();
@@ -237,19 +249,9 @@ test("two nodes behind a proxy: the node serving the stream is SIGKILLed mid-rep
     // The balancer sends new connections to node B; node A dies.
     proxy.target = nodeB.port;
     await nodeA.stop({ keepStore: true, signal: "SIGKILL" });
-    await page.waitForSelector(FINAL, { timeout: RECOVERY_BUDGET_MS });
-    await page.screenshot({ path: path.join(ARTIFACTS, "stream-other-node.png") });
-    const reply = await storedReply(nodeB.base, user, session);
-    assert.equal(reply.turn, turn);
-    const texts = await liveTexts(page, turn);
-    assertPrefixes(texts, reply.text, "across the nodes");
-    assertPrefixes(texts.filter((s) => s.attempt === "2"), reply.text, "the attempt node B resumed");
-    const view = await getJson(nodeB.base, `/v1/turns/${turn}`);
-    assert.equal(view.turn.state, "succeeded");
-    assert.equal(view.turn.attempt, 2);
-    assert.equal((await page.textContent(`${FINAL} .bubble`)).trim(), reply.text);
-    assert.equal(await page.locator("#messages li.msg.assistant").count(), 1);
-    assert.equal((await entries(nodeB.base, user)).length, 2);
+    await assertResumed(page, {
+      base: nodeB.base, user, session, turn, where: "across the nodes", screenshot: "stream-other-node.png",
+    });
   } finally {
     await page.close();
     await proxy.close();
