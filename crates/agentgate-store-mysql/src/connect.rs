@@ -25,16 +25,6 @@ use agentgate_core::error::{Error, Result};
 use agentgate_store_sql::tls::SslModes;
 use sqlx::mysql::{MySqlConnectOptions, MySqlSslMode};
 
-/// Query parameters sqlx reads itself; passed on untouched.
-const SQLX_PARAMETERS: &[&str] = &[
-    "charset",
-    "collation",
-    "statement-cache-capacity",
-    "socket",
-    "timezone",
-    "time-zone",
-];
-
 /// The MySQL client's `--ssl-mode`, ours so it can be compared and named in
 /// messages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,22 +37,6 @@ pub(crate) enum SslMode {
 }
 
 impl SslMode {
-    fn parse(value: &str) -> Result<Self> {
-        Ok(match value.to_ascii_uppercase().as_str() {
-            "DISABLED" => Self::Disabled,
-            "PREFERRED" => Self::Preferred,
-            "REQUIRED" => Self::Required,
-            "VERIFY_CA" => Self::VerifyCa,
-            "VERIFY_IDENTITY" => Self::VerifyIdentity,
-            _ => {
-                return Err(Error::invalid(format!(
-                    "invalid mysql ssl-mode {value:?}: expected DISABLED, PREFERRED, REQUIRED, \
-                     VERIFY_CA or VERIFY_IDENTITY"
-                )))
-            }
-        })
-    }
-
     fn to_sqlx(self) -> MySqlSslMode {
         match self {
             Self::Disabled => MySqlSslMode::Disabled,
@@ -76,30 +50,34 @@ impl SslMode {
 
 impl SslModes for SslMode {
     const STORE: &'static str = "mysql";
+    /// The MySQL client's spelling.
+    const MODES: &'static [(&'static str, Self)] = &[
+        ("DISABLED", Self::Disabled),
+        ("PREFERRED", Self::Preferred),
+        ("REQUIRED", Self::Required),
+        ("VERIFY_CA", Self::VerifyCa),
+        ("VERIFY_IDENTITY", Self::VerifyIdentity),
+    ];
     const MODE_OPTION: &'static str = "ssl-mode";
     const CA_OPTION: &'static str = "ssl-ca";
     const CERT_OPTION: &'static str = "ssl-cert";
     const KEY_OPTION: &'static str = "ssl-key";
+    const MODE_KEYS: &'static [&'static str] = &["ssl-mode", "sslmode"];
+    const CA_KEYS: &'static [&'static str] = &["ssl-ca", "sslca"];
+    const CERT_KEYS: &'static [&'static str] = &["ssl-cert", "sslcert"];
+    const KEY_KEYS: &'static [&'static str] = &["ssl-key", "sslkey"];
+    const DRIVER_PARAMETERS: &'static [&'static str] = &[
+        "charset",
+        "collation",
+        "statement-cache-capacity",
+        "socket",
+        "timezone",
+        "time-zone",
+    ];
     const DISABLED: Self = Self::Disabled;
     const REQUIRED: Self = Self::Required;
     const VERIFY_CA: Self = Self::VerifyCa;
     const VERIFY_FULL: Self = Self::VerifyIdentity;
-
-    /// The MySQL client's spelling.
-    fn name(self) -> &'static str {
-        match self {
-            Self::Disabled => "DISABLED",
-            Self::Preferred => "PREFERRED",
-            Self::Required => "REQUIRED",
-            Self::VerifyCa => "VERIFY_CA",
-            Self::VerifyIdentity => "VERIFY_IDENTITY",
-        }
-    }
-
-    /// Whether the connection fails rather than run without TLS.
-    fn insists_on_tls(self) -> bool {
-        matches!(self, Self::Required | Self::VerifyCa | Self::VerifyIdentity)
-    }
 }
 
 /// The TLS parameters of one URL.
@@ -118,7 +96,7 @@ pub(crate) fn connect_options(url: &str) -> Result<MySqlConnectOptions> {
         Some(rest) => format!("mysql://{rest}"),
         None => url.to_owned(),
     };
-    let tls = tls_parameters(&url)?;
+    let tls = Tls::from_url(&url)?;
     tls.check(SslMode::Preferred, cfg!(feature = "tls"))?;
     let mut options = MySqlConnectOptions::from_str(&url)
         .map_err(|e| Error::invalid(format!("bad mysql url: {e}")))?
@@ -128,29 +106,6 @@ pub(crate) fn connect_options(url: &str) -> Result<MySqlConnectOptions> {
         options = options.ssl_mode(mode.to_sqlx());
     }
     Ok(options)
-}
-
-/// Reads and checks the URL's TLS parameters, refusing unknown ones.
-pub(crate) fn tls_parameters(url: &str) -> Result<Tls> {
-    let parsed = url::Url::parse(url).map_err(|e| Error::invalid(format!("bad mysql url: {e}")))?;
-    let mut tls = Tls::default();
-    for (key, value) in parsed.query_pairs() {
-        let value = value.into_owned();
-        match key.as_ref() {
-            "ssl-mode" | "sslmode" => tls.mode = Some(SslMode::parse(&value)?),
-            "ssl-ca" | "sslca" => tls.ca = Some(value),
-            "ssl-cert" | "sslcert" => tls.client_cert = Some(value),
-            "ssl-key" | "sslkey" => tls.client_key = Some(value),
-            known if SQLX_PARAMETERS.contains(&known) => {}
-            unknown => {
-                return Err(Error::invalid(format!(
-                    "unknown mysql url parameter {unknown:?}: expected ssl-mode, ssl-ca, \
-                     ssl-cert, ssl-key or one of {SQLX_PARAMETERS:?}"
-                )))
-            }
-        }
-    }
-    tls.resolve()
 }
 
 #[cfg(test)]
@@ -185,11 +140,11 @@ mod tests {
             ("verify_identity", SslMode::VerifyIdentity),
         ] {
             for key in ["ssl-mode", "sslmode"] {
-                let tls = tls_parameters(&format!("{BASE}?{key}={text}")).expect("valid");
+                let tls = Tls::from_url(&format!("{BASE}?{key}={text}")).expect("valid");
                 assert_eq!(tls.mode, Some(mode), "{key}={text}");
             }
         }
-        assert_eq!(tls_parameters(BASE).expect("valid").mode, None);
+        assert_eq!(Tls::from_url(BASE).expect("valid").mode, None);
         let mariadb = connect_options("mariadb://agent:hunter2@db/app?ssl-mode=DISABLED");
         assert!(matches!(
             mariadb.expect("valid").get_ssl_mode(),
@@ -223,7 +178,7 @@ mod tests {
     fn a_ca_file_means_verification() {
         let dir = tempfile::tempdir().expect("temp dir");
         let ca = pem_file(&dir, "ca.pem", "-----BEGIN CERTIFICATE-----\nx\n");
-        let mode = |query: &str| tls_parameters(&format!("{BASE}?{query}")).map(|t| t.mode);
+        let mode = |query: &str| Tls::from_url(&format!("{BASE}?{query}")).map(|t| t.mode);
         assert_eq!(
             mode(&format!("ssl-ca={ca}")).expect("valid"),
             Some(SslMode::VerifyIdentity)

@@ -23,20 +23,6 @@ use agentgate_core::error::{Error, Result};
 use agentgate_store_sql::tls::SslModes;
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
 
-/// Query parameters sqlx reads itself; passed on untouched. (`options[...]`
-/// is matched by prefix.)
-const SQLX_PARAMETERS: &[&str] = &[
-    "statement-cache-capacity",
-    "host",
-    "hostaddr",
-    "port",
-    "dbname",
-    "user",
-    "password",
-    "application_name",
-    "options",
-];
-
 /// libpq's `sslmode`, ours so it can be compared and named in messages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum SslMode {
@@ -49,23 +35,6 @@ pub(crate) enum SslMode {
 }
 
 impl SslMode {
-    fn parse(value: &str) -> Result<Self> {
-        Ok(match value.to_ascii_lowercase().as_str() {
-            "disable" => Self::Disable,
-            "allow" => Self::Allow,
-            "prefer" => Self::Prefer,
-            "require" => Self::Require,
-            "verify-ca" => Self::VerifyCa,
-            "verify-full" => Self::VerifyFull,
-            _ => {
-                return Err(Error::invalid(format!(
-                    "invalid postgres sslmode {value:?}: expected disable, allow, prefer, \
-                     require, verify-ca or verify-full"
-                )))
-            }
-        })
-    }
-
     fn to_sqlx(self) -> PgSslMode {
         match self {
             Self::Disable => PgSslMode::Disable,
@@ -80,30 +49,42 @@ impl SslMode {
 
 impl SslModes for SslMode {
     const STORE: &'static str = "postgres";
+    /// libpq's spelling.
+    const MODES: &'static [(&'static str, Self)] = &[
+        ("disable", Self::Disable),
+        ("allow", Self::Allow),
+        ("prefer", Self::Prefer),
+        ("require", Self::Require),
+        ("verify-ca", Self::VerifyCa),
+        ("verify-full", Self::VerifyFull),
+    ];
     const MODE_OPTION: &'static str = "sslmode";
     const CA_OPTION: &'static str = "sslrootcert";
     const CERT_OPTION: &'static str = "sslcert";
     const KEY_OPTION: &'static str = "sslkey";
+    const MODE_KEYS: &'static [&'static str] = &["sslmode", "ssl-mode"];
+    const CA_KEYS: &'static [&'static str] = &["sslrootcert", "ssl-root-cert", "ssl-ca"];
+    const CERT_KEYS: &'static [&'static str] = &["sslcert", "ssl-cert"];
+    const KEY_KEYS: &'static [&'static str] = &["sslkey", "ssl-key"];
+    const DRIVER_PARAMETERS: &'static [&'static str] = &[
+        "statement-cache-capacity",
+        "host",
+        "hostaddr",
+        "port",
+        "dbname",
+        "user",
+        "password",
+        "application_name",
+        "options",
+    ];
     const DISABLED: Self = Self::Disable;
     const REQUIRED: Self = Self::Require;
     const VERIFY_CA: Self = Self::VerifyCa;
     const VERIFY_FULL: Self = Self::VerifyFull;
 
-    /// libpq's spelling.
-    fn name(self) -> &'static str {
-        match self {
-            Self::Disable => "disable",
-            Self::Allow => "allow",
-            Self::Prefer => "prefer",
-            Self::Require => "require",
-            Self::VerifyCa => "verify-ca",
-            Self::VerifyFull => "verify-full",
-        }
-    }
-
-    /// Whether the connection fails rather than run without TLS.
-    fn insists_on_tls(self) -> bool {
-        matches!(self, Self::Require | Self::VerifyCa | Self::VerifyFull)
+    /// `options[...]` too, matched by prefix.
+    fn driver_reads(key: &str) -> bool {
+        Self::DRIVER_PARAMETERS.contains(&key) || key.starts_with("options[")
     }
 }
 
@@ -118,7 +99,7 @@ pub(crate) type Tls = agentgate_store_sql::tls::Tls<SslMode>;
 /// certificate without its key (or the reverse), an unreadable or non-PEM
 /// file, TLS asked of a build without the `tls` feature, or a malformed URL.
 pub(crate) fn connect_options(url: &str) -> Result<PgConnectOptions> {
-    let tls = tls_parameters(url)?;
+    let tls = Tls::from_url(url)?;
     tls.check(SslMode::Prefer, cfg!(feature = "tls"))?;
     let mut options = PgConnectOptions::from_str(url)
         .map_err(|e| Error::invalid(format!("bad postgres url: {e}")))?;
@@ -126,30 +107,6 @@ pub(crate) fn connect_options(url: &str) -> Result<PgConnectOptions> {
         options = options.ssl_mode(mode.to_sqlx());
     }
     Ok(options)
-}
-
-/// Reads and checks the URL's TLS parameters, refusing unknown ones.
-pub(crate) fn tls_parameters(url: &str) -> Result<Tls> {
-    let parsed =
-        url::Url::parse(url).map_err(|e| Error::invalid(format!("bad postgres url: {e}")))?;
-    let mut tls = Tls::default();
-    for (key, value) in parsed.query_pairs() {
-        let value = value.into_owned();
-        match key.as_ref() {
-            "sslmode" | "ssl-mode" => tls.mode = Some(SslMode::parse(&value)?),
-            "sslrootcert" | "ssl-root-cert" | "ssl-ca" => tls.ca = Some(value),
-            "sslcert" | "ssl-cert" => tls.client_cert = Some(value),
-            "sslkey" | "ssl-key" => tls.client_key = Some(value),
-            known if SQLX_PARAMETERS.contains(&known) || known.starts_with("options[") => {}
-            unknown => {
-                return Err(Error::invalid(format!(
-                    "unknown postgres url parameter {unknown:?}: expected sslmode, \
-                     sslrootcert, sslcert, sslkey or one of {SQLX_PARAMETERS:?}"
-                )))
-            }
-        }
-    }
-    tls.resolve()
 }
 
 #[cfg(test)]
@@ -184,10 +141,10 @@ mod tests {
             ("verify-ca", SslMode::VerifyCa),
             ("VERIFY-FULL", SslMode::VerifyFull),
         ] {
-            let tls = tls_parameters(&format!("{BASE}?sslmode={text}")).expect("valid");
+            let tls = Tls::from_url(&format!("{BASE}?sslmode={text}")).expect("valid");
             assert_eq!(tls.mode, Some(mode), "{text}");
         }
-        assert_eq!(tls_parameters(BASE).expect("valid").mode, None);
+        assert_eq!(Tls::from_url(BASE).expect("valid").mode, None);
     }
 
     #[test]
@@ -213,7 +170,7 @@ mod tests {
     fn a_ca_file_means_verification() {
         let dir = tempfile::tempdir().expect("temp dir");
         let ca = pem_file(&dir, "ca.pem", "-----BEGIN CERTIFICATE-----\nx\n");
-        let mode = |query: &str| tls_parameters(&format!("{BASE}?{query}")).map(|t| t.mode);
+        let mode = |query: &str| Tls::from_url(&format!("{BASE}?{query}")).map(|t| t.mode);
         assert_eq!(
             mode(&format!("sslrootcert={ca}")).expect("valid"),
             Some(SslMode::VerifyFull)

@@ -20,9 +20,12 @@ use agentgate_core::error::{Error, Result};
 use agentgate_core::limits::MAX_TLS_FILE_BYTES;
 
 /// A store's TLS modes and the names of its TLS options.
-pub trait SslModes: Copy + PartialEq + std::fmt::Debug {
+pub trait SslModes: Copy + PartialEq + std::fmt::Debug + 'static {
     /// The store, as messages name it (`postgres`, `mysql`).
     const STORE: &'static str;
+    /// Every mode with its spelling in the store's own clients, in the
+    /// order messages list them. A URL's mode is read in any case.
+    const MODES: &'static [(&'static str, Self)];
     /// The mode option's name (`sslmode`, `ssl-mode`).
     const MODE_OPTION: &'static str;
     /// The CA file option's name.
@@ -31,6 +34,17 @@ pub trait SslModes: Copy + PartialEq + std::fmt::Debug {
     const CERT_OPTION: &'static str;
     /// The client key option's name.
     const KEY_OPTION: &'static str;
+    /// The URL parameters read as each option: its name first, then the
+    /// other store's spellings a user may bring along.
+    const MODE_KEYS: &'static [&'static str];
+    /// See [`SslModes::MODE_KEYS`].
+    const CA_KEYS: &'static [&'static str];
+    /// See [`SslModes::MODE_KEYS`].
+    const CERT_KEYS: &'static [&'static str];
+    /// See [`SslModes::MODE_KEYS`].
+    const KEY_KEYS: &'static [&'static str];
+    /// The URL parameters the driver reads itself, passed on untouched.
+    const DRIVER_PARAMETERS: &'static [&'static str];
     /// TLS off.
     const DISABLED: Self;
     /// TLS required, the server not verified.
@@ -40,11 +54,43 @@ pub trait SslModes: Copy + PartialEq + std::fmt::Debug {
     /// TLS required, the CA and the server's name verified.
     const VERIFY_FULL: Self;
 
+    /// Whether the driver reads `key` itself (beyond
+    /// [`SslModes::DRIVER_PARAMETERS`], a store may match prefixes).
+    fn driver_reads(key: &str) -> bool {
+        Self::DRIVER_PARAMETERS.contains(&key)
+    }
+
     /// The mode as the store's own clients spell it.
-    fn name(self) -> &'static str;
+    fn name(self) -> &'static str {
+        Self::MODES
+            .iter()
+            .find(|(_, mode)| *mode == self)
+            .map_or("?", |(name, _)| name)
+    }
 
     /// Whether the connection fails rather than run without TLS.
-    fn insists_on_tls(self) -> bool;
+    fn insists_on_tls(self) -> bool {
+        self == Self::REQUIRED || self == Self::VERIFY_CA || self == Self::VERIFY_FULL
+    }
+
+    /// Reads a mode in any case.
+    ///
+    /// # Errors
+    /// `invalid_request` naming the option, the value and every mode.
+    fn parse(value: &str) -> Result<Self> {
+        Self::MODES
+            .iter()
+            .find(|(name, _)| name.eq_ignore_ascii_case(value))
+            .map(|(_, mode)| *mode)
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "invalid {} {} {value:?}: expected {}",
+                    Self::STORE,
+                    Self::MODE_OPTION,
+                    either(Self::MODES.iter().map(|(name, _)| *name))
+                ))
+            })
+    }
 
     /// The modes that insist on TLS, for messages.
     fn insisting() -> String {
@@ -55,6 +101,16 @@ pub trait SslModes: Copy + PartialEq + std::fmt::Debug {
             Self::VERIFY_CA.name(),
             Self::VERIFY_FULL.name()
         )
+    }
+}
+
+/// `a, b or c`.
+fn either<'a>(names: impl Iterator<Item = &'a str>) -> String {
+    let names: Vec<&str> = names.collect();
+    match names.split_last() {
+        Some((last, [])) => (*last).to_owned(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
     }
 }
 
@@ -91,6 +147,44 @@ enum Pem {
 }
 
 impl<M: SslModes> Tls<M> {
+    /// Reads a URL's TLS parameters ([`SslModes`] names them) and applies
+    /// the rules ([`Tls::resolve`]); the driver's own parameters pass, any
+    /// other is refused, since the driver would ignore it and a misspelt
+    /// mode must not quietly mean plaintext.
+    ///
+    /// # Errors
+    /// `invalid_request` naming the parameter or the option: a malformed
+    /// URL (never quoted: it may hold a password), an unknown parameter, a
+    /// bad mode, or a combination [`Tls::resolve`] refuses.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let parsed = url::Url::parse(url)
+            .map_err(|e| Error::invalid(format!("bad {} url: {e}", M::STORE)))?;
+        let mut tls = Self::default();
+        for (key, value) in parsed.query_pairs() {
+            let (key, value) = (key.as_ref(), value.into_owned());
+            if M::MODE_KEYS.contains(&key) {
+                tls.mode = Some(M::parse(&value)?);
+            } else if M::CA_KEYS.contains(&key) {
+                tls.ca = Some(value);
+            } else if M::CERT_KEYS.contains(&key) {
+                tls.client_cert = Some(value);
+            } else if M::KEY_KEYS.contains(&key) {
+                tls.client_key = Some(value);
+            } else if !M::driver_reads(key) {
+                return Err(Error::invalid(format!(
+                    "unknown {} url parameter {key:?}: expected {}, {}, {}, {} or one of {:?}",
+                    M::STORE,
+                    M::MODE_OPTION,
+                    M::CA_OPTION,
+                    M::CERT_OPTION,
+                    M::KEY_OPTION,
+                    M::DRIVER_PARAMETERS
+                )));
+            }
+        }
+        tls.resolve()
+    }
+
     /// Applies the rules to the parameters as parsed: the mode a CA file
     /// implies, and the combinations that are refused.
     ///
