@@ -267,30 +267,15 @@ async fn migrate_on(conn: &mut MySqlConnection) -> Result<()> {
             "another node held the schema migration lock for {MIGRATION_LOCK_TIMEOUT:?}"
         )));
     }
-    sqlx::raw_sql(
-        "CREATE TABLE IF NOT EXISTS ag_schema_version (version BIGINT NOT NULL PRIMARY KEY, \
-         applied_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE = InnoDB",
-    )
-    .execute(&mut *conn)
-    .await
-    .map_err(map_sqlx)?;
-    let current: Option<i64> = sqlx::query_scalar("SELECT MAX(version) FROM ag_schema_version")
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(map_sqlx)?;
-    let current = current.unwrap_or(0);
-    for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current) {
-        sqlx::raw_sql(sql)
-            .execute(&mut *conn)
-            .await
-            .map_err(map_sqlx)?;
-        sqlx::query("INSERT IGNORE INTO ag_schema_version (version) VALUES (?)")
-            .bind(version)
-            .execute(&mut *conn)
-            .await
-            .map_err(map_sqlx)?;
-        tracing::info!(version, "applied agentgate schema migration");
-    }
+    agentgate_store_sql::apply_migrations!(
+        &mut *conn,
+        MIGRATIONS,
+        create =
+            "CREATE TABLE IF NOT EXISTS ag_schema_version (version BIGINT NOT NULL PRIMARY KEY, \
+                  applied_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE = InnoDB",
+        record = "INSERT IGNORE INTO ag_schema_version (version) VALUES (?)",
+        errors = map_sqlx,
+    )?;
     sqlx::query(
         "SELECT RELEASE_LOCK(LEFT(CONCAT('agentgate_migrate.', COALESCE(DATABASE(), '')), 64))",
     )

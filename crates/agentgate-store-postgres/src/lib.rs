@@ -239,30 +239,14 @@ impl PostgresStore {
             .execute(&mut *tx)
             .await
             .map_err(map_sqlx)?;
-        sqlx::query(
-            "CREATE TABLE IF NOT EXISTS ag_schema_version (version BIGINT PRIMARY KEY, \
-             applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
-        )
-        .execute(&mut *tx)
-        .await
-        .map_err(map_sqlx)?;
-        let current: Option<i64> = sqlx::query_scalar("SELECT MAX(version) FROM ag_schema_version")
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(map_sqlx)?;
-        let current = current.unwrap_or(0);
-        for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current) {
-            sqlx::raw_sql(sql)
-                .execute(&mut *tx)
-                .await
-                .map_err(map_sqlx)?;
-            sqlx::query("INSERT INTO ag_schema_version (version) VALUES ($1)")
-                .bind(version)
-                .execute(&mut *tx)
-                .await
-                .map_err(map_sqlx)?;
-            tracing::info!(version, "applied agentgate schema migration");
-        }
+        agentgate_store_sql::apply_migrations!(
+            &mut *tx,
+            MIGRATIONS,
+            create = "CREATE TABLE IF NOT EXISTS ag_schema_version (version BIGINT PRIMARY KEY, \
+                      applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+            record = "INSERT INTO ag_schema_version (version) VALUES ($1)",
+            errors = map_sqlx,
+        )?;
         tx.commit().await.map_err(map_sqlx)
     }
 

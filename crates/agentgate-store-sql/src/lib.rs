@@ -2,11 +2,14 @@
 //! store (PostgreSQL, MySQL/MariaDB) supplies its SQL, its locking and its
 //! error mapping through a small trait per step.
 //!
+//! - [`admin`]: a bounded administrative connection to a server.
 //! - [`heartbeat`]: a lease's renewal, in the rows or in the lease layer,
 //!   over the dialect's [`heartbeat::HeartbeatSql`].
 //! - [`lease`]: the caller's lease checked inside a step's transaction,
 //!   in the rows or against the lease layer, over the dialect's
 //!   [`lease::LeaseSql`].
+//! - [`migrate`]: schema migrations applied the same way on every store
+//!   ([`apply_migrations!`]).
 //! - [`orphans`]: listing orphans (asking the lease layer) and abandoning
 //!   one, over the dialect's [`orphans::OrphanSql`].
 //! - [`retry`]: the bounded re-run of a step after a transient conflict.
@@ -36,11 +39,13 @@
 //! them in the same order.
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod begin;
 pub mod claim;
 pub mod events;
 pub mod heartbeat;
 pub mod lease;
+pub mod migrate;
 pub mod orphans;
 pub mod query;
 pub mod retry;
@@ -64,7 +69,25 @@ use agentgate_core::model::LeaseRef;
 /// it ([`lease::check_lease`]), the session's row locked where the store
 /// locks rows (SQLite's transaction holds its single writer).
 #[async_trait::async_trait]
-pub trait StepTx: query::Run {
-    /// Opens the transaction and checks the caller's lease in it.
-    async fn open(&self, lease: &LeaseRef) -> Result<(Self::Tx, CheckedLease)>;
+pub trait StepTx: lease::LeaseSql {
+    /// Opens a step's write transaction (its lock and idle timeouts set).
+    ///
+    /// # Errors
+    /// The driver's, mapped.
+    async fn transaction(&self) -> Result<Self::Tx>;
+
+    /// Opens the transaction and checks the caller's lease in it, locking
+    /// the session's row. A lease layer is asked first, before any lock is
+    /// taken, so no lock is held across a layer call; the fence check on
+    /// the rows still guards every write.
+    ///
+    /// # Errors
+    /// As [`lease::check_lease`], or the driver's.
+    async fn open(&self, lease: &LeaseRef) -> Result<(Self::Tx, CheckedLease)> {
+        let authority = lease::Authority::ask(self.leases(), lease).await?;
+        let mut tx = self.transaction().await?;
+        let (checked, _) =
+            lease::check_lease(self, Self::conn(&mut tx), lease, &authority, true).await?;
+        Ok((tx, checked))
+    }
 }

@@ -204,26 +204,13 @@ impl SqliteStore {
 
     async fn migrate(&self) -> Result<()> {
         let mut tx = self.write().await?;
-        sqlx::query("CREATE TABLE IF NOT EXISTS ag_schema_version (version INTEGER NOT NULL)")
-            .execute(&mut *tx)
-            .await
-            .map_err(map_sqlx)?;
-        let current: Option<i64> = sqlx::query_scalar("SELECT MAX(version) FROM ag_schema_version")
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(map_sqlx)?;
-        let current = current.unwrap_or(0);
-        for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current) {
-            sqlx::raw_sql(sql)
-                .execute(&mut *tx)
-                .await
-                .map_err(map_sqlx)?;
-            sqlx::query("INSERT INTO ag_schema_version (version) VALUES (?)")
-                .bind(version)
-                .execute(&mut *tx)
-                .await
-                .map_err(map_sqlx)?;
-        }
+        agentgate_store_sql::apply_migrations!(
+            &mut *tx,
+            MIGRATIONS,
+            create = "CREATE TABLE IF NOT EXISTS ag_schema_version (version INTEGER NOT NULL)",
+            record = "INSERT INTO ag_schema_version (version) VALUES (?)",
+            errors = map_sqlx,
+        )?;
         tx.commit().await.map_err(map_sqlx)
     }
 
