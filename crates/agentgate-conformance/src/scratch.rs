@@ -19,12 +19,11 @@ use agentgate_core::dburl::{redact_password as redact, with_database};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
 
 use crate::Target;
 
-/// How long a server has to answer before it counts as unreachable.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+use agentgate_store_sql::admin::reach;
+pub use agentgate_store_sql::admin::CONNECT_TIMEOUT;
 
 /// Prefix of every scratch database: leftovers of a run that could not clean
 /// up are recognisable, and may be dropped freely.
@@ -354,22 +353,6 @@ fn database_of(url: &str) -> Option<String> {
 /// privilege it asks for.
 fn scratch_hint(why: String) -> String {
     format!("{why} (the conformance suite creates and drops scratch databases {DATABASE_PREFIX}*)")
-}
-
-/// Runs `connect` under [`CONNECT_TIMEOUT`], naming the server on failure.
-async fn reach<C, E: std::fmt::Display>(
-    url: &str,
-    connect: impl std::future::Future<Output = Result<C, E>>,
-) -> Result<C, String> {
-    match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
-        Ok(Ok(connection)) => Ok(connection),
-        Ok(Err(error)) => Err(format!("cannot connect to {}: {error}", redact(url))),
-        Err(_) => Err(format!(
-            "no answer from {} within {} s",
-            redact(url),
-            CONNECT_TIMEOUT.as_secs()
-        )),
-    }
 }
 
 /// The user's Redis URL for redis-rs itself: without the lease layer's own

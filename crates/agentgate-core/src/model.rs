@@ -822,6 +822,20 @@ pub struct SweepReport {
     pub sessions: u64,
 }
 
+impl SweepReport {
+    /// A store's deletions (a store's sweep abandons and releases nothing:
+    /// the gate's sweeper does, and adds its counts).
+    pub fn deleted(turns: u64, executions: u64, events: u64, sessions: u64) -> Self {
+        Self {
+            turns,
+            executions,
+            events,
+            sessions,
+            ..Self::default()
+        }
+    }
+}
+
 /// The idempotency key handed to a tool for an execution: stable across
 /// attempts and takeovers because it derives from the execution's key.
 pub fn idempotency_key(turn_id: &TurnId, call: &ToolCall) -> String {

@@ -7,14 +7,12 @@
 //! for a person, with the password redacted and, where the server refused
 //! for lack of a privilege, the privilege to grant.
 
-use std::time::Duration;
-
 use agentgate_core::dburl::redact_password as redact;
+use agentgate_store_sql::admin::reach;
 use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{ConnectOptions, Connection, MySqlConnection};
 
-/// How long a server has to answer before it counts as unreachable.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub use agentgate_store_sql::admin::CONNECT_TIMEOUT;
 
 /// How long a drop waits for a metadata lock still held on the database,
 /// instead of the server's default of a year.
@@ -31,15 +29,7 @@ pub async fn connect(url: &str) -> Result<MySqlConnection, String> {
     let options = crate::connect_options(url)
         .map_err(|e| format!("bad MySQL URL {}: {e}", redact(url)))?
         .disable_statement_logging();
-    match tokio::time::timeout(CONNECT_TIMEOUT, MySqlConnection::connect_with(&options)).await {
-        Ok(Ok(connection)) => Ok(connection),
-        Ok(Err(error)) => Err(format!("cannot connect to {}: {error}", redact(url))),
-        Err(_) => Err(format!(
-            "no answer from {} within {} s",
-            redact(url),
-            CONNECT_TIMEOUT.as_secs()
-        )),
-    }
+    reach(url, MySqlConnection::connect_with(&options)).await
 }
 
 /// Creates the empty database `name` (a plain identifier the caller made),

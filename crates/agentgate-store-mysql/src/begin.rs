@@ -53,8 +53,9 @@
 use agentgate_core::decide::{SessionSnapshot, UserLoad};
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::Fence;
-use agentgate_core::model::{BeginCommand, Grant};
-use sqlx::{MySql, MySqlConnection, Row, Transaction};
+use agentgate_core::model::BeginCommand;
+use sqlx::mysql::MySqlRow;
+use sqlx::{MySqlConnection, Row};
 
 use crate::error::map_sqlx;
 use crate::fast;
@@ -63,7 +64,8 @@ use crate::steps::Sql;
 use crate::NOW_MS;
 use agentgate_store_sql::begin::layered::LayeredBeginSql;
 use agentgate_store_sql::begin::{
-    queue_columns, BeginSql, BeginTx, Facts, GrantRows, Held, Locked, QueueRead, TurnRecord,
+    grant_session, queue_columns, write_turn, BeginSql, BeginTx, Facts, GrantRows, Held, Locked,
+    QueueRead, TurnRecord,
 };
 
 #[async_trait::async_trait]
@@ -77,26 +79,13 @@ impl LayeredBeginSql for Sql<'_> {
     /// One `CALL` of `ag_begin_layered` (migration 0009), which takes the
     /// full path's locks in its order and writes only what the full path
     /// would (the layered table in the module docs).
-    async fn grant_layered_new(
-        &self,
-        conn: &mut MySqlConnection,
-        command: &BeginCommand,
-        held: &Held,
-    ) -> Result<bool> {
-        let rows = sqlx::query("CALL ag_begin_layered(?, ?, ?, ?, ?, ?, ?, ?, ?)")
-            .bind(command.user_id.as_str())
-            .bind(command.session_id.as_str())
-            .bind(command.client_request_id.as_str())
-            .bind(held.turn_id.as_str())
-            .bind(command.fingerprint.as_hex())
-            .bind(command.payload.as_str())
-            .bind(held.token.digest_hex())
-            .bind(held.fence.0)
-            .bind(i64::from(self.0.config.max_turns_per_user))
-            .fetch_all(conn)
-            .await
-            .map_err(map_sqlx)?;
-        let [row] = rows.as_slice() else {
+    fn grant_layered_new_sql() -> String {
+        "CALL ag_begin_layered($2, $1, $3, $4, $6, $7, $5, $8, $9)".to_owned()
+    }
+
+    /// Its one row holds 1 when it wrote the grant, 0 when nothing.
+    fn layered_granted(rows: &[MySqlRow], _held: &Held) -> Result<bool> {
+        let [row] = rows else {
             return Err(Error::corrupt(format!(
                 "ag_begin_layered returned {} rows, not one",
                 rows.len()
@@ -114,8 +103,12 @@ impl LayeredBeginSql for Sql<'_> {
 
 #[async_trait::async_trait]
 impl BeginTx for Sql<'_> {
-    async fn begin_new(&self, command: &BeginCommand) -> Result<Option<Grant>> {
-        fast::begin(self.0, command).await
+    fn begin_new_sql() -> String {
+        fast::begin_sql()
+    }
+
+    fn granted_fence(&self, rows: &[MySqlRow]) -> Result<Option<i64>> {
+        fast::begin_granted(self.0, rows)
     }
 }
 
@@ -136,17 +129,13 @@ impl BeginSql for Sql<'_> {
         })
     }
 
-    async fn open_begin(&self) -> Result<Transaction<'static, MySql>> {
-        self.0.transaction().await
-    }
-
     async fn write_grant(&self, tx: &mut MySqlConnection, rows: &GrantRows<'_>) -> Result<Fence> {
         let fence = match rows.reserved {
             Some(fence) => fence,
             None => next_fence(tx).await?,
         };
-        grant_session(tx, rows, fence).await?;
-        write_turn(tx, rows, fence).await?;
+        grant_session(self, tx, GRANT_SESSION, rows, fence).await?;
+        write_turn(self, tx, rows, fence).await?;
         Ok(fence)
     }
 }
@@ -246,85 +235,15 @@ pub(crate) async fn next_fence(conn: &mut MySqlConnection) -> Result<Fence> {
     Ok(Fence(value))
 }
 
-/// Writes the grant on the session's row: holder, token digest, expiry,
-/// fence, and a cleared pending confirmation when this start confirms it.
-async fn grant_session(tx: &mut MySqlConnection, rows: &GrantRows<'_>, fence: Fence) -> Result<()> {
-    let updated = sqlx::query(
-        "UPDATE ag_sessions SET holder_turn_id = ?, lease_token_hash = ?, fence = ?, \
-         lease_expires_at_ms = ?, updated_at_ms = ?, \
-         pending_turn_id = IF(?, NULL, pending_turn_id), \
-         pending_expires_at_ms = IF(?, NULL, pending_expires_at_ms) \
-         WHERE session_id = ?",
-    )
-    .bind(rows.turn_id.as_str())
-    .bind(rows.token_hash)
-    .bind(fence.0)
-    .bind(rows.row_expiry)
-    .bind(rows.now_ms)
-    .bind(rows.confirming)
-    .bind(rows.confirming)
-    .bind(rows.command.session_id.as_str())
-    .execute(tx)
-    .await
-    .map_err(map_sqlx)?;
-    // The row is locked and the fence is new, so the update changes it.
-    if updated.rows_affected() != 1 {
-        return Err(Error::corrupt(format!(
-            "the grant of session {} changed {} rows",
-            rows.command.session_id,
-            updated.rows_affected()
-        )));
-    }
-    Ok(())
-}
-
-/// Restarts the existing turn or inserts the new one under `fence`.
-async fn write_turn(tx: &mut MySqlConnection, rows: &GrantRows<'_>, fence: Fence) -> Result<()> {
-    let command = rows.command;
-    let written = if rows.restart {
-        sqlx::query(
-            "UPDATE ag_turns SET state = 'running', attempt = ?, fence = ?, error = NULL, \
-             retryable = NULL, updated_at_ms = ?, ended_at_ms = NULL, orphaned_at_ms = NULL, \
-             queue_seq = NULL WHERE turn_id = ?",
-        )
-        .bind(i64::from(rows.attempt))
-        .bind(fence.0)
-        .bind(rows.now_ms)
-        .bind(rows.turn_id.as_str())
-        .execute(&mut *tx)
-        .await
-    } else {
-        // The pending action is copied as the canonical text it is stored as.
-        let confirmation = command.confirmation.as_ref();
-        sqlx::query(
-            "INSERT INTO ag_turns (turn_id, session_id, user_id, client_request_id, fingerprint, \
-             state, attempt, fence, confirms_pending, confirms_turn_id, decision, created_at_ms, \
-             updated_at_ms, payload) VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(rows.turn_id.as_str())
-        .bind(command.session_id.as_str())
-        .bind(command.user_id.as_str())
-        .bind(command.client_request_id.as_str())
-        .bind(command.fingerprint.as_hex())
-        .bind(i64::from(rows.attempt))
-        .bind(fence.0)
-        .bind(rows.pending)
-        .bind(confirmation.map(|c| c.turn_id.as_str()))
-        .bind(confirmation.map(|c| c.decision.as_str()))
-        .bind(rows.now_ms)
-        .bind(rows.now_ms)
-        .bind(command.payload.as_str())
-        .execute(&mut *tx)
-        .await
-    };
-    if written.map_err(map_sqlx)?.rows_affected() != 1 {
-        return Err(Error::corrupt(format!(
-            "turn {} was not written",
-            rows.turn_id
-        )));
-    }
-    Ok(())
-}
+/// The grant on the session's row (`begin::grant_session`), whose row is
+/// locked: holder, token digest, expiry, fence, and a cleared pending
+/// confirmation when this start confirms it. The session exists: the
+/// begin's lock created it.
+const GRANT_SESSION: &str = "UPDATE ag_sessions SET holder_turn_id = $3, lease_token_hash = $4, \
+     fence = $5, lease_expires_at_ms = $6, updated_at_ms = $7, \
+     pending_turn_id = IF($8, NULL, pending_turn_id), \
+     pending_expires_at_ms = IF($8, NULL, pending_expires_at_ms) \
+     WHERE session_id = $1";
 
 #[cfg(test)]
 mod tests;

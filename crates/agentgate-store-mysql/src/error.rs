@@ -13,6 +13,7 @@
 //! may have hit the `COMMIT` after the server applied it.
 
 use agentgate_core::error::Error;
+use agentgate_store_sql::retry::map_driver_error;
 use sqlx::mysql::MySqlDatabaseError;
 
 /// Server error numbers after which the step is run again.
@@ -24,24 +25,10 @@ const DUPLICATE_KEY: u16 = 1062;
 /// Maps a sqlx error to `store_unavailable`, keeping the source for logs and
 /// marking transient conflicts for the shared retry (`agentgate_store_sql::Retry`).
 pub(crate) fn map_sqlx(error: sqlx::Error) -> Error {
-    let conflict = error
-        .as_database_error()
-        .and_then(|e| e.try_downcast_ref::<MySqlDatabaseError>())
-        .is_some_and(|e| CONFLICT_ERRORS.contains(&e.number()));
-    if conflict {
-        Error::conflict(error)
-    } else {
-        Error::store(error)
-    }
-}
-
-/// Whether `error` is the server's duplicate-key error (1062), which a fast
-/// path's insert takes as "the row exists: decide on the full path".
-pub(crate) fn is_duplicate_key(error: &sqlx::Error) -> bool {
-    error
-        .as_database_error()
-        .and_then(|e| e.try_downcast_ref::<MySqlDatabaseError>())
-        .is_some_and(|e| e.number() == DUPLICATE_KEY)
+    map_driver_error(error, |db| {
+        db.try_downcast_ref::<MySqlDatabaseError>()
+            .is_some_and(|e| CONFLICT_ERRORS.contains(&e.number()))
+    })
 }
 
 #[cfg(test)]

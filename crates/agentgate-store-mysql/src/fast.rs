@@ -68,81 +68,41 @@
 //! path, end 2 (the turn read, the update), each step plus one layer call.
 
 use agentgate_core::error::{Error, Result};
-use agentgate_core::ids::{ExecutionId, Fence, LeaseToken, TurnId};
-use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
-use agentgate_core::model::{
-    BeginCommand, Ending, ExecutionEnding, Grant, LeaseRef, ToolCall, TurnView,
-};
+use agentgate_core::model::{Ending, LeaseRef, TurnView};
+use agentgate_store_sql::lease::Holder;
 use agentgate_store_sql::rows;
-use sqlx::mysql::MySqlArguments;
-use sqlx::query::Query;
-use sqlx::{MySql, Row};
+use sqlx::mysql::MySqlRow;
+use sqlx::Row;
 
-use crate::error::{is_duplicate_key, map_sqlx};
+use crate::error::map_sqlx;
 use crate::rows::{get, Cols, Positional, TurnRow, TURN_COLUMNS};
 use crate::{MySqlStore, NOW_MS};
 
-/// What a fast path's statement must find in the rows for the caller to be
-/// the live holder of its turn's session.
-pub(crate) enum Holder {
-    /// The lease lives in the session row: this token's digest, unexpired on
-    /// the server's clock.
-    Row { token_digest: String },
-    /// The external layer holds the lease under this fence: the rows must
-    /// agree that it is the turn's and the session's newest.
-    Layer { fence: i64 },
-}
-
-impl Holder {
-    /// The caller's holder, or `None` when the external layer does not hold
-    /// the lease (the full path explains why).
-    pub(crate) async fn of(store: &MySqlStore, lease: &LeaseRef) -> Result<Option<Self>> {
-        let digest = lease.token.digest_hex();
-        match &store.leases {
-            None => Ok(Some(Self::Row {
-                token_digest: digest,
-            })),
-            Some(layer) => Ok(layer
-                .holds(lease.turn_id.as_str(), &digest)
-                .await?
-                .map(|live| Self::Layer {
-                    fence: live.fence.0,
-                })),
-        }
-    }
-
-    /// The condition on the turn `t` and its session `s` (joined on
-    /// `s.session_id = t.session_id`), with two placeholders that
-    /// [`Holder::bind`] fills: the turn id, then the digest or the fence.
-    /// The same checks as the full path's lease check, in SQL.
-    fn condition(&self) -> String {
-        let common = "t.turn_id = ? AND t.state = 'running' \
-                      AND s.holder_turn_id = t.turn_id AND s.fence = t.fence";
-        match self {
-            Self::Row { .. } => {
-                format!("{common} AND s.lease_token_hash = ? AND s.lease_expires_at_ms > {NOW_MS}")
-            }
-            Self::Layer { .. } => format!("{common} AND t.fence = ?"),
-        }
-    }
-
-    fn bind<'q>(
-        &'q self,
-        query: Query<'q, MySql, MySqlArguments>,
-        lease: &'q LeaseRef,
-    ) -> Query<'q, MySql, MySqlArguments> {
-        let query = query.bind(lease.turn_id.as_str());
-        match self {
-            Self::Row { token_digest } => query.bind(token_digest.as_str()),
-            Self::Layer { fence } => query.bind(*fence),
-        }
+/// The condition on the turn `t` and its session `s` (joined on
+/// `s.session_id = t.session_id`) for the caller to be the live holder of
+/// its turn's session: the same checks as the full path's lease check, in
+/// SQL. `turn` and `credential` are the placeholders of the turn id and of
+/// `holder`'s credential (the token's digest, unexpired on the server's
+/// clock; or the layer's fence, which the rows must agree is the turn's and
+/// the session's newest).
+pub(crate) fn condition(holder: &Holder, turn: &str, credential: &str) -> String {
+    let common = format!(
+        "t.turn_id = {turn} AND t.state = 'running' \
+         AND s.holder_turn_id = t.turn_id AND s.fence = t.fence"
+    );
+    match holder {
+        Holder::Row { .. } => format!(
+            "{common} AND s.lease_token_hash = {credential} AND s.lease_expires_at_ms > {NOW_MS}"
+        ),
+        Holder::Layer { .. } => format!("{common} AND t.fence = {credential}"),
     }
 }
 
-/// A first claim of `call`: inserts the execution as running under the
-/// session's fence when the caller holds the lease, the turn has no
-/// execution of this call and fewer than `MAX_EXECUTIONS_PER_TURN` in all.
-/// `false` when any of that is not so.
+/// A first claim of `call` (see `ClaimSql::first_claim_sql`): inserts the
+/// execution as running under the session's fence when the caller holds the
+/// lease, the turn has no execution of this call and fewer than the bound
+/// in all. A duplicate key (the call was claimed before: cached, in flight
+/// or to reclaim) fails the statement, and the full path decides.
 ///
 /// `FOR UPDATE` locks the turn and the session exclusively: without it an
 /// `INSERT … SELECT` at READ COMMITTED reads a snapshot and locks nothing.
@@ -154,85 +114,33 @@ impl Holder {
 /// claims could both pass the limit.) The row is numbered after the count
 /// (`claim_seq`, unique per turn): two claims that counted the same number
 /// collide on it and the second decides on the full path.
-pub(crate) async fn claim(
-    store: &MySqlStore,
-    lease: &LeaseRef,
-    call: &ToolCall,
-    execution_id: &ExecutionId,
-    key: &str,
-) -> Result<bool> {
-    let Some(holder) = Holder::of(store, lease).await? else {
-        return Ok(false);
-    };
-    let sql = format!(
+pub(crate) fn claim_sql(holder: &Holder) -> String {
+    format!(
         "INSERT INTO ag_tool_executions (execution_id, turn_id, tool, args_hash, \
          idempotency_key, state, attempt, fence, claim_seq, created_at_ms, updated_at_ms) \
-         SELECT ?, t.turn_id, ?, ?, ?, 'running', 1, t.fence, \
+         SELECT $1, t.turn_id, $3, $4, $5, 'running', 1, t.fence, \
            (SELECT COUNT(*) FROM ag_tool_executions x WHERE x.turn_id = t.turn_id) + 1, \
            {NOW_MS}, {NOW_MS} \
          FROM ag_turns t JOIN ag_sessions s ON s.session_id = t.session_id \
          WHERE {} AND t.cancel_requested_at_ms IS NULL \
-           AND (SELECT COUNT(*) FROM ag_tool_executions x WHERE x.turn_id = t.turn_id) < ? \
+           AND (SELECT COUNT(*) FROM ag_tool_executions x WHERE x.turn_id = t.turn_id) < $7 \
          FOR UPDATE",
-        holder.condition()
-    );
-    let query = sqlx::query(&sql)
-        .bind(execution_id.as_str())
-        .bind(call.tool.as_str())
-        .bind(call.args_hash.as_hex())
-        .bind(key);
-    let inserted = holder
-        .bind(query, lease)
-        .bind(i64::from(MAX_EXECUTIONS_PER_TURN))
-        .execute(&store.pool)
-        .await;
-    match inserted {
-        // The call was claimed before: cached, in flight or to reclaim.
-        Err(error) if is_duplicate_key(&error) => Ok(false),
-        Err(error) => Err(map_sqlx(error)),
-        Ok(done) if done.rows_affected() <= 1 => Ok(done.rows_affected() == 1),
-        Ok(done) => Err(Error::corrupt(format!(
-            "a first claim inserted {} executions",
-            done.rows_affected()
-        ))),
-    }
+        condition(holder, "$2", "$6")
+    )
 }
 
-/// Ends a running execution claimed under the caller's live lease. `false`
-/// when no row changed: not the holder, not running, or claimed under an
+/// Ends a running execution claimed under the caller's live lease (see
+/// `ToolEndingSql::end_execution_sql`): no row changes when the caller is
+/// not the holder, the execution is not running, or it was claimed under an
 /// older fence.
-pub(crate) async fn end_execution(
-    store: &MySqlStore,
-    lease: &LeaseRef,
-    execution_id: &ExecutionId,
-    ended: ExecutionEnding<'_>,
-) -> Result<bool> {
-    let Some(holder) = Holder::of(store, lease).await? else {
-        return Ok(false);
-    };
-    let (state, column, value) = ended.columns();
-    let sql = format!(
+pub(crate) fn end_execution_sql(holder: &Holder, state: &str, column: &str) -> String {
+    format!(
         "UPDATE ag_tool_executions e JOIN ag_turns t ON t.turn_id = e.turn_id \
          JOIN ag_sessions s ON s.session_id = t.session_id \
-         SET e.state = '{state}', e.{column} = ?, e.updated_at_ms = {NOW_MS} \
-         WHERE e.execution_id = ? AND e.state = 'running' AND e.fence = t.fence AND {}",
-        holder.condition()
-    );
-    let query = sqlx::query(&sql)
-        .bind(value.as_str())
-        .bind(execution_id.as_str());
-    let done = holder
-        .bind(query, lease)
-        .execute(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    match done.rows_affected() {
-        0 => Ok(false),
-        1 => Ok(true),
-        n => Err(Error::corrupt(format!(
-            "ending one execution changed {n} rows"
-        ))),
-    }
+         SET e.state = '{state}', e.{column} = $1, e.updated_at_ms = {NOW_MS} \
+         WHERE e.execution_id = $2 AND e.state = 'running' AND e.fence = t.fence AND {}",
+        condition(holder, "$3", "$4")
+    )
 }
 
 /// Ends the caller's running turn and releases its session (lease and
@@ -250,7 +158,7 @@ pub(crate) async fn end_turn(
     lease: &LeaseRef,
     ending: &Ending,
 ) -> Result<Option<TurnView>> {
-    let Some(holder) = Holder::of(store, lease).await? else {
+    let Some(holder) = Holder::of(store.leases.as_deref(), lease).await? else {
         return Ok(None);
     };
     if let Holder::Row { token_digest } = &holder {
@@ -287,7 +195,7 @@ pub(crate) async fn end_turn(
          s.updated_at_ms = ?, s.pending_turn_id = IF(? IS NULL, s.pending_turn_id, ?), \
          s.pending_expires_at_ms = COALESCE(?, s.pending_expires_at_ms) \
          WHERE t.fence = ? AND {}",
-        holder.condition()
+        condition(&holder, "?", "?")
     );
     let query = sqlx::query(&sql)
         .bind(columns.state)
@@ -302,11 +210,12 @@ pub(crate) async fn end_turn(
         .bind(lease.turn_id.as_str())
         .bind(pending_expires)
         .bind(turn.fence);
-    let done = holder
-        .bind(query, lease)
-        .execute(&mut *conn)
-        .await
-        .map_err(map_sqlx)?;
+    let query = query.bind(lease.turn_id.as_str());
+    let query = match &holder {
+        Holder::Row { token_digest } => query.bind(token_digest.as_str()),
+        Holder::Layer { fence } => query.bind(fence.0),
+    };
+    let done = query.execute(&mut *conn).await.map_err(map_sqlx)?;
     drop(conn);
     // The server counts the rows it found in both tables (sqlx asks for
     // found rows); any match is the one turn and its one session.
@@ -324,7 +233,8 @@ pub(crate) async fn end_turn(
     turn.view().map(Some)
 }
 
-/// A first begin as one `CALL` of `ag_begin_fast` (migration 0006): a new
+/// A first begin as one `CALL` of `ag_begin_fast` (migration 0006), its
+/// arguments as `BeginTx::begin_new_sql` numbers them: a new
 /// turn on a free session of the caller's, below the user's cap, no
 /// confirmation. `None` when the procedure wrote nothing (any other case);
 /// the caller then runs the full path. Only without an external lease
@@ -357,45 +267,28 @@ pub(crate) async fn end_turn(
 /// decline under the locks anyway, so a duplicate storm does not queue on
 /// the user's and session's locks twice. A stale plain read only lets a case
 /// through to the checks under the locks, which decide.
-pub(crate) async fn begin(store: &MySqlStore, command: &BeginCommand) -> Result<Option<Grant>> {
-    if store.leases.is_some() || command.confirmation.is_some() {
-        return Ok(None);
-    }
-    let turn_id = TurnId::generate();
-    let token = LeaseToken::generate();
-    let ttl_ms = store.config.lease_ttl_ms();
-    let rows = sqlx::query("CALL ag_begin_fast(?, ?, ?, ?, ?, ?, ?, ?, ?)")
-        .bind(command.user_id.as_str())
-        .bind(command.session_id.as_str())
-        .bind(command.client_request_id.as_str())
-        .bind(turn_id.as_str())
-        .bind(command.fingerprint.as_hex())
-        .bind(command.payload.as_str())
-        .bind(token.digest_hex())
-        .bind(ttl_ms)
-        .bind(i64::from(store.config.max_turns_per_user))
-        .fetch_all(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
-    let [row] = rows.as_slice() else {
+pub(crate) fn begin_sql() -> String {
+    "CALL ag_begin_fast($2, $1, $3, $4, $6, $7, $5, $8, $9)".to_owned()
+}
+
+/// The fence `ag_begin_fast`'s one row says it granted under, `None` when
+/// it wrote nothing (the row holds NULL).
+pub(crate) fn begin_granted(store: &MySqlStore, rows: &[MySqlRow]) -> Result<Option<i64>> {
+    let [row] = rows else {
         return Err(Error::corrupt(format!(
             "ag_begin_fast returned {} rows, not one",
             rows.len()
         )));
     };
     let fence: Option<i64> = row.try_get(0).map_err(map_sqlx)?;
-    let Some(fence) = fence else {
-        note(store, Taken::BeginDeclined);
-        return Ok(None);
-    };
-    note(store, Taken::BeginStarted);
-    Ok(Some(Grant::first(
-        command,
-        turn_id,
-        token,
-        Fence(fence),
-        ttl_ms,
-    )))
+    note(
+        store,
+        match fence {
+            Some(_) => Taken::BeginStarted,
+            None => Taken::BeginDeclined,
+        },
+    );
+    Ok(fence)
 }
 
 /// An ending under a lease kept in the session row, as one `CALL` of

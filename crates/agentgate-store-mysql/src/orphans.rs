@@ -18,20 +18,12 @@ use agentgate_core::ids::Fence;
 use agentgate_store_sql::orphans::OrphanSql;
 use agentgate_store_sql::query::Run;
 
-use crate::error::map_sqlx;
 use crate::steps::Sql;
 
 #[async_trait::async_trait]
 impl OrphanSql for Sql<'_> {
-    async fn lock_session(&self, session_id: &str) -> Result<<Self as Run>::Tx> {
-        let mut tx = self.0.transaction().await?;
-        sqlx::query("SELECT session_id FROM ag_sessions WHERE session_id = ? FOR UPDATE")
-            .bind(session_id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(map_sqlx)?;
-        Ok(tx)
-    }
+    const LOCK_SESSION: Option<&'static str> =
+        Some("SELECT 1 AS locked FROM ag_sessions WHERE session_id = $1 FOR UPDATE");
 
     async fn next_fence(&self, conn: &mut <Self as Run>::Conn) -> Result<Fence> {
         crate::begin::next_fence(conn).await

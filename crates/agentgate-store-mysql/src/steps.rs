@@ -28,20 +28,19 @@
 //! view is read back).
 
 use agentgate_core::config::duration_ms;
-use agentgate_core::decide::CheckedLease;
 use agentgate_core::error::{Error, Result};
-use agentgate_core::ids::{ExecutionId, Fence};
+use agentgate_core::ids::Fence;
 
-use agentgate_core::model::{Ending, ExecutionEnding, LeaseRef, ToolCall, TurnView};
-use sqlx::MySqlConnection;
+use agentgate_core::model::{Ending, LeaseRef, TurnView};
+use sqlx::{MySql, MySqlConnection, Transaction};
 
 use crate::error::map_sqlx;
 use crate::fast;
-use crate::rows::{turn_view, Cols, TURN_COLUMNS};
+use crate::rows::{turn_view, TURN_COLUMNS};
 use crate::{MySqlStore, NOW_MS};
 use agentgate_store_sql::claim::ClaimSql;
 use agentgate_store_sql::heartbeat::HeartbeatSql;
-use agentgate_store_sql::lease::{self, Authority, LeaseRow, LeaseSql};
+use agentgate_store_sql::lease::{self, release_ended, Authority, Holder, LeaseSql};
 use agentgate_store_sql::tool::ToolEndingSql;
 use agentgate_store_sql::{Retry, StepTx};
 
@@ -49,19 +48,7 @@ use agentgate_store_sql::{Retry, StepTx};
 pub(crate) struct LiveLease {
     pub session_id: String,
     pub fence: Fence,
-    pub lease_expires_at_ms: i64,
     pub now_ms: i64,
-}
-
-impl LiveLease {
-    /// The core's verdict this lease was built from.
-    fn checked(&self) -> CheckedLease {
-        CheckedLease {
-            fence: self.fence,
-            lease_expires_at_ms: self.lease_expires_at_ms,
-            now_ms: self.now_ms,
-        }
-    }
 }
 
 /// Checks that `lease` is the live holder of its session; explains why not.
@@ -73,122 +60,54 @@ pub(crate) async fn check_lease(
     lock: bool,
 ) -> Result<LiveLease> {
     let authority = Authority::ask(store.leases.as_deref(), lease).await?;
-    let (checked, row) = lease::check_lease(&Rows, conn, lease, &authority, lock).await?;
+    let (checked, row) = lease::check_lease(&Sql(store), conn, lease, &authority, lock).await?;
     Ok(LiveLease {
         session_id: row.session_id,
         fence: checked.fence,
-        lease_expires_at_ms: checked.lease_expires_at_ms,
         now_ms: checked.now_ms,
     })
 }
 
-/// The lease check's SQL.
-struct Rows;
-
-#[async_trait::async_trait]
-impl LeaseSql for Rows {
-    type Conn = MySqlConnection;
-
+impl LeaseSql for Sql<'_> {
     /// Locks the session's row alone: the turn is read by subqueries, which
     /// InnoDB does not lock, so a step never holds a turn's row while
     /// waiting for its session's (the reverse of a begin's order).
-    async fn read_lease(
-        &self,
-        conn: &mut MySqlConnection,
-        turn_id: &str,
-        lock: bool,
-    ) -> Result<Option<LeaseRow>> {
-        let row = sqlx::query(&format!(
-            "SELECT s.session_id, (SELECT state FROM ag_turns WHERE turn_id = ?) AS state, \
-             (SELECT fence FROM ag_turns WHERE turn_id = ?) AS turn_fence, \
+    fn read_lease_sql(lock: bool) -> String {
+        format!(
+            "SELECT s.session_id, (SELECT state FROM ag_turns WHERE turn_id = $1) AS state, \
+             (SELECT fence FROM ag_turns WHERE turn_id = $1) AS turn_fence, \
              s.holder_turn_id, s.lease_token_hash, s.fence AS session_fence, \
              s.lease_expires_at_ms, {NOW_MS} AS now_ms FROM ag_sessions s \
-             WHERE s.session_id = (SELECT session_id FROM ag_turns WHERE turn_id = ?) {}",
+             WHERE s.session_id = (SELECT session_id FROM ag_turns WHERE turn_id = $1) {}",
             if lock { "FOR UPDATE" } else { "" }
-        ))
-        .bind(turn_id)
-        .bind(turn_id)
-        .bind(turn_id)
-        .fetch_optional(conn)
-        .await
-        .map_err(map_sqlx)?;
-        row.map(|row| LeaseRow::read(&Cols(&row))).transpose()
-    }
-
-    async fn turn_exists(&self, conn: &mut MySqlConnection, turn_id: &str) -> Result<bool> {
-        let exists = sqlx::query_scalar::<_, i64>("SELECT 1 FROM ag_turns WHERE turn_id = ?")
-            .bind(turn_id)
-            .fetch_optional(conn)
-            .await
-            .map_err(map_sqlx)?;
-        Ok(exists.is_some())
+        )
     }
 }
 
-#[async_trait::async_trait]
-impl HeartbeatSql for Sql<'_> {
-    /// One statement, its own transaction: renews session lease and permit
-    /// (the same row); the turn needs no write while it runs. sqlx asks for
-    /// "found rows", so a renewal within the same millisecond still counts.
-    async fn renew_row_lease(&self, lease: &LeaseRef, ttl_ms: i64) -> Result<bool> {
-        let renewed = sqlx::query(&format!(
-            "UPDATE ag_sessions SET lease_expires_at_ms = {NOW_MS} + ?, updated_at_ms = {NOW_MS} \
-             WHERE session_id = (SELECT session_id FROM ag_turns WHERE turn_id = ?) \
-             AND holder_turn_id = ? AND lease_token_hash = ? AND lease_expires_at_ms > {NOW_MS}"
-        ))
-        .bind(ttl_ms)
-        .bind(lease.turn_id.as_str())
-        .bind(lease.turn_id.as_str())
-        .bind(lease.token.digest_hex())
-        .execute(&self.0.pool)
-        .await
-        .map_err(map_sqlx)?;
-        Ok(renewed.rows_affected() == 1)
-    }
-
-    async fn explain_lease(&self, lease: &LeaseRef) -> Result<()> {
-        let mut conn = self.0.pool.acquire().await.map_err(map_sqlx)?;
-        check_lease(self.0, &mut conn, lease, false).await.map(drop)
-    }
-}
+impl HeartbeatSql for Sql<'_> {}
 
 #[async_trait::async_trait]
 impl StepTx for Sql<'_> {
-    async fn open(&self, lease: &LeaseRef) -> Result<(Self::Tx, CheckedLease)> {
-        let mut tx = self.0.transaction().await?;
-        let live = check_lease(self.0, &mut tx, lease, true).await?;
-        Ok((tx, live.checked()))
+    async fn transaction(&self) -> Result<Transaction<'static, MySql>> {
+        self.0.transaction().await
     }
 }
 
 /// The session's row lock, held by every full-path claim and taken by the
 /// one-statement claim's `FOR UPDATE`, keeps the turn's bound and the shared
 /// insert's claim number exact.
-#[async_trait::async_trait]
 impl ClaimSql for Sql<'_> {
-    async fn first_claim(
-        &self,
-        lease: &LeaseRef,
-        call: &ToolCall,
-        execution_id: &ExecutionId,
-        key: &str,
-    ) -> Result<bool> {
-        fast::claim(self.0, lease, call, execution_id, key).await
+    fn first_claim_sql(holder: &Holder) -> String {
+        fast::claim_sql(holder)
     }
 }
 
-/// The store as the shared tool ending sees it.
+/// The store as the shared steps see it.
 pub(crate) struct Sql<'a>(pub(crate) &'a MySqlStore);
 
-#[async_trait::async_trait]
 impl ToolEndingSql for Sql<'_> {
-    async fn end_fast(
-        &self,
-        lease: &LeaseRef,
-        execution_id: &ExecutionId,
-        ending: ExecutionEnding<'_>,
-    ) -> Result<bool> {
-        fast::end_execution(self.0, lease, execution_id, ending).await
+    fn end_execution_sql(holder: &Holder, state: &str, column: &str) -> String {
+        fast::end_execution_sql(holder, state, column)
     }
 }
 
@@ -237,21 +156,9 @@ pub(crate) async fn end_turn(
         match view {
             Err(error) => retry.after(error).await?,
             Ok(view) => {
-                release_layer(store, lease).await;
+                release_ended(store.leases.as_deref(), lease).await;
                 return Ok(view);
             }
-        }
-    }
-}
-
-/// Releases an ended turn's lease in the external layer, after the ending's
-/// commit. Not an error of the step: the ending is durable, and a lease
-/// whose release failed expires by itself.
-async fn release_layer(store: &MySqlStore, lease: &LeaseRef) {
-    if let Some(layer) = &store.leases {
-        let digest = lease.token.digest_hex();
-        if let Err(error) = layer.release(lease.turn_id.as_str(), &digest).await {
-            tracing::warn!(%error, turn_id = %lease.turn_id, "could not release an ended turn's lease");
         }
     }
 }

@@ -10,9 +10,7 @@
 //! conditions on the newest row version, so a row a step is changing is left
 //! for the next sweep and a row a step changed is not deleted.
 
-use agentgate_core::config::check_cap;
 use agentgate_core::error::Result;
-use agentgate_core::ids::UserId;
 use agentgate_core::model::SweepReport;
 use agentgate_store_sql::views::{Cutoffs, ViewSql};
 use sqlx::MySqlConnection;
@@ -20,43 +18,16 @@ use sqlx::MySqlConnection;
 use crate::error::map_sqlx;
 use crate::steps::Sql;
 use crate::{MySqlStore, NOW_MS};
-use agentgate_store_sql::Retry;
 
 #[async_trait::async_trait]
 impl ViewSql for Sql<'_> {
     const CLAIM_SEQ: &'static str = "COALESCE(claim_seq, 0)";
     const STORED_BYTES: &'static str =
         "CAST(COALESCE(OCTET_LENGTH(result), 0) + COALESCE(OCTET_LENGTH(error), 0) AS SIGNED)";
-}
-
-pub(crate) async fn set_user_cap(
-    store: &MySqlStore,
-    user_id: &UserId,
-    cap: Option<u32>,
-) -> Result<()> {
-    let pool = &store.pool;
-    if let Some(cap) = cap {
-        check_cap(cap)?;
-    }
-    // The user's row is also the lock every begin of the user takes, so a
-    // cleared override is NULL rather than a deleted row; the sweeper drops
-    // rows that carry nothing once the user has no sessions.
-    let mut retry = Retry::new();
-    loop {
-        let done = sqlx::query(
-            "INSERT INTO ag_users (user_id, max_turns) VALUES (?, ?) \
-             ON DUPLICATE KEY UPDATE max_turns = ?",
-        )
-        .bind(user_id.as_str())
-        .bind(cap.map(i64::from))
-        .bind(cap.map(i64::from))
-        .execute(pool)
-        .await;
-        match done {
-            Ok(_) => return Ok(()),
-            Err(error) => retry.after(map_sqlx(error)).await?,
-        }
-    }
+    const SET_CAP: &'static str = "INSERT INTO ag_users (user_id, max_turns) VALUES ($1, $2) \
+         ON DUPLICATE KEY UPDATE max_turns = $2";
+    const CLEAR_CAP: &'static str = "INSERT INTO ag_users (user_id, max_turns) VALUES ($1, NULL) \
+         ON DUPLICATE KEY UPDATE max_turns = NULL";
 }
 
 /// Turns a sweep may delete: ended before the cutoff (awaiting ones only once
@@ -89,14 +60,7 @@ pub(crate) async fn sweep(store: &MySqlStore) -> Result<SweepReport> {
     let (turns, executions, events) = sweep_turns(store, cutoffs).await?;
     let sessions = sweep_sessions(store, cutoffs).await?;
     sweep_users(store, cutoffs).await?;
-    Ok(SweepReport {
-        abandoned: 0,
-        released: 0,
-        turns,
-        executions,
-        events,
-        sessions,
-    })
+    Ok(SweepReport::deleted(turns, executions, events, sessions))
 }
 
 /// `n` comma-separated placeholders.

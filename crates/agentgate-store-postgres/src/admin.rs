@@ -8,14 +8,13 @@
 //! for lack of a privilege, the privilege to grant.
 
 use std::str::FromStr;
-use std::time::Duration;
 
 use agentgate_core::dburl::redact_password as redact;
+use agentgate_store_sql::admin::reach;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Connection, PgConnection};
 
-/// How long a server has to answer before it counts as unreachable.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub use agentgate_store_sql::admin::CONNECT_TIMEOUT;
 
 /// SQLSTATE `insufficient_privilege`.
 const INSUFFICIENT_PRIVILEGE: &str = "42501";
@@ -30,15 +29,7 @@ pub async fn connect(url: &str) -> Result<PgConnection, String> {
     let options = PgConnectOptions::from_str(url)
         .map_err(|e| format!("bad PostgreSQL URL {}: {e}", redact(url)))?
         .disable_statement_logging();
-    match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options)).await {
-        Ok(Ok(connection)) => Ok(connection),
-        Ok(Err(error)) => Err(format!("cannot connect to {}: {error}", redact(url))),
-        Err(_) => Err(format!(
-            "no answer from {} within {} s",
-            redact(url),
-            CONNECT_TIMEOUT.as_secs()
-        )),
-    }
+    reach(url, PgConnection::connect_with(&options)).await
 }
 
 fn sql_state(error: &sqlx::Error) -> Option<String> {

@@ -88,18 +88,20 @@
 
 use agentgate_core::decide::{SessionSnapshot, UserLoad};
 use agentgate_core::error::{Error, Result};
-use agentgate_core::ids::{Fence, LeaseToken, TurnId};
-use agentgate_core::model::{BeginCommand, Grant};
-use sqlx::{PgConnection, Postgres, Transaction};
+use agentgate_core::ids::Fence;
+use agentgate_core::model::BeginCommand;
+use sqlx::postgres::PgRow;
+use sqlx::PgConnection;
 
 use crate::error::map_sqlx;
-use crate::rows::{get, session_snapshot, SESSION_COLUMNS, TURN_COLUMNS};
+use crate::rows::{get, session_snapshot, Cols, SESSION_COLUMNS, TURN_COLUMNS};
 use crate::steps::Sql;
-use crate::{PostgresStore, NOW_MS, STEP_LOCK_TIMEOUT};
+use crate::{NOW_MS, STEP_LOCK_TIMEOUT};
 use agentgate_store_sql::begin::layered::LayeredBeginSql;
 use agentgate_store_sql::begin::{
     queue_columns, BeginSql, BeginTx, Facts, GrantRows, Held, Locked, QueueRead, TurnRecord,
 };
+use agentgate_store_sql::rows::Columns;
 
 #[async_trait::async_trait]
 impl LayeredBeginSql for Sql<'_> {
@@ -114,67 +116,45 @@ impl LayeredBeginSql for Sql<'_> {
     /// One call of `ag_begin_layered` (migration 0009), which takes the
     /// full path's locks in its order and writes only what the full path
     /// would (the layered table in the module docs).
-    async fn grant_layered_new(
-        &self,
-        conn: &mut PgConnection,
-        command: &BeginCommand,
-        held: &Held,
-    ) -> Result<bool> {
-        sqlx::query_scalar("SELECT ag_begin_layered($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
-            .bind(command.session_id.as_str())
-            .bind(command.user_id.as_str())
-            .bind(command.client_request_id.as_str())
-            .bind(held.turn_id.as_str())
-            .bind(held.token.digest_hex())
-            .bind(command.fingerprint.as_hex())
-            .bind(command.payload.as_str())
-            .bind(held.fence.0)
-            .bind(i64::from(self.0.config.max_turns_per_user))
-            .bind(STEP_LOCK_TIMEOUT)
-            .fetch_one(conn)
-            .await
-            .map_err(map_sqlx)
+    fn grant_layered_new_sql() -> String {
+        format!(
+            "SELECT CASE WHEN ag_begin_layered($1, $2, $3, $4, $5, $6, $7, $8, $9, \
+             '{STEP_LOCK_TIMEOUT}') THEN 1::BIGINT ELSE 0::BIGINT END AS granted"
+        )
+    }
+
+    fn layered_granted(rows: &[PgRow], _held: &Held) -> Result<bool> {
+        match rows {
+            [row] => Ok(Cols(row).int_required("granted")? == 1),
+            _ => Err(Error::corrupt(format!(
+                "ag_begin_layered answered {} rows, not one",
+                rows.len()
+            ))),
+        }
     }
 }
 
 #[async_trait::async_trait]
 impl BeginTx for Sql<'_> {
-    /// The common case in one autocommit statement (the module docs list
+    /// The common case in one call of `ag_begin_new` (the module docs list
     /// when it grants). A conflict (deadlock, lock timeout) is an error for
     /// the caller's retry, like the full path's.
-    async fn begin_new(&self, command: &BeginCommand) -> Result<Option<Grant>> {
-        begin_new(self.0, command).await
+    fn begin_new_sql() -> String {
+        format!(
+            "SELECT ag_begin_new($1, $2, $3, $4, $5, $6, $7, $8, $9, '{STEP_LOCK_TIMEOUT}') \
+             AS fence"
+        )
     }
-}
 
-/// The common case in one autocommit statement: the grant, or `None` when
-/// the full path must decide, in which case nothing was written.
-pub(crate) async fn begin_new(
-    store: &PostgresStore,
-    command: &BeginCommand,
-) -> Result<Option<Grant>> {
-    if store.leases.is_some() || command.confirmation.is_some() {
-        return Ok(None);
+    fn granted_fence(&self, rows: &[PgRow]) -> Result<Option<i64>> {
+        match rows {
+            [row] => Cols(row).int("fence"),
+            _ => Err(Error::corrupt(format!(
+                "ag_begin_new answered {} rows, not one",
+                rows.len()
+            ))),
+        }
     }
-    let turn_id = TurnId::generate();
-    let token = LeaseToken::generate();
-    let ttl_ms = store.config.lease_ttl_ms();
-    let fence: Option<i64> =
-        sqlx::query_scalar("SELECT ag_begin_new($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
-            .bind(command.session_id.as_str())
-            .bind(command.user_id.as_str())
-            .bind(command.client_request_id.as_str())
-            .bind(turn_id.as_str())
-            .bind(token.digest_hex())
-            .bind(command.fingerprint.as_hex())
-            .bind(command.payload.as_str())
-            .bind(ttl_ms)
-            .bind(i64::from(store.config.max_turns_per_user))
-            .bind(STEP_LOCK_TIMEOUT)
-            .fetch_one(&store.pool)
-            .await
-            .map_err(map_sqlx)?;
-    Ok(fence.map(|fence| Grant::first(command, turn_id, token, Fence(fence), ttl_ms)))
 }
 
 #[async_trait::async_trait]
@@ -187,10 +167,6 @@ impl BeginSql for Sql<'_> {
             session_fence,
             facts,
         })
-    }
-
-    async fn open_begin(&self) -> Result<Transaction<'static, Postgres>> {
-        self.0.transaction().await
     }
 
     async fn write_grant(&self, tx: &mut PgConnection, rows: &GrantRows<'_>) -> Result<Fence> {

@@ -12,6 +12,7 @@
 //! retried: it may have hit the `COMMIT` after the server applied it.
 
 use agentgate_core::error::Error;
+use agentgate_store_sql::retry::map_driver_error;
 
 /// SQLSTATEs after which the step is run again.
 const CONFLICT_CODES: &[&str] = &["40001", "40P01", "23505", "55P03"];
@@ -19,15 +20,10 @@ const CONFLICT_CODES: &[&str] = &["40001", "40P01", "23505", "55P03"];
 /// Maps a sqlx error to `store_unavailable`, keeping the source for logs and
 /// marking transient conflicts for the shared retry (`agentgate_store_sql::Retry`).
 pub(crate) fn map_sqlx(error: sqlx::Error) -> Error {
-    let conflict = error
-        .as_database_error()
-        .and_then(|e| e.code())
-        .is_some_and(|code| CONFLICT_CODES.contains(&code.as_ref()));
-    if conflict {
-        Error::conflict(error)
-    } else {
-        Error::store(error)
-    }
+    map_driver_error(error, |db| {
+        db.code()
+            .is_some_and(|code| CONFLICT_CODES.contains(&code.as_ref()))
+    })
 }
 
 #[cfg(test)]

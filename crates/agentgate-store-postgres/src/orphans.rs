@@ -25,15 +25,8 @@ use crate::steps::Sql;
 impl OrphanSql for Sql<'_> {
     const ANNOUNCE_RELEASE: Option<&'static str> = Some(crate::notify::ANNOUNCE);
 
-    async fn lock_session(&self, session_id: &str) -> Result<<Self as Run>::Tx> {
-        let mut tx = self.0.transaction().await?;
-        sqlx::query("SELECT 1 FROM ag_sessions WHERE session_id = $1 FOR UPDATE")
-            .bind(session_id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(map_sqlx)?;
-        Ok(tx)
-    }
+    const LOCK_SESSION: Option<&'static str> =
+        Some("SELECT 1 AS locked FROM ag_sessions WHERE session_id = $1 FOR UPDATE");
 
     async fn next_fence(&self, conn: &mut <Self as Run>::Conn) -> Result<Fence> {
         let value: i64 = sqlx::query_scalar("SELECT nextval('ag_fence_seq')")

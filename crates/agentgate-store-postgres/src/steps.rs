@@ -3,7 +3,7 @@
 //! and fence, and on the lease being live on the PostgreSQL clock.
 //!
 //! Where SQL can state a step's decision exactly, the step is one autocommit
-//! statement whose `WHERE` is the whole check (`lease::Holder`): a heartbeat,
+//! statement whose `WHERE` is the whole check (`lease::condition`): a heartbeat,
 //! an execution's ending with a result, a turn's ending, the first claim of
 //! a call. A statement that changes no row is explained after by the
 //! read-only checks (or, for a claim, the full path below decides). Each of
@@ -34,57 +34,32 @@
 
 use agentgate_core::config::duration_ms;
 use agentgate_core::error::{Error, Result};
-use agentgate_core::ids::ExecutionId;
+use agentgate_core::model::{Ending, LeaseRef, TurnView};
 
-use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
-use agentgate_core::model::{Ending, ExecutionEnding, LeaseRef, ToolCall, TurnView};
+use sqlx::postgres::PgArguments;
+use sqlx::query::Query;
+use sqlx::{Postgres, Transaction};
 
 use crate::error::map_sqlx;
-use crate::lease::{check_lease, Holder, LiveLease};
+use crate::lease::{check_lease, condition, live_fence};
 use crate::notify::CHANNEL;
 use crate::rows::{turn_view, TURN_COLUMNS};
 use crate::{PostgresStore, NOW_MS};
 use agentgate_store_sql::claim::ClaimSql;
 use agentgate_store_sql::heartbeat::HeartbeatSql;
+use agentgate_store_sql::lease::{release_ended, Holder};
 use agentgate_store_sql::tool::ToolEndingSql;
 use agentgate_store_sql::{Retry, StepTx};
 
-#[async_trait::async_trait]
-impl HeartbeatSql for Sql<'_> {
-    /// One statement, its own transaction: renews session lease and permit
-    /// (the same row); the turn needs no write while it runs.
-    async fn renew_row_lease(&self, lease: &LeaseRef, ttl_ms: i64) -> Result<bool> {
-        let renewed: Option<i64> = sqlx::query_scalar(&format!(
-            "UPDATE ag_sessions s SET lease_expires_at_ms = {NOW_MS} + $1, updated_at_ms = {NOW_MS} \
-             FROM ag_turns t WHERE t.turn_id = $2 AND s.session_id = t.session_id \
-             AND s.holder_turn_id = $2 AND s.lease_token_hash = $3 AND s.lease_expires_at_ms > {NOW_MS} \
-             RETURNING s.lease_expires_at_ms"
-        ))
-        .bind(ttl_ms)
-        .bind(lease.turn_id.as_str())
-        .bind(lease.token.digest_hex())
-        .fetch_optional(&self.0.pool)
-        .await
-        .map_err(map_sqlx)?;
-        Ok(renewed.is_some())
-    }
-
-    async fn explain_lease(&self, lease: &LeaseRef) -> Result<()> {
-        let mut conn = self.0.pool.acquire().await.map_err(map_sqlx)?;
-        check_lease(self.0, &mut conn, lease, false).await.map(drop)
-    }
-}
+impl HeartbeatSql for Sql<'_> {}
 
 #[async_trait::async_trait]
 impl StepTx for Sql<'_> {
-    async fn open(&self, lease: &LeaseRef) -> Result<(Self::Tx, LiveLease)> {
-        let mut tx = self.0.transaction().await?;
-        let live = check_lease(self.0, &mut tx, lease, true).await?;
-        Ok((tx, live))
+    async fn transaction(&self) -> Result<Transaction<'static, Postgres>> {
+        self.0.transaction().await
     }
 }
 
-#[async_trait::async_trait]
 impl ClaimSql for Sql<'_> {
     /// One autocommit `INSERT … SELECT` that writes only under the live
     /// lease and below the turn's bound of executions, and `ON CONFLICT DO
@@ -97,17 +72,8 @@ impl ClaimSql for Sql<'_> {
     /// execution left `running` under an older fence: `previous_outcome:
     /// unknown`) or inserts too and fails on the unique key, and runs again
     /// to see it.
-    async fn first_claim(
-        &self,
-        lease: &LeaseRef,
-        call: &ToolCall,
-        execution_id: &ExecutionId,
-        key: &str,
-    ) -> Result<bool> {
-        let Some(holder) = Holder::of(self.0, lease).await? else {
-            return Ok(false);
-        };
-        let query = format!(
+    fn first_claim_sql(holder: &Holder) -> String {
+        format!(
             "INSERT INTO ag_tool_executions (execution_id, turn_id, tool, args_hash, \
              idempotency_key, state, attempt, fence, claim_seq, created_at_ms, updated_at_ms) \
              SELECT $1, $2, $3, $4, $5, 'running', 1, live.fence, live.executions + 1, \
@@ -116,29 +82,16 @@ impl ClaimSql for Sql<'_> {
                      (SELECT COUNT(*) FROM ag_tool_executions e WHERE e.turn_id = $2) AS executions \
                    FROM ag_sessions s JOIN ag_turns t ON t.session_id = s.session_id \
                    WHERE {} AND t.cancel_requested_at_ms IS NULL) AS live \
-             WHERE live.executions < {MAX_EXECUTIONS_PER_TURN} \
+             WHERE live.executions < $7 \
              ON CONFLICT DO NOTHING",
-            holder.condition(2, 6)
-        );
-        let query = sqlx::query(&query)
-            .bind(execution_id.as_str())
-            .bind(lease.turn_id.as_str())
-            .bind(call.tool.as_str())
-            .bind(call.args_hash.as_hex())
-            .bind(key);
-        let inserted = holder
-            .bind(query)
-            .execute(&self.0.pool)
-            .await
-            .map_err(map_sqlx)?;
-        Ok(inserted.rows_affected() == 1)
+            condition(holder, 2, 6)
+        )
     }
 }
 
-/// The store as the shared tool ending sees it.
+/// The store as the shared steps see it.
 pub(crate) struct Sql<'a>(pub(crate) &'a PostgresStore);
 
-#[async_trait::async_trait]
 impl ToolEndingSql for Sql<'_> {
     /// Why no session lock is needed under READ COMMITTED: the fence
     /// subquery is read from the statement's snapshot, so it may still show
@@ -155,32 +108,13 @@ impl ToolEndingSql for Sql<'_> {
     /// having read before it, fails its conditional write and runs again).
     /// So an old holder's write never lands after a new holder's write on
     /// the same row.
-    async fn end_fast(
-        &self,
-        lease: &LeaseRef,
-        execution_id: &ExecutionId,
-        ending: ExecutionEnding<'_>,
-    ) -> Result<bool> {
-        let Some(holder) = Holder::of(self.0, lease).await? else {
-            return Ok(false);
-        };
-        let (state, column, value) = ending.columns();
-        let query = format!(
+    fn end_execution_sql(holder: &Holder, state: &str, column: &str) -> String {
+        format!(
             "UPDATE ag_tool_executions SET state = '{state}', {column} = $1, \
              updated_at_ms = {NOW_MS} \
              WHERE execution_id = $2 AND turn_id = $3 AND state = 'running' AND fence = {}",
-            holder.live_fence(3, 4)
-        );
-        let query = sqlx::query(&query)
-            .bind(value.as_str())
-            .bind(execution_id.as_str())
-            .bind(lease.turn_id.as_str());
-        let done = holder
-            .bind(query)
-            .execute(&self.0.pool)
-            .await
-            .map_err(map_sqlx)?;
-        Ok(done.rows_affected() == 1)
+            live_fence(holder, 3, 4)
+        )
     }
 }
 
@@ -214,7 +148,7 @@ async fn end_turn_once(
     lease: &LeaseRef,
     ending: &Ending,
 ) -> Result<TurnView> {
-    let Some(holder) = Holder::of(store, lease).await? else {
+    let Some(holder) = Holder::of(store.leases.as_deref(), lease).await? else {
         return Err(explain_turn(store, lease).await);
     };
     let columns = ending.columns();
@@ -239,7 +173,7 @@ async fn end_turn_once(
            FROM ended e WHERE s.session_id = e.session_id AND s.holder_turn_id = $7 \
            RETURNING pg_notify('{CHANNEL}', s.session_id)) \
          SELECT {TURN_COLUMNS} FROM ended",
-        holder.condition(7, 8)
+        condition(&holder, 7, 8)
     );
     let query = sqlx::query(&query)
         .bind(columns.state)
@@ -249,8 +183,7 @@ async fn end_turn_once(
         .bind(columns.pending)
         .bind(pending_ttl_ms)
         .bind(lease.turn_id.as_str());
-    let row = holder
-        .bind(query)
+    let row = bind_credential(query, &holder)
         .fetch_optional(&store.pool)
         .await
         .map_err(map_sqlx)?;
@@ -258,14 +191,7 @@ async fn end_turn_once(
         return Err(explain_turn(store, lease).await);
     };
     let view = turn_view(&row)?;
-    if let Some(layer) = &store.leases {
-        // After the commit, and not an error of the step: the ending is
-        // durable, and a lease whose release failed expires by itself.
-        let digest = lease.token.digest_hex();
-        if let Err(error) = layer.release(lease.turn_id.as_str(), &digest).await {
-            tracing::warn!(%error, turn_id = %lease.turn_id, "could not release an ended turn's lease");
-        }
-    }
+    release_ended(store.leases.as_deref(), lease).await;
     Ok(view)
 }
 
@@ -283,5 +209,16 @@ async fn explain_turn(store: &PostgresStore, lease: &LeaseRef) -> Error {
             "turn {} changed while it was ending",
             lease.turn_id
         )),
+    }
+}
+
+/// Binds `holder`'s credential to the next placeholder.
+fn bind_credential<'q>(
+    query: Query<'q, Postgres, PgArguments>,
+    holder: &'q Holder,
+) -> Query<'q, Postgres, PgArguments> {
+    match holder {
+        Holder::Row { token_digest } => query.bind(token_digest.as_str()),
+        Holder::Layer { fence } => query.bind(fence.0),
     }
 }

@@ -9,51 +9,23 @@
 //! re-checks its conditions on the row's own columns, which READ COMMITTED
 //! re-evaluates on the newest version of a row it had to wait for.
 
-use agentgate_core::config::check_cap;
 use agentgate_core::error::{Error, Result};
-use agentgate_core::ids::UserId;
 use agentgate_core::model::SweepReport;
 use agentgate_store_sql::views::{Cutoffs, ViewSql};
 
 use crate::error::map_sqlx;
 use crate::steps::Sql;
 use crate::{PostgresStore, NOW_MS};
-use agentgate_store_sql::Retry;
 
 #[async_trait::async_trait]
 impl ViewSql for Sql<'_> {
     const CLAIM_SEQ: &'static str = "claim_seq";
     const STORED_BYTES: &'static str =
         "(COALESCE(OCTET_LENGTH(result), 0) + COALESCE(OCTET_LENGTH(error), 0))::BIGINT";
-}
-
-pub(crate) async fn set_user_cap(
-    store: &PostgresStore,
-    user_id: &UserId,
-    cap: Option<u32>,
-) -> Result<()> {
-    let pool = &store.pool;
-    if let Some(cap) = cap {
-        check_cap(cap)?;
-    }
-    // The user's row is also the lock every begin of the user takes, so a
-    // cleared override is NULL rather than a deleted row; the sweeper drops
-    // rows that carry nothing once the user has no sessions.
-    let mut retry = Retry::new();
-    loop {
-        let done = sqlx::query(
-            "INSERT INTO ag_users (user_id, max_turns) VALUES ($1, $2) \
-             ON CONFLICT (user_id) DO UPDATE SET max_turns = EXCLUDED.max_turns",
-        )
-        .bind(user_id.as_str())
-        .bind(cap.map(i64::from))
-        .execute(pool)
-        .await;
-        match done {
-            Ok(_) => return Ok(()),
-            Err(error) => retry.after(map_sqlx(error)).await?,
-        }
-    }
+    const SET_CAP: &'static str = "INSERT INTO ag_users (user_id, max_turns) VALUES ($1, $2) \
+         ON CONFLICT (user_id) DO UPDATE SET max_turns = EXCLUDED.max_turns";
+    const CLEAR_CAP: &'static str = "INSERT INTO ag_users (user_id, max_turns) VALUES ($1, NULL) \
+         ON CONFLICT (user_id) DO UPDATE SET max_turns = NULL";
 }
 
 /// Turns a sweep may delete: ended before the cutoff (awaiting ones only once
@@ -120,12 +92,10 @@ pub(crate) async fn sweep(store: &PostgresStore) -> Result<SweepReport> {
         .await
         .map_err(map_sqlx)?;
     let count = |n: i64| u64::try_from(n).map_err(|_| Error::corrupt(format!("count {n}")));
-    Ok(SweepReport {
-        abandoned: 0,
-        released: 0,
-        turns: count(turns)?,
-        executions: count(executions)?,
-        events: count(events)?,
+    Ok(SweepReport::deleted(
+        count(turns)?,
+        count(executions)?,
+        count(events)?,
         sessions,
-    })
+    ))
 }

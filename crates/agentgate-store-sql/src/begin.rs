@@ -206,15 +206,10 @@ pub struct GrantRows<'a> {
 /// The SQL a store supplies for a begin. Every method runs inside the
 /// begin's transaction `tx`.
 #[async_trait::async_trait]
-pub trait BeginSql: Run {
+pub trait BeginSql: crate::StepTx {
     /// Locks the user's row, then the session's (creating either on first
     /// use, the session bound to the caller), then reads the facts.
     async fn lock_and_read(&self, tx: &mut Self::Conn, command: &BeginCommand) -> Result<Locked>;
-
-    /// Opens the transaction a begin decides and writes in, in which
-    /// [`BeginSql::lock_and_read`] then takes the store's locks (SQLite:
-    /// `BEGIN IMMEDIATE`, the single writer).
-    async fn open_begin(&self) -> Result<Self::Tx>;
 
     /// Writes [`GrantRows`] (taking the fence unless one was reserved);
     /// returns the fence.
@@ -224,12 +219,131 @@ pub trait BeginSql: Run {
     async fn write_grant(&self, tx: &mut Self::Conn, rows: &GrantRows<'_>) -> Result<Fence>;
 }
 
+/// Writes the grant on the session's row inside the begin's transaction
+/// `conn`, for a store that writes it in a statement of its own: `sql_text`
+/// sets, on the session `$1` (of the user `$2`), the holder `$3`, the token
+/// digest `$4`, the fence `$5`, the lease's expiry in the row `$6` (NULL
+/// with a lease layer), `updated_at_ms` `$7`, and clears the pending
+/// confirmation when `$8` is 1 (this start confirms it).
+///
+/// # Errors
+/// `corrupt` unless exactly one session row changed; the store's error.
+pub async fn grant_session<S: Run>(
+    sql: &S,
+    conn: &mut S::Conn,
+    sql_text: &str,
+    rows: &GrantRows<'_>,
+    fence: Fence,
+) -> Result<()> {
+    let statement = Statement::new(sql_text)
+        .text(rows.command.session_id.as_str())
+        .text(rows.command.user_id.as_str())
+        .text(rows.turn_id.as_str())
+        .text(rows.token_hash)
+        .int(fence.0)
+        .opt_int(rows.row_expiry)
+        .int(rows.now_ms)
+        .int(i64::from(rows.confirming));
+    let granted = sql.execute(On::Conn(conn), statement).await?;
+    Error::expect_rows(granted, 1, "the session's grant")
+}
+
+/// Writes a grant's turn inside the begin's transaction `conn`: the
+/// existing turn restarted (`rows.restart`) or the new one inserted,
+/// running under `fence`, for a store that writes the session's row in a
+/// statement of its own.
+///
+/// # Errors
+/// `corrupt` when no turn row was written; the store's error.
+pub async fn write_turn<S: Run>(
+    sql: &S,
+    conn: &mut S::Conn,
+    rows: &GrantRows<'_>,
+    fence: Fence,
+) -> Result<()> {
+    let command = rows.command;
+    let statement = if rows.restart {
+        Statement::new(
+            "UPDATE ag_turns SET state = 'running', attempt = $1, fence = $2, error = NULL, \
+             retryable = NULL, updated_at_ms = $3, ended_at_ms = NULL, orphaned_at_ms = NULL, \
+             queue_seq = NULL WHERE turn_id = $4",
+        )
+        .int(i64::from(rows.attempt))
+        .int(fence.0)
+        .int(rows.now_ms)
+        .text(rows.turn_id.as_str())
+    } else {
+        // The pending action is copied as the canonical text it is stored as.
+        let confirmation = command.confirmation.as_ref();
+        Statement::new(
+            "INSERT INTO ag_turns (turn_id, session_id, user_id, client_request_id, fingerprint, \
+             state, attempt, fence, confirms_pending, confirms_turn_id, decision, created_at_ms, \
+             updated_at_ms, payload) \
+             VALUES ($1, $2, $3, $4, $5, 'running', $6, $7, $8, $9, $10, $11, $11, $12)",
+        )
+        .text(rows.turn_id.as_str())
+        .text(command.session_id.as_str())
+        .text(command.user_id.as_str())
+        .text(command.client_request_id.as_str())
+        .text(command.fingerprint.as_hex())
+        .int(i64::from(rows.attempt))
+        .int(fence.0)
+        .opt_text(rows.pending)
+        .opt_text(confirmation.map(|c| c.turn_id.as_str()))
+        .opt_text(confirmation.map(|c| c.decision.as_str()))
+        .int(rows.now_ms)
+        .text(command.payload.as_str())
+    };
+    let written = sql.execute(On::Conn(conn), statement).await?;
+    Error::expect_rows(written, 1, "the turn's grant")
+}
+
 /// A store's one-statement common case of a begin without a lease layer.
 #[async_trait::async_trait]
 pub trait BeginTx: BeginSql {
+    /// The common case as one autocommit statement (a new request on a free
+    /// session of the caller's, below the user's cap, no confirmation): it
+    /// writes the grant, or nothing when the full path must decide. Its
+    /// arguments: `$1` session, `$2` user, `$3` request id, `$4` the new
+    /// turn's id, `$5` its token's digest, `$6` the request's fingerprint,
+    /// `$7` payload, `$8` the lease TTL in ms, `$9` the default cap.
+    fn begin_new_sql() -> String;
+
+    /// The fence the statement's rows say it granted under, `None` when it
+    /// wrote nothing.
+    ///
+    /// # Errors
+    /// `corrupt` for rows it never answers.
+    fn granted_fence(&self, rows: &[Self::Row]) -> Result<Option<i64>>;
+
     /// The common case in one statement: the grant, or `None` when the full
-    /// path must decide, in which case nothing was written.
-    async fn begin_new(&self, command: &BeginCommand) -> Result<Option<Grant>>;
+    /// path must decide, in which case nothing was written. Never tried
+    /// with a lease layer or for a confirmation.
+    async fn begin_new(&self, command: &BeginCommand) -> Result<Option<Grant>> {
+        if self.leases().is_some() || command.confirmation.is_some() {
+            return Ok(None);
+        }
+        let turn_id = TurnId::generate();
+        let token = LeaseToken::generate();
+        let digest = token.digest_hex();
+        let ttl_ms = self.config().lease_ttl_ms();
+        let statement = Statement::new(Self::begin_new_sql())
+            .text(command.session_id.as_str())
+            .text(command.user_id.as_str())
+            .text(command.client_request_id.as_str())
+            .text(turn_id.as_str())
+            .text(&digest)
+            .text(command.fingerprint.as_hex())
+            .text(command.payload.as_str())
+            .int(ttl_ms)
+            .int(i64::from(self.config().max_turns_per_user));
+        // Read to the end, so the statement runs to completion and its
+        // autocommit transaction commits before the grant is handed out.
+        let rows = self.fetch(On::Write, statement).await?;
+        Ok(self
+            .granted_fence(&rows)?
+            .map(|fence| Grant::first(command, turn_id, token, Fence(fence), ttl_ms)))
+    }
 }
 
 /// A begin: with a lease layer the layered one
@@ -269,7 +383,7 @@ pub async fn begin<S: BeginTx + layered::LayeredBeginSql>(
 /// # Errors
 /// The decision's refusal, or the store's error.
 pub async fn begin_full<S: BeginSql>(sql: &S, command: &BeginCommand) -> Result<BeginOutcome> {
-    let mut tx = sql.open_begin().await?;
+    let mut tx = sql.transaction().await?;
     let (outcome, wrote) = begin_in(sql, S::conn(&mut tx), command).await?;
     if wrote {
         sql.commit(tx).await?;

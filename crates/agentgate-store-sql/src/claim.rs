@@ -15,9 +15,11 @@ use agentgate_core::decide::{
 };
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::ExecutionId;
+use agentgate_core::limits::MAX_EXECUTIONS_PER_TURN;
 use agentgate_core::model::{idempotency_key, LeaseRef, PreviousOutcome, ToolCall, ToolClaim};
 use serde_json::Value;
 
+use crate::lease::Holder;
 use crate::query::{On, Statement};
 use crate::rows::{execution_snapshot, json, Columns, EXECUTION_COLUMNS};
 use crate::{Retry, StepTx};
@@ -55,20 +57,15 @@ impl Lookup {
 }
 
 /// The SQL a store supplies for a tool claim.
-#[async_trait::async_trait]
 pub trait ClaimSql: StepTx {
-    /// The first claim of a call in one autocommit statement: inserts
-    /// `execution_id` running under the live lease's fence, attempt 1, when
-    /// the lease is live, no cancel was requested for the turn, the call
-    /// has no execution and the turn is below its bound; `false` when it
-    /// inserted nothing.
-    async fn first_claim(
-        &self,
-        lease: &LeaseRef,
-        call: &ToolCall,
-        execution_id: &ExecutionId,
-        key: &str,
-    ) -> Result<bool>;
+    /// The first claim of a call as one autocommit statement: inserts the
+    /// execution `$1` of the turn `$2` (tool `$3`, arguments' hash `$4`,
+    /// idempotency key `$5`) running under the live lease's fence, attempt
+    /// 1, claim number one past the turn's count, when `holder` (its
+    /// credential bound as `$6`) holds the live lease, no cancel was
+    /// requested for the turn, the call has no execution and the turn has
+    /// fewer than `$7` executions; otherwise it inserts nothing.
+    fn first_claim_sql(holder: &Holder) -> String;
 }
 
 /// Claims a tool call: the first claim in one statement, else the full
@@ -101,12 +98,32 @@ async fn first_claim<S: ClaimSql>(
     lease: &LeaseRef,
     call: &ToolCall,
 ) -> Result<Option<ToolClaim>> {
+    let Some(holder) = Holder::of(sql.leases(), lease).await? else {
+        return Ok(None);
+    };
     let execution_id = ExecutionId::generate();
     let key = idempotency_key(&lease.turn_id, call);
-    if !sql.first_claim(lease, call, &execution_id, &key).await? {
-        return Ok(None);
+    let statement = Statement::new(S::first_claim_sql(&holder))
+        .text(execution_id.as_str())
+        .text(lease.turn_id.as_str())
+        .text(call.tool.as_str())
+        .text(call.args_hash.as_hex())
+        .text(&key)
+        .arg(holder.credential())
+        .int(i64::from(MAX_EXECUTIONS_PER_TURN));
+    match sql.execute(On::Write, statement).await {
+        // A store whose insert fails on an existing key (MySQL) rather than
+        // inserting nothing: the call was claimed before, or another claim
+        // of the turn took the same number. Either way the full path
+        // decides; so it does after any other conflict of this statement.
+        Err(error) if error.is_conflict() => Ok(None),
+        Err(error) => Err(error),
+        Ok(0) => Ok(None),
+        Ok(1) => Ok(Some(execute(execution_id, key, 1, None))),
+        Ok(n) => Err(Error::corrupt(format!(
+            "a first claim inserted {n} executions"
+        ))),
     }
-    Ok(Some(execute(execution_id, key, 1, None)))
 }
 
 /// The full path: lock, read, decide, apply, commit. A refusal or a cached

@@ -2,7 +2,7 @@
 //! now lasts, or why it cannot.
 //!
 //! Without a lease layer the renewal is one statement of the store's whose
-//! condition is the whole lease check ([`HeartbeatSql::renew_row_lease`]).
+//! condition is the whole lease check ([`HeartbeatSql::renew_row_lease_sql`]).
 //! With a layer the lease lives in the layer, but its key can outlive the
 //! turn (an ending's release in the layer is best effort), so a renewal
 //! counts only while the turn still runs in SQL (one read); an ended turn's
@@ -18,19 +18,53 @@ use agentgate_core::error::{Error, Result};
 use agentgate_core::model::{LeaseRef, TurnState};
 use agentgate_core::store::LeaseStatus;
 
+use crate::lease::{check_lease, Authority, LeaseSql};
 use crate::query::{On, Run, Statement};
 use crate::rows::Columns;
 
 /// The SQL a store supplies for a heartbeat.
-#[async_trait::async_trait]
-pub trait HeartbeatSql: Run {
-    /// Renews the session row's lease in one statement conditioned on the
-    /// caller holding it, live; whether it did.
-    async fn renew_row_lease(&self, lease: &LeaseRef, ttl_ms: i64) -> Result<bool>;
+pub trait HeartbeatSql: LeaseSql {
+    /// Renews the session row's lease of the turn `$2` to `$1` ms from the
+    /// store's now in one statement, conditioned on the session naming the
+    /// turn as holder with the token digest `$3` and a lease still live; it
+    /// changes one row when it renewed, none otherwise (MySQL: sqlx asks
+    /// for found rows, so a renewal within the same millisecond counts).
+    /// One statement, its own transaction: the session's lease and the
+    /// user's permit are the same row, and the turn needs no write while it
+    /// runs.
+    fn renew_row_lease_sql() -> String {
+        format!(
+            "UPDATE ag_sessions SET lease_expires_at_ms = {now} + $1, updated_at_ms = {now} \
+             WHERE session_id = (SELECT session_id FROM ag_turns WHERE turn_id = $2) \
+             AND holder_turn_id = $2 AND lease_token_hash = $3 AND lease_expires_at_ms > {now}",
+            now = Self::NOW_MS
+        )
+    }
+}
 
-    /// Why the caller's lease is not live (read-only): the refusal the
-    /// store's lease check gives, or `Ok` if it finds nothing wrong.
-    async fn explain_lease(&self, lease: &LeaseRef) -> Result<()>;
+/// Renews the session row's lease in one statement conditioned on the
+/// caller holding it, live; whether it did.
+async fn renew_row_lease<S: HeartbeatSql>(sql: &S, lease: &LeaseRef, ttl_ms: i64) -> Result<bool> {
+    let digest = lease.token.digest_hex();
+    let statement = Statement::new(S::renew_row_lease_sql())
+        .int(ttl_ms)
+        .text(lease.turn_id.as_str())
+        .text(&digest);
+    match sql.execute(On::Write, statement).await? {
+        0 => Ok(false),
+        1 => Ok(true),
+        n => Err(Error::corrupt(format!("a heartbeat renewed {n} sessions"))),
+    }
+}
+
+/// Why the caller's lease is not live (read-only): the refusal the lease
+/// check gives, or `Ok` if it finds nothing wrong.
+async fn explain_lease<S: HeartbeatSql>(sql: &S, lease: &LeaseRef) -> Result<()> {
+    let authority = Authority::ask(sql.leases(), lease).await?;
+    let mut conn = sql.reader().await?;
+    check_lease(sql, &mut conn, lease, &authority, false)
+        .await
+        .map(drop)
 }
 
 /// Renews the caller's lease, run again after a transient conflict.
@@ -72,7 +106,7 @@ pub async fn heartbeat_once<S: HeartbeatSql>(sql: &S, lease: &LeaseRef) -> Resul
                 }
             };
         }
-    } else if sql.renew_row_lease(lease, ttl_ms).await? {
+    } else if renew_row_lease(sql, lease, ttl_ms).await? {
         // Renewed, so the turn runs (the renewal's condition says so); a
         // row gone since is an ended-and-swept turn: not found.
         let (_, cancel_requested) = running(sql, lease)
@@ -85,7 +119,7 @@ pub async fn heartbeat_once<S: HeartbeatSql>(sql: &S, lease: &LeaseRef) -> Resul
     }
     // A lease that was not live for the renewal cannot have become live
     // since: whatever the explanation finds, the answer is a refusal.
-    sql.explain_lease(lease).await?;
+    explain_lease(sql, lease).await?;
     Err(Error::LeaseLost {
         reason: "lease expired",
     })

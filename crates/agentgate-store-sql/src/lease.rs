@@ -1,6 +1,6 @@
 //! The caller's lease, checked inside a step's transaction, written once.
 //!
-//! A step's full path reads one row ([`LeaseSql::read_lease`]: the turn's
+//! A step's full path reads one row ([`LeaseSql::read_lease_sql`]: the turn's
 //! state and fence, its session's holder, token digest, fence and expiry,
 //! and the store's clock), locking the session's row where the store locks
 //! rows, and the core judges it: [`check_row_lease`] when the lease lives in
@@ -12,12 +12,14 @@
 
 use agentgate_core::decide::{check_layer_lease, check_row_lease, CheckedLease, RowLeaseFacts};
 use agentgate_core::error::{Error, Result};
+use agentgate_core::ids::Fence;
 use agentgate_core::lease::{LeaseLayer, LiveLease};
 use agentgate_core::model::LeaseRef;
 
+use crate::query::{Arg, On, Run, Statement};
 use crate::rows::Columns;
 
-/// The columns [`LeaseSql::read_lease`] selects, under these names, from
+/// The columns [`LeaseSql::read_lease_sql`] selects, under these names, from
 /// the turn `t` and its session `s`.
 pub const LEASE_COLUMNS: &str = "t.session_id, t.state, t.fence AS turn_fence, \
     s.holder_turn_id, s.lease_token_hash, s.fence AS session_fence, s.lease_expires_at_ms";
@@ -90,24 +92,12 @@ impl LeaseRow {
 }
 
 /// The SQL a store supplies for a lease check.
-#[async_trait::async_trait]
-pub trait LeaseSql: Sync {
-    /// The store's connection type.
-    type Conn: Send;
-
+pub trait LeaseSql: Run {
     /// Reads [`LEASE_COLUMNS`] and the store's clock as `now_ms` for the
-    /// turn `turn_id` joined to its session's row, locking that row until
-    /// the transaction ends when `lock`; `None` when the turn or its
-    /// session's row does not exist.
-    async fn read_lease(
-        &self,
-        conn: &mut Self::Conn,
-        turn_id: &str,
-        lock: bool,
-    ) -> Result<Option<LeaseRow>>;
-
-    /// Whether the turn exists at all.
-    async fn turn_exists(&self, conn: &mut Self::Conn, turn_id: &str) -> Result<bool>;
+    /// turn `$1` joined to its session's row, locking that row until the
+    /// transaction ends when `lock`; no row when the turn or its session's
+    /// row does not exist.
+    fn read_lease_sql(lock: bool) -> String;
 }
 
 /// Checks that `lease` is the live holder of its session, as `authority`
@@ -116,7 +106,7 @@ pub trait LeaseSql: Sync {
 /// # Errors
 /// `lease_lost` with the reason, `not_found` for an unknown turn, or the
 /// store's error.
-pub async fn check_lease<S: LeaseSql>(
+pub async fn check_lease<S: LeaseSql + ?Sized>(
     sql: &S,
     conn: &mut S::Conn,
     lease: &LeaseRef,
@@ -124,15 +114,24 @@ pub async fn check_lease<S: LeaseSql>(
     lock: bool,
 ) -> Result<(CheckedLease, LeaseRow)> {
     let turn_id = lease.turn_id.as_str();
-    let Some(row) = sql.read_lease(conn, turn_id, lock).await? else {
-        return Err(if sql.turn_exists(conn, turn_id).await? {
-            Error::LeaseLost {
-                reason: "taken over or released",
-            }
-        } else {
-            Error::not_found(format!("turn {turn_id}"))
-        });
+    let read = Statement::new(S::read_lease_sql(lock)).text(turn_id);
+    let Some(row) = sql.fetch_optional(On::Conn(&mut *conn), read).await? else {
+        let exists = Statement::new("SELECT 1 AS found FROM ag_turns WHERE turn_id = $1");
+        return Err(
+            if sql
+                .fetch_optional(On::Conn(conn), exists.text(turn_id))
+                .await?
+                .is_some()
+            {
+                Error::LeaseLost {
+                    reason: "taken over or released",
+                }
+            } else {
+                Error::not_found(format!("turn {turn_id}"))
+            },
+        );
     };
+    let row = LeaseRow::read(&S::columns(&row))?;
     let running = row.state == "running";
     let checked = match authority {
         Authority::Layer(held) => check_layer_lease(
@@ -155,4 +154,63 @@ pub async fn check_lease<S: LeaseSql>(
         }
     };
     Ok((checked, row))
+}
+
+/// The caller's credential as a one-statement step checks it inside its
+/// own `WHERE`: the token's digest against the session's row, or, with a
+/// lease layer, the fence the layer holds the lease under, against the
+/// turn's and the session's rows (no newer grant exists). The store states
+/// the condition in its SQL ([`crate::claim::ClaimSql`],
+/// [`crate::tool::ToolEndingSql`]); it holds exactly when
+/// [`check_lease`] would accept.
+#[derive(Debug)]
+pub enum Holder {
+    /// The lease lives in the session's row: this token's digest, unexpired
+    /// on the store's clock.
+    Row {
+        /// The token's digest.
+        token_digest: String,
+    },
+    /// The layer holds the lease under this fence.
+    Layer {
+        /// The layer's fence.
+        fence: Fence,
+    },
+}
+
+impl Holder {
+    /// The caller's credential; `None` when the layer holds no lease for it
+    /// (the step then explains the refusal with [`check_lease`]).
+    ///
+    /// # Errors
+    /// The layer's error.
+    pub async fn of(layer: Option<&dyn LeaseLayer>, lease: &LeaseRef) -> Result<Option<Self>> {
+        let digest = lease.token.digest_hex();
+        let Some(layer) = layer else {
+            return Ok(Some(Self::Row {
+                token_digest: digest,
+            }));
+        };
+        let held = layer.holds(lease.turn_id.as_str(), &digest).await?;
+        Ok(held.map(|live| Self::Layer { fence: live.fence }))
+    }
+
+    /// The credential, bound where the store's condition names it.
+    pub fn credential(&self) -> Arg<'_> {
+        match self {
+            Self::Row { token_digest } => Arg::Text(token_digest),
+            Self::Layer { fence } => Arg::Int(fence.0),
+        }
+    }
+}
+
+/// Releases an ended turn's lease in the layer, after the ending's commit.
+/// Not an error of the step: the ending is durable, and a lease whose
+/// release failed expires by itself.
+pub async fn release_ended(layer: Option<&dyn LeaseLayer>, lease: &LeaseRef) {
+    let Some(layer) = layer else { return };
+    let digest = lease.token.digest_hex();
+    if let Err(error) = layer.release(lease.turn_id.as_str(), &digest).await {
+        tracing::warn!(%error, turn_id = %lease.turn_id, "could not release an ended turn's lease");
+    }
 }

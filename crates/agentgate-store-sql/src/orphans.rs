@@ -27,10 +27,10 @@ use crate::{Retry, StepTx};
 /// a concurrent takeover. The statements are written once, here.
 #[async_trait::async_trait]
 pub trait OrphanSql: StepTx {
-    /// Opens a write transaction holding the session's row as a begin
-    /// takes it (PostgreSQL, MySQL: the row locked; SQLite: the single
-    /// writer), so a takeover and the abandon are ordered.
-    async fn lock_session(&self, session_id: &str) -> Result<Self::Tx>;
+    /// Locks the session `$1`'s row as a begin takes it, inside a step's
+    /// transaction (PostgreSQL, MySQL: `… FOR UPDATE`); `None` where the
+    /// transaction alone orders writers (SQLite: the single writer).
+    const LOCK_SESSION: Option<&'static str>;
 
     /// A statement that announces, inside the transaction that frees it,
     /// that the session `$1` was released, for other nodes' waiting begins
@@ -41,6 +41,18 @@ pub trait OrphanSql: StepTx {
     /// Takes the next fence from the store-wide counter inside the open
     /// transaction `conn`.
     async fn next_fence(&self, conn: &mut <Self as Run>::Conn) -> Result<Fence>;
+}
+
+/// Opens a write transaction holding the session's row as a begin takes it
+/// ([`OrphanSql::LOCK_SESSION`]), so a takeover and the abandon are ordered.
+async fn lock_session<S: OrphanSql>(sql: &S, session_id: &str) -> Result<S::Tx> {
+    let mut tx = sql.transaction().await?;
+    if let Some(lock) = S::LOCK_SESSION {
+        let statement = Statement::new(lock).text(session_id);
+        sql.fetch_optional(On::Conn(S::conn(&mut tx)), statement)
+            .await?;
+    }
+    Ok(tx)
 }
 
 /// When the turn last had a live lease, as far as the rows tell: the
@@ -168,7 +180,7 @@ async fn announce<S: OrphanSql>(sql: &S, tx: &mut S::Tx, session_id: &str) -> Re
 /// changes the fence), and the session is released only if it still names
 /// the turn.
 async fn abandon_once<S: OrphanSql>(sql: &S, orphan: &Orphan) -> Result<bool> {
-    let mut tx = sql.lock_session(orphan.session_id.as_str()).await?;
+    let mut tx = lock_session(sql, orphan.session_id.as_str()).await?;
     let row = sql
         .fetch_one(
             On::Conn(S::conn(&mut tx)),
@@ -325,7 +337,7 @@ async fn force_release_once<S: OrphanSql>(
     session_id: &str,
     only: Option<&str>,
 ) -> Result<Option<String>> {
-    let mut tx = sql.lock_session(session_id).await?;
+    let mut tx = lock_session(sql, session_id).await?;
     let row = sql
         .fetch_optional(
             On::Conn(S::conn(&mut tx)),

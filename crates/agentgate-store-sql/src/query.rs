@@ -22,6 +22,8 @@ pub enum Arg<'a> {
     OptInt(Option<i64>),
     /// Text.
     Text(&'a str),
+    /// Nullable text.
+    OptText(Option<&'a str>),
 }
 
 /// A statement: SQL with numbered placeholders and its arguments, in
@@ -55,10 +57,24 @@ impl<'a> Statement<'a> {
         self
     }
 
+    /// Binds the next placeholder to `arg`.
+    #[must_use]
+    pub fn arg(mut self, arg: Arg<'a>) -> Self {
+        self.args.push(arg);
+        self
+    }
+
     /// Binds the next placeholder to text.
     #[must_use]
     pub fn text(mut self, value: &'a str) -> Self {
         self.args.push(Arg::Text(value));
+        self
+    }
+
+    /// Binds the next placeholder to nullable text.
+    #[must_use]
+    pub fn opt_text(mut self, value: Option<&'a str>) -> Self {
+        self.args.push(Arg::OptText(value));
         self
     }
 
@@ -346,11 +362,13 @@ where
     i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     Option<i64>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    Option<&'q str>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
 {
     args.iter().fold(query, |query, arg| match *arg {
         Arg::Int(value) => query.bind(value),
         Arg::OptInt(value) => query.bind(value),
         Arg::Text(value) => query.bind(value),
+        Arg::OptText(value) => query.bind(value),
     })
 }
 

@@ -50,6 +50,20 @@ impl Retry {
     }
 }
 
+/// A driver error as the engine's: `conflict` (run the step again) when the
+/// database error is one `is_conflict` names, else `store_unavailable`;
+/// the source is kept for logs.
+pub fn map_driver_error(
+    error: sqlx::Error,
+    is_conflict: impl FnOnce(&dyn sqlx::error::DatabaseError) -> bool,
+) -> Error {
+    if error.as_database_error().is_some_and(is_conflict) {
+        Error::conflict(error)
+    } else {
+        Error::store(error)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,7 +17,7 @@
 //! - `crate::steps::Sql` is also [`Run`](crate::query::Run) (through
 //!   [`impl_run!`](crate::impl_run), in `crate::run`) and
 //!   [`ViewSql`](crate::views::ViewSql), plus
-//!   `crate::views::{set_user_cap, sweep}(&Store, …)`;
+//!   `crate::views::sweep(&Store)`;
 //! - `crate::orphans`: [`OrphanSql`](crate::orphans::OrphanSql) for `crate::steps::Sql`;
 //! - a `config: Config` field, a `wakeups:`
 //!   [`Wakeups`](crate::wakeups::Wakeups) field (session releases) and an
@@ -245,7 +245,7 @@ macro_rules! impl_store {
                 user_id: &::agentgate_core::ids::UserId,
                 cap: Option<u32>,
             ) -> ::agentgate_core::error::Result<()> {
-                crate::views::set_user_cap(self, user_id, cap).await
+                $crate::views::set_user_cap(&crate::steps::Sql(self), user_id, cap).await
             }
 
             async fn set_session_policy(

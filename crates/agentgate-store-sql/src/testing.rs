@@ -389,7 +389,7 @@ pub async fn write_held_start<S: crate::begin::BeginSql>(
     use agentgate_core::decide::BeginDecision;
 
     let mut tx = sql
-        .open_begin()
+        .transaction()
         .await
         .unwrap_or_else(|e| panic!("open: {e}"));
     let decided = decide_in(sql, S::conn(&mut tx), command)

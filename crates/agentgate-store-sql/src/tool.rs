@@ -21,23 +21,45 @@ use agentgate_core::model::{ExecutionEnding, LeaseRef};
 use agentgate_core::store::{Completion, SqlEffect};
 use serde_json::Value;
 
+use crate::lease::Holder;
 use crate::query::{On, Statement};
 use crate::rows::Columns;
 use crate::{Retry, StepTx};
 
 /// The SQL a store supplies for an execution's ending.
-#[async_trait::async_trait]
 pub trait ToolEndingSql: StepTx {
-    /// Ends the caller's running execution with `ending` in one autocommit
-    /// statement whose condition is the whole check (the execution is
-    /// running under the live lease's fence); `false` when it changed no
-    /// row.
-    async fn end_fast(
-        &self,
-        lease: &LeaseRef,
-        execution_id: &ExecutionId,
-        ending: ExecutionEnding<'_>,
-    ) -> Result<bool>;
+    /// Ends the execution `$2` of the turn `$3` as `state`, writing `$1`
+    /// into `column`, in one autocommit statement whose condition is the
+    /// whole check: the execution is running under the fence of the live
+    /// lease `holder` holds (its credential bound as `$4`).
+    fn end_execution_sql(holder: &Holder, state: &str, column: &str) -> String;
+}
+
+/// The common case of an ending: one statement; `false` when it changed no
+/// row (the step's transaction then ends the execution or explains why
+/// not).
+async fn end_fast<S: ToolEndingSql>(
+    sql: &S,
+    lease: &LeaseRef,
+    execution_id: &ExecutionId,
+    ending: ExecutionEnding<'_>,
+) -> Result<bool> {
+    let Some(holder) = Holder::of(sql.leases(), lease).await? else {
+        return Ok(false);
+    };
+    let (state, column, value) = ending.columns();
+    let statement = Statement::new(S::end_execution_sql(&holder, state, column))
+        .text(value.as_str())
+        .text(execution_id.as_str())
+        .text(lease.turn_id.as_str())
+        .arg(holder.credential());
+    match sql.execute(On::Write, statement).await? {
+        0 => Ok(false),
+        1 => Ok(true),
+        n => Err(Error::corrupt(format!(
+            "ending one execution changed {n} rows"
+        ))),
+    }
 }
 
 /// The execution's `(state, fence)` if it is one of the caller's turn.
@@ -130,7 +152,7 @@ async fn end_tool_once<S: ToolEndingSql>(
     execution_id: &ExecutionId,
     ending: ExecutionEnding<'_>,
 ) -> Result<()> {
-    if sql.end_fast(lease, execution_id, ending).await? {
+    if end_fast(sql, lease, execution_id, ending).await? {
         return Ok(());
     }
     let (mut tx, live) = sql.open(lease).await?;

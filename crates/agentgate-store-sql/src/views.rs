@@ -9,7 +9,7 @@
 //! expires. A user's cap is its override, else the configured default. An
 //! execution page is a keyset page planned by `agentgate_core::page`.
 
-use agentgate_core::config::{duration_ms, Config};
+use agentgate_core::config::{check_cap, duration_ms, Config};
 use agentgate_core::error::Result;
 use agentgate_core::ids::{ClientRequestId, Fence, SessionId, TurnId, UserId};
 use agentgate_core::limits::{MAX_OVERVIEW_ROWS, MAX_SESSION_QUEUE};
@@ -254,6 +254,39 @@ pub trait ViewSql: Run {
 
     /// A row's stored result + error bytes, as a `BIGINT`.
     const STORED_BYTES: &'static str;
+
+    /// Sets the user `$1`'s cap override to `$2`, creating the row.
+    const SET_CAP: &'static str;
+
+    /// Clears the user `$1`'s cap override. Where the user's row is the
+    /// lock every begin of the user takes (PostgreSQL, MySQL) the override
+    /// is set to NULL rather than the row deleted; the sweeper drops rows
+    /// that carry nothing once the user has no sessions.
+    const CLEAR_CAP: &'static str;
+}
+
+/// Sets or clears a user's cap override, run again after a transient
+/// conflict.
+///
+/// # Errors
+/// `invalid_request` for a cap out of range; the store's error.
+pub async fn set_user_cap<S: ViewSql>(sql: &S, user_id: &UserId, cap: Option<u32>) -> Result<()> {
+    if let Some(cap) = cap {
+        check_cap(cap)?;
+    }
+    let mut retry = crate::Retry::new();
+    loop {
+        let statement = match cap {
+            Some(cap) => Statement::new(S::SET_CAP)
+                .text(user_id.as_str())
+                .int(i64::from(cap)),
+            None => Statement::new(S::CLEAR_CAP).text(user_id.as_str()),
+        };
+        match sql.execute(On::Write, statement).await {
+            Ok(_) => return Ok(()),
+            Err(error) => retry.after(error).await?,
+        }
+    }
 }
 
 /// A turn's view.

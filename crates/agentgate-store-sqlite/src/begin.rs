@@ -50,15 +50,20 @@
 //! the start with the layer's lease held (`Lease::Held`).
 
 use agentgate_core::error::{Error, Result};
-use agentgate_core::ids::{Fence, LeaseToken, TurnId};
-use agentgate_core::model::{BeginCommand, Grant};
+use agentgate_core::ids::Fence;
+use agentgate_core::model::BeginCommand;
 use agentgate_store_sql::begin::layered::LayeredBeginSql;
-use agentgate_store_sql::begin::{read_unlocked, BeginSql, BeginTx, GrantRows, Held, Locked};
-use sqlx::{Sqlite, SqliteConnection, Transaction};
+use agentgate_store_sql::begin::{
+    grant_session, read_unlocked, write_turn, BeginSql, BeginTx, GrantRows, Held, Locked,
+};
+use agentgate_store_sql::rows::Columns;
+use sqlx::sqlite::SqliteRow;
+use sqlx::SqliteConnection;
 
 use crate::error::map_sqlx;
+use crate::rows::Cols;
 use crate::steps::Sql;
-use crate::{SqliteStore, NOW_MS};
+use crate::NOW_MS;
 
 pub(crate) async fn now_ms(conn: &mut SqliteConnection) -> Result<i64> {
     sqlx::query_scalar(&format!("SELECT {NOW_MS}"))
@@ -69,8 +74,42 @@ pub(crate) async fn now_ms(conn: &mut SqliteConnection) -> Result<i64> {
 
 #[async_trait::async_trait]
 impl BeginTx for Sql<'_> {
-    async fn begin_new(&self, command: &BeginCommand) -> Result<Option<Grant>> {
-        begin_new(self.0, command).await
+    /// The common case in one autocommit statement (the module docs list
+    /// when it grants): an `INSERT` into the request table `ag_begin_new`,
+    /// whose trigger writes the fence, the grant and the turn.
+    fn begin_new_sql() -> String {
+        format!(
+
+        "INSERT INTO ag_begin_new (turn_id, session_id, user_id, client_request_id, token_hash, \
+           fingerprint, payload, fence, now_ms, lease_expires_at_ms) \
+         SELECT $4, $1, $2, $3, $5, $6, $7, f.value + 1, c.now_ms, c.now_ms + $8 \
+         FROM ag_fence f, (SELECT {NOW_MS} AS now_ms, \
+                 COALESCE((SELECT max_turns FROM ag_users WHERE user_id = $2), $9) AS cap) c \
+         WHERE f.id = 1 \
+           AND NOT EXISTS (SELECT 1 FROM ag_turns \
+                           WHERE session_id = $1 AND client_request_id = $3) \
+           AND NOT EXISTS (SELECT 1 FROM ag_turns \
+                           WHERE session_id = $1 AND queue_seq IS NOT NULL) \
+           AND NOT EXISTS (SELECT 1 FROM ag_sessions WHERE session_id = $1 \
+                           AND (user_id <> $2 OR holder_turn_id IS NOT NULL \
+                                OR pending_turn_id IS NOT NULL)) \
+           AND c.cap BETWEEN 0 AND {cap_max} \
+           AND (SELECT COUNT(*) FROM ag_sessions \
+                WHERE user_id = $2 AND lease_expires_at_ms > c.now_ms) < c.cap \
+         RETURNING fence",
+            cap_max = u32::MAX
+        )
+    }
+
+    fn granted_fence(&self, rows: &[SqliteRow]) -> Result<Option<i64>> {
+        match rows {
+            [] => Ok(None),
+            [row] => Cols(row).int_required("fence").map(Some),
+            more => Err(Error::corrupt(format!(
+                "a one-statement begin granted {}",
+                more.len()
+            ))),
+        }
     }
 }
 
@@ -86,77 +125,9 @@ impl BeginSql for Sql<'_> {
         read_unlocked(self, conn, command).await
     }
 
-    /// The single writer.
-    async fn open_begin(&self) -> Result<Transaction<'static, Sqlite>> {
-        self.0.write().await
-    }
-
     async fn write_grant(&self, tx: &mut SqliteConnection, rows: &GrantRows<'_>) -> Result<Fence> {
-        write_grant(tx, rows).await
+        write_grant(self, tx, rows).await
     }
-}
-
-/// The common case in one autocommit statement (the module docs list when
-/// it grants): the grant, or `None` when the full path must decide, in
-/// which case nothing was written.
-async fn begin_new(store: &SqliteStore, command: &BeginCommand) -> Result<Option<Grant>> {
-    if store.leases.is_some() || command.confirmation.is_some() {
-        return Ok(None);
-    }
-    let turn_id = TurnId::generate();
-    let token = LeaseToken::generate();
-    let ttl_ms = store.config.lease_ttl_ms();
-    // Read to the end (`fetch_all`), so the statement runs to completion and
-    // its autocommit transaction commits before the grant is handed out.
-    let granted: Vec<i64> = sqlx::query_scalar(&format!(
-        "INSERT INTO ag_begin_new (turn_id, session_id, user_id, client_request_id, token_hash, \
-           fingerprint, payload, fence, now_ms, lease_expires_at_ms) \
-         SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, f.value + 1, c.now_ms, c.now_ms + ?8 \
-         FROM ag_fence f, (SELECT {NOW_MS} AS now_ms, \
-                 COALESCE((SELECT max_turns FROM ag_users WHERE user_id = ?3), ?9) AS cap) c \
-         WHERE f.id = 1 \
-           AND NOT EXISTS (SELECT 1 FROM ag_turns \
-                           WHERE session_id = ?2 AND client_request_id = ?4) \
-           AND NOT EXISTS (SELECT 1 FROM ag_turns \
-                           WHERE session_id = ?2 AND queue_seq IS NOT NULL) \
-           AND NOT EXISTS (SELECT 1 FROM ag_sessions WHERE session_id = ?2 \
-                           AND (user_id <> ?3 OR holder_turn_id IS NOT NULL \
-                                OR pending_turn_id IS NOT NULL)) \
-           AND c.cap BETWEEN 0 AND {cap_max} \
-           AND (SELECT COUNT(*) FROM ag_sessions \
-                WHERE user_id = ?3 AND lease_expires_at_ms > c.now_ms) < c.cap \
-         RETURNING fence",
-        cap_max = u32::MAX
-    ))
-    .bind(turn_id.as_str())
-    .bind(command.session_id.as_str())
-    .bind(command.user_id.as_str())
-    .bind(command.client_request_id.as_str())
-    .bind(token.digest_hex())
-    .bind(command.fingerprint.as_hex())
-    .bind(command.payload.as_str())
-    .bind(ttl_ms)
-    .bind(i64::from(store.config.max_turns_per_user))
-    .fetch_all(&store.writer)
-    .await
-    .map_err(map_sqlx)?;
-    let fence = match granted.as_slice() {
-        [] => return Ok(None),
-        [fence] => *fence,
-        more => {
-            return Err(Error::corrupt(format!(
-                "a one-statement begin granted {}",
-                more.len()
-            )))
-        }
-    };
-    Ok(Some(Grant::first(
-        command,
-        turn_id,
-        token,
-        Fence(fence),
-        ttl_ms,
-    )))
 }
 
 #[async_trait::async_trait]
@@ -167,80 +138,62 @@ impl LayeredBeginSql for Sql<'_> {
     }
 
     /// On the single writer, as [`LayeredBeginSql::reserve_fence`].
-    async fn grant_layered_new(
-        &self,
-        _reader: &mut SqliteConnection,
-        command: &BeginCommand,
-        held: &Held,
-    ) -> Result<bool> {
-        grant_layered_new(self.0, command, held).await
-    }
-}
+    const GRANT_ON_WRITER: bool = true;
 
-/// With a lease layer, the common grant in one autocommit statement: a new
-/// request, no confirmation (both checked by the caller), the layer's lease
-/// already held under `held.fence`. It inserts a request row into
-/// `ag_begin_layered`, whose trigger (migration 0008) writes what the
-/// shared `apply` writes for a new turn with a held lease (no row expiry),
-/// only when the locked path under the writer would write that start:
-///
-/// | the statement checks | what the locked path reads | why it writes this start |
-/// |---|---|---|
-/// | no turn for `(session_id, client_request_id)` | `turn: None`, the snapshot's (none) | the same turn, and `decide_begin` has no replay, restart, takeover or exhaustion |
-/// | no session row of another user | `session.user_id == user_id` | no `not_found` |
-/// | no holder named on the session row | `session.holder: None` | no `session_busy` |
-/// | no turn queued on the session | `queue.head: None` | no `enqueue`, no `session_busy` for a queue's head |
-/// | no pending confirmation | `session.pending: None` | no `awaiting_confirmation` |
-/// | the session's fence is below `held.fence` | `session_fence < fence` | no newer grant came between the fence and the write |
-/// | the cap is in `0..=u32::MAX`, the rows' live leases below it | `UserLoad::read`, `load.live < load.cap` | no `corrupt`, no `user_at_capacity` |
-///
-/// `true` when it wrote the grant; `false` when it wrote nothing and the
-/// full path must decide.
-async fn grant_layered_new(
-    store: &SqliteStore,
-    command: &BeginCommand,
-    held: &Held,
-) -> Result<bool> {
-    // Read to the end (`fetch_all`), so the statement runs to completion and
-    // its autocommit transaction commits before the grant is handed out.
-    let written: Vec<i64> = sqlx::query_scalar(&format!(
-        "INSERT INTO ag_begin_layered (turn_id, session_id, user_id, client_request_id, \
+    /// With a lease layer, the common grant in one autocommit statement: a new
+    /// request, no confirmation (both checked by the caller), the layer's lease
+    /// already held under `held.fence`. It inserts a request row into
+    /// `ag_begin_layered`, whose trigger (migration 0008) writes what the
+    /// shared `apply` writes for a new turn with a held lease (no row expiry),
+    /// only when the locked path under the writer would write that start:
+    ///
+    /// | the statement checks | what the locked path reads | why it writes this start |
+    /// |---|---|---|
+    /// | no turn for `(session_id, client_request_id)` | `turn: None`, the snapshot's (none) | the same turn, and `decide_begin` has no replay, restart, takeover or exhaustion |
+    /// | no session row of another user | `session.user_id == user_id` | no `not_found` |
+    /// | no holder named on the session row | `session.holder: None` | no `session_busy` |
+    /// | no turn queued on the session | `queue.head: None` | no `enqueue`, no `session_busy` for a queue's head |
+    /// | no pending confirmation | `session.pending: None` | no `awaiting_confirmation` |
+    /// | the session's fence is below `held.fence` | `session_fence < fence` | no newer grant came between the fence and the write |
+    /// | the cap is in `0..=u32::MAX`, the rows' live leases below it | `UserLoad::read`, `load.live < load.cap` | no `corrupt`, no `user_at_capacity` |
+    ///
+    /// It answers the fence it wrote under, or no row when it wrote nothing
+    /// and the full path must decide.
+    fn grant_layered_new_sql() -> String {
+        format!(
+            "INSERT INTO ag_begin_layered (turn_id, session_id, user_id, client_request_id, \
            token_hash, fingerprint, payload, fence, now_ms) \
-         SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, c.now_ms \
+         SELECT $4, $1, $2, $3, $5, $6, $7, $8, c.now_ms \
          FROM (SELECT {NOW_MS} AS now_ms, \
-                 COALESCE((SELECT max_turns FROM ag_users WHERE user_id = ?3), ?9) AS cap) c \
+                 COALESCE((SELECT max_turns FROM ag_users WHERE user_id = $2), $9) AS cap) c \
          WHERE NOT EXISTS (SELECT 1 FROM ag_turns \
-                           WHERE session_id = ?2 AND client_request_id = ?4) \
+                           WHERE session_id = $1 AND client_request_id = $3) \
            AND NOT EXISTS (SELECT 1 FROM ag_turns \
-                           WHERE session_id = ?2 AND queue_seq IS NOT NULL) \
-           AND NOT EXISTS (SELECT 1 FROM ag_sessions WHERE session_id = ?2 \
-                           AND (user_id <> ?3 OR holder_turn_id IS NOT NULL \
-                                OR pending_turn_id IS NOT NULL OR fence >= ?8)) \
+                           WHERE session_id = $1 AND queue_seq IS NOT NULL) \
+           AND NOT EXISTS (SELECT 1 FROM ag_sessions WHERE session_id = $1 \
+                           AND (user_id <> $2 OR holder_turn_id IS NOT NULL \
+                                OR pending_turn_id IS NOT NULL OR fence >= $8)) \
            AND c.cap BETWEEN 0 AND {cap_max} \
            AND (SELECT COUNT(*) FROM ag_sessions \
-                WHERE user_id = ?3 AND lease_expires_at_ms > c.now_ms) < c.cap \
+                WHERE user_id = $2 AND lease_expires_at_ms > c.now_ms) < c.cap \
          RETURNING fence",
-        cap_max = u32::MAX
-    ))
-    .bind(held.turn_id.as_str())
-    .bind(command.session_id.as_str())
-    .bind(command.user_id.as_str())
-    .bind(command.client_request_id.as_str())
-    .bind(held.token.digest_hex())
-    .bind(command.fingerprint.as_hex())
-    .bind(command.payload.as_str())
-    .bind(held.fence.0)
-    .bind(i64::from(store.config.max_turns_per_user))
-    .fetch_all(&store.writer)
-    .await
-    .map_err(map_sqlx)?;
-    match written.as_slice() {
-        [] => Ok(false),
-        [fence] if *fence == held.fence.0 => Ok(true),
-        other => Err(Error::corrupt(format!(
-            "a one-statement layered grant under fence {} wrote {other:?}",
-            held.fence.0
-        ))),
+            cap_max = u32::MAX
+        )
+    }
+
+    fn layered_granted(rows: &[SqliteRow], held: &Held) -> Result<bool> {
+        let fences = rows
+            .iter()
+            .map(|row| Cols(row).int_required("fence"))
+            .collect::<Result<Vec<i64>>>()?;
+        match fences.as_slice() {
+            [] => Ok(false),
+            [fence] if *fence == held.fence.0 => Ok(true),
+            other => Err(Error::corrupt(format!(
+                "a one-statement layered grant under fence {} wrote {other:?}",
+                held.fence.0
+            ))),
+        }
     }
 }
 
@@ -253,74 +206,31 @@ pub(crate) async fn next_fence(conn: &mut SqliteConnection) -> Result<Fence> {
     Ok(Fence(value))
 }
 
+/// The grant on the session's row (`begin::grant_session`), created on
+/// first use: SQLite locks none, so none was made before.
+const GRANT_SESSION: &str = "INSERT INTO ag_sessions (session_id, user_id, holder_turn_id, \
+     lease_token_hash, fence, lease_expires_at_ms, updated_at_ms) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7) \
+     ON CONFLICT (session_id) DO UPDATE SET holder_turn_id = $3, lease_token_hash = $4, \
+     fence = $5, lease_expires_at_ms = $6, updated_at_ms = $7, \
+     pending_turn_id = CASE WHEN $8 THEN NULL ELSE pending_turn_id END, \
+     pending_expires_at_ms = CASE WHEN $8 THEN NULL ELSE pending_expires_at_ms END";
+
 /// Writes a grant ([`GrantRows`]): the fence (the reserved one, else the
 /// next of the counter), the session's row (created on first use: SQLite
 /// locks none, so none was made before), and the turn's row (inserted, or
 /// restarted under the new fence).
-async fn write_grant(tx: &mut SqliteConnection, rows: &GrantRows<'_>) -> Result<Fence> {
-    let command = rows.command;
+async fn write_grant(
+    sql: &Sql<'_>,
+    tx: &mut SqliteConnection,
+    rows: &GrantRows<'_>,
+) -> Result<Fence> {
     let fence = match rows.reserved {
         Some(fence) => fence,
         None => next_fence(tx).await?,
     };
-    let granted = sqlx::query(
-        "INSERT INTO ag_sessions (session_id, user_id, holder_turn_id, lease_token_hash, fence, \
-         lease_expires_at_ms, updated_at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
-         ON CONFLICT (session_id) DO UPDATE SET holder_turn_id = ?3, lease_token_hash = ?4, \
-         fence = ?5, lease_expires_at_ms = ?6, updated_at_ms = ?7, \
-         pending_turn_id = CASE WHEN ?8 THEN NULL ELSE pending_turn_id END, \
-         pending_expires_at_ms = CASE WHEN ?8 THEN NULL ELSE pending_expires_at_ms END",
-    )
-    .bind(command.session_id.as_str())
-    .bind(command.user_id.as_str())
-    .bind(rows.turn_id.as_str())
-    .bind(rows.token_hash)
-    .bind(fence.0)
-    .bind(rows.row_expiry)
-    .bind(rows.now_ms)
-    .bind(rows.confirming)
-    .execute(&mut *tx)
-    .await
-    .map_err(map_sqlx)?;
-    Error::expect_rows(granted.rows_affected(), 1, "the session's grant")?;
-    let written = if rows.restart {
-        sqlx::query(
-            "UPDATE ag_turns SET state = 'running', attempt = ?1, fence = ?2, error = NULL, \
-             retryable = NULL, updated_at_ms = ?3, ended_at_ms = NULL, orphaned_at_ms = NULL, \
-             queue_seq = NULL WHERE turn_id = ?4",
-        )
-        .bind(rows.attempt)
-        .bind(fence.0)
-        .bind(rows.now_ms)
-        .bind(rows.turn_id.as_str())
-        .execute(&mut *tx)
-        .await
-    } else {
-        // The pending action is copied as the canonical text it is stored as.
-        let confirmation = command.confirmation.as_ref();
-        sqlx::query(
-            "INSERT INTO ag_turns (turn_id, session_id, user_id, client_request_id, fingerprint, \
-             state, attempt, fence, confirms_pending, confirms_turn_id, decision, created_at_ms, \
-             updated_at_ms, payload) \
-             VALUES (?1, ?2, ?3, ?4, ?5, 'running', ?6, ?7, ?8, ?9, ?10, ?11, ?11, ?12)",
-        )
-        .bind(rows.turn_id.as_str())
-        .bind(command.session_id.as_str())
-        .bind(command.user_id.as_str())
-        .bind(command.client_request_id.as_str())
-        .bind(command.fingerprint.as_hex())
-        .bind(rows.attempt)
-        .bind(fence.0)
-        .bind(rows.pending)
-        .bind(confirmation.map(|c| c.turn_id.as_str()))
-        .bind(confirmation.map(|c| c.decision.as_str()))
-        .bind(rows.now_ms)
-        .bind(command.payload.as_str())
-        .execute(&mut *tx)
-        .await
-    };
-    let written = written.map_err(map_sqlx)?;
-    Error::expect_rows(written.rows_affected(), 1, "the turn's grant")?;
+    grant_session(sql, tx, GRANT_SESSION, rows, fence).await?;
+    write_turn(sql, tx, rows, fence).await?;
     Ok(fence)
 }
 

@@ -22,10 +22,8 @@ use crate::steps::Sql;
 
 #[async_trait::async_trait]
 impl OrphanSql for Sql<'_> {
-    async fn lock_session(&self, _session_id: &str) -> Result<<Self as Run>::Tx> {
-        // The single writer: no other step writes while this one runs.
-        self.0.write().await
-    }
+    /// The single writer: no other step writes while this one runs.
+    const LOCK_SESSION: Option<&'static str> = None;
 
     async fn next_fence(&self, conn: &mut <Self as Run>::Conn) -> Result<Fence> {
         crate::begin::next_fence(conn).await

@@ -1,8 +1,6 @@
 //! Read-only views (never a lease token) and the retention sweeper.
 
-use agentgate_core::config::check_cap;
 use agentgate_core::error::Result;
-use agentgate_core::ids::UserId;
 use agentgate_core::model::SweepReport;
 use agentgate_store_sql::views::{Cutoffs, ViewSql};
 
@@ -16,30 +14,10 @@ impl ViewSql for Sql<'_> {
     const CLAIM_SEQ: &'static str = "COALESCE(claim_seq, 0)";
     const STORED_BYTES: &'static str =
         "(COALESCE(LENGTH(CAST(result AS BLOB)), 0) + COALESCE(LENGTH(CAST(error AS BLOB)), 0))";
-}
-
-pub(crate) async fn set_user_cap(
-    store: &SqliteStore,
-    user_id: &UserId,
-    cap: Option<u32>,
-) -> Result<()> {
-    if let Some(cap) = cap {
-        check_cap(cap)?;
-    }
-    let mut tx = store.write().await?;
-    match cap {
-        Some(cap) => sqlx::query(
-            "INSERT INTO ag_users (user_id, max_turns) VALUES (?1, ?2) \
-             ON CONFLICT (user_id) DO UPDATE SET max_turns = ?2",
-        )
-        .bind(user_id.as_str())
-        .bind(cap),
-        None => sqlx::query("DELETE FROM ag_users WHERE user_id = ?").bind(user_id.as_str()),
-    }
-    .execute(&mut *tx)
-    .await
-    .map_err(map_sqlx)?;
-    tx.commit().await.map_err(map_sqlx)
+    const SET_CAP: &'static str = "INSERT INTO ag_users (user_id, max_turns) VALUES ($1, $2) \
+         ON CONFLICT (user_id) DO UPDATE SET max_turns = excluded.max_turns";
+    /// SQLite's user row is no lock (the single writer is), so it goes.
+    const CLEAR_CAP: &'static str = "DELETE FROM ag_users WHERE user_id = $1";
 }
 
 /// Turns a sweep may delete: ended before the cutoff (awaiting ones only once
@@ -91,12 +69,5 @@ pub(crate) async fn sweep(store: &SqliteStore) -> Result<SweepReport> {
     .map_err(map_sqlx)?
     .rows_affected();
     tx.commit().await.map_err(map_sqlx)?;
-    Ok(SweepReport {
-        abandoned: 0,
-        released: 0,
-        turns,
-        executions,
-        events,
-        sessions,
-    })
+    Ok(SweepReport::deleted(turns, executions, events, sessions))
 }

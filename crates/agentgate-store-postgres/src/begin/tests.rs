@@ -16,15 +16,22 @@ use agentgate_core::store::Store;
 use agentgate_store_sql::rows::{session_snapshot, Columns};
 use serde_json::json;
 
-use super::begin_new;
 use crate::steps::Sql;
 use crate::PostgresStore;
 use agentgate_core::ids::{LeaseToken, TurnId};
 use agentgate_store_sql::begin::layered::LayeredBeginSql;
-use agentgate_store_sql::begin::{begin_full, Held};
+use agentgate_store_sql::begin::{begin_full, BeginTx, Held};
 use agentgate_store_sql::query::Run;
 use agentgate_store_sql::testing::{layered_grant_falls_back, write_held_start, UnaskedLayer};
 use std::sync::Arc;
+
+/// The one-statement begin of `store`.
+async fn begin_new(
+    store: &PostgresStore,
+    command: &BeginCommand,
+) -> Result<Option<agentgate_core::model::Grant>> {
+    Sql(store).begin_new(command).await
+}
 
 /// A session's row as stored, `None` for NULL.
 #[derive(Clone, Debug)]

@@ -47,20 +47,55 @@ pub trait LayeredBeginSql: BeginSql {
     /// its single writer instead).
     async fn reserve_fence(&self, conn: &mut Self::Conn) -> Result<Fence>;
 
-    /// The common grant in one autocommit statement: a new request, no
+    /// The common grant as one autocommit statement: a new request, no
     /// confirmation (both checked by the caller), the layer's lease already
     /// held under `held.fence`. It writes what [`apply`] writes for that
     /// start with no row expiry, only when the locked path would write it
     /// (no turn for the request, the session free, the caller's, without a
     /// pending confirmation and with a fence below `held.fence`, the cap in
-    /// range and not reached in the rows); `false` when it wrote nothing.
-    /// On `conn`, as [`LayeredBeginSql::reserve_fence`].
+    /// range and not reached in the rows), and otherwise nothing. Its
+    /// arguments: `$1` session, `$2` user, `$3` request id, `$4` the turn's
+    /// id, `$5` its token's digest, `$6` fingerprint, `$7` payload, `$8`
+    /// the held fence, `$9` the default cap.
+    fn grant_layered_new_sql() -> String;
+
+    /// Whether the statement's rows say it wrote the grant under `held`.
+    ///
+    /// # Errors
+    /// `corrupt` for rows it never answers.
+    fn layered_granted(rows: &[Self::Row], held: &Held) -> Result<bool>;
+
+    /// Whether the grant runs on the store's writer ([`On::Write`]: SQLite
+    /// writes through nothing else) rather than on the round's connection.
+    const GRANT_ON_WRITER: bool = false;
+
+    /// [`LayeredBeginSql::grant_layered_new_sql`] run on `conn` (or the
+    /// writer): `false` when it wrote nothing.
     async fn grant_layered_new(
         &self,
         conn: &mut Self::Conn,
         command: &BeginCommand,
         held: &Held,
-    ) -> Result<bool>;
+    ) -> Result<bool> {
+        let digest = held.token.digest_hex();
+        let statement = Statement::new(Self::grant_layered_new_sql())
+            .text(command.session_id.as_str())
+            .text(command.user_id.as_str())
+            .text(command.client_request_id.as_str())
+            .text(held.turn_id.as_str())
+            .text(&digest)
+            .text(command.fingerprint.as_hex())
+            .text(command.payload.as_str())
+            .int(held.fence.0)
+            .int(i64::from(self.config().max_turns_per_user));
+        let on = if Self::GRANT_ON_WRITER {
+            On::Write
+        } else {
+            On::Conn(conn)
+        };
+        let rows = self.fetch(on, statement).await?;
+        Self::layered_granted(&rows, held)
+    }
 }
 
 /// "Decide afresh": the state moved between a round's guess and its write.
@@ -193,7 +228,7 @@ async fn round<S: LayeredBeginSql>(
                 turn_id.as_str(),
             )
             .await?;
-            let mut tx = sql.open_begin().await?;
+            let mut tx = sql.transaction().await?;
             let decided = decide_in(sql, S::conn(&mut tx), command).await?;
             if !matches!(decided.decision, BeginDecision::Exhaust) {
                 return Err(moved());
@@ -300,7 +335,7 @@ async fn queue_locked<S: LayeredBeginSql>(
     command: &BeginCommand,
     layer_holder: Option<(String, i64)>,
 ) -> Result<BeginOutcome> {
-    let mut tx = sql.open_begin().await?;
+    let mut tx = sql.transaction().await?;
     let conn = S::conn(&mut tx);
     let mut locked = sql.lock_and_read(conn, command).await?;
     if let Some((turn_id, expires_in_ms)) = layer_holder {
@@ -386,7 +421,7 @@ async fn write_layered<S: LayeredBeginSql>(
         )));
     }
     drop(reader);
-    let mut tx = sql.open_begin().await?;
+    let mut tx = sql.transaction().await?;
     let decided = decide_in(sql, S::conn(&mut tx), command).await?;
     let same_turn = decided.read.facts.turn.as_ref().map(|t| &t.view.turn_id) == seen_turn;
     if !matches!(decided.decision, BeginDecision::Start { .. })

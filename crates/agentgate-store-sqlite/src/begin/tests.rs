@@ -12,13 +12,32 @@ use agentgate_core::model::{BeginCommand, BeginOutcome, Ending, LeaseRef};
 use agentgate_core::store::Store;
 use serde_json::json;
 
-use super::{begin_new, grant_layered_new, next_fence};
+use super::next_fence;
 use crate::steps::Sql;
 use crate::SqliteStore;
 use agentgate_core::ids::{Fence, LeaseToken, TurnId};
-use agentgate_store_sql::begin::{begin_full, Held};
+use agentgate_store_sql::begin::layered::LayeredBeginSql;
+use agentgate_store_sql::begin::{begin_full, BeginTx, Held};
 use agentgate_store_sql::testing::{layered_grant_falls_back, write_held_start, UnaskedLayer};
 use std::sync::Arc;
+
+/// The one-statement begin of `store`.
+async fn begin_new(
+    store: &SqliteStore,
+    command: &BeginCommand,
+) -> agentgate_core::error::Result<Option<agentgate_core::model::Grant>> {
+    Sql(store).begin_new(command).await
+}
+
+/// The one-statement layered grant of `store`.
+async fn grant_layered_new(
+    store: &SqliteStore,
+    command: &BeginCommand,
+    held: &Held,
+) -> agentgate_core::error::Result<bool> {
+    let mut conn = store.reader.acquire().await.unwrap();
+    Sql(store).grant_layered_new(&mut conn, command, held).await
+}
 
 fn command(user: &str, session: &str, request: &str) -> BeginCommand {
     BeginCommand::new(
