@@ -830,7 +830,7 @@ pub fn decide_tool_claim(
     }
     // The SQL stores also state this first case (and the per-turn execution
     // limit, and no cancel request) in one statement for their fast path:
-    // SQLite and PostgreSQL `first_claim`, MySQL `fast.rs`. Change them
+    // the stores' `ClaimSql::first_claim_sql` (MySQL's in `fast.rs`). Change them
     // with it.
     let Some(execution) = existing else {
         return ToolDecision::Insert;

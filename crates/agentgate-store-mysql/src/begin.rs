@@ -34,12 +34,12 @@
 //! in range and not reached in the rows (which keep no expiry under a
 //! layer). `tests` checks both answers against the full path.
 //!
-//! Without an external lease layer a begin first tries `fast::begin`: one
+//! Without an external lease layer a begin first tries `fast::begin_sql`: one
 //! `CALL` of a stored procedure that takes the same locks in the same
 //! order, reads the same facts after them and starts the turn when the
 //! facts are the common case (a new turn on a free session of the caller's,
 //! below the cap, no confirmation), or writes nothing. Only then does the
-//! full path below run; `fast::begin` says why both always agree with
+//! full path below run; `fast::begin_sql` says why both always agree with
 //! `decide_begin`.
 //!
 //! Round trips: the common case 1 (the `CALL`). The full path: `BEGIN`,

@@ -2,7 +2,7 @@
 //! needs no `BEGIN`, no separate locking read and no `COMMIT` from the app.
 //!
 //! - a first begin (a new turn on a free session, no confirmation, no
-//!   external lease layer): one `CALL ag_begin_fast` ([`begin`]);
+//!   external lease layer): one `CALL ag_begin_fast` ([`begin_sql`]);
 //! - a first tool claim: `INSERT … SELECT … FOR UPDATE` (SPEC §4: no
 //!   execution yet → Execute);
 //! - a tool completion or failure with a plain result: a multi-table
@@ -24,12 +24,12 @@
 //! columns from the prepare, which for a `CALL` announces none, so those
 //! rows are read by position (`rows::Positional`).
 //!
-//! Each fast path returns `None` when it changed no row (or met an existing
-//! row), and the caller then runs the step's full read-decide-write path in
-//! `begin` or `steps`, which either does the step or explains the refusal.
-//! A fast path never refuses by itself, so every answer other than the
-//! common case comes from `agentgate_core::decide` and the full path's
-//! checks; [`begin`] maps each condition of its procedure to
+//! The shared steps (`agentgate_store_sql`) run these statements; when one
+//! changed no row (or met an existing row), the step's full
+//! read-decide-write path runs, which either does the step or explains the
+//! refusal. A fast path never refuses by itself, so every answer other than
+//! the common case comes from `agentgate_core::decide` and the full path's
+//! checks; [`begin_sql`] maps each condition of its procedure to
 //! `decide_begin`'s answer.
 //!
 //! Why the old holder can never write after a takeover: InnoDB reads the
@@ -51,8 +51,8 @@
 //! joins them (the execution, its turn, the session: primary-key lookups
 //! from the bound ids), which is not a begin's session-then-turn order; a
 //! takeover racing its old holder's statement can therefore deadlock, which
-//! InnoDB breaks by rolling one back, and that step is run again (its retry
-//! then refuses the old holder or goes through). The procedures keep the
+//! InnoDB breaks by rolling one back, and that step goes on to its full path
+//! (which refuses the old holder or goes through). The procedures keep the
 //! full paths' order: the begin the user's row, the session's, the fence
 //! counter, then the turn; the ending the session's row, then the turn.
 //!

@@ -40,7 +40,7 @@ use crate::rows::{turn_view, TURN_COLUMNS};
 use crate::{MySqlStore, NOW_MS};
 use agentgate_store_sql::claim::ClaimSql;
 use agentgate_store_sql::heartbeat::HeartbeatSql;
-use agentgate_store_sql::lease::{self, release_ended, Authority, Holder, LeaseSql};
+use agentgate_store_sql::lease::{self, release_ended, Holder, LeaseSql};
 use agentgate_store_sql::tool::ToolEndingSql;
 use agentgate_store_sql::{Retry, StepTx};
 
@@ -51,16 +51,14 @@ pub(crate) struct LiveLease {
     pub now_ms: i64,
 }
 
-/// Checks that `lease` is the live holder of its session; explains why not.
-/// With `lock`, the session's row stays locked until the transaction ends.
-pub(crate) async fn check_lease(
+/// Checks that `lease` is the live holder of its session, locking the
+/// session's row until the transaction ends; explains why not.
+async fn check_lease(
     store: &MySqlStore,
     conn: &mut MySqlConnection,
     lease: &LeaseRef,
-    lock: bool,
 ) -> Result<LiveLease> {
-    let authority = Authority::ask(store.leases.as_deref(), lease).await?;
-    let (checked, row) = lease::check_lease(&Sql(store), conn, lease, &authority, lock).await?;
+    let (checked, row) = lease::ask_and_check(&Sql(store), conn, lease, true).await?;
     Ok(LiveLease {
         session_id: row.session_id,
         fence: checked.fence,
@@ -165,7 +163,7 @@ pub(crate) async fn end_turn(
 
 async fn end_turn_once(store: &MySqlStore, lease: &LeaseRef, ending: &Ending) -> Result<TurnView> {
     let mut tx = store.transaction().await?;
-    let live = check_lease(store, &mut tx, lease, true).await?;
+    let live = check_lease(store, &mut tx, lease).await?;
     let now = live.now_ms;
     let columns = ending.columns();
     let pending_expires = columns

@@ -37,7 +37,7 @@
 //! layer's acquire and the one call: three calls into PostgreSQL and one
 //! into Redis (the locked path before it took five and one).
 //!
-//! The common case is one autocommit statement ([`begin_new`], the
+//! The common case is one autocommit statement (`BeginTx::begin_new_sql`, the
 //! `ag_begin_new` function of migration 0006): a request with no turn yet
 //! and no confirmation, on a free session of the caller (or a new one), by
 //! a user below its cap, without a lease layer. The function takes the same

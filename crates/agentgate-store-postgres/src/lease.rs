@@ -1,7 +1,8 @@
 //! The caller's lease, checked two ways.
 //!
-//! - [`check_lease`] reads the session's row (locking it when asked) and
-//!   explains a refusal: the full read-decide-write path of a step, and the
+//! - the shared `lease::check_lease` reads the session's row
+//!   ([`LeaseSql::read_lease_sql`], locking it when asked) and explains a
+//!   refusal: the full read-decide-write path of a step, and the
 //!   explanation after a fast path changed no row.
 //! - [`condition`] states the same check as a SQL condition on the shared
 //!   [`Holder`], so that a step whose decision SQL can express exactly (an
@@ -12,13 +13,9 @@
 //! With an external lease layer both ask the layer first (one layer call) and
 //! then require the SQL rows to agree that its fence is the session's newest.
 
-use agentgate_core::error::Result;
-use agentgate_core::model::LeaseRef;
-use sqlx::PgConnection;
-
 use crate::steps::Sql;
-use crate::{PostgresStore, NOW_MS};
-use agentgate_store_sql::lease::{self, Authority, Holder, LeaseSql, LEASE_COLUMNS};
+use crate::NOW_MS;
+use agentgate_store_sql::lease::{Holder, LeaseSql, LEASE_COLUMNS};
 
 /// A `WHERE` condition on `ag_sessions s JOIN ag_turns t` (joined on the
 /// session) that holds exactly when `$turn` is running and holds a live
@@ -47,22 +44,6 @@ pub(crate) fn live_fence(holder: &Holder, turn: u8, credential: u8) -> String {
          WHERE {})",
         condition(holder, turn, credential)
     )
-}
-
-/// A live lease, as checked inside a step's transaction.
-pub(crate) use agentgate_core::decide::CheckedLease as LiveLease;
-
-/// Checks that `lease` is the live holder of its session; explains why not.
-/// With `lock`, the session's row stays locked until the transaction ends.
-pub(crate) async fn check_lease(
-    store: &PostgresStore,
-    conn: &mut PgConnection,
-    lease: &LeaseRef,
-    lock: bool,
-) -> Result<LiveLease> {
-    let authority = Authority::ask(store.leases.as_deref(), lease).await?;
-    let (checked, _) = lease::check_lease(&Sql(store), conn, lease, &authority, lock).await?;
-    Ok(checked)
 }
 
 impl LeaseSql for Sql<'_> {

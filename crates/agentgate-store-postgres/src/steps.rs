@@ -41,13 +41,13 @@ use sqlx::query::Query;
 use sqlx::{Postgres, Transaction};
 
 use crate::error::map_sqlx;
-use crate::lease::{check_lease, condition, live_fence};
+use crate::lease::{condition, live_fence};
 use crate::notify::CHANNEL;
 use crate::rows::{turn_view, TURN_COLUMNS};
 use crate::{PostgresStore, NOW_MS};
 use agentgate_store_sql::claim::ClaimSql;
 use agentgate_store_sql::heartbeat::HeartbeatSql;
-use agentgate_store_sql::lease::{release_ended, Holder};
+use agentgate_store_sql::lease::{self, release_ended, Holder};
 use agentgate_store_sql::tool::ToolEndingSql;
 use agentgate_store_sql::{Retry, StepTx};
 
@@ -70,8 +70,8 @@ impl ClaimSql for Sql<'_> {
     /// An old holder's insert that races a takeover is ordered before it:
     /// the new holder's claim of the same call either sees the row (an
     /// execution left `running` under an older fence: `previous_outcome:
-    /// unknown`) or inserts too and fails on the unique key, and runs again
-    /// to see it.
+    /// unknown`) or inserts too and fails on the unique key, and the full
+    /// path then sees it.
     fn first_claim_sql(holder: &Holder) -> String {
         format!(
             "INSERT INTO ag_tool_executions (execution_id, turn_id, tool, args_hash, \
@@ -199,11 +199,7 @@ async fn end_turn_once(
 /// now passes, the miss raced a change this read no longer sees, and the
 /// step runs again.
 async fn explain_turn(store: &PostgresStore, lease: &LeaseRef) -> Error {
-    let mut conn = match store.pool.acquire().await {
-        Ok(conn) => conn,
-        Err(error) => return map_sqlx(error),
-    };
-    match check_lease(store, &mut conn, lease, false).await {
+    match lease::explain(&Sql(store), lease).await {
         Err(error) => error,
         Ok(_) => Error::conflict(format!(
             "turn {} changed while it was ending",

@@ -2,13 +2,15 @@
 //! path that reads the call's execution under the session's lock, asks
 //! `decide_tool_claim`, and writes what it says.
 //!
-//! The store supplies the SQL ([`ClaimSql`]): its first-claim statement
-//! (whose `WHERE` states the live lease and
+//! The store supplies the text of its first-claim statement
+//! ([`ClaimSql`]: its `WHERE` states the live lease and
 //! [`check_execution_room`]'s bound, so it inserts exactly when the full
-//! path would say `Insert`), how it opens a step's write transaction with
-//! the lease checked, and the lookup, insert and reclaim statements. A
-//! transient conflict (a unique violation between two first claims, a
-//! deadlock) runs the claim again within [`Retry`]'s budget.
+//! path would say `Insert`) and how it opens a step's write transaction;
+//! the lookup, insert and reclaim statements are written here. A first
+//! claim that meets a transient conflict (a unique key two claims both
+//! inserted, a deadlock) wrote nothing and leaves the call to the full
+//! path; a conflict on the full path runs the claim again within
+//! [`Retry`]'s budget.
 
 use agentgate_core::decide::{
     check_execution_room, decide_tool_claim, CheckedLease, ExecutionSnapshot, ToolDecision,

@@ -18,7 +18,7 @@ use agentgate_core::error::{Error, Result};
 use agentgate_core::model::{LeaseRef, TurnState};
 use agentgate_core::store::LeaseStatus;
 
-use crate::lease::{check_lease, Authority, LeaseSql};
+use crate::lease::LeaseSql;
 use crate::query::{On, Run, Statement};
 use crate::rows::Columns;
 
@@ -60,11 +60,7 @@ async fn renew_row_lease<S: HeartbeatSql>(sql: &S, lease: &LeaseRef, ttl_ms: i64
 /// Why the caller's lease is not live (read-only): the refusal the lease
 /// check gives, or `Ok` if it finds nothing wrong.
 async fn explain_lease<S: HeartbeatSql>(sql: &S, lease: &LeaseRef) -> Result<()> {
-    let authority = Authority::ask(sql.leases(), lease).await?;
-    let mut conn = sql.reader().await?;
-    check_lease(sql, &mut conn, lease, &authority, false)
-        .await
-        .map(drop)
+    crate::lease::explain(sql, lease).await.map(drop)
 }
 
 /// Renews the caller's lease, run again after a transient conflict.

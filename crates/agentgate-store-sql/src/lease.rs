@@ -156,6 +156,33 @@ pub async fn check_lease<S: LeaseSql + ?Sized>(
     Ok((checked, row))
 }
 
+/// [`check_lease`] after asking the store's lease layer, if it has one.
+///
+/// # Errors
+/// As [`Authority::ask`] and [`check_lease`].
+pub async fn ask_and_check<S: LeaseSql>(
+    sql: &S,
+    conn: &mut S::Conn,
+    lease: &LeaseRef,
+    lock: bool,
+) -> Result<(CheckedLease, LeaseRow)> {
+    let authority = Authority::ask(sql.leases(), lease).await?;
+    check_lease(sql, conn, lease, &authority, lock).await
+}
+
+/// Why the caller's lease is not live, read-only on a reader connection
+/// outside any transaction: the refusal the check gives, or the lease as it
+/// found it live (a step's statement that changed no row then raced a
+/// change this read no longer sees).
+///
+/// # Errors
+/// As [`ask_and_check`], or no reader in time.
+pub async fn explain<S: LeaseSql>(sql: &S, lease: &LeaseRef) -> Result<CheckedLease> {
+    let mut conn = sql.reader().await?;
+    let (checked, _) = ask_and_check(sql, &mut conn, lease, false).await?;
+    Ok(checked)
+}
+
 /// The caller's credential as a one-statement step checks it inside its
 /// own `WHERE`: the token's digest against the session's row, or, with a
 /// lease layer, the fence the layer holds the lease under, against the

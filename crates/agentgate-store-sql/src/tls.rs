@@ -2,10 +2,11 @@
 //! a mode means, which modes a CA file or a client certificate needs, and
 //! that every named file is a readable PEM file of the right kind.
 //!
-//! A store parses its own URL parameters (their names and aliases, and the
-//! ones its driver reads itself) into a [`Tls`] and names its vocabulary
-//! through [`SslModes`]; [`Tls::resolve`] then applies the rules the same
-//! way for every store:
+//! A store names its vocabulary through [`SslModes`] (its modes and their
+//! spellings, its options' names and aliases, the parameters its driver
+//! reads itself); [`Tls::from_url`] reads a URL's parameters by it, refusing
+//! any other, and [`Tls::resolve`] applies the rules the same way for every
+//! store:
 //!
 //! - a CA file with no mode verifies the server fully (libpq's and the
 //!   MySQL client's rule); with the plain "require TLS" mode it verifies the

@@ -7,7 +7,7 @@
 //! The session lease and the user's permit are one row write, so they are
 //! taken together or not at all.
 //!
-//! The common case is one autocommit statement ([`begin_new`]): a request
+//! The common case is one autocommit statement (`BeginTx::begin_new_sql`): a request
 //! with no turn yet and no confirmation, on a free session of the caller (or
 //! a new one), by a user below its cap, without a lease layer. It inserts a
 //! request row into `ag_begin_new` only when its `WHERE` holds, and that
@@ -45,7 +45,7 @@
 //! per session) and the layer's lease has not lapsed on this process's clock
 //! meanwhile; otherwise the layer's lease is given back and the begin decides
 //! afresh, at most `MAX_STORE_RETRIES` times. A new request's grant is one
-//! autocommit statement ([`grant_layered_new`], migration 0008) whose `WHERE`
+//! autocommit statement (`LayeredBeginSql::grant_layered_new_sql`, migration 0008) whose `WHERE`
 //! is that check; anything else takes the writer to decide again and apply
 //! the start with the layer's lease held (`Lease::Held`).
 

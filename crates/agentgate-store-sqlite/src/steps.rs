@@ -21,8 +21,7 @@ use sqlx::{Sqlite, Transaction};
 
 use agentgate_store_sql::claim::ClaimSql;
 use agentgate_store_sql::heartbeat::HeartbeatSql;
-use agentgate_store_sql::lease::{self, release_ended, Authority, Holder, LeaseSql, LEASE_COLUMNS};
-use agentgate_store_sql::query::Run;
+use agentgate_store_sql::lease::{self, release_ended, Holder, LeaseSql, LEASE_COLUMNS};
 use agentgate_store_sql::tool::ToolEndingSql;
 use agentgate_store_sql::StepTx;
 
@@ -129,9 +128,7 @@ pub(crate) async fn end_turn(
             release_ended(store.leases.as_deref(), lease).await;
             return Ok(view);
         }
-        let authority = Authority::ask(store.leases.as_deref(), lease).await?;
-        let mut conn = sql.reader().await?;
-        lease::check_lease(&sql, &mut conn, lease, &authority, false).await?;
+        lease::explain(&sql, lease).await?;
     }
     Err(unsettled("turn ending"))
 }
