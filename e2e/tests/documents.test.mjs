@@ -205,7 +205,8 @@ test("a file that is not text is refused with a notice and nothing is listed", a
   const user = unique("docs-bad");
   const page = await browser.newTab(chatUrl(server.base, user, unique("s")));
   await page.setInputFiles("#file", { name: "scan.txt", mimeType: "text/plain", buffer: Buffer.from([0xff, 0xfe, 0x00, 0x01]) });
-  await page.waitForSelector("#documents-notice:not([hidden])");
+  // The notice says "Uploading…" first; the refusal replaces it.
+  await page.waitForSelector("#documents-notice[data-kind=error]:not([hidden])");
   assert.match(await page.locator("#documents-notice").innerText(), /Not ingested: .*UTF-8/);
   await page.screenshot({ path: path.join(ARTIFACTS, "documents-refused.png") });
   const listed = await getJson(server.base, `/app/documents?user_id=${encodeURIComponent(user)}`);
