@@ -41,14 +41,20 @@ test("a double-clicked send books exactly one entry and attaches to the server's
   const user = unique("dbl");
   const page = await browser.newTab(chatUrl(server.base, user, "s-1"));
   const statuses = [];
+  let firstAnswered;
+  const answered = new Promise((resolve) => {
+    firstAnswered = resolve;
+  });
   page.on("response", (response) => {
-    if (response.url().endsWith("/app/messages")) statuses.push(response.status());
+    if (!response.url().endsWith("/app/messages")) return;
+    statuses.push(response.status());
+    firstAnswered();
   });
   // A person's two clicks are milliseconds apart, but on a loaded machine the
   // first one's answer can arrive between them; the page then empties the box
   // and the second click sends nothing. So the first request is held until
-  // the second is issued, and they reach the server in click order: the
-  // first starts the turn, the second finds it running. If the page sent no
+  // the second is issued, and the second until the first is answered (its
+  // turn has begun): the second finds that turn running. If the page sent no
   // second request, the first goes on after SECOND_CLICK_MAX_WAIT_MS and
   // the test fails below, as it should.
   const SECOND_CLICK_MAX_WAIT_MS = 5_000;
@@ -56,23 +62,15 @@ test("a double-clicked send books exactly one entry and attaches to the server's
   const second = new Promise((resolve) => {
     secondIssued = resolve;
   });
-  let firstSent;
-  const first = new Promise((resolve) => {
-    firstSent = resolve;
-  });
   let seen = 0;
   await page.route("**/app/messages", async (route) => {
     seen += 1;
     if (seen === 1) {
       await Promise.race([second, new Promise((resolve) => setTimeout(resolve, SECOND_CLICK_MAX_WAIT_MS))]);
-      await route.continue();
-      firstSent();
-      return;
+    } else {
+      secondIssued();
+      await answered;
     }
-    secondIssued();
-    await first;
-    // Give the first request time to start its turn before the second arrives.
-    await new Promise((resolve) => setTimeout(resolve, 300));
     await route.continue();
   });
   await page.fill("#composer-input", "中午吃粉花了 35");
