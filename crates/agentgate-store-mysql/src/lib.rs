@@ -74,8 +74,9 @@ use agentgate_core::config::Config;
 use agentgate_core::error::{Error, Result};
 use agentgate_core::lease::LeaseLayer;
 use agentgate_core::limits::STORE_ACQUIRE_TIMEOUT;
+use agentgate_store_sql::tx::Tx;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
-use sqlx::{Connection, Executor, MySql, MySqlConnection, MySqlPool, Transaction};
+use sqlx::{Connection, Executor, MySql, MySqlConnection, MySqlPool};
 
 use crate::connect::connect_options;
 use crate::error::map_sqlx;
@@ -91,11 +92,6 @@ use crate::error::map_sqlx;
 pub(crate) const NOW_MS: &str =
     "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)";
 
-/// Pooled connections per store. Steps are a handful of sub-millisecond
-/// statements, so ten connections keep a 2–8 core server busy; several app
-/// nodes times ten stays under MySQL's default `max_connections` of 151.
-const MAX_CONNECTIONS: u32 = 10;
-
 /// Session settings of every pooled connection, sent once per connection:
 ///
 /// - READ COMMITTED: each statement reads the newest committed rows (a begin
@@ -108,9 +104,14 @@ const MAX_CONNECTIONS: u32 = 10;
 ///   `idle_transaction_timeout` 60 s: a transaction idle that long (only a
 ///   same-transaction side effect leaves a step idle, and one that takes a
 ///   minute has hung) is ended with its connection, so the session's row
-///   does not stay locked forever.
+///   does not stay locked forever; `max_statement_time` 10 s: no statement
+///   (a procedure's included) runs longer. MySQL's own `max_execution_time`
+///   bounds `SELECT`s alone, so there the step's deadline
+///   (`agentgate_core::limits::STORE_STEP_DEADLINE`) is the bound, as it is
+///   for a server that stops answering at all.
 const SESSION_SETTINGS: &str = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; \
-    SET SESSION innodb_lock_wait_timeout = 5 /*M!, idle_transaction_timeout = 60 */";
+    SET SESSION innodb_lock_wait_timeout = 5 \
+    /*M!, idle_transaction_timeout = 60, max_statement_time = 10 */";
 
 /// A pooled connection idle for longer than this is pinged before use. A
 /// connection used a moment ago is almost surely alive; one idle for a while
@@ -193,7 +194,7 @@ impl MySqlStore {
         #[cfg(any(test, feature = "testing"))]
         let database = options.get_database().unwrap_or_default().to_owned();
         let pool = MySqlPoolOptions::new()
-            .max_connections(MAX_CONNECTIONS)
+            .max_connections(config.store_connections)
             .acquire_timeout(STORE_ACQUIRE_TIMEOUT)
             .after_connect(|conn, _meta| {
                 Box::pin(async move {
@@ -226,8 +227,10 @@ impl MySqlStore {
     }
 
     /// Opens the transaction a protocol step runs in.
-    pub(crate) async fn transaction(&self) -> Result<Transaction<'static, MySql>> {
-        self.pool.begin().await.map_err(map_sqlx)
+    pub(crate) async fn transaction(&self) -> Result<Tx<MySql>> {
+        Tx::begin(&self.pool, "BEGIN", raw_sql)
+            .await
+            .map_err(map_sqlx)
     }
 
     /// The connection pool, for applications that keep their own tables in
@@ -284,5 +287,7 @@ async fn migrate_on(conn: &mut MySqlConnection) -> Result<()> {
     .map_err(map_sqlx)?;
     Ok(())
 }
+
+agentgate_store_sql::raw_sql_fn!(raw_sql, sqlx::MySqlConnection);
 
 agentgate_store_sql::impl_store!(MySqlStore);

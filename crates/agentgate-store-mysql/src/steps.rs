@@ -32,7 +32,8 @@ use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::Fence;
 
 use agentgate_core::model::{Ending, LeaseRef, TurnView};
-use sqlx::{MySql, MySqlConnection, Transaction};
+use agentgate_store_sql::tx::Tx;
+use sqlx::{MySql, MySqlConnection};
 
 use crate::error::map_sqlx;
 use crate::fast;
@@ -86,7 +87,7 @@ impl HeartbeatSql for Sql<'_> {}
 
 #[async_trait::async_trait]
 impl StepTx for Sql<'_> {
-    async fn transaction(&self) -> Result<Transaction<'static, MySql>> {
+    async fn transaction(&self) -> Result<Tx<MySql>> {
         self.0.transaction().await
     }
 }

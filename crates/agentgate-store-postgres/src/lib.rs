@@ -73,8 +73,9 @@ use agentgate_core::config::Config;
 use agentgate_core::error::Result;
 use agentgate_core::lease::LeaseLayer;
 use agentgate_core::limits::STORE_ACQUIRE_TIMEOUT;
+use agentgate_store_sql::tx::Tx;
 use sqlx::postgres::PgPoolOptions;
-use sqlx::{Connection, PgPool, Postgres, Transaction};
+use sqlx::{Connection, PgPool, Postgres};
 
 use crate::error::map_sqlx;
 
@@ -88,11 +89,6 @@ use crate::error::map_sqlx;
 /// in a statement sent after the statement that took its locks.
 pub(crate) const NOW_MS: &str = "floor(extract(epoch from statement_timestamp()) * 1000)::bigint";
 
-/// Pooled connections per store. Steps are a handful of sub-millisecond
-/// statements, so ten connections keep a 2–8 core server busy; several app
-/// nodes times ten stays under PostgreSQL's default `max_connections` of 100.
-const MAX_CONNECTIONS: u32 = 10;
-
 /// Opens every step's transaction, with its limits, in one round trip:
 ///
 /// - `lock_timeout` 5 s: how long a statement waits for a row lock before
@@ -103,10 +99,14 @@ const MAX_CONNECTIONS: u32 = 10;
 ///   connection and releases its row locks. Only a same-transaction side
 ///   effect leaves a step idle; one that takes a minute has hung, and the
 ///   session's row must not stay locked forever.
+/// - `statement_timeout` 10 s: no statement of a step runs longer; with the
+///   lock wait above it is the server's own bound under the step's deadline
+///   (`agentgate_core::limits::STORE_STEP_DEADLINE`, which also covers a
+///   server that stops answering at all).
 ///
-/// Both are `SET LOCAL`, so they end with the transaction (PgBouncer-safe).
+/// All are `SET LOCAL`, so they end with the transaction (PgBouncer-safe).
 const BEGIN_STEP: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '5s'; \
-    SET LOCAL idle_in_transaction_session_timeout = '60s'";
+    SET LOCAL idle_in_transaction_session_timeout = '60s'; SET LOCAL statement_timeout = '10s'";
 
 /// [`BEGIN_STEP`]'s `lock_timeout`, for a step that takes its row locks in
 /// one autocommit statement and sets it for that statement alone (the
@@ -194,7 +194,7 @@ impl PostgresStore {
         config.validate()?;
         let options = connect::connect_options(url)?.application_name("agentgate");
         let pool = PgPoolOptions::new()
-            .max_connections(MAX_CONNECTIONS)
+            .max_connections(config.store_connections)
             .acquire_timeout(STORE_ACQUIRE_TIMEOUT)
             .test_before_acquire(false)
             .before_acquire(|conn, meta| {
@@ -222,14 +222,14 @@ impl PostgresStore {
 
     /// Opens the transaction a protocol step runs in, with its lock and idle
     /// timeouts, in one round trip.
-    pub(crate) async fn transaction(&self) -> Result<Transaction<'static, Postgres>> {
-        self.pool.begin_with(BEGIN_STEP).await.map_err(map_sqlx)
+    pub(crate) async fn transaction(&self) -> Result<Tx<Postgres>> {
+        Tx::begin(&self.pool, BEGIN_STEP, raw_sql)
+            .await
+            .map_err(map_sqlx)
     }
 
     async fn migrate(&self) -> Result<()> {
-        let mut tx = self
-            .pool
-            .begin_with(BEGIN_MIGRATION)
+        let mut tx = Tx::begin(&self.pool, BEGIN_MIGRATION, raw_sql)
             .await
             .map_err(map_sqlx)?;
         // Lock first: two nodes creating the version table at once would
@@ -256,6 +256,8 @@ impl PostgresStore {
         &self.pool
     }
 }
+
+agentgate_store_sql::raw_sql_fn!(raw_sql, sqlx::PgConnection);
 
 agentgate_store_sql::impl_store!(
     PostgresStore,

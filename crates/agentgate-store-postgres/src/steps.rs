@@ -36,9 +36,10 @@ use agentgate_core::config::duration_ms;
 use agentgate_core::error::{Error, Result};
 use agentgate_core::model::{Ending, LeaseRef, TurnView};
 
+use agentgate_store_sql::tx::Tx;
 use sqlx::postgres::PgArguments;
 use sqlx::query::Query;
-use sqlx::{Postgres, Transaction};
+use sqlx::Postgres;
 
 use crate::error::map_sqlx;
 use crate::lease::{condition, live_fence};
@@ -55,7 +56,7 @@ impl HeartbeatSql for Sql<'_> {}
 
 #[async_trait::async_trait]
 impl StepTx for Sql<'_> {
-    async fn transaction(&self) -> Result<Transaction<'static, Postgres>> {
+    async fn transaction(&self) -> Result<Tx<Postgres>> {
         self.0.transaction().await
     }
 }

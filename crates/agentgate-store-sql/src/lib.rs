@@ -28,6 +28,8 @@
 //! - [`tls`]: the TLS rules of a store URL (modes, CA and client files).
 //! - [`tool`]: a tool execution's ending (a result, a failure, an effect in
 //!   the same transaction), over the dialect's [`tool::ToolEndingSql`].
+//! - [`tx`]: a step's transaction that never goes back to the pool open
+//!   (a `BEGIN` cut off mid-flight included).
 //! - [`views`]: the read-only views and the sweeper's cutoffs, over the
 //!   dialect's [`views::ViewSql`].
 //! - [`wakeups`]: release notifications for waiting begins, in-process,
@@ -55,6 +57,7 @@ pub mod store;
 pub mod testing;
 pub mod tls;
 pub mod tool;
+pub mod tx;
 pub mod views;
 pub mod wakeups;
 

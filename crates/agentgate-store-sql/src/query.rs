@@ -266,11 +266,24 @@ macro_rules! impl_run {
         now = $now:expr, bigint = $bigint:literal, errors = $map_err:path, render = $render:path,
         read = |$store:ident| $read:expr, write = |$wstore:ident| $write:expr $(,)?
     ) => {
+        $crate::impl_run!(
+            $wrapper, db = $db, conn = $conn, row = $row, cols = $cols, now = $now,
+            bigint = $bigint, errors = $map_err, render = $render,
+            read = |$store| $read, write = |$wstore| $write,
+            tx = $crate::tx::Tx<$db>,
+        );
+    };
+    (
+        $wrapper:ident, db = $db:ty, conn = $conn:ty, row = $row:ty, cols = $cols:path,
+        now = $now:expr, bigint = $bigint:literal, errors = $map_err:path, render = $render:path,
+        read = |$store:ident| $read:expr, write = |$wstore:ident| $write:expr,
+        tx = $tx:ty $(,)?
+    ) => {
         #[$crate::async_trait]
         impl $crate::query::Run for $wrapper<'_> {
             type Conn = $conn;
             type Row = $row;
-            type Tx = sqlx::Transaction<'static, $db>;
+            type Tx = $tx;
             type Reader = sqlx::pool::PoolConnection<$db>;
 
             const NOW_MS: &'static str = $now;

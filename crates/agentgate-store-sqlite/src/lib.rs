@@ -41,9 +41,10 @@ use agentgate_core::config::Config;
 use agentgate_core::error::{Error, Result};
 use agentgate_core::lease::LeaseLayer;
 use agentgate_core::limits::{MAX_STORE_RETRIES, STORE_ACQUIRE_TIMEOUT};
+use agentgate_store_sql::tx::Tx;
 use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{Sqlite, SqlitePool, Transaction};
+use sqlx::{Sqlite, SqlitePool};
 
 use crate::error::{is_busy, map_sqlx};
 
@@ -188,10 +189,9 @@ impl SqliteStore {
     /// Begins the write transaction every protocol step runs in. `IMMEDIATE`
     /// takes the write lock up front, so a step that reads then writes never
     /// fails to upgrade its snapshot.
-    pub(crate) async fn write(&self) -> Result<Transaction<'static, Sqlite>> {
+    pub(crate) async fn write(&self) -> Result<Tx<Sqlite>> {
         self.transactions.fetch_add(1, Ordering::Relaxed);
-        self.writer
-            .begin_with("BEGIN IMMEDIATE")
+        Tx::begin(&self.writer, "BEGIN IMMEDIATE", raw_sql)
             .await
             .map_err(map_sqlx)
     }
@@ -228,6 +228,8 @@ impl SqliteStore {
         &self.writer
     }
 }
+
+agentgate_store_sql::raw_sql_fn!(raw_sql, sqlx::SqliteConnection);
 
 agentgate_store_sql::impl_store!(SqliteStore);
 

@@ -17,7 +17,8 @@
 use agentgate_core::error::{Error, Result};
 use agentgate_core::limits::FAST_ATTEMPTS;
 use agentgate_core::model::{Ending, LeaseRef, TurnView};
-use sqlx::{Sqlite, Transaction};
+use agentgate_store_sql::tx::Tx;
+use sqlx::Sqlite;
 
 use agentgate_store_sql::claim::ClaimSql;
 use agentgate_store_sql::heartbeat::HeartbeatSql;
@@ -75,7 +76,7 @@ impl HeartbeatSql for Sql<'_> {}
 /// Redis round trip.
 #[async_trait::async_trait]
 impl StepTx for Sql<'_> {
-    async fn transaction(&self) -> Result<Transaction<'static, Sqlite>> {
+    async fn transaction(&self) -> Result<Tx<Sqlite>> {
         self.0.write().await
     }
 }
