@@ -128,38 +128,18 @@ impl LeaseLayer for BlockWriterAfterAcquire {
     }
 }
 
-/// A begin dropped after the layer granted its lease and before its grant
-/// was written (its caller gone: here a timeout while the write waits for
-/// SQLite's writer) gives the lease back in the background, so the session
-/// is not held by nobody until the lease's TTL (30 s) runs out.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_begin_dropped_after_its_acquire_gives_its_lease_back() {
-    let Some(redis) = targets::redis_url().await else {
-        return;
-    };
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let file = dir.path().join("dropped.db");
-    let layer = Arc::new(BlockWriterAfterAcquire {
-        inner: RedisLeases::open(&redis).await.expect("redis opens"),
-        file: file.clone(),
+/// The layer that blocks SQLite's writer once it granted a lease, on the
+/// file `file`, and a `begin` of `u-drop`'s message `r-1` on `s-drop`.
+async fn blocking_layer(redis: &str, file: &std::path::Path) -> Arc<BlockWriterAfterAcquire> {
+    Arc::new(BlockWriterAfterAcquire {
+        inner: RedisLeases::open(redis).await.expect("redis opens"),
+        file: file.to_owned(),
         blocker: Mutex::new(None),
-    });
-    let url = format!("sqlite://{}", file.display());
-    let gate = Gate::connect_with_layer(
-        &url,
-        Arc::clone(&layer) as Arc<dyn LeaseLayer>,
-        Config::default(),
-    )
-    .await
-    .expect("the store opens");
-    let payload = json!({ "text": "hi" });
-    let begin = gate.begin("u-drop", "s-drop", "r-1", &payload);
-    assert!(
-        tokio::time::timeout(Duration::from_millis(500), begin)
-            .await
-            .is_err(),
-        "the begin waits for the writer the blocker holds"
-    );
+    })
+}
+
+/// Lets SQLite's writer go once the dropped begin was granted its lease.
+async fn let_the_writer_go(layer: &BlockWriterAfterAcquire) {
     let (mut blocker, granted) = layer
         .blocker
         .lock()
@@ -171,6 +151,37 @@ async fn a_begin_dropped_after_its_acquire_gives_its_lease_back() {
         .execute(&mut blocker)
         .await
         .expect("the blocker lets go");
+}
+
+/// On the bare store (no [`Gate`], so nothing runs a step to its end): a
+/// begin dropped after the layer granted its lease and before its grant
+/// was written (its caller gone: here a timeout while the write waits for
+/// SQLite's writer) gives the lease back in the background, so the session
+/// is not held by nobody until the lease's TTL (30 s) runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bare_begin_dropped_after_its_acquire_gives_its_lease_back() {
+    let Some(redis) = targets::redis_url().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let file = dir.path().join("dropped.db");
+    let layer = blocking_layer(&redis, &file).await;
+    let url = format!("sqlite://{}", file.display());
+    let store = agentgate::gate::open_bare_store_with_layer(
+        &url,
+        Arc::clone(&layer) as Arc<dyn LeaseLayer>,
+        Config::default(),
+    )
+    .await
+    .expect("the store opens");
+    let command = command("u-drop", "s-drop", "r-1");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), store.begin(&command))
+            .await
+            .is_err(),
+        "the begin waits for the writer the blocker holds"
+    );
+    let_the_writer_go(&layer).await;
     let given_back = async {
         while layer
             .inner
@@ -188,4 +199,64 @@ async fn a_begin_dropped_after_its_acquire_gives_its_lease_back() {
             .is_ok(),
         "the dropped begin's lease was given back"
     );
+}
+
+/// Through a [`Gate`], the same begin whose caller stopped waiting runs to
+/// its end (invariant 8): once the writer is free its turn is written and
+/// holds the lease, and a repeat of the message is told it is in flight
+/// (409 `request_in_flight`), not granted a second turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gate_begin_whose_caller_stopped_waiting_runs_to_its_end() {
+    let Some(redis) = targets::redis_url().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let file = dir.path().join("dropped.db");
+    let layer = blocking_layer(&redis, &file).await;
+    let url = format!("sqlite://{}", file.display());
+    let gate = Gate::connect_with_layer(
+        &url,
+        Arc::clone(&layer) as Arc<dyn LeaseLayer>,
+        Config::default(),
+    )
+    .await
+    .expect("the store opens");
+    let payload = json!({ "text": "hi" });
+    assert!(
+        tokio::time::timeout(
+            Duration::from_millis(500),
+            gate.begin("u-drop", "s-drop", "r-1", &payload)
+        )
+        .await
+        .is_err(),
+        "the begin waits for the writer the blocker holds"
+    );
+    let_the_writer_go(&layer).await;
+    let written = async {
+        while gate.steps_in_flight() > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    assert!(
+        tokio::time::timeout(GIVE_BACK_WAIT, written).await.is_ok(),
+        "the abandoned begin ended"
+    );
+    let holder = layer
+        .inner
+        .holder("s-drop")
+        .await
+        .expect("redis answers")
+        .expect("the written turn holds the lease");
+    let repeat = gate
+        .begin("u-drop", "s-drop", "r-1", &payload)
+        .await
+        .expect_err("the message is in flight");
+    assert_eq!(repeat.kind(), ErrorKind::RequestInFlight, "{repeat}");
+    let stored = gate
+        .store()
+        .turn(&holder.turn_id)
+        .await
+        .expect("the store answers")
+        .expect("the holder's turn is stored");
+    assert_eq!(stored.state, agentgate::TurnState::Running);
 }

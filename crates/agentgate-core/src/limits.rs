@@ -63,6 +63,20 @@ pub const MIN_RETENTION: Duration = Duration::from_secs(1);
 /// `store_unavailable` instead of queueing forever.
 pub const STORE_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Pooled connections of a PostgreSQL or MySQL store by default
+/// ([`crate::config::Config::store_connections`]).
+pub const DEFAULT_STORE_CONNECTIONS: u32 = 10;
+
+/// Most pooled connections one store may keep.
+pub const MAX_STORE_CONNECTIONS: u32 = 200;
+
+/// The longest one protocol step may take, its retries included, before
+/// it is answered `store_unavailable`: a store that stops answering without
+/// closing (a proxy that blackholes) never hangs a caller. Above
+/// [`STORE_ACQUIRE_TIMEOUT`] (the retry budget) plus a statement's lock
+/// wait, so a healthy but busy store answers first.
+pub const STORE_STEP_DEADLINE: Duration = Duration::from_secs(15);
+
 /// Bound on retries of a protocol step after a transient store conflict
 /// (SQLITE_BUSY, serialization failure, deadlock).
 pub const MAX_STORE_RETRIES: u32 = 8;

@@ -17,6 +17,7 @@ use serde_json::Value;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::busy::BusyReport;
+use crate::to_end::RunToEnd;
 use crate::turn::Turn;
 use crate::watchdog::LocalTurns;
 
@@ -57,6 +58,8 @@ pub struct Recovered {
 #[derive(Clone, Debug)]
 pub struct Gate {
     store: Arc<dyn Store>,
+    /// Counts the steps running now (the same store as `store`).
+    to_end: Arc<RunToEnd>,
     _sweeper: Arc<DropGuard>,
     /// What this gate's sweeper ended, for metrics.
     swept: Arc<Swept>,
@@ -118,7 +121,13 @@ impl Gate {
     }
 
     /// Wraps an opened store and starts the sweeper.
+    ///
+    /// Every step of `store` then runs to its end in a task of its own,
+    /// whoever stops waiting for it, within
+    /// [`agentgate_core::limits::STORE_STEP_DEADLINE`] ([`RunToEnd`]).
     pub fn with_store(store: Arc<dyn Store>) -> Self {
+        let to_end = Arc::new(RunToEnd::new(store));
+        let store: Arc<dyn Store> = Arc::clone(&to_end) as Arc<dyn Store>;
         let stop = CancellationToken::new();
         let swept = Arc::default();
         tokio::spawn(sweep_forever(
@@ -128,6 +137,7 @@ impl Gate {
         ));
         Self {
             store,
+            to_end,
             _sweeper: Arc::new(stop.drop_guard()),
             swept,
             local: LocalTurns::default(),
@@ -164,6 +174,12 @@ impl Gate {
         self.waiting
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         WaitingGuard(Arc::clone(&self.waiting))
+    }
+
+    /// Store steps running now, their callers waiting or not: a step whose
+    /// caller stopped waiting still runs to its end ([`RunToEnd`]).
+    pub fn steps_in_flight(&self) -> usize {
+        self.to_end.steps_in_flight()
     }
 
     /// Turns this gate's followers follow now (one feed each).
@@ -466,6 +482,42 @@ impl Gate {
             }
         }
     }
+}
+
+/// Opens the store at `store_url` (with the Redis lease layer at
+/// `redis_url`, when given) bare: without a [`Gate`], so without
+/// [`RunToEnd`]. Each step then runs in its caller's task, and a caller
+/// that stops waiting cuts it off halfway. That is what the conformance
+/// suite attacks (a cut-off step must leave no transaction open and change
+/// all or nothing); an application wants [`Gate::connect`].
+///
+/// # Errors
+/// As [`Gate::connect`].
+pub async fn open_bare_store(
+    store_url: &str,
+    redis_url: Option<&str>,
+    config: Config,
+) -> Result<Arc<dyn Store>> {
+    config.validate()?;
+    let leases = match redis_url {
+        Some(url) => Some(lease_layer(url).await?),
+        None => None,
+    };
+    open_store(store_url, leases, config).await
+}
+
+/// As [`open_bare_store`], with a lease layer of the caller's (a test's
+/// layer that blocks at a chosen point, say).
+///
+/// # Errors
+/// As [`Gate::connect`].
+pub async fn open_bare_store_with_layer(
+    store_url: &str,
+    layer: Arc<dyn LeaseLayer>,
+    config: Config,
+) -> Result<Arc<dyn Store>> {
+    config.validate()?;
+    open_store(store_url, Some(layer), config).await
 }
 
 /// Opens the SQL store named by `store_url`'s scheme.

@@ -38,6 +38,8 @@
 //!   and endings.
 //! - [`events`]: following a turn's event log ([`Gate::follow`]), one
 //!   shared feed per followed turn on a node.
+//! - [`to_end`]: [`RunToEnd`], every store step run to its end in a task
+//!   of its own, whoever stops waiting for it, within a deadline.
 //! - [`effect`]: [`SqlTx`], running a tool's side effect in the same SQL
 //!   transaction as its success mark.
 //!
@@ -49,6 +51,7 @@ pub mod busy;
 pub mod effect;
 pub mod events;
 pub mod gate;
+pub mod to_end;
 pub mod turn;
 mod watchdog;
 
@@ -65,4 +68,5 @@ pub use agentgate_core::{canonical, limits, model, page, store};
 pub use busy::BusyReport;
 pub use effect::SqlTx;
 pub use gate::{Begun, Gate, Recovered};
+pub use to_end::RunToEnd;
 pub use turn::{EndError, Execution, ToolPolicy, ToolStep, Turn, Verifier};
