@@ -56,6 +56,20 @@ pub struct ServeArgs {
     /// (1 s to a day); then the sweeper force-releases it.
     #[arg(long, env = "AGENTGATE_CANCEL_GRACE_MS", default_value_t = DEFAULT_CANCEL_GRACE_MS)]
     cancel_grace_ms: u64,
+    /// How long an orphan (a running turn whose lease expired without an
+    /// ending) waits for a client's retry or a recovery worker before the
+    /// sweeper ends it abandoned, in milliseconds (1 s to a day; never less
+    /// than the lease TTL).
+    #[arg(long, env = "AGENTGATE_ORPHAN_GRACE_MS", default_value_t = 300_000)]
+    orphan_grace_ms: u64,
+    /// How often the sweeper runs (abandons orphans past their grace,
+    /// force-releases ignored cancels, deletes expired records), in
+    /// milliseconds (10 ms to 30 days).
+    #[arg(long, env = "AGENTGATE_SWEEP_INTERVAL_MS", default_value_t = 60_000)]
+    sweep_interval_ms: u64,
+    /// Pooled connections to a PostgreSQL or MySQL store (1 to 200).
+    #[arg(long, env = "AGENTGATE_STORE_CONNECTIONS", default_value_t = agentgate::limits::DEFAULT_STORE_CONNECTIONS)]
+    store_connections: u32,
     /// API key required as `Authorization: Bearer <key>` on every /v1 call.
     /// Repeatable; in the environment, comma-separated. Prefer
     /// --api-key-file or the environment: flags show in `ps`.
@@ -197,6 +211,9 @@ impl ServeArgs {
             max_turns_per_user: self.max_turns_per_user,
             confirmation_ttl: Duration::from_millis(self.confirmation_ttl_ms),
             cancel_grace: Duration::from_millis(self.cancel_grace_ms),
+            orphan_grace: Duration::from_millis(self.orphan_grace_ms),
+            sweep_interval: Duration::from_millis(self.sweep_interval_ms),
+            store_connections: self.store_connections,
             api_keys,
             max_body_bytes: self.max_body_bytes,
             max_connections: self.max_connections,

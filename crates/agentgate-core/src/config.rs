@@ -34,6 +34,10 @@ pub struct Config {
     /// for as long as it heartbeats. The default, a minute, is two default
     /// TTLs; the release comes within one `sweep_interval` after it.
     pub cancel_grace: Duration,
+    /// Pooled connections a PostgreSQL or MySQL store keeps (SQLite has
+    /// one writer of its own). Ten keep a 2–8 core server busy; several app
+    /// nodes times ten stays under the servers' default connection limits.
+    pub store_connections: u32,
 }
 
 impl Default for Config {
@@ -47,6 +51,7 @@ impl Default for Config {
             sweep_interval: Duration::from_secs(60),
             orphan_grace: Duration::from_secs(5 * 60),
             cancel_grace: limits::DEFAULT_CANCEL_GRACE,
+            store_connections: limits::DEFAULT_STORE_CONNECTIONS,
         }
     }
 }
@@ -90,6 +95,13 @@ impl Config {
             limits::MAX_LEASE_TTL,
         )?;
         check_cap(self.max_turns_per_user)?;
+        if self.store_connections == 0 || self.store_connections > limits::MAX_STORE_CONNECTIONS {
+            return Err(Error::invalid(format!(
+                "store_connections is {}, allowed 1..={}",
+                self.store_connections,
+                limits::MAX_STORE_CONNECTIONS
+            )));
+        }
         in_range(
             "result_retention",
             self.result_retention,

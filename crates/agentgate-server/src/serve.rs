@@ -51,6 +51,13 @@ pub struct ServeConfig {
     /// How long a running turn asked to stop has to end itself before the
     /// sweeper force-releases it.
     pub cancel_grace: Duration,
+    /// How long an orphan waits for a retry or a recovery worker before the
+    /// sweeper ends it `abandoned` (never less than the lease TTL).
+    pub orphan_grace: Duration,
+    /// How often the sweeper runs (orphans, ignored cancels, retention).
+    pub sweep_interval: Duration,
+    /// Pooled connections of a PostgreSQL or MySQL store.
+    pub store_connections: u32,
     /// When non-empty, every `/v1` call needs one of these as a bearer key.
     pub api_keys: Vec<ApiKey>,
     /// Largest request body.
@@ -77,6 +84,9 @@ impl Default for ServeConfig {
             max_turns_per_user: engine.max_turns_per_user,
             confirmation_ttl: Duration::from_millis(DEFAULT_CONFIRMATION_TTL_MS),
             cancel_grace: engine.cancel_grace,
+            orphan_grace: engine.orphan_grace,
+            sweep_interval: engine.sweep_interval,
+            store_connections: engine.store_connections,
             api_keys: Vec::new(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_connections: DEFAULT_MAX_CONNECTIONS,
@@ -108,6 +118,9 @@ impl fmt::Debug for ServeConfig {
             .field("max_turns_per_user", &self.max_turns_per_user)
             .field("confirmation_ttl", &self.confirmation_ttl)
             .field("cancel_grace", &self.cancel_grace)
+            .field("orphan_grace", &self.orphan_grace)
+            .field("sweep_interval", &self.sweep_interval)
+            .field("store_connections", &self.store_connections)
             .field("api_keys", &self.api_keys.len())
             .field("max_body_bytes", &self.max_body_bytes)
             .field("max_connections", &self.max_connections)
@@ -181,6 +194,9 @@ impl Server {
             max_turns_per_user: config.max_turns_per_user,
             confirmation_ttl: config.confirmation_ttl,
             cancel_grace: config.cancel_grace,
+            orphan_grace: config.orphan_grace,
+            sweep_interval: config.sweep_interval,
+            store_connections: config.store_connections,
             ..Config::default()
         };
         let opening = |error: agentgate::Error| match error.kind() {
@@ -321,6 +337,9 @@ impl Starting {
             max_turns_per_user = config.max_turns_per_user,
             confirmation_ttl_ms = config.confirmation_ttl.as_millis() as u64,
             cancel_grace_ms = config.cancel_grace.as_millis() as u64,
+            orphan_grace_ms = config.orphan_grace.as_millis() as u64,
+            sweep_interval_ms = config.sweep_interval.as_millis() as u64,
+            store_connections = config.store_connections,
             api_key_required = state.api_keys().enabled(),
             mounted = ?mounted,
             max_connections = config.max_connections,
