@@ -38,6 +38,8 @@ macro_rules! for_each_check {
                 "100 requests on one session: 1 starts, 99 are session_busy naming the holder";
             user_capacity_storm: any,
                 "2x cap sessions of one user: exactly cap start, no lease left by a rejected one";
+            a_cut_off_step_leaves_nothing_behind: any,
+                "1,200 steps cut off at random await points on a pool of one connection: no transaction left open, every acknowledged write found, each cut step all or nothing as its repeat tells; cut through a Gate, steps run to their end";
             tool_storm: any,
                 "100 claims of one tool call: 1 executes, 99 in flight, then the cached result";
             cancel_races_claims_and_ending: any,

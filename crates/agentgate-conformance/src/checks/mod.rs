@@ -5,6 +5,7 @@ mod busy;
 mod cancel;
 mod confirm_races;
 mod confirmation;
+mod cut;
 mod events;
 mod inflight;
 mod input;
@@ -40,6 +41,7 @@ pub use cancel::{
 };
 pub use confirm_races::{confirmation_races_a_new_message, confirmation_rejected_and_repeated};
 pub use confirmation::{confirmation_flow, confirmation_race, pending_confirmation_expires};
+pub use cut::a_cut_off_step_leaves_nothing_behind;
 pub use events::{
     an_append_on_another_node_wakes_its_followers, events_are_fenced_ordered_and_resumable,
 };
