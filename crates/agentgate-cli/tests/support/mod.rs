@@ -32,6 +32,15 @@ pub struct Server {
     envs: Vec<(String, String)>,
 }
 
+/// The binary under test: this build's, or the one `AGENTGATE_TEST_BIN`
+/// names (to run a test against an older build, for a before/after count).
+pub fn binary() -> PathBuf {
+    std::env::var_os("AGENTGATE_TEST_BIN").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_agentgate")),
+        PathBuf::from,
+    )
+}
+
 /// A scratch directory that outlives the servers started in it.
 pub fn scratch() -> tempfile::TempDir {
     tempfile::tempdir().expect("a temp dir")
@@ -62,6 +71,22 @@ impl Server {
         Self::launch(PathBuf::new(), store_url.to_owned(), log, args, Vec::new())
     }
 
+    /// As [`Server::start_on_store`], with extra environment variables
+    /// (`RUST_LOG` among them overrides the default `debug`).
+    pub fn start_on_store_with_env(
+        store_url: &str,
+        log: PathBuf,
+        args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Self {
+        let args = args.iter().map(|a| (*a).to_owned()).collect();
+        let envs = envs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        Self::launch(PathBuf::new(), store_url.to_owned(), log, args, envs)
+    }
+
     fn launch(
         store: PathBuf,
         store_url: String,
@@ -74,15 +99,15 @@ impl Server {
             .append(true)
             .open(&log)
             .expect("open the log file");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_agentgate"))
+        let mut child = Command::new(binary())
             .arg("serve")
             .arg("--listen")
             .arg("127.0.0.1:0")
             .arg("--store")
             .arg(&store_url)
             .args(&args)
-            .envs(envs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env("RUST_LOG", "debug")
+            .envs(envs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log_file))
