@@ -38,7 +38,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the HTTP service: begin/heartbeat/tools/end turns over JSON.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Show the invariants holding: a duplicate storm, a tool storm, and a
     /// takeover after a worker process is killed with SIGKILL.
     Demo,
@@ -128,7 +128,7 @@ async fn main() -> ExitCode {
         _ => init_tracing(cli.log_format),
     }
     let result: Result<(), BoxError> = match cli.command {
-        Command::Serve(args) => serve::run(args).await,
+        Command::Serve(args) => serve::run(*args).await,
         Command::Demo => demo::run().await,
         Command::Conformance(args) => return conformance::run(args).await,
         Command::Hold(args) => {

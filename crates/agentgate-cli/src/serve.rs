@@ -83,6 +83,19 @@ pub struct ServeArgs {
     /// File of API keys, one per line (blank lines and # comments skipped).
     #[arg(long, env = "AGENTGATE_API_KEY_FILE")]
     api_key_file: Option<PathBuf>,
+    /// A recovery worker's key: accepted as an API key, and a request with
+    /// it may claim any user's orphan even under --user-header. Repeatable;
+    /// in the environment, comma-separated.
+    #[arg(
+        long = "recovery-key",
+        env = "AGENTGATE_RECOVERY_KEY",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    recovery_keys: Vec<String>,
+    /// File of recovery keys, one per line, as --api-key-file.
+    #[arg(long, env = "AGENTGATE_RECOVERY_KEY_FILE")]
+    recovery_key_file: Option<PathBuf>,
     /// Largest request body in bytes; larger ones get 413.
     #[arg(long, env = "AGENTGATE_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
     max_body_bytes: usize,
@@ -178,6 +191,14 @@ impl ServeArgs {
         if let Some(path) = &self.api_key_file {
             api_keys.extend(read_key_file(path)?);
         }
+        let mut recovery_keys = self
+            .recovery_keys
+            .into_iter()
+            .map(ApiKey::new)
+            .collect::<Result<Vec<_>, _>>()?;
+        if let Some(path) = &self.recovery_key_file {
+            recovery_keys.extend(read_key_file(path)?);
+        }
         let model = match self.model {
             ModelArg::Offline => ModelChoice::Offline {
                 think_time: Duration::from_millis(self.think_time_ms),
@@ -215,6 +236,7 @@ impl ServeArgs {
             sweep_interval: Duration::from_millis(self.sweep_interval_ms),
             store_connections: self.store_connections,
             api_keys,
+            recovery_keys,
             max_body_bytes: self.max_body_bytes,
             max_connections: self.max_connections,
             allowed_hosts: self.allowed_hosts,

@@ -146,19 +146,31 @@ fn bearer(request: &Request) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| key.trim())
 }
 
+/// The mark a request carries when its bearer is a recovery key
+/// (`--recovery-key`): a recovery worker's, which may claim any user's
+/// orphan even where callers are bound to users (`--user-header`).
+#[derive(Clone, Copy, Debug)]
+pub struct RecoveryRole;
+
 /// Middleware on the `/v1` routes: 401 `unauthorized` unless the request
-/// carries a configured key (or none is configured).
+/// carries a configured key (or none is configured). A recovery key is
+/// accepted as an API key too, and marks the request [`RecoveryRole`].
 pub async fn require_api_key(
     State(state): State<AppState>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
     let keys = state.api_keys();
-    if keys.enabled() && !bearer(&request).is_some_and(|key| keys.accepts(key)) {
+    let presented = bearer(&request);
+    let recovery = presented.is_some_and(|key| state.recovery_keys().accepts(key));
+    if keys.enabled() && !recovery && !presented.is_some_and(|key| keys.accepts(key)) {
         return Err(ApiError::new(
             ErrorCode::Unauthorized,
             "this server requires an API key: send Authorization: Bearer <key>",
         ));
+    }
+    if recovery {
+        request.extensions_mut().insert(RecoveryRole);
     }
     Ok(next.run(request).await)
 }

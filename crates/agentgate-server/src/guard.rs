@@ -23,7 +23,7 @@
 
 use axum::extract::{FromRequestParts, Request, State};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderName};
+use axum::http::{header, HeaderMap, HeaderName};
 use axum::middleware::Next;
 use axum::response::Response;
 
@@ -199,10 +199,21 @@ impl FromRequestParts<AppState> for CallerUser {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        Self::from_headers(&parts.headers, state)
+    }
+}
+
+impl CallerUser {
+    /// The caller's user from `headers`, as the extractor reads it.
+    ///
+    /// # Errors
+    /// `invalid_request` when a user header is configured and absent or
+    /// not visible ASCII.
+    pub fn from_headers(headers: &HeaderMap, state: &AppState) -> Result<Self, ApiError> {
         let Some(name) = state.user_header() else {
             return Ok(Self(None));
         };
-        let value = parts.headers.get(name).ok_or_else(|| {
+        let value = headers.get(name).ok_or_else(|| {
             ApiError::invalid(format!(
                 "this server binds callers to users: send the {name} header"
             ))
@@ -212,9 +223,7 @@ impl FromRequestParts<AppState> for CallerUser {
             .map_err(|_| ApiError::invalid(format!("{name} header is not visible ASCII")))?;
         Ok(Self(Some(user.to_owned())))
     }
-}
 
-impl CallerUser {
     /// Refuses (403 `user_mismatch`) a request about `user_id` from a caller
     /// bound to another user; passes when no user header is configured.
     ///
@@ -227,6 +236,29 @@ impl CallerUser {
                 "the request's user_id is not the user this caller is bound to",
             )),
             _ => Ok(()),
+        }
+    }
+
+    /// The users an orphan claim may take turns of: `asked` (the body's
+    /// `user_ids`) when this caller is not bound to a user; else only the
+    /// bound user, so an empty `asked` means that user's orphans. (A
+    /// recovery worker's claim does not ask: it takes `asked` as is.)
+    ///
+    /// # Errors
+    /// `user_mismatch` when a bound caller names another user.
+    pub fn orphan_users(&self, asked: Vec<String>) -> Result<Vec<String>, ApiError> {
+        match &self.0 {
+            Some(bound) => {
+                if asked.iter().any(|user| user != bound) {
+                    return Err(ApiError::new(
+                        ErrorCode::UserMismatch,
+                        "a caller bound to a user claims only that user's orphans \
+                         (a recovery key claims any)",
+                    ));
+                }
+                Ok(vec![bound.clone()])
+            }
+            _ => Ok(asked),
         }
     }
 

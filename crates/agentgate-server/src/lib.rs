@@ -61,7 +61,7 @@ use tower::limit::GlobalConcurrencyLimitLayer;
 use tower::timeout::TimeoutLayer;
 use tower::ServiceBuilder;
 
-pub use auth::{read_key_file, ApiKey, ApiKeys, KeyError};
+pub use auth::{read_key_file, ApiKey, ApiKeys, KeyError, RecoveryRole};
 pub use error::{ApiError, ErrorCode};
 pub use extract::{ApiJson, ApiPath, ApiQuery, LEASE_TOKEN_HEADER};
 pub use guard::CallerUser;
@@ -95,6 +95,10 @@ pub struct ServerOptions {
     /// When set, the header a trusted front end names the caller's user in;
     /// a request about another user is refused 403 `user_mismatch`.
     pub user_header: Option<String>,
+    /// Keys of recovery workers: accepted as API keys, and a request with
+    /// one may claim any user's orphan (`POST /v1/orphans/claim`) where
+    /// callers are otherwise bound to their user.
+    pub recovery_keys: Vec<ApiKey>,
     /// The lease layer the engine uses, if any, so `/healthz` can probe it.
     pub lease_layer: Option<Arc<dyn LeaseLayer>>,
 }
@@ -109,6 +113,7 @@ impl Default for ServerOptions {
             allowed_hosts: Vec::new(),
             allowed_origins: Vec::new(),
             user_header: None,
+            recovery_keys: Vec::new(),
             lease_layer: None,
         }
     }
@@ -125,6 +130,7 @@ struct Inner {
     gate: Gate,
     metrics: Metrics,
     api_keys: ApiKeys,
+    recovery_keys: ApiKeys,
     max_body_bytes: usize,
     /// Rendered once: the document is static for the life of the process.
     openapi_json: String,
@@ -152,6 +158,8 @@ impl AppState {
         }
         let api_keys =
             ApiKeys::new(&options.api_keys).map_err(|e| ServeError::Config(e.to_string()))?;
+        let recovery_keys =
+            ApiKeys::new(&options.recovery_keys).map_err(|e| ServeError::Config(e.to_string()))?;
         let origin_policy = guard::OriginPolicy::new(
             &options.listen,
             &options.allowed_hosts,
@@ -171,6 +179,7 @@ impl AppState {
                 gate,
                 metrics: Metrics::new(),
                 api_keys,
+                recovery_keys,
                 max_body_bytes: options.max_body_bytes,
                 openapi_json: openapi::document_json(),
                 extensions: options.extensions,
@@ -199,6 +208,10 @@ impl AppState {
 
     pub(crate) fn api_keys(&self) -> &ApiKeys {
         &self.inner.api_keys
+    }
+
+    pub(crate) fn recovery_keys(&self) -> &ApiKeys {
+        &self.inner.recovery_keys
     }
 
     /// The dependencies' health.

@@ -60,6 +60,8 @@ pub struct ServeConfig {
     pub store_connections: u32,
     /// When non-empty, every `/v1` call needs one of these as a bearer key.
     pub api_keys: Vec<ApiKey>,
+    /// Recovery workers' keys (see [`crate::ServerOptions::recovery_keys`]).
+    pub recovery_keys: Vec<ApiKey>,
     /// Largest request body.
     pub max_body_bytes: usize,
     /// Most connections open at once; more are answered 503 and closed.
@@ -88,6 +90,7 @@ impl Default for ServeConfig {
             sweep_interval: engine.sweep_interval,
             store_connections: engine.store_connections,
             api_keys: Vec::new(),
+            recovery_keys: Vec::new(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             allowed_hosts: Vec::new(),
@@ -122,6 +125,7 @@ impl fmt::Debug for ServeConfig {
             .field("sweep_interval", &self.sweep_interval)
             .field("store_connections", &self.store_connections)
             .field("api_keys", &self.api_keys.len())
+            .field("recovery_keys", &self.recovery_keys.len())
             .field("max_body_bytes", &self.max_body_bytes)
             .field("max_connections", &self.max_connections)
             .field("allowed_hosts", &self.allowed_hosts)
@@ -305,6 +309,7 @@ impl Starting {
         }
         let options = ServerOptions {
             api_keys: config.api_keys,
+            recovery_keys: config.recovery_keys,
             max_body_bytes: config.max_body_bytes,
             extensions,
             listen: config.listen.clone(),

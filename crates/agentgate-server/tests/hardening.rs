@@ -13,9 +13,13 @@ use serde_json::{json, Value};
 use tower::ServiceExt as _;
 
 async fn app(options: ServerOptions) -> (tempfile::TempDir, axum::Router) {
+    app_with(options, Config::default()).await
+}
+
+async fn app_with(options: ServerOptions, config: Config) -> (tempfile::TempDir, axum::Router) {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("t.db").display());
-    let gate = Gate::open(&url, Config::default()).await.unwrap();
+    let gate = Gate::open(&url, config).await.unwrap();
     let state = AppState::new(gate, options).unwrap();
     (dir, router(state))
 }
@@ -294,6 +298,101 @@ async fn a_trusted_user_header_binds_the_caller_to_its_user() {
         read("/v1/users/dee".to_owned(), "dee").await.status,
         StatusCode::OK
     );
+}
+
+/// Under `--user-header`, `POST /v1/orphans/claim` takes only the caller's
+/// own user's orphans: another user's orphan is neither claimed with an
+/// empty filter nor by naming its user (403 `user_mismatch`), so the
+/// caller never reads its payload and journal nor writes an answer its
+/// owner's retry would replay. A recovery key claims any user's.
+#[tokio::test]
+async fn an_orphan_claim_takes_only_the_callers_own_users_orphans() {
+    let options = ServerOptions {
+        user_header: Some("X-Agentgate-User".to_owned()),
+        recovery_keys: vec![agentgate_server::ApiKey::new("recovery-key-0123456789").unwrap()],
+        ..ServerOptions::default()
+    };
+    let config = Config {
+        lease_ttl: std::time::Duration::from_millis(200),
+        ..Config::default()
+    };
+    let (_dir, app) = app_with(options, config).await;
+    let as_ann = ("x-agentgate-user", "ann");
+    let as_bob = ("x-agentgate-user", "bob");
+    let begun = send(
+        &app,
+        post("/v1/turns", &[JSON, as_ann], begin_body("ann", "r1")),
+    )
+    .await;
+    assert_eq!(begun.status, StatusCode::CREATED, "{}", begun.text);
+    let turn = begun.body["turn"]["turn_id"].as_str().unwrap().to_owned();
+    // Past the lease's TTL (200 ms) the turn is an orphan.
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+
+    let claim = |headers: Vec<(&'static str, &'static str)>, body: Value| {
+        let app = app.clone();
+        async move {
+            let mut all = vec![JSON];
+            all.extend(headers);
+            send(&app, post("/v1/orphans/claim", &all, body.to_string())).await
+        }
+    };
+    let answer = claim(vec![as_bob], json!({})).await;
+    assert_eq!(answer.status, StatusCode::NO_CONTENT, "{}", answer.text);
+    let answer = claim(vec![as_bob], json!({"user_ids": ["ann"]})).await;
+    assert_eq!(answer.status, StatusCode::FORBIDDEN, "{}", answer.text);
+    assert_eq!(answer.code(), "user_mismatch");
+    let answer = claim(vec![as_bob], json!({"turn_ids": [turn]})).await;
+    assert_eq!(
+        answer.status,
+        StatusCode::NO_CONTENT,
+        "naming the turn does not widen the caller's users: {}",
+        answer.text
+    );
+    let answer = claim(vec![], json!({})).await;
+    assert_eq!(answer.code(), "invalid_request", "the header is required");
+
+    // The recovery worker's key claims it, with no user header at all.
+    let answer = claim(
+        vec![("authorization", "Bearer recovery-key-0123456789")],
+        json!({}),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::CREATED, "{}", answer.text);
+    assert_eq!(answer.body["turn"]["turn_id"], json!(turn));
+}
+
+/// Ann's own orphan is hers to claim, with an empty filter or naming her.
+#[tokio::test]
+async fn a_bound_caller_claims_its_own_users_orphan() {
+    let options = ServerOptions {
+        user_header: Some("X-Agentgate-User".to_owned()),
+        ..ServerOptions::default()
+    };
+    let config = Config {
+        lease_ttl: std::time::Duration::from_millis(200),
+        ..Config::default()
+    };
+    let (_dir, app) = app_with(options, config).await;
+    let as_ann = ("x-agentgate-user", "ann");
+    let begun = send(
+        &app,
+        post("/v1/turns", &[JSON, as_ann], begin_body("ann", "r1")),
+    )
+    .await;
+    assert_eq!(begun.status, StatusCode::CREATED, "{}", begun.text);
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    let answer = send(
+        &app,
+        post(
+            "/v1/orphans/claim",
+            &[JSON, as_ann],
+            json!({"user_ids": ["ann"]}).to_string(),
+        ),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::CREATED, "{}", answer.text);
+    assert_eq!(answer.body["turn"]["user_id"], json!("ann"));
 }
 
 #[tokio::test]

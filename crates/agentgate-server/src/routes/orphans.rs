@@ -3,13 +3,15 @@
 
 use agentgate::{OrphanFilter, TurnId, UserId};
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 
+use crate::auth::RecoveryRole;
 use crate::dto::{ClaimOrphanRequest, ClaimOrphanResponse, GrantDto, JournalEntryDto};
 use crate::error::{ApiError, OrphanErrors};
 use crate::extract::ApiJson;
+use crate::guard::CallerUser;
 use crate::metrics::BeginLabel;
 use crate::AppState;
 
@@ -24,6 +26,11 @@ use crate::AppState;
 /// (e.g. look the booking up by its `idempotency_key`) before acting. Many
 /// workers calling this at once never get the same orphan. 204 when there
 /// is none. An orphan past its attempts is ended `failed` instead.
+///
+/// Where callers are bound to users (`--user-header`), a caller claims
+/// only its own user's orphans (an empty `user_ids` means them; naming
+/// another user is 403 `user_mismatch`), unless its bearer is a recovery
+/// key (`--recovery-key`), which claims any user's.
 #[utoipa::path(
     post,
     path = "/v1/orphans/claim",
@@ -38,12 +45,18 @@ use crate::AppState;
 )]
 pub(crate) async fn claim(
     State(state): State<AppState>,
+    recovery: Option<Extension<RecoveryRole>>,
+    headers: HeaderMap,
     ApiJson(request): ApiJson<ClaimOrphanRequest>,
 ) -> Result<Response, ApiError> {
+    let user_ids = if recovery.is_some() {
+        request.user_ids
+    } else {
+        CallerUser::from_headers(&headers, &state)?.orphan_users(request.user_ids)?
+    };
     let filter = OrphanFilter {
         min_orphaned_ms: request.min_orphaned_ms,
-        user_ids: request
-            .user_ids
+        user_ids: user_ids
             .into_iter()
             .map(UserId::new)
             .collect::<Result<_, _>>()?,
