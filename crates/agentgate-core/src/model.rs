@@ -419,11 +419,17 @@ pub struct NewEvent {
     pub data: CanonicalJson,
 }
 
+/// Event names a turn's stream itself sends (`GET /v1/turns/{id}/events`
+/// ends with `end`, or `error` when the read fails), so no appended event
+/// may take them: a reader could not tell a holder's `end` from the
+/// stream's.
+pub const RESERVED_EVENT_NAMES: [&str; 2] = ["end", "error"];
+
 impl NewEvent {
     /// Validates an event: a name of 1 to
     /// [`crate::limits::MAX_EVENT_NAME_BYTES`] bytes of ASCII letters,
     /// digits, `_`, `-`, `.` or `:` (it becomes an SSE line, so nothing
-    /// that could end one), and data of at most
+    /// that could end one), not one of [`RESERVED_EVENT_NAMES`], and data of at most
     /// [`crate::limits::MAX_EVENT_DATA_BYTES`] canonical bytes.
     ///
     /// # Errors
@@ -435,6 +441,11 @@ impl NewEvent {
         if name.is_empty() || name.len() > max || !name.chars().all(token) {
             return Err(Error::invalid(format!(
                 "an event name is 1 to {max} letters, digits, '_', '-', '.' or ':'"
+            )));
+        }
+        if RESERVED_EVENT_NAMES.contains(&name) {
+            return Err(Error::invalid(format!(
+                "the event name {name:?} is reserved: the stream itself sends it"
             )));
         }
         let data = CanonicalJson::new("event data", data)?;
@@ -1036,6 +1047,16 @@ mod tests {
 
     use super::*;
     use crate::limits::{MAX_JSON_BYTES, MAX_JSON_DEPTH};
+
+    #[test]
+    fn the_streams_own_event_names_are_reserved() {
+        for name in RESERVED_EVENT_NAMES {
+            let refused = NewEvent::new(name, &json!({})).unwrap_err();
+            assert!(refused.to_string().contains("reserved"), "{refused}");
+        }
+        assert!(NewEvent::new("ending", &json!({})).is_ok());
+        assert!(NewEvent::new("token", &json!({})).is_ok());
+    }
 
     fn begin(payload: &Value) -> Result<BeginCommand> {
         BeginCommand::new(

@@ -1142,7 +1142,8 @@ pub struct ClaimOrphanResponse {
 #[serde(deny_unknown_fields)]
 pub struct EventDto {
     /// Its name, the SSE `event:` of its readers: 1 to 64 ASCII letters,
-    /// digits, `_`, `-`, `.` or `:`.
+    /// digits, `_`, `-`, `.` or `:`; not `end` or `error`, which the stream
+    /// itself sends (400 `invalid_request`).
     #[schema(min_length = 1, max_length = 64, pattern = "^[A-Za-z0-9_.:-]{1,64}$")]
     pub event: String,
     /// Its data: any JSON (I-JSON), at most 64 KiB canonical.

@@ -395,6 +395,41 @@ async fn a_bound_caller_claims_its_own_users_orphan() {
     assert_eq!(answer.body["turn"]["user_id"], json!("ann"));
 }
 
+/// `end` and `error` are the event stream's own names: an append naming
+/// either is refused whole (400 `invalid_request`) and writes nothing, so
+/// the next append's first event is still id 1.
+#[tokio::test]
+async fn an_append_naming_a_reserved_event_is_refused_and_writes_nothing() {
+    let (_dir, app) = app(ServerOptions::default()).await;
+    let begun = send(&app, post("/v1/turns", &[JSON], begin_body("eli", "r1"))).await;
+    assert_eq!(begun.status, StatusCode::CREATED, "{}", begun.text);
+    let turn = begun.body["turn"]["turn_id"].as_str().unwrap().to_owned();
+    let token = begun.body["turn"]["lease_token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let path = format!("/v1/turns/{turn}/events");
+    for reserved in ["end", "error"] {
+        let body =
+            json!({"events": [{"event": "token", "data": "a"}, {"event": reserved, "data": {}}]});
+        let answer = send(
+            &app,
+            post(&path, &[JSON, ("lease-token", &token)], body.to_string()),
+        )
+        .await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{}", answer.text);
+        assert_eq!(answer.code(), "invalid_request");
+    }
+    let body = json!({"events": [{"event": "token", "data": "a"}]});
+    let answer = send(
+        &app,
+        post(&path, &[JSON, ("lease-token", &token)], body.to_string()),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text);
+    assert_eq!(answer.body["last_event_id"], json!(1));
+}
+
 #[tokio::test]
 async fn health_reports_each_dependency_and_readiness() {
     let (_dir, app) = app(ServerOptions::default()).await;
