@@ -98,6 +98,11 @@ export interface paths {
          *     (e.g. look the booking up by its `idempotency_key`) before acting. Many
          *     workers calling this at once never get the same orphan. 204 when there
          *     is none. An orphan past its attempts is ended `failed` instead.
+         *
+         *     Where callers are bound to users (`--user-header`), a caller claims
+         *     only its own user's orphans (an empty `user_ids` means them; naming
+         *     another user is 403 `user_mismatch`), unless its bearer is a recovery
+         *     key (`--recovery-key`), which claims any user's.
          */
         post: operations["claim_orphan"];
         delete?: never;
@@ -707,7 +712,8 @@ export interface components {
             data: components["schemas"]["JsonValue"];
             /**
              * @description Its name, the SSE `event:` of its readers: 1 to 64 ASCII letters,
-             *     digits, `_`, `-`, `.` or `:`.
+             *     digits, `_`, `-`, `.` or `:`; not `end` or `error`, which the stream
+             *     itself sends (400 `invalid_request`).
              */
             event: string;
         };
