@@ -422,6 +422,9 @@ struct Outcome {
     in_progress_warnings: usize,
     refusals: BTreeMap<String, u64>,
     examples: Vec<String>,
+    /// The server's `agentgate_store_*` metrics after the run (empty for a
+    /// build before they existed).
+    store_metrics: String,
 }
 
 impl Outcome {
@@ -510,6 +513,18 @@ async fn attack(target: Target) -> Outcome {
             }
         }
     }
+    let metrics = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .expect("the server answers")
+        .text()
+        .await
+        .expect("a body");
+    let dropped: Vec<&str> = metrics
+        .lines()
+        .filter(|line| line.starts_with("agentgate_store_"))
+        .collect();
     if let Some(keep) = std::env::var_os("AGENTGATE_HANGUPS_KEEP_LOGS") {
         let to = std::path::Path::new(&keep).join(format!("{}.log", target.name));
         std::fs::copy(&server.log, to).expect("the server's log is kept");
@@ -528,6 +543,7 @@ async fn attack(target: Target) -> Outcome {
         in_progress_warnings,
         refusals,
         examples,
+        store_metrics: dropped.join(", "),
     }
 }
 
@@ -567,6 +583,7 @@ async fn run() -> Result<(), String> {
             outcome.in_progress_warnings,
             outcome.refusals,
         );
+        println!("  metrics after the run: {}", outcome.store_metrics);
         for example in &outcome.examples {
             println!("  {example}");
         }

@@ -85,6 +85,9 @@ pub struct Metrics {
     events_appended: IntCounter,
     event_streams: IntGauge,
     waiting_begins: IntGauge,
+    store_steps_in_flight: IntGauge,
+    transactions_rolled_back: IntCounter,
+    connections_closed: IntCounter,
 }
 
 /// The counters the dashboard shows: a snapshot of this process's metrics.
@@ -303,6 +306,21 @@ fn build() -> prometheus::Result<Metrics> {
         "Begins waiting now on this node for a busy session to be released (on_busy wait, or interrupt while the holder stops)",
     )?;
     registry.register(Box::new(waiting_begins.clone()))?;
+    let store_steps_in_flight = IntGauge::new(
+        "store_steps_in_flight",
+        "Store steps running now on this node, their callers waiting or not (a step runs to its end whoever stops waiting)",
+    )?;
+    registry.register(Box::new(store_steps_in_flight.clone()))?;
+    let transactions_rolled_back = IntCounter::new(
+        "store_transactions_dropped_rolled_back_total",
+        "SQL step transactions dropped open (a failed or cut-off step) whose connection was rolled back and pooled again",
+    )?;
+    registry.register(Box::new(transactions_rolled_back.clone()))?;
+    let connections_closed = IntCounter::new(
+        "store_transactions_dropped_closed_total",
+        "SQL step transactions dropped open whose connection was closed because its rollback failed or took too long",
+    )?;
+    registry.register(Box::new(connections_closed.clone()))?;
     Ok(Metrics {
         registry,
         begins,
@@ -325,6 +343,9 @@ fn build() -> prometheus::Result<Metrics> {
         events_appended,
         event_streams,
         waiting_begins,
+        store_steps_in_flight,
+        transactions_rolled_back,
+        connections_closed,
     })
 }
 
@@ -351,6 +372,20 @@ impl Metrics {
     pub fn set_waiting_begins(&self, waiting: usize) {
         self.waiting_begins
             .set(i64::try_from(waiting).unwrap_or(i64::MAX));
+    }
+
+    /// Sets the store's step gauges before a scrape: steps in flight (the
+    /// gate's count) and the process's dropped transactions, whose counters
+    /// only ever move up to the process-wide totals.
+    pub fn set_store_steps(&self, in_flight: usize, dropped: agentgate::gate::DroppedTransactions) {
+        self.store_steps_in_flight
+            .set(i64::try_from(in_flight).unwrap_or(i64::MAX));
+        for (counter, total) in [
+            (&self.transactions_rolled_back, dropped.rolled_back),
+            (&self.connections_closed, dropped.closed),
+        ] {
+            counter.inc_by(total.saturating_sub(counter.get()));
+        }
     }
 
     /// Records a begin's outcome.
@@ -503,6 +538,29 @@ pub(crate) async fn track(State(state): State<AppState>, request: Request, next:
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// The dropped-transaction counters follow the process-wide totals
+    /// they are given, and the steps gauge is set as given.
+    #[test]
+    fn store_step_metrics_follow_the_totals() {
+        let metrics = Metrics::new();
+        let totals = |rolled_back, closed| agentgate::gate::DroppedTransactions {
+            rolled_back,
+            closed,
+        };
+        metrics.set_store_steps(3, totals(5, 1));
+        metrics.set_store_steps(2, totals(7, 1));
+        let text = metrics.render();
+        assert!(text.contains("\nagentgate_store_steps_in_flight 2\n"), "{text}");
+        assert!(
+            text.contains("\nagentgate_store_transactions_dropped_rolled_back_total 7\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\nagentgate_store_transactions_dropped_closed_total 1\n"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn counters_snapshot_what_was_recorded() {

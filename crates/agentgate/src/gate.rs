@@ -506,6 +506,27 @@ pub async fn open_bare_store(
     open_store(store_url, leases, config).await
 }
 
+/// What became of SQL step transactions dropped open (a step cut off
+/// half-way on a bare store, or a step that failed before its commit),
+/// counted process-wide; the service exports both as metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DroppedTransactions {
+    /// Rolled back, their connection pooled again.
+    pub rolled_back: u64,
+    /// Their connection closed instead: the rollback failed or took past
+    /// its bound.
+    pub closed: u64,
+}
+
+/// The process's [`DroppedTransactions`] so far.
+pub fn dropped_transactions() -> DroppedTransactions {
+    let hygiene = &agentgate_store_sql::tx::HYGIENE;
+    DroppedTransactions {
+        rolled_back: hygiene.rolled_back(),
+        closed: hygiene.poisoned_closed(),
+    }
+}
+
 /// As [`open_bare_store`], with a lease layer of the caller's (a test's
 /// layer that blocks at a chosen point, say).
 ///

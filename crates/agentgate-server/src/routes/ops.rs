@@ -86,6 +86,10 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> impl IntoResponse 
             .set_orphans(orphans.len(), gate.abandoned_total(), gate.released_total());
     }
     state.metrics().set_waiting_begins(gate.waiting_begins());
+    state.metrics().set_store_steps(
+        gate.steps_in_flight(),
+        agentgate::gate::dropped_transactions(),
+    );
     (
         [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
         state.metrics().render(),
