@@ -152,7 +152,11 @@ fn is_ip_literal(name: &str) -> bool {
 
 /// Middleware on every route: 403 `host_not_allowed` or
 /// `origin_not_allowed` for a request a browser sent on behalf of a page
-/// elsewhere.
+/// elsewhere. The authority of an absolute-form request target
+/// (`POST http://name/v1/turns`, which HTTP/1.1 says to prefer over
+/// `Host`) must be allowed as a `Host` would; a request with two `Host`
+/// headers is 400 `invalid_request` (which one a proxy before us checked
+/// is anyone's guess).
 pub(crate) async fn check_origin(
     State(state): State<AppState>,
     request: Request,
@@ -160,6 +164,19 @@ pub(crate) async fn check_origin(
 ) -> Result<Response, ApiError> {
     let policy = state.origin_policy();
     let headers = request.headers();
+    if headers.get_all(header::HOST).iter().nth(1).is_some() {
+        return Err(ApiError::invalid(
+            "a request carries one Host header, not several",
+        ));
+    }
+    if let Some(authority) = request.uri().authority() {
+        if !policy.host_allowed(authority.as_str()) {
+            return Err(ApiError::new(
+                ErrorCode::HostNotAllowed,
+                "this server does not answer to that request target's authority; allow it with --allowed-host",
+            ));
+        }
+    }
     let host = match headers.get(header::HOST) {
         Some(value) => Some(
             value

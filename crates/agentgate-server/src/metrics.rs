@@ -551,7 +551,10 @@ mod tests {
         metrics.set_store_steps(3, totals(5, 1));
         metrics.set_store_steps(2, totals(7, 1));
         let text = metrics.render();
-        assert!(text.contains("\nagentgate_store_steps_in_flight 2\n"), "{text}");
+        assert!(
+            text.contains("\nagentgate_store_steps_in_flight 2\n"),
+            "{text}"
+        );
         assert!(
             text.contains("\nagentgate_store_transactions_dropped_rolled_back_total 7\n"),
             "{text}"

@@ -430,6 +430,55 @@ async fn an_append_naming_a_reserved_event_is_refused_and_writes_nothing() {
     assert_eq!(answer.body["last_event_id"], json!(1));
 }
 
+/// An absolute-form request target names the host the request is for
+/// (HTTP/1.1 prefers it to `Host`): a foreign one is refused like a foreign
+/// `Host` (403 `host_not_allowed`), a loopback one passes; two `Host`
+/// headers are 400 `invalid_request`. Nothing is begun by a refused one.
+#[tokio::test]
+async fn request_targets_and_hosts_are_checked() {
+    let (_dir, app) = app(ServerOptions::default()).await;
+    let foreign = send(
+        &app,
+        post(
+            "http://evil.example/v1/turns",
+            &[JSON],
+            begin_body("fay", "r1"),
+        ),
+    )
+    .await;
+    assert_eq!(foreign.status, StatusCode::FORBIDDEN, "{}", foreign.text);
+    assert_eq!(foreign.code(), "host_not_allowed");
+    let mut twice = post("/v1/turns", &[JSON], begin_body("fay", "r1"));
+    twice
+        .headers_mut()
+        .append("host", "127.0.0.1".parse().unwrap());
+    twice
+        .headers_mut()
+        .append("host", "evil.example".parse().unwrap());
+    let twice = send(&app, twice).await;
+    assert_eq!(twice.status, StatusCode::BAD_REQUEST, "{}", twice.text);
+    assert_eq!(twice.code(), "invalid_request");
+    let user = send(
+        &app,
+        Request::builder()
+            .uri("/v1/users/fay")
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(user.body["user"]["live_turns"], json!(0), "{}", user.text);
+    let loopback = send(
+        &app,
+        post(
+            "http://127.0.0.1:7700/v1/turns",
+            &[JSON],
+            begin_body("fay", "r1"),
+        ),
+    )
+    .await;
+    assert_eq!(loopback.status, StatusCode::CREATED, "{}", loopback.text);
+}
+
 #[tokio::test]
 async fn health_reports_each_dependency_and_readiness() {
     let (_dir, app) = app(ServerOptions::default()).await;
