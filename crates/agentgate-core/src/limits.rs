@@ -63,6 +63,18 @@ pub const MIN_RETENTION: Duration = Duration::from_secs(1);
 /// `store_unavailable` instead of queueing forever.
 pub const STORE_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long the Redis lease layer waits for an answer to one command, and
+/// for one connection attempt, before the step fails `store_unavailable`:
+/// a lease script answers in well under a millisecond, so a Redis that has
+/// not answered in this long is lost, and the first call after the loss
+/// fails within a second, not after a reconnect's backoff.
+pub const REDIS_RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// How long one attempt to (re)connect to Redis may take; after a lost
+/// connection each call makes one attempt (no retries inside a call, so no
+/// backoff a caller waits through), and the next call tries again.
+pub const REDIS_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
 /// Pooled connections of a PostgreSQL or MySQL store by default
 /// ([`crate::config::Config::store_connections`]).
 pub const DEFAULT_STORE_CONNECTIONS: u32 = 10;
