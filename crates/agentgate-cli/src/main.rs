@@ -110,8 +110,25 @@ fn init_tracing(format: LogFormat) {
     }
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    // The PDF parser's child process (`agentgate serve` starts it per
+    // upload): it limits its own memory and CPU, so it runs before any
+    // runtime or thread exists.
+    if std::env::args_os().nth(1).as_deref()
+        == Some(std::ffi::OsStr::new(
+            agentgate_ingest::isolate::PARSE_SUBCOMMAND,
+        ))
+    {
+        return agentgate_ingest::isolate::child_main();
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a Tokio runtime")
+        .block_on(run())
+}
+
+async fn run() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         // The bench's subscriber also counts sqlx statements.

@@ -253,6 +253,11 @@ impl ServeArgs {
 /// # Errors
 /// When a flag is invalid, the store cannot be opened or the address bound.
 pub async fn run(args: ServeArgs) -> Result<(), BoxError> {
+    // Uploaded PDFs are parsed in child processes of this binary, so a
+    // hostile file can crash, exhaust or stall only its child.
+    agentgate_ingest::isolate::use_parser_process(
+        agentgate_ingest::isolate::ParserProcess::this_executable()?,
+    );
     let shutdown = shutdown_signal();
     let (config, app) = args.into_config()?;
     let mut starting = Server::open(config).await?;

@@ -27,6 +27,7 @@
 pub mod chunk;
 mod db;
 pub mod embed;
+pub mod isolate;
 pub mod limits;
 
 use std::sync::Arc;
@@ -227,11 +228,12 @@ impl Ingestor {
         })
     }
 
-    /// [`parse`] in a blocking thread, at most [`MAX_CONCURRENT_PARSES`] at
-    /// once, refused after [`MAX_PARSE_TIME`] (waiting for a permit
-    /// included). A parse that ran out of time cannot be stopped, so its
-    /// thread keeps its permit until it ends: a run of hostile files slows
-    /// uploads down instead of piling up threads.
+    /// [`parse`], at most [`MAX_CONCURRENT_PARSES`] at once, refused after
+    /// [`MAX_PARSE_TIME`] (waiting for a permit included). A PDF goes to a
+    /// child process when the binary chose one ([`isolate`]): killed at the
+    /// deadline, its permit freed. Otherwise it runs in a blocking thread,
+    /// which cannot be stopped, so it keeps its permit until it ends: a run
+    /// of hostile files slows uploads down instead of piling up threads.
     async fn parse(&self, content: &[u8], media_type: MediaType) -> Result<String, IngestError> {
         let too_slow = || {
             IngestError::Invalid(format!(
@@ -243,6 +245,12 @@ impl Ingestor {
                 .acquire_owned()
                 .await
                 .map_err(|e| IngestError::Corrupt(format!("the parse permits closed: {e}")))?;
+            if let (MediaType::Pdf, Some(parser)) = (media_type, isolate::parser_process()) {
+                // The child is killed when this future is dropped at the
+                // deadline below, and the permit freed with it.
+                let _permit = permit;
+                return isolate::parse_pdf(parser, content).await;
+            }
             let content = content.to_vec();
             tokio::task::spawn_blocking(move || {
                 let _permit = permit;

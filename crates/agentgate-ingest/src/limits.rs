@@ -18,9 +18,20 @@ pub const MAX_PDF_PAGES: usize = 500;
 /// is CPU work in a blocking thread) before the upload is refused.
 pub const MAX_PARSE_TIME: Duration = Duration::from_secs(20);
 
-/// The most documents parsed at once in one process; a parse that ran out
-/// of time keeps its permit until its thread really ends.
+/// The most documents parsed at once in one process. A parse in a child
+/// process (`isolate`) frees its permit when the child is gone, killed at
+/// [`MAX_PARSE_TIME`] if need be; one in a thread keeps it until the thread
+/// really ends.
 pub const MAX_CONCURRENT_PARSES: usize = 2;
+
+/// The address space a PDF parser's child process may take: the file's
+/// decompressed streams and the text included (a FlateDecode bomb dies
+/// here, not in the server).
+pub const MAX_PARSE_MEMORY: usize = 512 * 1024 * 1024;
+
+/// The most text a PDF parser's child may hand back: more than
+/// [`MAX_CHUNKS`] chunks could hold in any script.
+pub const MAX_PARSED_TEXT_BYTES: usize = 4 * CHUNK_CHARS * MAX_CHUNKS + 1024;
 
 /// A chunk's target size in characters; a paragraph longer than this is
 /// cut at a character boundary.
