@@ -22,9 +22,8 @@ use std::time::Duration;
 
 use agentgate::UserId;
 use agentgate_ingest::{Hit, IngestError, IngestionView, MediaType, Upload};
-use agentgate_server::{ApiError, ApiQuery, AppState, CallerUser, ErrorCode};
-use axum::body::Bytes;
-use axum::extract::State;
+use agentgate_server::{ApiBytes, ApiError, ApiQuery, AppState, CallerUser, ErrorCode};
+use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::Json;
 use serde::{Deserialize, Serialize};
@@ -117,13 +116,38 @@ pub(crate) fn api_error(error: IngestError) -> ApiError {
     }
 }
 
+/// Refuses a file name the query decodes lossily (bytes that are not
+/// UTF-8 become U+FFFD without a word) or that holds a control character
+/// (NUL, a line break): it is shown in pages and logs, and kept.
+fn check_file_name(raw_query: Option<&str>) -> Result<(), ApiError> {
+    let raw = raw_query.unwrap_or("");
+    for pair in raw.split('&') {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if key != "name" {
+            continue;
+        }
+        let plus_as_space = value.replace('+', " ");
+        let bytes: Vec<u8> = percent_encoding::percent_decode_str(&plus_as_space).collect();
+        let name = std::str::from_utf8(&bytes)
+            .map_err(|_| ApiError::invalid("the file name is not UTF-8"))?;
+        if name.chars().any(char::is_control) {
+            return Err(ApiError::invalid(
+                "the file name holds a control character (NUL, a line break…)",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Checks the upload, then ingests it in the background.
 pub(crate) async fn upload(
     State(state): State<AppState>,
     caller: CallerUser,
+    RawQuery(raw_query): RawQuery,
     ApiQuery(query): ApiQuery<UploadQuery>,
-    body: Bytes,
+    ApiBytes(body): ApiBytes,
 ) -> Result<(StatusCode, Json<Accepted>), ApiError> {
+    check_file_name(raw_query.as_deref())?;
     caller.check(&query.user_id)?;
     let user_id = UserId::new(query.user_id)?;
     let ingestor = ingestor(&state)?.clone();
@@ -131,7 +155,7 @@ pub(crate) async fn upload(
         tenant: user_id.as_str().to_owned(),
         media_type: MediaType::detect(&query.name, &body),
         name: query.name,
-        content: body.to_vec(),
+        content: body,
         document_id: query.document_id,
     };
     let accepted = ingestor.accept(&upload).await.map_err(api_error)?;

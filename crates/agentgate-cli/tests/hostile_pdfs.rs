@@ -1,4 +1,6 @@
-//! Hostile PDFs against the running server: none of them may touch it.
+//! Hostile uploads against the running server: none of them may touch it.
+//! (The last test here: the upload route keeps `/v1`'s bounds and error
+//! shape.)
 //!
 //! A 786-byte PDF whose drawing calls itself once overflowed the parser's
 //! stack and aborted the whole server, and a FlateDecode bomb took its RSS
@@ -257,4 +259,53 @@ async fn hostile_pdfs_never_touch_the_server() {
         "the server's peak RSS was {peak} KiB, over {SERVER_RSS_BOUND_KIB}"
     );
     server.kill();
+}
+
+/// The upload route keeps `/v1`'s bounds, in the JSON error shape: a body
+/// that stalls is 408 `request_timeout` within the body-read bound (it was
+/// a 503 `store_unavailable` after 30 s), one over the body limit is 413
+/// `payload_too_large`, and a file name with a NUL or bytes that are not
+/// UTF-8 is 400 `invalid_request`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upload_route_keeps_the_v1_bounds() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let dir = scratch();
+    let server = Server::start(dir.path(), &[]);
+    let address = server.base.trim_start_matches("http://").to_owned();
+
+    let mut stalled = tokio::net::TcpStream::connect(&address).await.unwrap();
+    stalled
+        .write_all(
+            format!(
+                "POST /app/documents?user_id=sam&name=a.txt HTTP/1.1\r\nHost: {address}\r\n\
+                 Content-Type: text/plain\r\nContent-Length: 100\r\n\r\nonly ten b"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), stalled.read_to_end(&mut answer))
+        .await
+        .expect("the server answers a stalled body within its bound")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("\"request_timeout\""), "{answer}");
+
+    let too_big = upload(&server, "sam", "big.txt", vec![b'a'; 1024 * 1024 + 1]).await;
+    assert_eq!(too_big.0, 413, "{}", too_big.1);
+    assert_eq!(
+        too_big.1["error"]["code"], "payload_too_large",
+        "{}",
+        too_big.1
+    );
+
+    for name in ["a%00b.txt", "a%FFb.txt", "line%0Abreak.txt"] {
+        let refused = upload(&server, "sam", name, b"hello".to_vec()).await;
+        assert_eq!(refused.0, 400, "{name}: {}", refused.1);
+        assert_eq!(refused.1["error"]["code"], "invalid_request", "{name}");
+    }
+    let fine = upload(&server, "sam", "caf%C3%A9.txt", b"hello there".to_vec()).await;
+    assert_eq!(fine.0, 202, "a UTF-8 name: {}", fine.1);
 }

@@ -137,6 +137,23 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
     }
 }
 
+/// A raw body of any content type (an uploaded file) with the same bounds
+/// and errors as [`ApiJson`]'s: at most the server's body limit (413
+/// `payload_too_large`), read within [`BODY_READ_TIMEOUT`] (408
+/// `request_timeout`), in the JSON error shape.
+#[derive(Debug)]
+pub struct ApiBytes(pub Vec<u8>);
+
+impl FromRequest<AppState> for ApiBytes {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &AppState) -> Result<Self, ApiError> {
+        read_body(request, state.max_body_bytes())
+            .await
+            .map(ApiBytes)
+    }
+}
+
 /// Path parameters.
 #[derive(Debug)]
 pub struct ApiPath<T>(pub T);

@@ -63,7 +63,7 @@ use tower::ServiceBuilder;
 
 pub use auth::{read_key_file, ApiKey, ApiKeys, KeyError, RecoveryRole};
 pub use error::{ApiError, ErrorCode};
-pub use extract::{ApiJson, ApiPath, ApiQuery, LEASE_TOKEN_HEADER};
+pub use extract::{ApiBytes, ApiJson, ApiPath, ApiQuery, LEASE_TOKEN_HEADER};
 pub use guard::CallerUser;
 pub use metrics::Metrics;
 pub use mount::{Extensions, Mount};
