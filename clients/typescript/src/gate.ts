@@ -211,7 +211,17 @@ export class Gate {
     const answer = await this.#http.send<Schemas["ClaimOrphanResponse"] | undefined>("POST", "/v1/orphans/claim", { body: request });
     if (answer.status === 204 || answer.body === undefined) return null;
     const claimed = answer.body;
-    const turn = new Turn<P>(this.#http, claimed.turn, claimed.payload as P, claimed.journal);
+    // The claim carries the journal's first page; the rest is read in
+    // pages, so the body sees every execution of the turn.
+    const journal = [...claimed.journal];
+    let next = claimed.journal_next ?? null;
+    while (next !== null) {
+      const path = `/v1/turns/${encodeURIComponent(claimed.turn.turn_id)}/executions?after=${encodeURIComponent(next)}`;
+      const page = (await this.#http.send<Schemas["ExecutionPageResponse"]>("GET", path)).body;
+      journal.push(...page.executions.map(journalEntry));
+      next = page.executions_next ?? null;
+    }
+    const turn = new Turn<P>(this.#http, claimed.turn, claimed.payload as P, journal);
     const response = await runTurn(turn, body);
     return { turnId: turn.turnId, response };
   }
@@ -584,4 +594,18 @@ function sleep(ms: number): Promise<void> {
 
 function errorName(error: unknown): string {
   return error instanceof AgentgateError ? error.code : error instanceof Error ? error.name : typeof error;
+}
+
+/** A page's execution as a claim's journal names it (as the server's
+ * `JournalEntry::from_view` does: a running one's outcome is unknown). */
+function journalEntry(execution: Schemas["ExecutionDto"]): Schemas["JournalEntryDto"] {
+  const outcome = execution.state === "running" ? "unknown" : execution.state;
+  return {
+    execution_id: execution.execution_id,
+    tool: execution.tool,
+    attempt: execution.attempt,
+    outcome,
+    ...(execution.state === "succeeded" ? { result: execution.result } : {}),
+    ...(execution.state === "failed" ? { error: execution.error } : {}),
+  };
 }

@@ -95,7 +95,10 @@ export interface paths {
          *     step, and returns what resuming it needs: the original payload and the
          *     tool journal. Succeeded tool calls return their stored result when
          *     claimed again; `unknown` ones may have taken effect — reconcile them
-         *     (e.g. look the booking up by its `idempotency_key`) before acting. Many
+         *     (e.g. look the booking up by its `idempotency_key`) before acting. The
+         *     journal is the first page of the turn's executions, as `GET
+         *     /v1/turns/{turn_id}` carries them; when `journal_next` is not `null`,
+         *     read the rest with `GET /v1/turns/{turn_id}/executions?after=`. Many
          *     workers calling this at once never get the same orphan. 204 when there
          *     is none. An orphan past its attempts is ended `failed` instead.
          *
@@ -580,8 +583,18 @@ export interface components {
         };
         /** @description 201 from `POST /v1/orphans/claim`: the orphan, taken over. */
         ClaimOrphanResponse: {
-            /** @description The turn's tool executions before the takeover, oldest first. */
+            /**
+             * @description The turn's tool executions before the takeover, oldest first: the
+             *     first page (at most 50, and at most 4 MiB of results, but always
+             *     one when there is one).
+             */
             journal: components["schemas"]["JournalEntryDto"][];
+            /**
+             * @description The cursor of the journal's next page, for `GET
+             *     /v1/turns/{turn_id}/executions?after=`; `null` when `journal` is
+             *     whole.
+             */
+            journal_next?: string | null;
             /**
              * Format: int64
              * @description How long the turn had been without a live lease.

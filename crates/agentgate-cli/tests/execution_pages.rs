@@ -150,3 +150,98 @@ async fn turn_executions_are_paged_and_each_body_is_bounded() {
         .await
         .expect(404, "not_found");
 }
+
+/// An orphan claim over a turn of ten 1 MB results answers the journal's
+/// first page only (within the page byte limit) and the cursor of the
+/// rest; walking `GET /v1/turns/{id}/executions` from it yields every other
+/// execution once. Before, the claim answered the whole journal in one
+/// body (187 MB for 180 such results).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_orphan_claims_journal_is_paged_and_its_body_bounded() {
+    let dir = scratch();
+    let server = Server::start(dir.path(), &["--lease-ttl-ms", "2000"]);
+    let client = server.client();
+    let (turn_id, token) = lease(
+        &client
+            .begin("oscar", "chat-1", "msg-1", &json!({"text": "big"}))
+            .await,
+    );
+    let tools = format!("/v1/turns/{turn_id}/tools");
+    let filler = "x".repeat(RESULT_CHARS);
+    let mut claimed = Vec::new();
+    for i in 0..EXECUTIONS {
+        client
+            .post(
+                &format!("/v1/turns/{turn_id}/heartbeat"),
+                Some(&token),
+                &json!({}),
+            )
+            .await
+            .expect(200, "");
+        let claim = client
+            .post(
+                &tools,
+                Some(&token),
+                &json!({"tool": "export", "args": {"i": i}}),
+            )
+            .await
+            .expect(201, "");
+        let id = claim.body["execution"]["execution_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        client
+            .post(
+                &format!("{tools}/{id}/complete"),
+                Some(&token),
+                &json!({"result": filler}),
+            )
+            .await
+            .expect(200, "");
+        claimed.push(id);
+    }
+    // The holder goes silent; past its 2 s lease the turn is an orphan.
+    let claim = loop {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let reply = client
+            .post("/v1/orphans/claim", None, &json!({"turn_ids": [turn_id]}))
+            .await;
+        if reply.status == 201 {
+            break reply;
+        }
+        assert_eq!(reply.status, 204, "{}", reply.text);
+    };
+    let bound = MAX_EXECUTION_PAGE_BYTES + ENVELOPE_BYTES;
+    assert!(
+        claim.text.len() <= bound,
+        "the claim's body is {} bytes, over {bound}",
+        claim.text.len()
+    );
+    let journal: Vec<String> = claim.body["journal"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["execution_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(
+        !journal.is_empty() && journal.len() < EXECUTIONS,
+        "{journal:?}"
+    );
+    let mut walked = journal;
+    let mut next = claim.body["journal_next"].as_str().map(str::to_owned);
+    assert!(next.is_some(), "a cursor for the rest");
+    while let Some(after) = next {
+        let page = client
+            .get(&format!("/v1/turns/{turn_id}/executions?after={after}"))
+            .await
+            .expect(200, "");
+        assert!(
+            page.text.len() <= bound,
+            "a page of {} bytes",
+            page.text.len()
+        );
+        walked.extend(ids(&page.body));
+        next = page.body["executions_next"].as_str().map(str::to_owned);
+    }
+    assert_eq!(walked, claimed, "every execution once, in claim order");
+}

@@ -1035,8 +1035,12 @@ pub struct ClaimedOrphan {
     /// The original request's payload (`null` if the turn predates kept
     /// payloads).
     pub payload: Value,
-    /// The turn's tool executions, oldest first.
+    /// The turn's tool executions, oldest first: all of them, or the first
+    /// page ([`crate::store::Store::claim_orphan_first_page`]).
     pub journal: Vec<JournalEntry>,
+    /// Where the journal's next page starts (`Store::executions`); `None`
+    /// when `journal` is whole.
+    pub journal_next: Option<crate::page::ExecutionCursor>,
     /// How long the turn had been without a live lease when claimed.
     pub orphaned_for_ms: i64,
 }

@@ -335,9 +335,30 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// # Errors
     /// `invalid_request` for a bad filter, `store_unavailable`.
     async fn claim_orphan(&self, filter: &OrphanFilter) -> Result<Option<ClaimedOrphan>> {
-        Ok(claim_orphan_timed(self, filter, || ())
+        Ok(claim_orphan_timed(self, filter, || (), JournalRead::All)
             .await?
             .map(|(claimed, ())| claimed))
+    }
+
+    /// [`Store::claim_orphan`] reading only the first page of the journal
+    /// (`ExecutionPageRequest::default()`: at most
+    /// [`crate::limits::DEFAULT_EXECUTION_PAGE`] executions and
+    /// [`crate::limits::MAX_EXECUTION_PAGE_BYTES`] of results), the cursor
+    /// of the rest in [`ClaimedOrphan::journal_next`]: for an answer that
+    /// goes over the wire, so a turn of many large results never makes one
+    /// huge answer.
+    ///
+    /// # Errors
+    /// As [`Store::claim_orphan`].
+    async fn claim_orphan_first_page(
+        &self,
+        filter: &OrphanFilter,
+    ) -> Result<Option<ClaimedOrphan>> {
+        Ok(
+            claim_orphan_timed(self, filter, || (), JournalRead::FirstPage)
+                .await?
+                .map(|(claimed, ())| claimed),
+        )
     }
 
     /// Ends `abandoned` the orphans whose grace
@@ -384,6 +405,17 @@ pub trait ReleaseWatch: Send {
     }
 }
 
+/// How much of a claimed orphan's journal a claim reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JournalRead {
+    /// Every execution, page by page ([`all_executions`]): a worker in this
+    /// process resuming the turn.
+    All,
+    /// The first page, and the cursor of the rest
+    /// ([`Store::claim_orphan_first_page`]).
+    FirstPage,
+}
+
 /// [`Store::claim_orphan`], also returning `mark()` as taken just before the
 /// begin that made the claim: a caller that runs a local lease deadline (the
 /// library's watchdog) measures it from there, not from before a scan that
@@ -396,6 +428,7 @@ pub async fn claim_orphan_timed<S, T>(
     store: &S,
     filter: &OrphanFilter,
     mark: impl Fn() -> T + Send + Sync,
+    journal: JournalRead,
 ) -> Result<Option<(ClaimedOrphan, T)>>
 where
     S: Store + ?Sized,
@@ -406,13 +439,13 @@ where
         .orphans(filter, crate::limits::MAX_ORPHAN_SCAN)
         .await?;
     let orphans = orphans.into_iter().filter(|o| !o.superseded);
-    if let Some(claimed) = claim_first(store, orphans, &mark).await? {
+    if let Some(claimed) = claim_first(store, orphans, &mark, journal).await? {
         return Ok(Some(claimed));
     }
     let heads = store
         .queue_heads(None, filter, crate::limits::MAX_ORPHAN_SCAN)
         .await?;
-    claim_first(store, heads, &mark).await
+    claim_first(store, heads, &mark, journal).await
 }
 
 /// The handoff of SPEC §4's second message: starts the head of
@@ -452,7 +485,7 @@ where
             return Ok(None);
         }
         refused = Some(head.turn_id.clone());
-        if let Some(claimed) = claim_first(store, [head], &mark).await? {
+        if let Some(claimed) = claim_first(store, [head], &mark, JournalRead::All).await? {
             return Ok(Some(claimed));
         }
     }
@@ -466,6 +499,7 @@ async fn claim_first<S, T>(
     store: &S,
     candidates: impl IntoIterator<Item = Orphan> + Send,
     mark: &(impl Fn() -> T + Send + Sync),
+    journal: JournalRead,
 ) -> Result<Option<(ClaimedOrphan, T)>>
 where
     S: Store + ?Sized,
@@ -477,8 +511,16 @@ where
         let Some(grant) = crate::decide::orphan_claim_step(outcome)? else {
             continue;
         };
-        let journal = all_executions(store, &grant.turn_id)
-            .await?
+        let (executions, journal_next) = match journal {
+            JournalRead::All => (all_executions(store, &grant.turn_id).await?, None),
+            JournalRead::FirstPage => {
+                let page = store
+                    .executions(&grant.turn_id, &ExecutionPageRequest::default())
+                    .await?;
+                (page.executions, page.next)
+            }
+        };
+        let journal = executions
             .into_iter()
             .map(JournalEntry::from_view)
             .collect::<Result<Vec<_>>>()?;
@@ -491,6 +533,7 @@ where
             grant,
             payload,
             journal,
+            journal_next,
             orphaned_for_ms: orphan.orphaned_for_ms,
         };
         return Ok(Some((claimed, marked)));

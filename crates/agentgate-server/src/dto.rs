@@ -1131,8 +1131,14 @@ pub struct ClaimOrphanResponse {
     pub turn: GrantDto,
     /// The original request's payload, to resume from.
     pub payload: Value,
-    /// The turn's tool executions before the takeover, oldest first.
+    /// The turn's tool executions before the takeover, oldest first: the
+    /// first page (at most 50, and at most 4 MiB of results, but always
+    /// one when there is one).
     pub journal: Vec<JournalEntryDto>,
+    /// The cursor of the journal's next page, for `GET
+    /// /v1/turns/{turn_id}/executions?after=`; `null` when `journal` is
+    /// whole.
+    pub journal_next: Option<String>,
     /// How long the turn had been without a live lease.
     pub orphaned_for_ms: i64,
 }

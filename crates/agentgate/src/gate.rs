@@ -395,6 +395,7 @@ impl Gate {
             self.store.as_ref(),
             filter,
             tokio::time::Instant::now,
+            agentgate_core::store::JournalRead::All,
         );
         let Some((claimed, requested_at)) = claim.await? else {
             return Ok(None);

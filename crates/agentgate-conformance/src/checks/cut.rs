@@ -857,17 +857,25 @@ async fn cut_through_the_gate(target: &Target, config: &Config, witness: &dyn St
     let gate = target.gate(config.clone()).await;
     let store = Arc::clone(gate.store());
     let mut grants = Vec::new();
+    let mut cut = 0;
     for i in 0..50 {
         let user = format!("gate-{i}");
         let grant = start(store.as_ref(), &command(&user, &user, "r")).await;
-        assert!(
-            cut_after(0, store.end_turn(&lease(&grant), &succeed(i)))
-                .await
-                .is_none(),
-            "the ending was cut before its task could answer"
-        );
+        // Cut at its first poll: almost always before its task answers (a
+        // task on another worker may, rarely, finish first; that ending
+        // was simply answered).
+        if cut_after(0, store.end_turn(&lease(&grant), &succeed(i)))
+            .await
+            .is_none()
+        {
+            cut += 1;
+        }
         grants.push(grant);
     }
+    assert!(
+        cut >= 25,
+        "only {cut} of 50 endings were cut before their answer: the attack did not run"
+    );
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let mut ended = 0;
     for grant in &grants {

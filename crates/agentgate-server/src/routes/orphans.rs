@@ -23,7 +23,10 @@ use crate::AppState;
 /// step, and returns what resuming it needs: the original payload and the
 /// tool journal. Succeeded tool calls return their stored result when
 /// claimed again; `unknown` ones may have taken effect — reconcile them
-/// (e.g. look the booking up by its `idempotency_key`) before acting. Many
+/// (e.g. look the booking up by its `idempotency_key`) before acting. The
+/// journal is the first page of the turn's executions, as `GET
+/// /v1/turns/{turn_id}` carries them; when `journal_next` is not `null`,
+/// read the rest with `GET /v1/turns/{turn_id}/executions?after=`. Many
 /// workers calling this at once never get the same orphan. 204 when there
 /// is none. An orphan past its attempts is ended `failed` instead.
 ///
@@ -67,7 +70,7 @@ pub(crate) async fn claim(
             .collect::<Result<_, _>>()?,
     };
     let store = state.gate().store();
-    let Some(claimed) = store.claim_orphan(&filter).await? else {
+    let Some(claimed) = store.claim_orphan_first_page(&filter).await? else {
         return Ok(StatusCode::NO_CONTENT.into_response());
     };
     state.metrics().begin(BeginLabel::OrphanClaim);
@@ -86,6 +89,7 @@ pub(crate) async fn claim(
             .into_iter()
             .map(JournalEntryDto::from)
             .collect(),
+        journal_next: claimed.journal_next.map(|cursor| cursor.to_string()),
         orphaned_for_ms: claimed.orphaned_for_ms,
     };
     Ok((StatusCode::CREATED, Json(body)).into_response())
