@@ -94,6 +94,8 @@ export class SessionBusy extends codeClass("session_busy") {}
 export class RequestInFlight extends codeClass("request_in_flight") {}
 /** 409: the session waits for a person's answer to `activeTurnId`'s pending confirmation. */
 export class AwaitingConfirmation extends codeClass("awaiting_confirmation") {}
+/** 409: the confirmation names a turn whose pending confirmation expired; nothing was confirmed. */
+export class ConfirmationExpired extends codeClass("confirmation_expired") {}
 /** 409: the same tool call is running under this lease; wait and claim again. */
 export class ToolInFlight extends codeClass("tool_in_flight") {}
 /** 409: the turn was asked to stop (`POST /v1/turns/{id}/cancel`): claim no more tools; end it with `end-cancelled`. */
@@ -133,6 +135,7 @@ const CLASS_BY_CODE: Record<ErrorCode, new (message: string, options?: Agentgate
   session_busy: SessionBusy,
   request_in_flight: RequestInFlight,
   awaiting_confirmation: AwaitingConfirmation,
+  confirmation_expired: ConfirmationExpired,
   tool_in_flight: ToolInFlight,
   turn_cancelled: TurnCancelled,
   lease_lost: LeaseLost,

@@ -687,7 +687,7 @@ export interface components {
          * @description Every error code the server sends, in `error.code`.
          * @enum {string}
          */
-        ErrorCode: "invalid_request" | "unauthorized" | "origin_not_allowed" | "host_not_allowed" | "user_mismatch" | "not_found" | "method_not_allowed" | "request_timeout" | "payload_too_large" | "unsupported_media_type" | "session_busy" | "request_in_flight" | "awaiting_confirmation" | "tool_in_flight" | "lease_lost" | "unknown_tool_outcome" | "turn_cancelled" | "payload_mismatch" | "attempts_exhausted" | "user_at_capacity" | "queue_full" | "effect_failed" | "internal" | "store_unavailable" | "overloaded";
+        ErrorCode: "invalid_request" | "unauthorized" | "origin_not_allowed" | "host_not_allowed" | "user_mismatch" | "not_found" | "method_not_allowed" | "request_timeout" | "payload_too_large" | "unsupported_media_type" | "session_busy" | "request_in_flight" | "awaiting_confirmation" | "confirmation_expired" | "tool_in_flight" | "lease_lost" | "unknown_tool_outcome" | "turn_cancelled" | "payload_mismatch" | "attempts_exhausted" | "user_at_capacity" | "queue_full" | "effect_failed" | "internal" | "store_unavailable" | "overloaded";
         /** @description What went wrong, with what a caller needs to act on it. */
         ErrorDetail: {
             /**
@@ -1165,6 +1165,12 @@ export interface components {
         TurnStateDto: "running" | "succeeded" | "failed" | "awaiting_confirmation" | "confirmed" | "abandoned" | "cancelled" | "queued" | "superseded";
         /** @description 200 from `GET /v1/turns/{turn_id}`. */
         TurnStateResponse: {
+            /**
+             * @description `true` when the turn is `awaiting_confirmation` but its pending
+             *     confirmation expired (`--confirmation-ttl-ms`): nothing will run, and
+             *     an answer to it is refused 409 `confirmation_expired`.
+             */
+            confirmation_expired: boolean;
             /**
              * @description The first page of its tool executions, oldest first: at most
              *     50 (`DEFAULT_EXECUTION_PAGE`) and at most 4 MiB
@@ -1838,8 +1844,10 @@ export interface operations {
             /**
              * @description `session_busy` (another turn holds the session; `active_turn_id` names
              *     it), `request_in_flight` (this request runs under a live lease) or
-             *     `awaiting_confirmation` (the session waits for a person). Retry after
-             *     `Retry-After` seconds.
+             *     `awaiting_confirmation` (the session waits for a person): retry after
+             *     `Retry-After` seconds. `confirmation_expired` (no `Retry-After`): the
+             *     confirmation names a turn whose pending confirmation expired, and
+             *     nothing was confirmed.
              */
             409: {
                 headers: {

@@ -648,6 +648,19 @@ async function answer(card, turnId, decision, expiresAtMs, ui) {
         showNotice(t("notice.confirm_in_flight"), "warn", "confirm");
         await sleep(Math.min(Math.max(error.retry_after_ms || 0, SYNC_BUSY_MS), 2000));
         continue;
+      case "confirmation_expired": {
+        // The server says so itself: the pending confirmation's TTL ran
+        // out and nothing was booked.
+        settleCard(card);
+        status.textContent = t("status.expired");
+        showNotice(
+          expiresAtMs ? t("notice.confirm_expired", { time: clock(expiresAtMs) }) : t("status.expired"),
+          "warn",
+          "confirm",
+        );
+        syncNow();
+        return;
+      }
       case "not_found": {
         settleCard(card);
         status.textContent = t("card.gone");

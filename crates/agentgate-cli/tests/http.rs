@@ -1824,3 +1824,62 @@ async fn enqueue_then_the_endings_hand_off_the_queue_in_order() {
         assert!(metrics.contains(line), "{line} in\n{metrics}");
     }
 }
+
+/// Past `--confirmation-ttl-ms`, `GET /v1/turns/{id}` says the pending
+/// confirmation expired (`confirmation_expired: true`, the state still
+/// `awaiting_confirmation`), and an approval is refused 409
+/// `confirmation_expired`, its own code, not a 404 `not_found`: the turn is
+/// there, its confirmation ran out. Nothing starts; a new message does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_confirmation_says_so() {
+    let dir = scratch();
+    let server = Server::start(dir.path(), &["--confirmation-ttl-ms", "1000"]);
+    let client = server.client();
+    let (turn_id, token) = lease(
+        &client
+            .begin("lou", "chat-1", "msg-1", &json!("spend 900"))
+            .await,
+    );
+    client
+        .post(
+            &format!("/v1/turns/{turn_id}/await-confirmation"),
+            Some(&token),
+            &json!({ "pending": {"amount": 900} }),
+        )
+        .await
+        .expect(200, "");
+    let fresh = client
+        .get(&format!("/v1/turns/{turn_id}"))
+        .await
+        .expect(200, "");
+    assert_eq!(fresh.body["confirmation_expired"], json!(false));
+    // Past the 1 s TTL.
+    tokio::time::sleep(std::time::Duration::from_millis(1_300)).await;
+    let expired = client
+        .get(&format!("/v1/turns/{turn_id}"))
+        .await
+        .expect(200, "");
+    assert_eq!(expired.body["turn"]["state"], "awaiting_confirmation");
+    assert_eq!(
+        expired.body["confirmation_expired"],
+        json!(true),
+        "{}",
+        expired.text
+    );
+    let confirm = json!({
+        "user_id": "lou", "session_id": "chat-1", "client_request_id": "confirm-1",
+        "confirmation": {"turn_id": turn_id, "decision": "approve"},
+    });
+    let refused = client
+        .post("/v1/turns", None, &confirm)
+        .await
+        .expect(409, "confirmation_expired");
+    assert!(refused.body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("expired"));
+    client
+        .begin("lou", "chat-1", "msg-2", &json!("again"))
+        .await
+        .expect(201, "");
+}

@@ -372,10 +372,18 @@ fn decide_confirmation(facts: &BeginFacts<'_>, confirms: &str) -> BeginDecision 
         .session
         .and_then(|s| s.live_pending(facts.now_ms))
         .is_some_and(|p| p.turn_id == target.turn_id);
-    if target.state != TurnState::AwaitingConfirmation || !pending_is_target {
+    if target.state != TurnState::AwaitingConfirmation {
         return BeginDecision::Reject(Error::not_found(format!(
             "pending confirmation of turn {confirms}"
         )));
+    }
+    if !pending_is_target {
+        // Awaiting still, but no longer the session's live pending
+        // confirmation: its TTL ran out (only then can the session have
+        // moved on), so nothing may be confirmed.
+        return BeginDecision::Reject(Error::ConfirmationExpired {
+            turn_id: target.turn_id.clone(),
+        });
     }
     gate_start(facts, StartKind::New, 1, None)
 }

@@ -54,6 +54,14 @@ pub enum Error {
         /// When the pending confirmation expires.
         retry_after: Duration,
     },
+    /// A confirmation names a turn whose pending confirmation expired
+    /// (`confirmation_ttl`): nothing was confirmed, and the action it
+    /// waited for will not run. Ask again with a new message.
+    #[error("the pending confirmation of turn {turn_id} expired")]
+    ConfirmationExpired {
+        /// The turn whose confirmation expired.
+        turn_id: String,
+    },
     /// The same tool execution is running under the caller's own live lease.
     #[error("tool execution {execution_id} is already in flight")]
     ToolInFlight {
@@ -136,6 +144,8 @@ pub enum ErrorKind {
     RequestInFlight,
     /// `awaiting_confirmation`
     AwaitingConfirmation,
+    /// `confirmation_expired`
+    ConfirmationExpired,
     /// `tool_in_flight`
     ToolInFlight,
     /// `lease_lost`
@@ -167,6 +177,7 @@ impl ErrorKind {
             Self::SessionBusy => "session_busy",
             Self::RequestInFlight => "request_in_flight",
             Self::AwaitingConfirmation => "awaiting_confirmation",
+            Self::ConfirmationExpired => "confirmation_expired",
             Self::ToolInFlight => "tool_in_flight",
             Self::LeaseLost => "lease_lost",
             Self::TurnCancelled => "turn_cancelled",
@@ -240,6 +251,7 @@ impl Error {
             Self::SessionBusy { .. } => ErrorKind::SessionBusy,
             Self::RequestInFlight { .. } => ErrorKind::RequestInFlight,
             Self::AwaitingConfirmation { .. } => ErrorKind::AwaitingConfirmation,
+            Self::ConfirmationExpired { .. } => ErrorKind::ConfirmationExpired,
             Self::ToolInFlight { .. } => ErrorKind::ToolInFlight,
             Self::LeaseLost { .. } => ErrorKind::LeaseLost,
             Self::TurnCancelled { .. } => ErrorKind::TurnCancelled,
@@ -319,6 +331,7 @@ mod tests {
             ErrorKind::SessionBusy,
             ErrorKind::RequestInFlight,
             ErrorKind::AwaitingConfirmation,
+            ErrorKind::ConfirmationExpired,
             ErrorKind::ToolInFlight,
             ErrorKind::LeaseLost,
             ErrorKind::TurnCancelled,

@@ -696,6 +696,10 @@ pub struct TurnStateResponse {
     /// worker (`POST /v1/orphans/claim`), takes it over; unclaimed past the
     /// orphan grace it ends `abandoned`.
     pub orphaned: bool,
+    /// `true` when the turn is `awaiting_confirmation` but its pending
+    /// confirmation expired (`--confirmation-ttl-ms`): nothing will run, and
+    /// an answer to it is refused 409 `confirmation_expired`.
+    pub confirmation_expired: bool,
     /// The first page of its tool executions, oldest first: at most
     /// 50 (`DEFAULT_EXECUTION_PAGE`) and at most 4 MiB
     /// (`MAX_EXECUTION_PAGE_BYTES`) of results and errors.

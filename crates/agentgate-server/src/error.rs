@@ -54,6 +54,9 @@ pub enum ErrorCode {
     RequestInFlight,
     /// 409 + `Retry-After`: the session waits for a person's confirmation.
     AwaitingConfirmation,
+    /// 409: the confirmation names a turn whose pending confirmation
+    /// expired; nothing was confirmed.
+    ConfirmationExpired,
     /// 409 + `Retry-After`: this tool call is running under the caller's lease.
     ToolInFlight,
     /// 409: wrong lease token, taken over, expired, or turn already ended.
@@ -102,6 +105,7 @@ impl ErrorCode {
             Self::SessionBusy => "session_busy",
             Self::RequestInFlight => "request_in_flight",
             Self::AwaitingConfirmation => "awaiting_confirmation",
+            Self::ConfirmationExpired => "confirmation_expired",
             Self::ToolInFlight => "tool_in_flight",
             Self::LeaseLost => "lease_lost",
             Self::UnknownToolOutcome => "unknown_tool_outcome",
@@ -125,6 +129,7 @@ impl ErrorCode {
             ErrorKind::SessionBusy => Self::SessionBusy,
             ErrorKind::RequestInFlight => Self::RequestInFlight,
             ErrorKind::AwaitingConfirmation => Self::AwaitingConfirmation,
+            ErrorKind::ConfirmationExpired => Self::ConfirmationExpired,
             ErrorKind::ToolInFlight => Self::ToolInFlight,
             ErrorKind::LeaseLost => Self::LeaseLost,
             ErrorKind::TurnCancelled => Self::TurnCancelled,
@@ -167,6 +172,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         ErrorCode::SessionBusy
         | ErrorCode::RequestInFlight
         | ErrorCode::AwaitingConfirmation
+        | ErrorCode::ConfirmationExpired
         | ErrorCode::ToolInFlight
         | ErrorCode::LeaseLost
         | ErrorCode::UnknownToolOutcome
@@ -391,8 +397,10 @@ pub(crate) enum BeginErrors {
     NotFound(ErrorBody),
     /// `session_busy` (another turn holds the session; `active_turn_id` names
     /// it), `request_in_flight` (this request runs under a live lease) or
-    /// `awaiting_confirmation` (the session waits for a person). Retry after
-    /// `Retry-After` seconds.
+    /// `awaiting_confirmation` (the session waits for a person): retry after
+    /// `Retry-After` seconds. `confirmation_expired` (no `Retry-After`): the
+    /// confirmation names a turn whose pending confirmation expired, and
+    /// nothing was confirmed.
     #[response(
         status = 409,
         headers(("Retry-After" = u64, description = "Seconds until the blocking lease or confirmation runs out, rounded up, at least 1"))
@@ -719,6 +727,7 @@ mod tests {
             (ErrorKind::SessionBusy, 409),
             (ErrorKind::RequestInFlight, 409),
             (ErrorKind::AwaitingConfirmation, 409),
+            (ErrorKind::ConfirmationExpired, 409),
             (ErrorKind::ToolInFlight, 409),
             (ErrorKind::LeaseLost, 409),
             (ErrorKind::TurnCancelled, 409),

@@ -157,6 +157,13 @@ class AwaitingConfirmation(AgentgateError):
     code = "awaiting_confirmation"
 
 
+class ConfirmationExpired(AgentgateError):
+    """409: the confirmation names a turn whose pending confirmation expired;
+    nothing was confirmed. Send the message again to ask anew."""
+
+    code = "confirmation_expired"
+
+
 class ToolInFlight(AgentgateError):
     """409: the same tool call is running under this turn's lease
     (``running`` names the execution and attempt)."""
@@ -306,6 +313,7 @@ _BY_CODE: Dict[str, Type[AgentgateError]] = {
         SessionBusy,
         RequestInFlight,
         AwaitingConfirmation,
+        ConfirmationExpired,
         ToolInFlight,
         LeaseLost,
         TurnCancelled,

@@ -178,7 +178,8 @@ pub async fn confirmation_flow(target: &Target) {
 }
 
 /// A pending confirmation expires after `confirmation_ttl`: then new messages
-/// start and confirming it is refused.
+/// start and confirming it is refused `confirmation_expired`, its own code
+/// (not `not_found`: the turn is there, its confirmation ran out).
 pub async fn pending_confirmation_expires(target: &Target) {
     let ttl = Duration::from_secs(1);
     let gate = target
@@ -210,7 +211,7 @@ pub async fn pending_confirmation_expires(target: &Target) {
         )
         .await
         .expect_err("expired");
-    assert_eq!(late.kind(), ErrorKind::NotFound);
+    assert_eq!(late.kind(), ErrorKind::ConfirmationExpired, "{late}");
     let next = must_start(&gate, "expire-user", "expire-session", "m1").await;
     next.succeed(&json!("ok")).await.expect("succeed");
     let counts = [

@@ -219,6 +219,11 @@ fn assert_conflict(decision: BeginDecision, kind: ErrorKind, turn_id: &str, retr
     assert_eq!(error.retry_after(), Some(retry_after), "{error:?}");
 }
 
+fn assert_expired(decision: BeginDecision) {
+    let error = rejected(decision);
+    assert_eq!(error.kind(), ErrorKind::ConfirmationExpired, "{error:?}");
+}
+
 fn assert_not_found(decision: BeginDecision) {
     let error = rejected(decision);
     assert_eq!(error.kind(), ErrorKind::NotFound, "{error:?}");
@@ -645,22 +650,23 @@ fn confirming_a_turn_of_another_session_is_not_found() {
 }
 
 #[test]
-fn confirming_an_expired_pending_confirmation_is_not_found() {
+fn confirming_an_expired_pending_confirmation_is_confirmation_expired() {
     for expires_at_ms in [NOW, NOW - 1] {
         let decision = Begin::new()
             .pending(PENDING, expires_at_ms)
             .confirms(Some(awaiting_target()))
             .decide();
-        assert_not_found(decision);
+        assert_expired(decision);
     }
 }
 
 #[test]
-fn confirming_a_turn_the_session_does_not_wait_on_is_not_found() {
-    // The session waits on another turn, or on nothing.
+fn confirming_an_awaiting_turn_the_session_moved_on_from_is_confirmation_expired() {
+    // The session waits on another turn, or on nothing: the target's
+    // pending confirmation ran out (only then can the session move on).
     for session in [Begin::new().pending(OTHER, NOW + 60_000), Begin::new()] {
         let decision = session.confirms(Some(awaiting_target())).decide();
-        assert_not_found(decision);
+        assert_expired(decision);
     }
 }
 

@@ -76,12 +76,24 @@ pub(crate) async fn turn(
             .is_none_or(|holder| holder.turn_id != view.turn_id),
         _ => false,
     };
+    // Awaiting still, but no longer its session's live pending
+    // confirmation: the TTL ran out, and an approval is refused
+    // `confirmation_expired`.
+    let confirmation_expired = match view.state {
+        agentgate::TurnState::AwaitingConfirmation => store
+            .session(&view.session_id)
+            .await?
+            .and_then(|session| session.pending_confirmation)
+            .is_none_or(|pending| pending.turn_id != view.turn_id),
+        _ => false,
+    };
     let page = store
         .executions(&turn_id, &ExecutionPageRequest::default())
         .await?;
     let (executions, executions_next) = page_parts(page);
     Ok(Json(TurnStateResponse {
         orphaned,
+        confirmation_expired,
         turn: TurnDto::from(view),
         executions,
         executions_next,
