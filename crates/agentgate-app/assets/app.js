@@ -130,8 +130,10 @@ const channel = typeof BroadcastChannel === "function" ? new BroadcastChannel("a
 
 // ------------------------------------------------------------ helpers
 
+// A session id belongs to the user whose message first uses it, so it must
+// be unguessable: a whole UUIDv4 (122 random bits), never a counter.
 function newSessionId() {
-  return newId("s").slice(0, 14);
+  return newId("s");
 }
 
 function readHash() {
