@@ -103,6 +103,7 @@ pub async fn dropped_turn_is_released(target: &Target) {
     let gate = target.gate(config()).await;
     let turn = must_start(&gate, "drop-user", "drop-session", "r1").await;
     let id = turn.id().clone();
+    let dropped = std::time::Instant::now();
     drop(turn);
     // The default TTL is 30 s; this must happen long before it.
     let next = start_within(
@@ -113,6 +114,7 @@ pub async fn dropped_turn_is_released(target: &Target) {
         Duration::from_secs(5),
     )
     .await;
+    let released_after = dropped.elapsed();
     next.succeed(&json!("ok")).await.expect("succeed");
     let view = gate.store().turn(&id).await.expect("view").expect("turn");
     assert_eq!(view.state, TurnState::Failed);
@@ -122,11 +124,15 @@ pub async fn dropped_turn_is_released(target: &Target) {
         Some(&json!("dropped"))
     );
     let restarted = must_start(&gate, "drop-user", "drop-session", "r1").await;
-    assert_eq!(restarted.attempt(), 2);
+    let restarted_attempt = usize::try_from(restarted.attempt()).unwrap_or(0);
+    assert_eq!(restarted_attempt, 2);
     restarted.succeed(&json!("ok")).await.expect("succeed");
     let counts = [
-        ("released_before_ttl".to_owned(), 1),
-        ("restarted".to_owned(), 1),
+        (
+            "released_after_ms".to_owned(),
+            usize::try_from(released_after.as_millis()).unwrap_or(usize::MAX),
+        ),
+        ("restart_attempt".to_owned(), restarted_attempt),
     ];
     report(
         target,
@@ -276,12 +282,16 @@ pub async fn concurrent_opens_migrate_once(target: &Target) {
             })
         })
         .collect();
-    let mut opened_nodes = 0;
     for thread in threads {
         let opened = tokio::task::block_in_place(|| thread.join()).expect("a node thread");
         opened.unwrap_or_else(|e| panic!("a concurrent open failed: {e}"));
-        opened_nodes += 1;
     }
+    // Migrated once: every version recorded exactly once, none missing
+    // (a second run of a migration would have failed its node's open on the
+    // version's key, or left a gap).
+    let (rows, distinct, highest) = schema_versions(&target.store_url).await;
+    assert_eq!(rows, distinct, "a schema version recorded twice");
+    assert_eq!(rows, highest, "versions 1..={highest}, each once");
     // Every node sees one store: a turn begun on one is in flight on another.
     let first = target.gate(config()).await;
     let second = target.gate(config()).await;
@@ -292,7 +302,13 @@ pub async fn concurrent_opens_migrate_once(target: &Target) {
         .expect_err("in flight on every node");
     assert_eq!(busy.kind(), ErrorKind::RequestInFlight);
     turn.succeed(&json!("ok")).await.expect("succeed");
-    let counts = [("nodes_opened".to_owned(), opened_nodes)];
+    let counts = [
+        ("nodes".to_owned(), NODES),
+        (
+            "schema_versions_recorded".to_owned(),
+            usize::try_from(rows).unwrap_or(0),
+        ),
+    ];
     report(
         target,
         "concurrent_opens_migrate_once",
@@ -376,4 +392,31 @@ pub async fn ending_survives_a_store_blip(target: &Target) {
         "ending_survives_a_store_blip",
         &counts.into_iter().collect(),
     );
+}
+
+/// The store's schema version table, read through the store's own pool
+/// (its own URL parsing and TLS): its rows, its distinct versions and its
+/// highest version.
+async fn schema_versions(store_url: &str) -> (i64, i64, i64) {
+    const QUERY: &str =
+        "SELECT COUNT(*), COUNT(DISTINCT version), MAX(version) FROM ag_schema_version";
+    type Row = (i64, i64, Option<i64>);
+    let row: Row = if store_url.starts_with("postgres") {
+        let store = agentgate_store_postgres::PostgresStore::open(store_url, config())
+            .await
+            .expect("the store opens");
+        sqlx::query_as(QUERY).fetch_one(store.pool()).await
+    } else if store_url.starts_with("mysql") || store_url.starts_with("mariadb") {
+        let store = agentgate_store_mysql::MySqlStore::open(store_url, config())
+            .await
+            .expect("the store opens");
+        sqlx::query_as(QUERY).fetch_one(store.pool()).await
+    } else {
+        let store = agentgate_store_sqlite::SqliteStore::open(store_url, config())
+            .await
+            .expect("the store opens");
+        sqlx::query_as(QUERY).fetch_one(store.pool()).await
+    }
+    .expect("the schema versions");
+    (row.0, row.1, row.2.unwrap_or(0))
 }
