@@ -1883,3 +1883,50 @@ async fn an_expired_confirmation_says_so() {
         .await
         .expect(201, "");
 }
+
+/// SIGTERM drains: a request in flight when the signal arrives (a begin
+/// waiting for a busy session) still gets its whole answer, not a reset;
+/// then the process exits cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_the_requests_in_flight() {
+    let dir = scratch();
+    let mut server = Server::start(dir.path(), &[]);
+    let client = server.client();
+    lease(&client.begin("tess", "chat-t", "m1", &json!("m1")).await);
+    let body = json!({
+        "user_id": "tess", "session_id": "chat-t", "client_request_id": "m2",
+        "payload": "m2", "on_busy": "wait", "wait_ms": 2_000,
+    });
+    let waiter = {
+        let client = client.clone();
+        tokio::spawn(async move { client.post("/v1/turns", None, &body).await })
+    };
+    // It is in flight once the node counts it waiting.
+    let mut waiting = false;
+    for _ in 0..100 {
+        if client
+            .get("/metrics")
+            .await
+            .text
+            .contains("\nagentgate_waiting_begins 1\n")
+        {
+            waiting = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(waiting, "the begin waits in the server");
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &server.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    // Its wait ends with the holder still holding: a whole 409 answer.
+    let answer = waiter.await.unwrap();
+    assert_eq!(answer.status, 409, "{}", answer.text);
+    assert_eq!(answer.code(), "session_busy", "{}", answer.text);
+    let exit = tokio::task::block_in_place(|| server.wait_exit(Duration::from_secs(35)))
+        .expect("the server exits once drained");
+    assert!(exit.success(), "clean exit, got {exit:?}");
+    assert!(server.logs().contains("shutdown requested"));
+}
