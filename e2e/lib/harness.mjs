@@ -130,6 +130,23 @@ export async function entries(base, user) {
   return (await getJson(base, `/app/ledger?user_id=${encodeURIComponent(user)}`)).entries;
 }
 
+/**
+ * Waits until nothing more can be booked for `user` from `page`: the page's
+ * outbox is empty (no resend scheduled) and the user has no live turn. A
+ * later resend of an accepted message can only replay it, so a count taken
+ * then is final, with no fixed sleep.
+ */
+export async function settled(base, page, user) {
+  await eventually(
+    async () => {
+      const outbox = await page.evaluate(() => JSON.parse(localStorage.getItem("agentgate.outbox") || "[]").length);
+      const view = await getJson(base, `/v1/users/${encodeURIComponent(user)}`);
+      return outbox === 0 && view.user.live_turns === 0;
+    },
+    { what: "no resend scheduled and no live turn" },
+  );
+}
+
 /** The chat page of `user` in `session`. */
 export function chatUrl(base, user, session) {
   return `${base}/#${new URLSearchParams({ user, session })}`;

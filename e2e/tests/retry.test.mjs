@@ -8,7 +8,7 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import {
-  startServer, launchBrowser, entries, getJson, chatUrl, eventually, unique, freePort,
+  startServer, launchBrowser, entries, getJson, chatUrl, eventually, unique, freePort, settled,
 } from "../lib/harness.mjs";
 
 /** Per model round; a booking takes three, so a turn takes about 2 s. */
@@ -293,8 +293,8 @@ test("with the server down, a message stays in the box and is sent by itself, on
     await page.waitForSelector(FINAL, { timeout: 60_000 });
     assert.match(await page.textContent(FINAL), /4\.00/);
     await eventually(async () => (await page.inputValue("#composer-input")) === "", { what: "the box to empty once sent" });
-    // Wait out any resend still scheduled, then count.
-    await new Promise((resolve) => setTimeout(resolve, 3000));
+    // Once nothing can book any more (no resend scheduled, no live turn), count.
+    await settled(second.base, page, user);
     assert.equal((await entries(second.base, user)).length, 1);
     assert.equal(await page.evaluate(() => JSON.parse(localStorage.getItem("agentgate.outbox") || "[]").length), 0);
   } finally {
@@ -326,7 +326,7 @@ test("a server crash mid-reply: the page asks again with the same id and the rep
   try {
     await page.waitForSelector(FINAL, { timeout: 60_000 });
     assert.match(await page.textContent(FINAL), /25\.00/);
-    await new Promise((resolve) => setTimeout(resolve, 2000));
+    await settled(second.base, page, user);
     const booked = await entries(second.base, user);
     assert.equal(booked.length, 1, JSON.stringify(booked));
     assert.equal(booked[0].amount_cents, 2500);
