@@ -2504,8 +2504,9 @@ export interface operations {
         parameters: {
             query?: {
                 /**
-                 * @description Resume after this event id (0: from the first). `Last-Event-ID`
-                 *     wins when both are sent.
+                 * @description Resume after this event id (0: from the first), at most 20,000
+                 *     (`MAX_TURN_EVENTS`: no turn has an event past it; more is 400).
+                 *     `Last-Event-ID` wins when both are sent.
                  */
                 after?: number;
                 /** @description `continue` (default) or `cancel`. */
@@ -2514,7 +2515,7 @@ export interface operations {
                 user_id?: components["schemas"]["Id"];
             };
             header?: {
-                /** @description Resume after this event id (digits; empty: none); wins over `after` */
+                /** @description Resume after this event id (digits, at most 20000; empty: none); wins over `after` */
                 "Last-Event-ID"?: string | null;
             };
             path: {

@@ -1212,10 +1212,11 @@ pub enum OnDisconnectDto {
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct EventsQuery {
-    /// Resume after this event id (0: from the first). `Last-Event-ID`
-    /// wins when both are sent.
+    /// Resume after this event id (0: from the first), at most 20,000
+    /// (`MAX_TURN_EVENTS`: no turn has an event past it; more is 400).
+    /// `Last-Event-ID` wins when both are sent.
     #[serde(default)]
-    #[param(minimum = 0)]
+    #[param(minimum = 0, maximum = 20_000)]
     pub after: Option<u64>,
     /// As for the other reads: a turn of another user is `not_found`.
     #[param(value_type = Option<Id>)]

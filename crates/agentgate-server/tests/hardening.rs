@@ -479,6 +479,35 @@ async fn request_targets_and_hosts_are_checked() {
     assert_eq!(loopback.status, StatusCode::CREATED, "{}", loopback.text);
 }
 
+/// An event id past a turn's most events (`MAX_TURN_EVENTS`, the
+/// document's `maximum` for `after`) is refused 400, in the query and in
+/// `Last-Event-ID`, before any stream opens.
+#[tokio::test]
+async fn an_event_id_past_the_most_a_turn_holds_is_refused() {
+    let (_dir, app) = app(ServerOptions::default()).await;
+    let begun = send(&app, post("/v1/turns", &[JSON], begin_body("ida", "r1"))).await;
+    let turn = begun.body["turn"]["turn_id"].as_str().unwrap().to_owned();
+    let most = agentgate::limits::MAX_TURN_EVENTS;
+    for (query, header) in [
+        (format!("?after={}", most + 1), None),
+        (format!("?after={}", u64::MAX), None),
+        (String::new(), Some((most + 1).to_string())),
+    ] {
+        let mut request = Request::builder().uri(format!("/v1/turns/{turn}/events{query}"));
+        if let Some(id) = &header {
+            request = request.header("last-event-id", id.as_str());
+        }
+        let answer = send(&app, request.body(Body::empty()).unwrap()).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::BAD_REQUEST,
+            "{query} {header:?}: {}",
+            answer.text
+        );
+        assert_eq!(answer.code(), "invalid_request");
+    }
+}
+
 #[tokio::test]
 async fn health_reports_each_dependency_and_readiness() {
     let (_dir, app) = app(ServerOptions::default()).await;

@@ -84,7 +84,7 @@ pub(crate) async fn append_events(
     tag = "events",
     params(
         ("turn_id" = crate::schema::Id, Path, description = "The turn"),
-        ("Last-Event-ID" = Option<String>, Header, pattern = "^[0-9]{0,19}$", description = "Resume after this event id (digits; empty: none); wins over `after`"),
+        ("Last-Event-ID" = Option<String>, Header, pattern = "^[0-9]{0,19}$", description = "Resume after this event id (digits, at most 20000; empty: none); wins over `after`"),
         EventsQuery,
     ),
     security((), ("bearer" = [])),
@@ -111,6 +111,12 @@ pub(crate) async fn follow_events(
             .map_err(|_| ApiError::invalid("Last-Event-ID is an event id: digits"))?,
         Some(Err(_)) => return Err(ApiError::invalid("Last-Event-ID is an event id: digits")),
     };
+    let most = agentgate::limits::MAX_TURN_EVENTS;
+    if after > most {
+        return Err(ApiError::invalid(format!(
+            "an event id is at most {most} (a turn's most events)"
+        )));
+    }
     let turn_id = TurnId::new(turn_id)?;
     let owner = OwnerQuery {
         user_id: query.user_id.clone(),
