@@ -130,6 +130,11 @@ pub struct ServeArgs {
     /// descriptor limit (`ulimit -n`).
     #[arg(long, env = "AGENTGATE_MAX_CONNECTIONS", default_value_t = DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
+    /// Most connections one client (peer IP address) holds open at once;
+    /// more are answered 503 `overloaded`. Behind a reverse proxy, whose
+    /// address every client shares, set it to --max-connections.
+    #[arg(long, env = "AGENTGATE_MAX_CONNECTIONS_PER_CLIENT", default_value_t = agentgate_server::limits::DEFAULT_MAX_CONNECTIONS_PER_CLIENT)]
+    max_connections_per_client: usize,
     /// A Host name this server answers besides IP addresses, `localhost`
     /// and the --listen host (`name`, or `name:port` for that port only);
     /// others are refused 403, against DNS rebinding. Repeatable; in the
@@ -239,6 +244,7 @@ impl ServeArgs {
             recovery_keys,
             max_body_bytes: self.max_body_bytes,
             max_connections: self.max_connections,
+            max_connections_per_client: self.max_connections_per_client,
             allowed_hosts: self.allowed_hosts,
             allowed_origins: self.allowed_origins,
             user_header: self.user_header,

@@ -79,7 +79,17 @@ async fn slowloris_connections_time_out_and_the_cap_refuses_the_rest() {
     const CAP: usize = 250;
     const EXTRA: usize = 100;
     let dir = scratch();
-    let server = Server::start(dir.path(), &["--max-connections", &CAP.to_string()]);
+    // Every connection here is one client's: the per-client cap is the
+    // global one, which this test is about.
+    let server = Server::start(
+        dir.path(),
+        &[
+            "--max-connections",
+            &CAP.to_string(),
+            "--max-connections-per-client",
+            &CAP.to_string(),
+        ],
+    );
     let addr = addr(&server);
 
     // An idle keep-alive connection: one full request, then silence.
@@ -396,4 +406,52 @@ async fn postgres_down_fails_fast_and_health_says_so() {
     assert_eq!(health.retry_after(), Some(1));
     drop(server);
     drop(target);
+}
+
+/// One client (one peer address) cannot take every connection: past
+/// `--max-connections-per-client` its next connection is answered 503
+/// `overloaded` and closed, while another address (127.0.0.2, also
+/// loopback) is still served beside it. Before, 515 idle streams from one
+/// client kept every other request at 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_cannot_take_every_connection() {
+    const PER_CLIENT: usize = 20;
+    let dir = scratch();
+    let server = Server::start(
+        dir.path(),
+        &[
+            "--max-connections",
+            "100",
+            "--max-connections-per-client",
+            &PER_CLIENT.to_string(),
+        ],
+    );
+    let addr = addr(&server);
+    let mut held = Vec::with_capacity(PER_CLIENT);
+    for _ in 0..PER_CLIENT {
+        held.push(slowloris(&addr).await);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut over = slowloris(&addr).await;
+    match look(&mut over, Duration::from_secs(2)).await {
+        Seen::Bytes(text) => {
+            assert!(text.starts_with("HTTP/1.1 503"), "{text}");
+            assert!(text.contains(r#""code":"overloaded""#), "{text}");
+        }
+        Seen::Closed => {}
+        Seen::Nothing => panic!("the client's connection over its cap was admitted"),
+    }
+    // Another client is served while the first holds its whole share.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    let mut other = socket.connect(addr.parse().unwrap()).await.unwrap();
+    other
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .await
+        .unwrap();
+    let Seen::Bytes(answer) = look(&mut other, Duration::from_secs(5)).await else {
+        panic!("another client is answered")
+    };
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    drop(held);
 }

@@ -13,6 +13,12 @@
 //!   permits): a connection over the cap is answered `503 overloaded` with
 //!   `Retry-After` and closed at once, so file descriptors never run out and
 //!   `/healthz` keeps answering;
+//! - a cap per client (peer IP address,
+//!   [`ServeConfig::max_connections_per_client`]), answered the same way, so
+//!   one client's idle streams or half-open connections never take every
+//!   place. This is a count of open connections at accept time, below any
+//!   request: a request-rate limiter (`governor`/`tower_governor`) sees
+//!   requests, not the idle and half-open connections that exhaust the cap;
 //! - on shutdown, accepting stops, every open connection is told to finish
 //!   its request in flight and close, and the drain waits at most
 //!   [`SHUTDOWN_GRACE`].
@@ -77,23 +83,80 @@ fn refuse(stream: &TcpStream) {
     }
 }
 
+/// The connections each client (peer IP address) holds open, bounded by
+/// `limit`; an address leaves the map when its last connection closes, so
+/// the map never holds more entries than there are open connections.
+#[derive(Debug)]
+struct PerClient {
+    limit: usize,
+    open: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+}
+
+/// One open connection of a client; gives its place back when dropped.
+struct ClientSlot {
+    clients: Arc<PerClient>,
+    address: std::net::IpAddr,
+}
+
+impl PerClient {
+    /// A place for one more connection of `address`, unless it holds
+    /// `limit` already.
+    fn enter(self: &Arc<Self>, address: std::net::IpAddr) -> Option<ClientSlot> {
+        let mut open = self
+            .open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let count = open.entry(address).or_insert(0);
+        if *count >= self.limit {
+            return None;
+        }
+        *count += 1;
+        Some(ClientSlot {
+            clients: Arc::clone(self),
+            address,
+        })
+    }
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut open = self
+            .clients
+            .open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(count) = open.get_mut(&self.address) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.address);
+            }
+        }
+    }
+}
+
 /// Accepts connections on `listener` and serves `router` on each, at most
-/// `max_connections` at once, until `shutdown` completes; then drains.
+/// `max_connections` at once and `per_client` of one peer address, until
+/// `shutdown` completes; then drains.
 pub(crate) async fn serve_connections(
     listener: TcpListener,
     router: Router,
     max_connections: usize,
+    per_client: usize,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
+    let clients = Arc::new(PerClient {
+        limit: per_client,
+        open: std::sync::Mutex::default(),
+    });
     let permits = Arc::new(Semaphore::new(max_connections));
     let stop = CancellationToken::new();
     let builder = Arc::new(connection_builder());
     tokio::pin!(shutdown);
     loop {
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => stream,
+                Ok(accepted) => accepted,
                 Err(error) => {
                     // EMFILE and friends: back off instead of spinning on an
                     // accept that fails until a descriptor frees up.
@@ -102,6 +165,15 @@ pub(crate) async fn serve_connections(
                     continue;
                 }
             },
+        };
+        let Some(slot) = clients.enter(peer.ip()) else {
+            tracing::warn!(
+                per_client,
+                client = %peer.ip(),
+                "connection refused: the client holds its most connections"
+            );
+            refuse(&stream);
+            continue;
         };
         let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
             tracing::warn!(
@@ -114,7 +186,7 @@ pub(crate) async fn serve_connections(
         let service = TowerToHyperService::new(router.clone());
         let (builder, stop) = (Arc::clone(&builder), stop.clone());
         tokio::spawn(async move {
-            let _permit = permit;
+            let (_permit, _slot) = (permit, slot);
             if let Err(error) = stream.set_nodelay(true) {
                 tracing::debug!(%error, "cannot set TCP_NODELAY");
             }

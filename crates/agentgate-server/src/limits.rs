@@ -73,6 +73,14 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 /// descriptor limit, not the cap, is what stops a flood.
 pub const MAX_MAX_CONNECTIONS: usize = 65_536;
 
+/// Most connections one client (one peer IP address) may hold open at
+/// once by default: a quarter of [`DEFAULT_MAX_CONNECTIONS`], so one
+/// client's idle streams or half-open connections can never take every
+/// place (515 of one client's streams once kept everyone else at 503).
+/// Behind a reverse proxy every client shares the proxy's address: set it
+/// to `--max-connections` there.
+pub const DEFAULT_MAX_CONNECTIONS_PER_CLIENT: usize = DEFAULT_MAX_CONNECTIONS / 4;
+
 /// `Retry-After` sent to a connection refused at the cap: connections free
 /// up as soon as requests finish, so a second is enough to try again.
 pub const OVERLOADED_RETRY_AFTER: Duration = Duration::from_secs(1);

@@ -66,6 +66,9 @@ pub struct ServeConfig {
     pub max_body_bytes: usize,
     /// Most connections open at once; more are answered 503 and closed.
     pub max_connections: usize,
+    /// Most connections one client (peer IP address) holds open at once;
+    /// more are answered 503 and closed.
+    pub max_connections_per_client: usize,
     /// `Host` names answered besides IP addresses, `localhost` and the
     /// listen host (`name` or `name:port`).
     pub allowed_hosts: Vec<String>,
@@ -93,6 +96,7 @@ impl Default for ServeConfig {
             recovery_keys: Vec::new(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_client: crate::limits::DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
             allowed_hosts: Vec::new(),
             allowed_origins: Vec::new(),
             user_header: None,
@@ -128,6 +132,10 @@ impl fmt::Debug for ServeConfig {
             .field("recovery_keys", &self.recovery_keys.len())
             .field("max_body_bytes", &self.max_body_bytes)
             .field("max_connections", &self.max_connections)
+            .field(
+                "max_connections_per_client",
+                &self.max_connections_per_client,
+            )
             .field("allowed_hosts", &self.allowed_hosts)
             .field("allowed_origins", &self.allowed_origins)
             .field("user_header", &self.user_header)
@@ -167,6 +175,7 @@ pub struct Server {
     router: Router,
     local_addr: SocketAddr,
     max_connections: usize,
+    max_connections_per_client: usize,
 }
 
 impl Server {
@@ -191,6 +200,14 @@ impl Server {
             return Err(ServeError::Config(format!(
                 "max connections is {}, allowed 1..={MAX_MAX_CONNECTIONS}",
                 config.max_connections
+            )));
+        }
+        if config.max_connections_per_client == 0
+            || config.max_connections_per_client > config.max_connections
+        {
+            return Err(ServeError::Config(format!(
+                "max connections per client is {}, allowed 1..=max connections ({})",
+                config.max_connections_per_client, config.max_connections
             )));
         }
         let engine = Config {
@@ -244,8 +261,14 @@ impl Server {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServeError> {
-        crate::conn::serve_connections(self.listener, self.router, self.max_connections, shutdown)
-            .await;
+        crate::conn::serve_connections(
+            self.listener,
+            self.router,
+            self.max_connections,
+            self.max_connections_per_client,
+            shutdown,
+        )
+        .await;
         tracing::info!("agentgate stopped");
         Ok(())
     }
@@ -348,6 +371,7 @@ impl Starting {
             api_key_required = state.api_keys().enabled(),
             mounted = ?mounted,
             max_connections = config.max_connections,
+            max_connections_per_client = config.max_connections_per_client,
             user_header = ?config.user_header,
             "agentgate serving"
         );
@@ -356,6 +380,7 @@ impl Starting {
             router: router_with(state, extra),
             local_addr,
             max_connections: config.max_connections,
+            max_connections_per_client: config.max_connections_per_client,
         })
     }
 }
