@@ -95,6 +95,12 @@ impl RunningServer {
                 "AGENTGATE_MAX_CONNECTIONS",
                 SERVER_MAX_CONNECTIONS.to_string(),
             )
+            // The bench is one client (one address) by design: all of the
+            // cap is its own.
+            .env(
+                "AGENTGATE_MAX_CONNECTIONS_PER_CLIENT",
+                SERVER_MAX_CONNECTIONS.to_string(),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -134,6 +140,8 @@ impl RunningServer {
             lease_ttl: spec.lease_ttl,
             max_turns_per_user: spec.max_turns_per_user,
             max_connections: SERVER_MAX_CONNECTIONS,
+            // One client (one address) by design: all of the cap is its own.
+            max_connections_per_client: SERVER_MAX_CONNECTIONS,
             ..agentgate_server::ServeConfig::default()
         };
         let server = agentgate_server::Server::bind(config)

@@ -74,12 +74,14 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 pub const MAX_MAX_CONNECTIONS: usize = 65_536;
 
 /// Most connections one client (one peer IP address) may hold open at
-/// once by default: a quarter of [`DEFAULT_MAX_CONNECTIONS`], so one
-/// client's idle streams or half-open connections can never take every
-/// place (515 of one client's streams once kept everyone else at 503).
+/// once by default: half of [`DEFAULT_MAX_CONNECTIONS`], so one client's
+/// idle streams or half-open connections can never take every place (515
+/// of one client's streams once kept everyone else at 503), while a
+/// backend that opens a few hundred connections from one address still
+/// fits.
 /// Behind a reverse proxy every client shares the proxy's address: set it
 /// to `--max-connections` there.
-pub const DEFAULT_MAX_CONNECTIONS_PER_CLIENT: usize = DEFAULT_MAX_CONNECTIONS / 4;
+pub const DEFAULT_MAX_CONNECTIONS_PER_CLIENT: usize = DEFAULT_MAX_CONNECTIONS / 2;
 
 /// `Retry-After` sent to a connection refused at the cap: connections free
 /// up as soon as requests finish, so a second is enough to try again.
