@@ -32,26 +32,33 @@ fn ids(page: &Value) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn turn_executions_are_paged_and_each_body_is_bounded() {
-    let dir = scratch();
-    let server = Server::start(dir.path(), &[]);
-    let client = server.client();
-    let (turn_id, token) = lease(
-        &client
-            .begin("paula", "chat-1", "msg-1", &json!({"text": "big"}))
-            .await,
-    );
+/// Claims [`EXECUTIONS`] tool calls of the turn and completes each with a
+/// [`RESULT_CHARS`]-character result (heartbeating before each when
+/// `heartbeat`, for a short lease); their execution ids in claim order.
+async fn claim_and_complete(
+    client: &support::Client,
+    turn_id: &str,
+    token: &str,
+    heartbeat: bool,
+) -> Vec<String> {
     let tools = format!("/v1/turns/{turn_id}/tools");
     let filler = "x".repeat(RESULT_CHARS);
     let mut claimed = Vec::new();
-    // Claimed back to back: many share a store-clock millisecond, and the
-    // pages must still follow claim order.
     for i in 0..EXECUTIONS {
+        if heartbeat {
+            client
+                .post(
+                    &format!("/v1/turns/{turn_id}/heartbeat"),
+                    Some(token),
+                    &json!({}),
+                )
+                .await
+                .expect(200, "");
+        }
         let claim = client
             .post(
                 &tools,
-                Some(&token),
+                Some(token),
                 &json!({"tool": "export", "args": {"i": i}}),
             )
             .await
@@ -63,13 +70,29 @@ async fn turn_executions_are_paged_and_each_body_is_bounded() {
         client
             .post(
                 &format!("{tools}/{id}/complete"),
-                Some(&token),
+                Some(token),
                 &json!({"result": filler}),
             )
             .await
             .expect(200, "");
         claimed.push(id);
     }
+    claimed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turn_executions_are_paged_and_each_body_is_bounded() {
+    let dir = scratch();
+    let server = Server::start(dir.path(), &[]);
+    let client = server.client();
+    let (turn_id, token) = lease(
+        &client
+            .begin("paula", "chat-1", "msg-1", &json!({"text": "big"}))
+            .await,
+    );
+    // Claimed back to back: many share a store-clock millisecond, and the
+    // pages must still follow claim order.
+    let claimed = claim_and_complete(&client, &turn_id, &token, false).await;
     let bound = MAX_EXECUTION_PAGE_BYTES + ENVELOPE_BYTES;
 
     let first = client
@@ -166,40 +189,7 @@ async fn an_orphan_claims_journal_is_paged_and_its_body_bounded() {
             .begin("oscar", "chat-1", "msg-1", &json!({"text": "big"}))
             .await,
     );
-    let tools = format!("/v1/turns/{turn_id}/tools");
-    let filler = "x".repeat(RESULT_CHARS);
-    let mut claimed = Vec::new();
-    for i in 0..EXECUTIONS {
-        client
-            .post(
-                &format!("/v1/turns/{turn_id}/heartbeat"),
-                Some(&token),
-                &json!({}),
-            )
-            .await
-            .expect(200, "");
-        let claim = client
-            .post(
-                &tools,
-                Some(&token),
-                &json!({"tool": "export", "args": {"i": i}}),
-            )
-            .await
-            .expect(201, "");
-        let id = claim.body["execution"]["execution_id"]
-            .as_str()
-            .unwrap()
-            .to_owned();
-        client
-            .post(
-                &format!("{tools}/{id}/complete"),
-                Some(&token),
-                &json!({"result": filler}),
-            )
-            .await
-            .expect(200, "");
-        claimed.push(id);
-    }
+    let claimed = claim_and_complete(&client, &turn_id, &token, true).await;
     // The holder goes silent; past its 2 s lease the turn is an orphan.
     let claim = loop {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
