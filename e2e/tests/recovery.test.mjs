@@ -1,4 +1,4 @@
-// Every turn ends, by itself (SPEC §3 invariant 9, §6 "It recovers by
+// Every turn ends, by itself (docs/protocol.md §4.10, §11 "recovers by
 // itself"; issue 9, "Prove it — browser"). The server is SIGKILLed at four
 // points of a booking turn, restarted on the same store and port, and the
 // page is left alone: each turn must end within the lease TTL plus a few

@@ -66,7 +66,7 @@ pub(crate) struct TurnRow {
     state: &'static str,
     /// A `running` turn with no live lease: its holder died or vanished,
     /// and the turn waits for a takeover, the recovery worker, or its end
-    /// as `abandoned` (SPEC §3's orphan).
+    /// as `abandoned` (an orphan, docs/protocol.md §8.1).
     orphaned: bool,
     attempt: u32,
     fence: i64,

@@ -1,4 +1,4 @@
-//! agentgate-app: the reference app of SPEC §6 served over HTTP beside
+//! agentgate-app: the reference app of docs/protocol.md §11 served over HTTP beside
 //! `/v1`: the ledger agent's chat page at `/`, the live dashboard at
 //! `/dashboard`, and the JSON and SSE endpoints under `/app/` that those two
 //! pages call.
@@ -70,7 +70,7 @@ pub use agentgate_ledger::LedgerConfig;
 use crate::limits::MAX_THINK_TIME;
 
 /// The offline model's default think time per round, in ms: a booking takes
-/// three rounds, so a turn takes about two seconds (SPEC §6).
+/// three rounds, so a turn takes about two seconds (docs/protocol.md §11).
 pub const DEFAULT_THINK_TIME_MS: u64 = OfflineModel::DEFAULT_THINK_TIME.as_millis() as u64;
 
 /// What happens to a running turn when its event stream's client goes away

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 /// Longest think time per model round the offline model may be given. The
-/// point of the setting is to look like a 2–10 s LLM (SPEC §6); a minute per
+/// point of the setting is to look like a 2–10 s LLM (docs/protocol.md §11); a minute per
 /// round would only make a demo look hung.
 pub const MAX_THINK_TIME: Duration = Duration::from_secs(60);
 

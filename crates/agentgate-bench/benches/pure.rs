@@ -5,7 +5,7 @@
 //!   (`agentgate_core::canonical::digest`), the payload fingerprint of every
 //!   begin and the args hash of every tool claim, on a chat-sized payload
 //!   and on a ~10 KB one.
-//! - `decide_begin/*`: SPEC §4's table for a new request, a replay, and a
+//! - `decide_begin/*`: the begin table (docs/protocol.md §3.1) for a new request, a replay, and a
 //!   refusal (session busy).
 //! - `decide_tool_claim/*`: a first claim and a cached one.
 //!

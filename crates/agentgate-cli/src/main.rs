@@ -1,7 +1,7 @@
 //! The `agentgate` binary. Thin by design: parse flags, set up logging,
 //! call the library. One module per subcommand:
 //!
-//! - `serve`: the HTTP service of SPEC §5 (`agentgate_server`).
+//! - `serve`: the HTTP service of docs/protocol.md §10 (`agentgate_server`).
 //! - `demo`: a printed scenario proving the invariants on a temp SQLite file.
 //! - `conformance`: the conformance suite against the user's own store
 //!   (`agentgate_conformance`, linked on purpose), in scratch databases it

@@ -1,4 +1,4 @@
-//! The reference app (SPEC §6) over HTTP against the real binary: pages and
+//! The reference app (docs/protocol.md §11) over HTTP against the real binary: pages and
 //! assets, the event stream of a turn, refusals with their real status before
 //! any stream, confirmations, both disconnect policies, the dashboard's data,
 //! and the API key, `--no-app` and bad-input edges.

@@ -1,4 +1,4 @@
-//! The chaos run of SPEC §6: 200 scripted conversations from 20 users
+//! The chaos run of docs/protocol.md §11: 200 scripted conversations from 20 users
 //! against the real binary — every message sent twice at once (a double
 //! click), two tabs typing into one session, large entries approved from two
 //! tabs at once — with the server SIGKILLed halfway and restarted on the same
@@ -214,7 +214,7 @@ struct Counts {
     duplicate_amounts: i64,
     takeover_turns: i64,
     /// Turns still `running` (live or orphaned) or ended `abandoned` after
-    /// every conversation was answered: SPEC invariant 9 says none.
+    /// every conversation was answered: docs/protocol.md §4.10 says none.
     unfinished_turns: i64,
     /// Recorded user messages of the app with no reply recorded.
     unanswered_messages: i64,

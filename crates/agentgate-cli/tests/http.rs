@@ -1,4 +1,4 @@
-//! Black-box tests of `agentgate serve` (SPEC §5): the real binary on a free
+//! Black-box tests of `agentgate serve` (docs/protocol.md §10): the real binary on a free
 //! port with a temp SQLite store, attacked over HTTP by many concurrent
 //! clients. Every test asserts the refusal side as well as the success side.
 #![forbid(unsafe_code)]

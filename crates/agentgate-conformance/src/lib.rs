@@ -1,6 +1,6 @@
 //! agentgate-conformance: the one behaviour suite every store passes.
 //!
-//! Each check in [`checks`] attacks one invariant of SPEC §3 with real
+//! Each check in [`checks`] attacks one invariant of docs/protocol.md §4 with real
 //! concurrency (many tasks released by a barrier, a real child process killed
 //! with SIGKILL) against a [`Target`]: a fresh, empty store of one backend.
 //! A store's test file is one line, `agentgate_conformance::suite!(factory)`,

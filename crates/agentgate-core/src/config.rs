@@ -1,4 +1,4 @@
-//! The engine's settings, their defaults (SPEC §4–§5) and their allowed ranges.
+//! The engine's settings, their defaults (docs/protocol.md §6.3) and their allowed ranges.
 
 use std::time::Duration;
 

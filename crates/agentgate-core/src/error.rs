@@ -3,7 +3,7 @@
 //! Every refusal of the protocol is a variant here with what a caller needs to
 //! act on it (`retry_after`, `active_turn_id`). [`ErrorKind`] is the small,
 //! stable classification that tests and the HTTP layer match on; its
-//! [`ErrorKind::code`] is the wire code of SPEC §5.
+//! [`ErrorKind::code`] is the wire code of docs/protocol.md §5.2.
 
 use std::time::Duration;
 
@@ -169,7 +169,7 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    /// The wire code of SPEC §5.
+    /// The wire code of docs/protocol.md §5.2.
     pub fn code(self) -> &'static str {
         match self {
             Self::InvalidRequest => "invalid_request",

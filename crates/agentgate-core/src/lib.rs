@@ -7,7 +7,7 @@
 //! - [`config`]: the engine's settings (TTL, caps, retention) and their ranges.
 //! - [`model`]: the records a store keeps (turn, session, tool execution) and
 //!   the views the engine hands out.
-//! - [`decide`]: the pure decision logic of the turn protocol (SPEC §4): given
+//! - [`decide`]: the pure decision logic of the turn protocol (docs/protocol.md §3): given
 //!   what the store read, what happens. Every store applies these decisions.
 //! - [`store`]: the [`store::Store`] trait every backend implements.
 //! - [`lease`]: the [`lease::LeaseLayer`] trait for leases kept outside SQL

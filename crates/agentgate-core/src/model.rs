@@ -410,7 +410,7 @@ pub struct QueuedTurn {
     pub retry_after: std::time::Duration,
 }
 
-/// An event a turn's holder appends to the turn's log (SPEC §4, events).
+/// An event a turn's holder appends to the turn's log (docs/protocol.md §9).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NewEvent {
     /// Its name: an SSE `event:` token ([`NewEvent::new`] checks it).
@@ -947,7 +947,7 @@ pub struct Orphan {
 
 impl Orphan {
     /// The begin that takes this orphan over: a repeat of its own request,
-    /// so the store decides it exactly as SPEC §4 decides a client's retry.
+    /// so the store decides it exactly as docs/protocol.md §3.1 decides a client's retry.
     pub fn resume_command(&self) -> BeginCommand {
         BeginCommand {
             user_id: self.user_id.clone(),

@@ -69,7 +69,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// The settings this store was opened with.
     fn config(&self) -> &Config;
 
-    /// Begins a turn: SPEC §4's table, atomically.
+    /// Begins a turn: docs/protocol.md §3.1, atomically.
     ///
     /// # Errors
     /// `payload_mismatch`, `request_in_flight`, `awaiting_confirmation`,
@@ -448,7 +448,7 @@ where
     claim_first(store, heads, &mark, journal).await
 }
 
-/// The handoff of SPEC §4's second message: starts the head of
+/// The handoff of the second message (docs/protocol.md §3.8): starts the head of
 /// `session_id`'s queue for the caller that just ended its holder (a
 /// repeat of the head's own request, so the store's one atomic begin
 /// decides it), with its payload. `None` when the queue is empty, or its

@@ -1,6 +1,6 @@
 //! The default categories, their synonyms, and category resolution.
 //!
-//! Resolution (SPEC §6) of a hint (the model's `category_name`, else the
+//! Resolution (docs/protocol.md §11) of a hint (the model's `category_name`, else the
 //! note) within the entry's type: exact name → exact synonym → substring (a
 //! name or synonym inside the hint, longest wins; or the hint inside a name)
 //! → the type's default category. Pure: the caller reads the categories.

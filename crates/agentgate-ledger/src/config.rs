@@ -1,4 +1,4 @@
-//! [`LedgerConfig`]: the app's settings and their defaults (SPEC §6).
+//! [`LedgerConfig`]: the app's settings and their defaults (docs/protocol.md §11).
 
 use crate::error::{LedgerError, Result};
 use crate::limits::MAX_AMOUNT_CENTS;

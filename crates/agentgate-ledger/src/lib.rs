@@ -1,4 +1,4 @@
-//! agentgate-ledger: the reference app of SPEC §6 — a ledger agent that books
+//! agentgate-ledger: the reference app of docs/protocol.md §11 — a ledger agent that books
 //! expenses and income from plain language ("中午吃粉花了 35", "taxi 18
 //! yesterday") on top of the agentgate engine, in-process, on the engine's
 //! own store.

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-/// Model rounds per turn (SPEC §6). A booking needs three: look up the
+/// Model rounds per turn (docs/protocol.md §11). A booking needs three: look up the
 /// categories, create the entries, say what was done. The last round is asked
 /// for text only, so a turn always ends with a reply and never loops.
 pub const MAX_MODEL_ROUNDS: u32 = 3;
@@ -53,7 +53,7 @@ pub const MAX_DELTAS_PER_ROUND: usize = 16;
 pub const MAX_LIST_ROWS: u32 = 200;
 
 /// How long the OpenAI-compatible client waits for one chat completion.
-/// SPEC §1 puts LLM calls at 2–60 s; a minute and a half covers a slow model
+/// LLM calls take 2–60 s (docs/protocol.md §11); a minute and a half covers a slow model
 /// with tools while still failing a dead connection well inside a session.
 pub const MODEL_REQUEST_TIMEOUT: Duration = Duration::from_secs(90);
 

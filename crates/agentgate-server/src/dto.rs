@@ -1,4 +1,4 @@
-//! The wire format of SPEC §5: every request and response body, as the
+//! The wire format (docs/protocol.md §10): every request and response body, as the
 //! handlers (de)serialise it and as the OpenAPI document describes it.
 //!
 //! These types exist so the document is generated from exactly what goes on

@@ -1,4 +1,4 @@
-//! HTTP errors: the error body of SPEC §5 and the one mapping from error
+//! HTTP errors: the error body of docs/protocol.md §5.1 and the one mapping from error
 //! code to HTTP status ([`status_of`]).
 //!
 //! Every refusal leaves the server through [`ApiError`]: engine errors

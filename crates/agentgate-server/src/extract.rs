@@ -236,7 +236,7 @@ impl LeaseHeader {
 
 #[cfg(test)]
 mod tests {
-    //! SPEC §3 invariant 10 over HTTP: a body that is not I-JSON is a 400
+    //! docs/protocol.md §4.11 over HTTP: a body that is not I-JSON is a 400
     //! naming the member, never a replay of another request's result.
     #![allow(clippy::unwrap_used)]
     use agentgate::{Config, Gate};

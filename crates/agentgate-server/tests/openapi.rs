@@ -1,5 +1,5 @@
 //! The OpenAPI document against a real OpenAPI 3.1 parser, and against the
-//! router: every route of SPEC §5 is documented, every documented route is
+//! router: every route of docs/protocol.md §10 is documented, every documented route is
 //! served, and each operation documents its statuses and error codes.
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -13,7 +13,7 @@ use axum::http::{Request, StatusCode};
 use serde_json::Value;
 use tower::ServiceExt as _;
 
-/// SPEC §5's routes, written out by hand: the contract the router and the
+/// The routes of docs/protocol.md §10, written out by hand: the contract the router and the
 /// document must both match exactly.
 const SPEC_ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/turns"),

@@ -1,5 +1,5 @@
-//! The checker: replays a run's history against a model of SPEC §3's
-//! invariants and reports the first entry that breaks one.
+//! The checker: replays a run's history against a model of the
+//! invariants of docs/protocol.md §4 and reports the first entry that breaks one.
 //!
 //! The model is built from the protocol's events alone (grants, renewals,
 //! releases), not from the store's rows, so a store that loses track of a
@@ -352,7 +352,7 @@ pub struct ObservedCounts {
 }
 
 /// Checks what the clients observed, with no help from the store: the part
-/// of SPEC §3 that a real store on a real clock can be held to from outside.
+/// of docs/protocol.md §4 that a real store on a real clock can be held to from outside.
 ///
 /// - Fences are never reused, and a grant's fence exceeds every fence of
 ///   its session that a client had received before the begin was sent.

@@ -15,8 +15,8 @@
 //!   partitioned away (crashed, or frozen past their TTL).
 //! - [`workload`]: devices, recovery workers and a downstream ledger, all on
 //!   the real `agentgate` library.
-//! - [`history`] and [`check`]: the record of the run and SPEC §3's
-//!   invariants checked over it.
+//! - [`history`] and [`check`]: the record of the run and the
+//!   invariants of docs/protocol.md §4 checked over it.
 
 pub mod check;
 pub mod faults;

@@ -94,7 +94,7 @@ impl Scenario {
 }
 
 /// The downstream system tools book into: it deduplicates by the
-/// idempotency key the library hands out (SPEC §3.4) and records every
+/// idempotency key the library hands out (docs/protocol.md §4.4) and records every
 /// arrival, with the sender's fence, in the history.
 #[derive(Debug, Default)]
 pub struct Ledger {

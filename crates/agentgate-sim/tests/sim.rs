@@ -1,5 +1,5 @@
 //! The seeded simulation: many seeds through the real library against the
-//! fault-injecting in-memory store, each history checked against SPEC §3.
+//! fault-injecting in-memory store, each history checked against docs/protocol.md §4.
 //!
 //! `AGENTGATE_SIM_SEED=<n>` replays exactly seed `n`;
 //! `AGENTGATE_SIM_SEEDS=<count>` runs seeds `1..=count` (default 1,000).

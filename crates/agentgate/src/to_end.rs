@@ -1,5 +1,5 @@
 //! [`RunToEnd`]: every protocol step, once started, runs to its end
-//! whoever stops waiting for it (SPEC §3, invariant 8).
+//! whoever stops waiting for it (docs/protocol.md §4.7).
 //!
 //! A caller can stop waiting at any await point: hyper drops an HTTP
 //! handler's future when its client hangs up, and a library caller may wrap

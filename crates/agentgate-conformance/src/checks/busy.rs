@@ -1,4 +1,4 @@
-//! The second message (SPEC §4): a begin on a busy session that waits or
+//! The second message (docs/protocol.md §7.2, §3.10): a begin on a busy session that waits or
 //! interrupts instead of being refused, and an operator's force-release.
 //! Waiters in a storm never make two holders and each starts or times out
 //! within its bound; an interrupt stops the holder (through its own gate at

@@ -1,4 +1,4 @@
-//! Cancel (SPEC §4, "the second message"): a request to stop a running
+//! Cancel (docs/protocol.md §3.7): a request to stop a running
 //! turn, made without its lease, races the holder's tool claims and its
 //! ending. The turn ends exactly once, no tool runs after the request is
 //! seen, none runs twice, and a repeat of the request replays the

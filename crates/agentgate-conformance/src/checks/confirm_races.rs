@@ -27,7 +27,7 @@ fn decision_name(decision: Decision) -> &'static str {
 /// answer with the same request id replays the continuation; the other
 /// answer under that request id is refused `payload_mismatch` and writes
 /// nothing; the other answer under a new request id replays the first
-/// answer's continuation (SPEC §5: a second confirmation replays), whose
+/// answer's continuation (docs/protocol.md §3.6: a second confirmation replays), whose
 /// context still says `reject`. The session then takes messages again.
 pub async fn confirmation_rejected_and_repeated(target: &Target) {
     let gate = target.gate(Config::default()).await;

@@ -1,4 +1,4 @@
-//! A turn's event log (SPEC §4, events): the holder's appends are fenced,
+//! A turn's event log (docs/protocol.md §9): the holder's appends are fenced,
 //! numbered without gaps and bounded; a follower sees every event once, in
 //! order, live, and the turn's ending; a reader that drops its stream and
 //! resumes after the last id it saw misses nothing and repeats nothing; a

@@ -75,7 +75,7 @@ pub use watchdog::{watchdog_cancels_when_renewal_fails, watchdog_keeps_a_long_tu
 
 use crate::Target;
 
-/// Tasks in every storm: SPEC's "100 tasks released by a barrier".
+/// Tasks in every storm: 100, released by a barrier (docs/protocol.md §4).
 pub const STORM_TASKS: usize = 100;
 
 /// A short lease for checks that wait for expiry: long enough that a loaded

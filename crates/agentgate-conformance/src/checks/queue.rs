@@ -1,4 +1,4 @@
-//! The second message's queue (SPEC §4): `enqueue` and `supersede` on a
+//! The second message's queue (docs/protocol.md §7.3, §3.8): `enqueue` and `supersede` on a
 //! busy session, the handoff of the queue's head to the caller that ends
 //! the holder, and what else starts a queued turn: a recovery worker's
 //! claim after the holder was killed, or after the handoff was declined.

@@ -278,7 +278,7 @@ impl LeaseLayer for Sticky {
     }
 }
 
-/// SPEC §5: `lease_lost` also means "turn already ended". An ended turn's
+/// docs/protocol.md §3.0: `lease_lost` also means "turn already ended". An ended turn's
 /// heartbeat is refused even when the best-effort release in the layer
 /// failed and the layer would still renew the key.
 pub async fn heartbeat_after_an_ending_is_refused_when_the_release_failed(target: &Target) {

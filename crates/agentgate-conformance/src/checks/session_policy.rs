@@ -1,4 +1,4 @@
-//! A session's default busy policy (SPEC §4, the second message): what a
+//! A session's default busy policy (docs/protocol.md §7.4): what a
 //! begin that names no policy does on a busy session, set once per
 //! conversation; and `supersede` that also interrupts the running turn.
 

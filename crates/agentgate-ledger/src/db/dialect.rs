@@ -147,7 +147,7 @@ impl Dialect {
         }
     }
 
-    /// The store's clock in ms since the Unix epoch (SPEC §3: store time only).
+    /// The store's clock in ms since the Unix epoch (docs/protocol.md §4.6: store time only).
     fn now_ms(self) -> &'static str {
         match self {
             Self::Sqlite => "CAST(unixepoch('subsec') * 1000 AS INTEGER)",

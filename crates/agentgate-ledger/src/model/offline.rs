@@ -40,7 +40,7 @@ impl Default for OfflineModel {
 
 impl OfflineModel {
     /// Think time per round by default: a booking takes three rounds, so a
-    /// turn takes about two seconds, like a fast hosted LLM (SPEC §6).
+    /// turn takes about two seconds, like a fast hosted LLM (docs/protocol.md §11).
     pub const DEFAULT_THINK_TIME: Duration = Duration::from_millis(700);
 
     /// A model that thinks `think_time` before each round (tests use zero).

@@ -1,4 +1,4 @@
-//! The handlers, one file per group of SPEC §5:
+//! The handlers, one file per group of docs/protocol.md §10:
 //!
 //! - [`turns`]: begin (and confirmation), heartbeat, the three endings.
 //! - [`tools`]: tool claim, completion, failure.

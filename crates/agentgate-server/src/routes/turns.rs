@@ -37,7 +37,7 @@ fn command(request: &BeginRequest) -> Result<BeginCommand, ApiError> {
 
 /// Begin a turn, or answer a pending confirmation.
 ///
-/// One atomic step in the store (SPEC §4): a new request takes the session
+/// One atomic step in the store (docs/protocol.md §3.1): a new request takes the session
 /// lease and one of the user's permits together and answers 201 with the
 /// lease token; a repeat of a finished request replays its stored outcome
 /// (200); a repeat of a running one whose lease expired takes it over (201,
