@@ -455,3 +455,150 @@ async fn one_client_cannot_take_every_connection() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     drop(held);
 }
+
+/// The value of an unlabelled gauge in the server's `/metrics`.
+async fn gauge(client: &support::Client, name: &str) -> f64 {
+    let text = client.get("/metrics").await.text;
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+        .parse()
+        .unwrap()
+}
+
+/// A process's resident set and its peak so far, in bytes
+/// (`/proc/<pid>/status`: `VmRSS`, `VmHWM`).
+fn resident(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| -> u64 {
+        let line = status.lines().find(|l| l.starts_with(name)).unwrap();
+        let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        kib * 1024
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// Followers of one turn that never read: 200 of a 16 MB turn once took
+/// the server to 2.64 GB. Each follower now holds at most
+/// `FOLLOW_PAGE + FOLLOW_BUFFER` events (40 × 64 KiB) plus what hyper
+/// buffers for one connection, so the server's peak grows by at most
+/// [`PER_STALLED_FOLLOWER`] a follower; and a reader that takes nothing is
+/// cut off by the server itself (`FOLLOW_STALL`, `WRITE_STALL`: 30 s each),
+/// its stream and its turn's feed closed, while the client still holds
+/// its socket open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_that_never_read_cost_bounded_memory_and_are_cut_off() {
+    /// Followers, from one client address (below its 256 connections).
+    const FOLLOWERS: usize = 200;
+    /// Peak growth allowed per stalled follower: 40 events of 64 KiB
+    /// (2.5 MiB) and 1.5 MiB for hyper's write buffer, the SSE encoding
+    /// and the allocator.
+    const PER_STALLED_FOLLOWER: u64 = 4 * 1024 * 1024;
+    /// The server's stall bounds (follower and socket), plus slack.
+    const CUT_OFF_WITHIN: Duration = Duration::from_secs(30 + 30);
+    /// Event data per event (a JSON string of this many bytes, under 64 KiB).
+    const EVENT_BYTES: usize = 60_000;
+    /// Events per append: under the 1 MiB request body limit.
+    const PER_APPEND: usize = 16;
+    /// Appends: 272 events, 16.3 MB, just under a turn's 16 MiB.
+    const APPENDS: usize = 17;
+
+    let dir = scratch();
+    let server = Server::start(dir.path(), &[]);
+    let client = server.client();
+    let begun = client
+        .begin("u-slow", "s-slow", "r-slow", &json!({"q": 1}))
+        .await
+        .expect(201, "");
+    let (turn, token) = support::lease(&begun);
+    let data = "x".repeat(EVENT_BYTES);
+    for _ in 0..APPENDS {
+        let events: Vec<_> = (0..PER_APPEND)
+            .map(|_| json!({"event": "token", "data": data}))
+            .collect();
+        client
+            .post(
+                &format!("/v1/turns/{turn}/events"),
+                Some(&token),
+                &json!({ "events": events }),
+            )
+            .await
+            .expect(200, "");
+    }
+    let (before, _) = resident(server.pid());
+
+    // Followers that send their request and never read a byte, with small
+    // receive buffers so the backlog stays in the server, not the kernel.
+    let addr = addr(&server);
+    let mut followers = Vec::with_capacity(FOLLOWERS);
+    for _ in 0..FOLLOWERS {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let mut stream = socket.connect(addr.parse().unwrap()).await.unwrap();
+        stream
+            .write_all(
+                format!("GET /v1/turns/{turn}/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                    .as_bytes(),
+            )
+            .await
+            .unwrap();
+        followers.push(stream);
+    }
+    let started = Instant::now();
+    while gauge(&client, "agentgate_event_streams").await < FOLLOWERS as f64 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "followers opened"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await; // every backlog pinned
+    let (during, peak) = resident(server.pid());
+    let bound = before + FOLLOWERS as u64 * PER_STALLED_FOLLOWER;
+    println!(
+        "resident: {} MiB before, {} MiB with {FOLLOWERS} stalled followers, peak {} MiB; bound {} MiB",
+        before >> 20,
+        during >> 20,
+        peak >> 20,
+        bound >> 20
+    );
+    assert!(peak <= bound, "peak {peak} over {bound}");
+
+    // Nobody reads: the server closes every stream by itself.
+    let cut = Instant::now();
+    while gauge(&client, "agentgate_event_streams").await > 0.0 {
+        assert!(
+            cut.elapsed() < CUT_OFF_WITHIN + MARGIN,
+            "stalled streams still open after {:?}",
+            cut.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    println!(
+        "every stalled stream closed by the server after {:?}",
+        started.elapsed()
+    );
+    let mut first = followers.swap_remove(0);
+    let mut sink = vec![0; 1 << 20];
+    let mut eof = false;
+    let reading = Instant::now();
+    while reading.elapsed() < Duration::from_secs(10) {
+        if let Ok(Ok(0) | Err(_)) =
+            tokio::time::timeout(Duration::from_secs(2), first.read(&mut sink)).await
+        {
+            eof = true;
+            break;
+        }
+    }
+    assert!(eof, "the server closed a stalled follower's connection");
+    // The server still serves, and follows the turn for a reader that reads.
+    let mut stream = client
+        .get_stream(&format!("/v1/turns/{turn}/events"), Some(271))
+        .await;
+    let chunk = stream.chunk().await.unwrap().unwrap();
+    assert!(
+        String::from_utf8_lossy(&chunk).contains("id: 272"),
+        "a fresh follower reads the last event"
+    );
+    drop(followers);
+}

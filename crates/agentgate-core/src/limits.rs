@@ -240,6 +240,28 @@ pub const EVENT_POLL: Duration = Duration::from_millis(250);
 /// refused `store_unavailable` with a retry.
 pub const MAX_FOLLOWED_TURNS: usize = 10_000;
 
-/// Events buffered per followed turn for its slowest subscriber; one that
-/// falls further behind re-reads from the store, never blocks the others.
-pub const EVENT_FANOUT_BUFFER: usize = 1_024;
+/// Pages of events buffered per followed turn for its slowest subscriber;
+/// one that falls further behind re-reads from the store, never blocks the
+/// others. With [`MAX_FANOUT_PAGE_BYTES`] a followed turn's buffer holds at
+/// most 4 MiB of event data, however many subscribers it has.
+pub const EVENT_FANOUT_BUFFER: usize = 64;
+
+/// Most event data one broadcast page carries to a turn's subscribers; a
+/// page read over it is announced without its events, and each subscriber
+/// reads it from the store in its own bounded pages ([`FOLLOW_PAGE`]).
+pub const MAX_FANOUT_PAGE_BYTES: usize = 64 * 1024;
+
+/// Events one follower or feed reads from the store at a time: with
+/// [`MAX_EVENT_DATA_BYTES`] at most 2 MiB of data, so a reader that has
+/// fallen behind, or never reads, pins a bounded page, not the turn's log.
+pub const FOLLOW_PAGE: u32 = 32;
+
+/// Events a follower hands its reader ahead of what the reader took: with
+/// [`FOLLOW_PAGE`], at most 2.5 MiB of event data held per follower.
+pub const FOLLOW_BUFFER: usize = 8;
+
+/// Longest a follower waits for its reader to take the next event: a
+/// reader that takes nothing for this long while events wait is cut off
+/// (the stream closes without `end`; the reader resumes with
+/// `Last-Event-ID`), so a reader that stopped reading frees its place.
+pub const FOLLOW_STALL: Duration = Duration::from_secs(30);

@@ -19,6 +19,10 @@
 //!   place. This is a count of open connections at accept time, below any
 //!   request: a request-rate limiter (`governor`/`tower_governor`) sees
 //!   requests, not the idle and half-open connections that exhaust the cap;
+//! - a write bound ([`crate::stall`]): a client that takes no bytes for
+//!   [`crate::limits::WRITE_STALL`] while a write waits is cut off, and one
+//!   that vanished without closing is dropped by the kernel
+//!   (`TCP_USER_TIMEOUT`);
 //! - on shutdown, accepting stops, every open connection is told to finish
 //!   its request in flight and close, and the drain waits at most
 //!   [`SHUTDOWN_GRACE`].
@@ -190,6 +194,8 @@ pub(crate) async fn serve_connections(
             if let Err(error) = stream.set_nodelay(true) {
                 tracing::debug!(%error, "cannot set TCP_NODELAY");
             }
+            crate::stall::limit_unacked(&stream);
+            let stream = crate::stall::StallBounded::new(stream);
             let connection = builder.serve_connection(TokioIo::new(stream), service);
             tokio::pin!(connection);
             let result = tokio::select! {

@@ -49,6 +49,7 @@ pub mod openapi;
 mod routes;
 pub mod schema;
 pub mod serve;
+mod stall;
 
 use std::sync::Arc;
 

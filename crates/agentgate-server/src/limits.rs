@@ -137,6 +137,23 @@ pub const MAX_ALLOWED_HOSTS: usize = 64;
 /// [`MAX_ALLOWED_HOSTS`].
 pub const MAX_ALLOWED_ORIGINS: usize = 64;
 
+/// Longest one write to a client may wait for the client to take bytes;
+/// past it the connection is closed ([`crate::stall`]). A reader that
+/// stopped reading (an event stream nobody reads, a slow-read attack on a
+/// large answer) frees its connection and the response's memory.
+pub const WRITE_STALL: Duration = Duration::from_secs(30);
+
+/// Longest data sent to a client may stay unacknowledged before the kernel
+/// drops the connection (`TCP_USER_TIMEOUT`): a client that vanished
+/// without closing (half-open) is found by the next event or keep-alive
+/// line ([`SSE_KEEP_ALIVE`]) plus this.
+pub const UNACKED_LIMIT: Duration = Duration::from_secs(30);
+
+/// Longest one event stream stays open: then it closes without `end`, and
+/// the reader resumes with `Last-Event-ID` (an `EventSource` does so by
+/// itself), so no stream holds a connection forever.
+pub const MAX_EVENT_STREAM_LIFETIME: Duration = Duration::from_secs(30 * 60);
+
 /// How often an idle event stream sends an SSE comment line: proxies and
 /// load balancers commonly close a response silent for 30 to 60 seconds.
 pub const SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);

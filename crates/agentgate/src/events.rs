@@ -18,20 +18,29 @@
 //! broadcast's buffer ([`EVENT_FANOUT_BUFFER`]) reads the gap from the
 //! store again. The stream ends with [`Followed::End`] once the turn has
 //! ended and every event before its ending was delivered.
+//!
+//! Memory is bounded per follower and per feed, never by the turn's log:
+//! every store read is one page of [`FOLLOW_PAGE`] events; a follower
+//! holds at most [`FOLLOW_BUFFER`] events its reader has not taken; a
+//! broadcast page carries at most [`MAX_FANOUT_PAGE_BYTES`] of data (a
+//! larger one is announced by its last id alone, and each subscriber reads
+//! it in its own pages); and a reader that takes nothing for
+//! [`FOLLOW_STALL`] while events wait is cut off, to resume later with the
+//! last id it saw.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::TurnId;
-use agentgate_core::limits::{EVENT_FANOUT_BUFFER, EVENT_POLL, MAX_EVENT_PAGE, MAX_FOLLOWED_TURNS};
+use agentgate_core::limits::{
+    EVENT_FANOUT_BUFFER, EVENT_POLL, FOLLOW_BUFFER, FOLLOW_PAGE, FOLLOW_STALL,
+    MAX_FANOUT_PAGE_BYTES, MAX_FOLLOWED_TURNS,
+};
 use agentgate_core::model::{EventPage, TurnEvent, TurnState};
 use agentgate_core::store::Store;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
-
-/// Items a subscriber's channel buffers before its reader takes them.
-const SUBSCRIBER_BUFFER: usize = 64;
 
 /// What a follower of a turn receives.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,7 +63,11 @@ pub type EventStream = ReceiverStream<Result<Followed>>;
 /// What a feed broadcasts: a page it read.
 #[derive(Clone, Debug)]
 struct Update {
+    /// The page's events; empty when they were more than
+    /// [`MAX_FANOUT_PAGE_BYTES`] (subscribers read them from the store).
     events: Arc<[TurnEvent]>,
+    /// The page's last event id (the feed's cursor after it).
+    through: u64,
     /// The turn's state read before the events; an ending when the page
     /// was the last.
     ended: Option<(TurnState, u32)>,
@@ -155,12 +168,13 @@ async fn feed(
         // Watches first, then the read: a change after the read wakes the wait.
         let mut events_watch = store.watch_events(&turn_id);
         let mut release_watch = session.as_ref().map(|s| store.watch_releases(s));
-        let page = match store.events(&turn_id, cursor, MAX_EVENT_PAGE).await {
+        let page = match store.events(&turn_id, cursor, FOLLOW_PAGE).await {
             Ok(Some(page)) => page,
             Ok(None) => {
                 // Swept (or never was): subscribers read the store and see it.
                 let _ = sender.send(Update {
                     events: Arc::from(Vec::new()),
+                    through: cursor,
                     ended: Some((TurnState::Abandoned, 0)),
                 });
                 feeds.retire(&turn_id);
@@ -172,14 +186,21 @@ async fn feed(
                 continue;
             }
         };
-        let full = page.events.len() >= MAX_EVENT_PAGE as usize;
+        let full = page.events.len() >= FOLLOW_PAGE as usize;
         let last = ended(page.state) && !full;
         if let Some(event) = page.events.last() {
             cursor = event.event_id;
         }
         if !page.events.is_empty() || last {
+            let bytes: usize = page.events.iter().map(|e| e.data.len()).sum();
+            let events = if bytes <= MAX_FANOUT_PAGE_BYTES {
+                page.events
+            } else {
+                Vec::new()
+            };
             let _ = sender.send(Update {
-                events: Arc::from(page.events),
+                events: Arc::from(events),
+                through: cursor,
                 ended: last.then_some((page.state, page.attempt)),
             });
         }
@@ -213,7 +234,7 @@ pub(crate) fn follow(
     after: u64,
 ) -> Result<EventStream> {
     let updates = feeds.subscribe(store, turn_id)?;
-    let (sender, receiver) = mpsc::channel(SUBSCRIBER_BUFFER);
+    let (sender, receiver) = mpsc::channel(FOLLOW_BUFFER);
     let follower = Follower {
         feeds: feeds.clone(),
         store: Arc::clone(store),
@@ -224,9 +245,26 @@ pub(crate) fn follow(
     Ok(ReceiverStream::new(receiver))
 }
 
+/// Hands `item` to the reader, waiting at most [`FOLLOW_STALL`] for room;
+/// `Err` when the reader went away or stalled (the stream then closes, and
+/// the reader resumes after the last id it took).
+async fn deliver(
+    out: &mpsc::Sender<Result<Followed>>,
+    item: Result<Followed>,
+) -> std::result::Result<(), ()> {
+    match tokio::time::timeout(FOLLOW_STALL, out.send(item)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) => Err(()),
+        Err(_) => {
+            tracing::info!("event follower cut off: its reader took nothing for {FOLLOW_STALL:?}");
+            Err(())
+        }
+    }
+}
+
 /// Delivers the store's pages after `*cursor` until one that is not full;
 /// `Some` with the ending when the turn ended and everything was delivered.
-/// `Err(None)` when the reader went away.
+/// `Err(None)` when the reader went away or stalled.
 async fn catch_up(
     store: &Arc<dyn Store>,
     turn_id: &TurnId,
@@ -234,17 +272,17 @@ async fn catch_up(
     out: &mpsc::Sender<Result<Followed>>,
 ) -> std::result::Result<Option<(TurnState, u32)>, Option<Error>> {
     loop {
-        let page: EventPage = match store.events(turn_id, *cursor, MAX_EVENT_PAGE).await {
+        let page: EventPage = match store.events(turn_id, *cursor, FOLLOW_PAGE).await {
             Ok(Some(page)) => page,
             Ok(None) => return Err(Some(Error::not_found(format!("turn {turn_id}")))),
             Err(error) => return Err(Some(error)),
         };
-        let full = page.events.len() >= MAX_EVENT_PAGE as usize;
+        let full = page.events.len() >= FOLLOW_PAGE as usize;
         for event in page.events {
             *cursor = event.event_id;
-            out.send(Ok(Followed::Event(event)))
+            deliver(out, Ok(Followed::Event(event)))
                 .await
-                .map_err(|_| None)?;
+                .map_err(|()| None)?;
         }
         if !full {
             return Ok(ended(page.state).then_some((page.state, page.attempt)));
@@ -266,13 +304,13 @@ impl Follower {
     async fn catch_up_or_end(&self, cursor: &mut u64) -> bool {
         match catch_up(&self.store, &self.turn_id, cursor, &self.out).await {
             Ok(Some((state, attempt))) => {
-                let _ = self.out.send(Ok(Followed::End { state, attempt })).await;
+                let _ = deliver(&self.out, Ok(Followed::End { state, attempt })).await;
                 true
             }
             Ok(None) => false,
             Err(None) => true,
             Err(Some(error)) => {
-                let _ = self.out.send(Err(error)).await;
+                let _ = deliver(&self.out, Err(error)).await;
                 true
             }
         }
@@ -305,14 +343,17 @@ impl Follower {
                             break;
                         }
                         cursor = event.event_id;
-                        if self
-                            .out
-                            .send(Ok(Followed::Event(event.clone())))
+                        if deliver(&self.out, Ok(Followed::Event(event.clone())))
                             .await
                             .is_err()
                         {
                             return;
                         }
+                    }
+                    // A page announced without its events (or one this
+                    // subscriber skipped part of): read it from the store.
+                    if update.through > cursor {
+                        stale = true;
                     }
                     // The ending: the store, read once more, says whether
                     // anything is left and how the turn ended.
@@ -331,7 +372,7 @@ impl Follower {
                     match self.feeds.subscribe(&self.store, &self.turn_id) {
                         Ok(receiver) => updates = receiver,
                         Err(error) => {
-                            let _ = self.out.send(Err(error)).await;
+                            let _ = deliver(&self.out, Err(error)).await;
                             return;
                         }
                     }

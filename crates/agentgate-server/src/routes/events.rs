@@ -9,10 +9,19 @@
 //! end` with `data: {"state", "attempt"}` and no id closes the stream (a
 //! resume after the last id gets the end again). Comment lines every
 //! [`SSE_KEEP_ALIVE`] keep proxies from closing an idle stream.
+//!
+//! A stream is bounded: it closes without `end` after
+//! [`MAX_EVENT_STREAM_LIFETIME`], and when its reader takes nothing for
+//! [`agentgate::limits::FOLLOW_STALL`] (the follower) or the connection
+//! takes no bytes for [`crate::limits::WRITE_STALL`] (the socket); the
+//! reader resumes with `Last-Event-ID` and misses nothing.
 
 use std::convert::Infallible;
+use std::future::Future as _;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use agentgate::events::Followed;
 use agentgate::TurnId;
@@ -21,13 +30,14 @@ use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use tokio_stream::StreamExt as _;
+use tokio::time::Sleep;
+use tokio_stream::{Stream, StreamExt as _};
 
 use crate::dto::{AppendEventsRequest, AppendEventsResponse, EventsQuery, OwnerQuery};
 use crate::error::{ApiError, EventErrors, ReadErrors};
 use crate::extract::{ApiJson, ApiPath, ApiQuery, LeaseHeader};
 use crate::guard::CallerUser;
-use crate::limits::SSE_KEEP_ALIVE;
+use crate::limits::{MAX_EVENT_STREAM_LIFETIME, SSE_KEEP_ALIVE};
 use crate::routes::views::{owned_turn, owner_filter};
 use crate::AppState;
 
@@ -160,9 +170,36 @@ pub(crate) async fn follow_events(
         };
         Ok::<_, Infallible>(event)
     });
-    Ok(Sse::new(events)
+    Ok(Sse::new(Lifetime::new(events, MAX_EVENT_STREAM_LIFETIME))
         .keep_alive(KeepAlive::new().interval(SSE_KEEP_ALIVE))
         .into_response())
+}
+
+/// A stream that ends at a deadline: whatever it would still yield, it
+/// yields nothing after `lifetime`.
+struct Lifetime<S> {
+    inner: S,
+    deadline: Pin<Box<Sleep>>,
+}
+
+impl<S> Lifetime<S> {
+    fn new(inner: S, lifetime: std::time::Duration) -> Self {
+        Self {
+            inner,
+            deadline: Box::pin(tokio::time::sleep(lifetime)),
+        }
+    }
+}
+
+impl<S: Stream + Unpin> Stream for Lifetime<S> {
+    type Item = S::Item;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
+        if self.deadline.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(None);
+        }
+        Pin::new(&mut self.inner).poll_next(cx)
+    }
 }
 
 /// Lives as long as one stream's response: counts it closed, and under
@@ -190,5 +227,27 @@ impl Drop for StreamGuard {
                 }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A stream that would yield forever ends at its lifetime, after
+    /// yielding what came before it.
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_ends_at_its_lifetime() {
+        let ticks =
+            tokio_stream::StreamExt::throttle(tokio_stream::iter(0u64..), Duration::from_secs(1));
+        let mut bounded = Lifetime::new(Box::pin(ticks), Duration::from_millis(3_500));
+        let mut seen = Vec::new();
+        while let Some(tick) = bounded.next().await {
+            seen.push(tick);
+        }
+        assert_eq!(seen, vec![0, 1, 2, 3]);
     }
 }
