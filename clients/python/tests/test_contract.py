@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 import agentgate
-from agentgate.errors import UnexpectedResponse, error_for
+from agentgate.errors import CLIENT_CODES, SERVER_CODES, UnexpectedResponse, error_for
 
 #: Fields the client reads without a default, per schema.
 FIELDS_READ = {
@@ -19,7 +19,10 @@ FIELDS_READ = {
     "ExecuteResponse": {"execute", "execution"},
     "ExecuteDto": {"execution_id", "idempotency_key", "attempt", "previous_outcome"},
     "ExecutionResultResponse": {"execution"},
-    "HeartbeatResponse": {"lease_expires_in_ms"},
+    "HeartbeatResponse": {"lease_expires_in_ms", "cancel_requested"},
+    "QueuedResponse": {"turn"},
+    "QueuedDto": {"turn_id", "position", "retry_after_ms"},
+    "SessionResponse": {"session"},
     "ClaimOrphanResponse": {"turn", "payload", "journal", "orphaned_for_ms"},
     "ErrorDetail": {"code", "message"},
 }
@@ -39,6 +42,12 @@ def test_every_served_error_code_has_its_own_exception_class(document):
         assert error.code == code and type(error).code == code
         assert isinstance(error, agentgate.AgentgateError)
         assert type(error).__name__ in agentgate.__all__, f"{type(error).__name__} is not exported"
+
+
+def test_the_clients_error_classes_are_exactly_the_documents_error_codes(document):
+    codes = set(document["components"]["schemas"]["ErrorCode"]["enum"])
+    assert SERVER_CODES == codes, f"missing: {sorted(codes - SERVER_CODES)}, extra: {sorted(SERVER_CODES - codes)}"
+    assert not CLIENT_CODES & codes, "a client-side code is also one the server sends"
 
 
 def test_every_field_the_client_reads_is_required_by_the_document(document):

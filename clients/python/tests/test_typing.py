@@ -51,7 +51,8 @@ def test_mypy_refuses_a_decorated_tool_called_with_its_ctx(tmp_path, mypy_cache)
         text=True,
         timeout=MYPY_TIMEOUT_S,
     )
-    assert run.returncode == 1 and "Too many arguments" in run.stdout, run.stdout
+    assert run.returncode == 1 and 'No overload variant of "__call__" of "Tool"' in run.stdout, run.stdout
+    assert 'misuse.py:6: error' in run.stdout, run.stdout
 
 
 def test_py_typed_ships_with_the_package():

@@ -12,11 +12,11 @@ themselves::
 
 Modules: ``_sync`` (:class:`Gate`, :class:`Turn`), ``_async``
 (:class:`AsyncGate`, :class:`AsyncTurn`), ``errors`` (one class per error
-code), ``_core`` (limits and what both share).
+code), ``_core`` (limits, :class:`TurnResult` and what both share).
 """
 
 from ._async import AsyncGate, AsyncTurn
-from ._core import ToolContext
+from ._core import ToolContext, TurnResult
 from ._sync import Gate, Turn
 from .errors import (
     AgentgateError,
@@ -35,6 +35,7 @@ from .errors import (
     Overloaded,
     PayloadMismatch,
     PayloadTooLarge,
+    QueueTimeout,
     Replayed,
     RequestInFlight,
     RequestTimeout,
@@ -60,6 +61,7 @@ __all__ = [
     "AsyncGate",
     "AsyncTurn",
     "ToolContext",
+    "TurnResult",
     "AgentgateError",
     "AttemptsExhausted",
     "AwaitingConfirmation",
@@ -76,6 +78,7 @@ __all__ = [
     "Overloaded",
     "PayloadMismatch",
     "PayloadTooLarge",
+    "QueueTimeout",
     "Replayed",
     "RequestInFlight",
     "RequestTimeout",

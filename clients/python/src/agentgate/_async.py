@@ -5,6 +5,14 @@ A turn's heartbeat is an asyncio task. When the lease is lost it sets
 ``turn.lost`` (an ``asyncio.Event``) and cancels the task that entered
 ``async with gate.turn(...)``; the block then raises
 :class:`~agentgate.LeaseLost` instead of the ``CancelledError``.
+
+When a heartbeat answers ``cancel_requested`` (a cancel, or another
+message sent with ``on_busy="interrupt"``) it sets ``turn.cancelled`` and
+cancels that task too, so a body awaiting a long model call stops within
+one heartbeat interval; a tool call in progress is let finish and record
+its result first (the body is cancelled when no tool runs). The turn then
+ends ``cancelled`` with ``turn.partial`` and the block raises
+:class:`~agentgate.TurnCancelled`.
 """
 
 from __future__ import annotations
@@ -23,7 +31,6 @@ from typing import (
     Optional,
     Sequence,
     Tuple,
-    Concatenate,
     Type,
     TypeVar,
     overload,
@@ -32,12 +39,13 @@ from typing import (
 import httpx
 
 from . import _core
-from ._core import AsyncToolDecorator, P, R, ToolContext, ToolSpec, current_turn
+from ._core import AF, AsyncTool, AsyncToolDecorator, R, ToolContext, ToolSpec, TurnResult, current_turn
 from .errors import (
     AgentgateError,
     LeaseLost,
     NoActiveTurn,
     Replayed,
+    TurnCancelled,
     TurnNotEnded,
     UnexpectedResponse,
     error_for,
@@ -118,16 +126,130 @@ class AsyncGate:
         session_id: str,
         client_request_id: str,
         payload: Any = None,
-        wait: float = 0.0,
+        wait: Optional[float] = None,
         *,
         confirmation: Optional[Mapping[str, str]] = None,
         on_busy: Optional[str] = None,
         wait_ms: Optional[int] = None,
+        interrupt_running: bool = False,
+        on_queued: Optional[Callable[[int], Any]] = None,
     ) -> "AsyncTurn":
         """``async with gate.turn(...) as turn:``; see :meth:`Gate.turn`."""
         turn = AsyncTurn(self, user_id, session_id, client_request_id, payload, wait, confirmation)
-        turn.on_busy = _core.busy_policy(on_busy, wait_ms)
+        turn.on_busy = _core.busy_policy(on_busy, wait_ms, interrupt_running)
+        turn.on_queued = on_queued
         return turn
+
+    @overload
+    async def run(
+        self,
+        user_id: str,
+        session_id: str,
+        client_request_id: str,
+        payload: Any,
+        fn: Callable[["AsyncTurn"], Awaitable[R]],
+        wait: Optional[float] = None,
+        *,
+        confirmation: Optional[Mapping[str, str]] = None,
+        on_busy: Optional[str] = None,
+        wait_ms: Optional[int] = None,
+        interrupt_running: bool = False,
+        on_queued: Optional[Callable[[int], Any]] = None,
+    ) -> TurnResult[R]: ...
+
+    @overload
+    async def run(
+        self,
+        user_id: str,
+        session_id: str,
+        client_request_id: str,
+        payload: Any,
+        fn: Callable[["AsyncTurn"], R],
+        wait: Optional[float] = None,
+        *,
+        confirmation: Optional[Mapping[str, str]] = None,
+        on_busy: Optional[str] = None,
+        wait_ms: Optional[int] = None,
+        interrupt_running: bool = False,
+        on_queued: Optional[Callable[[int], Any]] = None,
+    ) -> TurnResult[R]: ...
+
+    async def run(
+        self,
+        user_id: str,
+        session_id: str,
+        client_request_id: str,
+        payload: Any,
+        fn: Callable[["AsyncTurn"], Any],
+        wait: Optional[float] = None,
+        *,
+        confirmation: Optional[Mapping[str, str]] = None,
+        on_busy: Optional[str] = None,
+        wait_ms: Optional[int] = None,
+        interrupt_running: bool = False,
+        on_queued: Optional[Callable[[int], Any]] = None,
+    ) -> TurnResult[Any]:
+        """Run ``fn(turn)`` (a coroutine function, or a plain one) in a turn
+        and complete it with the result, saying how the message ended; see
+        :meth:`Gate.run`."""
+        turn = self.turn(
+            user_id,
+            session_id,
+            client_request_id,
+            payload,
+            wait,
+            confirmation=confirmation,
+            on_busy=on_busy,
+            wait_ms=wait_ms,
+            interrupt_running=interrupt_running,
+            on_queued=on_queued,
+        )
+        try:
+            async with turn:
+                value = await _maybe_await(fn(turn))
+                if not turn.ended:
+                    await turn.complete(value)
+        except Replayed as replay:
+            return TurnResult.of_replay(replay.turn)
+        except TurnCancelled:
+            if turn.state != "cancelled":
+                raise
+            return TurnResult(turn.turn_id, "cancelled", False, partial=turn.partial)
+        return TurnResult(turn.turn_id, turn.state, False, value=value)
+
+    @overload
+    async def run_turn(
+        self,
+        user_id: str,
+        session_id: str,
+        client_request_id: str,
+        payload: Any,
+        fn: Callable[["AsyncTurn"], Awaitable[R]],
+        wait: Optional[float] = None,
+        *,
+        confirmation: Optional[Mapping[str, str]] = None,
+        on_busy: Optional[str] = None,
+        wait_ms: Optional[int] = None,
+        interrupt_running: bool = False,
+        on_queued: Optional[Callable[[int], Any]] = None,
+    ) -> R: ...
+
+    @overload
+    async def run_turn(
+        self,
+        user_id: str,
+        session_id: str,
+        client_request_id: str,
+        payload: Any,
+        fn: Callable[["AsyncTurn"], R],
+        wait: Optional[float] = None,
+        *,
+        confirmation: Optional[Mapping[str, str]] = None,
+        on_busy: Optional[str] = None,
+        wait_ms: Optional[int] = None,
+        interrupt_running: bool = False,
+        on_queued: Optional[Callable[[int], Any]] = None,
+    ) -> R: ...
 
     async def run_turn(
         self,
@@ -136,21 +258,35 @@ class AsyncGate:
         client_request_id: str,
         payload: Any,
         fn: Callable[["AsyncTurn"], Any],
-        wait: float = 0.0,
+        wait: Optional[float] = None,
+        *,
+        confirmation: Optional[Mapping[str, str]] = None,
+        on_busy: Optional[str] = None,
+        wait_ms: Optional[int] = None,
+        interrupt_running: bool = False,
+        on_queued: Optional[Callable[[int], Any]] = None,
     ) -> Any:
         """Run ``fn(turn)`` (a coroutine function, or a plain one) in a turn
         and complete it with the result; on a replay return the stored
-        response without calling ``fn``."""
-        try:
-            async with self.turn(user_id, session_id, client_request_id, payload, wait) as turn:
-                result = await _maybe_await(fn(turn))
-                if not turn.ended:
-                    await turn.complete(result)
-                return result
-        except Replayed as replay:
-            if replay.state == "succeeded":
-                return replay.response
-            raise
+        response without calling ``fn``. See :meth:`Gate.run_turn`."""
+        result = await self.run(
+            user_id,
+            session_id,
+            client_request_id,
+            payload,
+            fn,
+            wait,
+            confirmation=confirmation,
+            on_busy=on_busy,
+            wait_ms=wait_ms,
+            interrupt_running=interrupt_running,
+            on_queued=on_queued,
+        )
+        if result.replayed and not result.succeeded:
+            raise Replayed(result.turn)
+        if result.state == "cancelled" and not result.replayed and result.value is None:
+            raise TurnCancelled(f"turn {result.turn_id} was cancelled while it ran; it ended cancelled")
+        return result.value
 
     async def claim_orphan(
         self,
@@ -186,6 +322,23 @@ class AsyncGate:
         """``POST /v1/turns/{id}/cancel``; see :meth:`Gate.request_cancel`."""
         return dict((await self.request("POST", f"/v1/turns/{turn_id}/cancel", {}, params=_core.owner(user_id)))[1])
 
+    async def cancel(self, turn_id: str, user_id: Optional[str] = None) -> Dict[str, Any]:
+        """Ask a turn to stop; see :meth:`Gate.cancel`."""
+        return await self.request_cancel(turn_id, user_id)
+
+    async def set_policy(
+        self,
+        session_id: str,
+        user_id: str,
+        on_busy: str,
+        wait_ms: Optional[int] = None,
+        interrupt_running: bool = False,
+    ) -> Dict[str, Any]:
+        """``PUT /v1/sessions/{id}/policy``; see :meth:`Gate.set_policy`."""
+        body = {"user_id": user_id, **_core.busy_policy(on_busy, wait_ms, interrupt_running)}
+        data = (await self.request("PUT", f"/v1/sessions/{session_id}/policy", body))[1]
+        return dict(data["session"])
+
     async def release_session(self, session_id: str, user_id: Optional[str] = None) -> Optional[Dict[str, Any]]:
         """``POST /v1/sessions/{id}/release``; see :meth:`Gate.release_session`."""
         data = (await self.request("POST", f"/v1/sessions/{session_id}/release", {}, params=_core.owner(user_id)))[1]
@@ -199,12 +352,7 @@ class AsyncGate:
         return dict((await self.request("GET", f"/v1/users/{user_id}"))[1])
 
     @overload
-    def tool(
-        self, function: Callable[Concatenate[ToolContext, P], Awaitable[R]]
-    ) -> Callable[P, Awaitable[R]]: ...
-
-    @overload
-    def tool(self, function: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]: ...
+    def tool(self, function: AF) -> AsyncTool[AF]: ...
 
     @overload
     def tool(
@@ -248,7 +396,7 @@ class AsyncGate:
 
 class AsyncTurn:
     """One turn under asyncio; the attributes of :class:`~agentgate.Turn`,
-    with ``lost`` an ``asyncio.Event``."""
+    with ``lost`` and ``cancelled`` each an ``asyncio.Event``."""
 
     def __init__(
         self,
@@ -257,7 +405,7 @@ class AsyncTurn:
         session_id: str,
         client_request_id: str,
         payload: Any,
-        wait: float,
+        wait: Optional[float],
         confirmation: Optional[Mapping[str, str]],
     ) -> None:
         self.gate = gate
@@ -278,13 +426,24 @@ class AsyncTurn:
         self.orphaned_for_ms: Optional[int] = None
         self.lost = asyncio.Event()
         self.lost_error: Optional[LeaseLost] = None
+        self.cancelled = asyncio.Event()
+        #: What an interrupted turn ends ``cancelled`` with (its response).
+        self.partial: Any = None
+        self.state: str = ""
+        self.queue_position: Optional[int] = None
+        self.on_queued: Optional[Callable[[int], Any]] = None
         self.ended = False
         self._lease_token: Optional[str] = None
         self._ending = False
         self._exiting = False
         self._heartbeat_task: Optional["asyncio.Task[None]"] = None
         self._body_task: Optional["asyncio.Task[Any]"] = None
-        self._cancelled_body = False
+        #: How many times this turn cancelled its body task (each is taken
+        #: back with ``uncancel`` on the way out), and why the first time.
+        self._body_cancels = 0
+        self._body_cancelled_for = ""
+        #: Tool calls in progress: a cancel request waits for them to end.
+        self._tools_running = 0
         self._context_token: Any = None
         self._executions = _core.HeldExecutions()
 
@@ -304,23 +463,40 @@ class AsyncTurn:
         if self._confirmation_request is not None:
             body["confirmation"] = self._confirmation_request
         body.update(self.on_busy)
-        deadline = time.monotonic() + max(0.0, self.wait)
-        pause = 0.0
+        attempts = _core.BeginAttempts(self.wait, self._queued)
         while True:
             try:
                 status, data = await self.gate.request("POST", "/v1/turns", body)
-                break
-            except _core.BEGIN_WAITABLE as refusal:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise
-                pause = _core.next_pause_s(pause, refusal, remaining, _core.BEGIN_POLL_MIN_S, _core.BEGIN_POLL_MAX_S)
-                await asyncio.sleep(pause)
+            except BaseException as refusal:
+                attempts.refused(refusal)
+            else:
+                if attempts.answered(status, data):
+                    break
+            pause = attempts.pause_s()
+            if pause is None:
+                if attempts.queued is not None:
+                    raise await self._withdraw(attempts.queued)
+                raise attempts.give_up()
+            await asyncio.sleep(pause)
         if status == 200:
             raise Replayed(data["turn"])
         if status != 201:
             raise UnexpectedResponse(f"begin answered {status}", status=status, body=data)
         self._granted(data["turn"])
+
+    def _queued(self, queued: Mapping[str, Any]) -> None:
+        self.turn_id = str(queued["turn_id"])
+        self.queue_position = int(queued["position"])
+        if self.on_queued is not None:
+            self.on_queued(self.queue_position)
+
+    async def _withdraw(self, queued: Mapping[str, Any]) -> BaseException:
+        """See :meth:`Turn._withdraw`."""
+        try:
+            await self.gate.request_cancel(str(queued["turn_id"]), self.user_id)
+        except (AgentgateError, httpx.HTTPError):
+            return _core.queue_timeout(queued, withdrawn=False)
+        return _core.queue_timeout(queued, withdrawn=True)
 
     def _granted(self, grant: Mapping[str, Any]) -> None:
         self.turn_id = grant["turn_id"]
@@ -330,6 +506,7 @@ class AsyncTurn:
         self.takeover = grant["takeover"]
         self.lease_ttl_ms = grant["lease_expires_in_ms"]
         self.confirmation = grant.get("confirmation")
+        self.state = "running"
         self._heartbeat_task = asyncio.get_running_loop().create_task(
             self._heartbeat_loop(), name=f"agentgate-heartbeat-{self.turn_id}"
         )
@@ -351,20 +528,44 @@ class AsyncTurn:
         if self._context_token is not None:
             current_turn.reset(self._context_token)
             self._context_token = None
-        if self._cancelled_body:
+        if self._body_cancels:
             await self._absorb_our_cancellation(exc)
-            self._stop_heartbeat()
-            raise self._lost_exception() from exc
+            if self._body_cancelled_for == "lost" or self.lost.is_set():
+                self._stop_heartbeat()
+                raise self._lost_exception() from exc
+            if self.ended and not isinstance(exc, asyncio.CancelledError):
+                # The body took the cancellation and ended the turn itself.
+                self._stop_heartbeat()
+                return None
+            try:
+                if not self.ended:
+                    await self._end_cancelled_quietly()
+            finally:
+                self._stop_heartbeat()
+            raise TurnCancelled(
+                f"turn {self.turn_id}: asked to stop (cancel or interrupt); the body was cancelled"
+                " and the turn ended cancelled with turn.partial"
+            ) from exc
         try:
             if exc is None:
                 if self.ended:
                     return None
                 self.check()
+                if self.cancelled.is_set():
+                    await self._end_cancelled_quietly()
+                    raise TurnCancelled(
+                        f"turn {self.turn_id}: asked to stop, and the body exited without ending it;"
+                        " it was ended cancelled with turn.partial"
+                    )
                 await self._fail_quietly({"type": "TurnNotEnded", "message": "the turn's body exited without ending it"})
                 raise TurnNotEnded(
                     f"turn {self.turn_id}: the body exited without turn.complete(...); the turn was failed (retryable)"
                 )
             if self.ended or self.lost.is_set() or isinstance(exc, LeaseLost):
+                return None
+            if isinstance(exc, TurnCancelled) or self.cancelled.is_set():
+                # See Turn.__exit__: asked to stop, the turn ends as asked.
+                await self._end_cancelled_quietly()
                 return None
             await self._fail_quietly(_core.error_json(exc), _core.retryable(exc))
             return None
@@ -372,8 +573,9 @@ class AsyncTurn:
             self._stop_heartbeat()
 
     async def _absorb_our_cancellation(self, exc: Optional[BaseException]) -> None:
-        """The heartbeat cancelled the body for a lost lease: take that
-        cancellation back so it does not leak past the ``async with``."""
+        """The heartbeat cancelled the body (a lost lease, a cancel
+        request): take that cancellation back so it does not leak past the
+        ``async with``."""
         task = self._body_task
         if not isinstance(exc, asyncio.CancelledError):
             # Requested but not delivered yet (the body ended first): let it
@@ -384,11 +586,19 @@ class AsyncTurn:
                 pass
         uncancel = getattr(task, "uncancel", None)
         if uncancel is not None:
-            uncancel()
+            for _ in range(self._body_cancels):
+                uncancel()
 
     async def _fail_quietly(self, error: Any, retryable: bool = True) -> None:
         try:
             await self.fail(error, retryable=retryable)
+        except (AgentgateError, httpx.HTTPError):
+            pass
+
+    async def _end_cancelled_quietly(self) -> None:
+        partial = self.partial if _core.json_problem(self.partial) is None else None
+        try:
+            await self.end_cancelled(partial)
         except (AgentgateError, httpx.HTTPError):
             pass
 
@@ -423,6 +633,8 @@ class AsyncTurn:
             renewed_at = sent_at
             ttl_s = data.get("lease_expires_in_ms", self.lease_ttl_ms) / 1000.0
             interval = max(ttl_s / 3, _core.HEARTBEAT_MIN_INTERVAL_S)
+            if data.get("cancel_requested") is True:
+                self._mark_cancel_requested()
 
     def _mark_lost(self, error: LeaseLost, from_heartbeat: bool) -> None:
         if self._ending or self.ended:
@@ -430,10 +642,26 @@ class AsyncTurn:
         if self.lost_error is None:
             self.lost_error = error
         self.lost.set()
+        if from_heartbeat:
+            self._cancel_body("lost")
+
+    def _mark_cancel_requested(self) -> None:
+        """A heartbeat said the turn was asked to stop: cancel the body now,
+        or, while a tool call runs, as soon as none does (``tool``)."""
+        if self.cancelled.is_set():
+            return
+        self.cancelled.set()
+        if self._tools_running == 0:
+            self._cancel_body("cancelled")
+
+    def _cancel_body(self, why: str) -> None:
         body = self._body_task
-        if from_heartbeat and body is not None and not self._exiting and not body.done():
-            self._cancelled_body = True
-            body.cancel("agentgate: lease lost")
+        if self._ending or self.ended or self._exiting or body is None or body.done():
+            return
+        if not self._body_cancels:
+            self._body_cancelled_for = why
+        self._body_cancels += 1
+        body.cancel(f"agentgate: turn {why}")
 
     def _lost_exception(self) -> LeaseLost:
         known = self.lost_error
@@ -453,6 +681,16 @@ class AsyncTurn:
         if self.lost.is_set():
             raise self._lost_exception()
 
+    @property
+    def cancel_requested(self) -> bool:
+        """Whether the turn was asked to stop (``turn.cancelled`` is set)."""
+        return self.cancelled.is_set()
+
+    def check_cancelled(self) -> None:
+        """Raise :class:`~agentgate.TurnCancelled` if the turn was asked to stop."""
+        if self.cancelled.is_set():
+            raise TurnCancelled(f"turn {self.turn_id}: asked to stop (cancel or interrupt)")
+
     async def _call(
         self,
         method: str,
@@ -467,6 +705,10 @@ class AsyncTurn:
             return await self.gate.request(method, path, body, lease_token=self._lease_token, timeout=timeout)
         except LeaseLost as error:
             self._mark_lost(error, from_heartbeat)
+            raise
+        except TurnCancelled:
+            # Raised to the caller (a tool claim): no need to cancel the body too.
+            self.cancelled.set()
             raise
 
     async def _write(
@@ -539,7 +781,9 @@ class AsyncTurn:
             raise
         self.ended = True
         self._stop_heartbeat()
-        return dict(data.get("turn", data)) if isinstance(data, Mapping) else {}
+        record = dict(data.get("turn", data)) if isinstance(data, Mapping) else {}
+        self.state = str(record.get("state", state))
+        return record
 
     async def complete(self, response: Any) -> Dict[str, Any]:
         return await self._end("complete", "succeeded", {"response": response})
@@ -555,6 +799,7 @@ class AsyncTurn:
 
     async def claim_tool(self, name: str, args: Any, wait: float = _core.TOOL_WAIT_DEFAULT_S) -> Tuple[bool, Any]:
         """See :meth:`Turn.claim_tool`."""
+        self.check_cancelled()
         claim = _core.ClaimAttempts(self._executions, wait)
         while True:
             try:
@@ -600,7 +845,29 @@ class AsyncTurn:
         reconcile: Optional[Callable[[ToolContext], Any]] = None,
         wait: float = _core.TOOL_WAIT_DEFAULT_S,
     ) -> Any:
-        """See :meth:`Turn.tool`; ``run`` and ``reconcile`` may be sync or async."""
+        """See :meth:`Turn.tool`; ``run`` and ``reconcile`` may be sync or
+        async. A cancel request that arrives while it runs waits for it: the
+        body is cancelled once no tool call of the turn is in progress."""
+        self._tools_running += 1
+        told = False
+        try:
+            return await self._tool(name, args, run, reconcile, wait)
+        except TurnCancelled:
+            told = True  # the body learns it from this very exception
+            raise
+        finally:
+            self._tools_running -= 1
+            if not told and self._tools_running == 0 and self.cancelled.is_set():
+                self._cancel_body("cancelled")
+
+    async def _tool(
+        self,
+        name: str,
+        args: Any,
+        run: Callable[[ToolContext], Any],
+        reconcile: Optional[Callable[[ToolContext], Any]],
+        wait: float,
+    ) -> Any:
         execute, claimed = await self.claim_tool(name, args, wait)
         if not execute:
             return claimed
@@ -610,8 +877,8 @@ class AsyncTurn:
             if found is not None:
                 await self.complete_tool(ctx, found)
                 return found
-        ctx.check()
         try:
+            ctx.check()
             result = await _maybe_await(run(ctx))
         except LeaseLost:
             raise

@@ -11,7 +11,7 @@ import json
 import math
 import threading
 import time
-from typing import Any, Awaitable, Callable, Concatenate, Dict, Mapping, Optional, ParamSpec, Protocol, Tuple, TypeVar, overload
+from typing import Any, Awaitable, Callable, Concatenate, Dict, Generic, Mapping, Optional, ParamSpec, Protocol, Tuple, TypeVar, overload
 
 import httpx
 
@@ -25,6 +25,9 @@ from .errors import (
     ToolInFlight,
     UserAtCapacity,
 )
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 # Limits (seconds unless named otherwise), each with why.
 
@@ -101,7 +104,15 @@ current_turn: contextvars.ContextVar[Any] = contextvars.ContextVar("agentgate_cu
 #: The server's bound on a waiting begin (``MAX_BUSY_WAIT``), in ms.
 BUSY_WAIT_MAX_MS = 20_000
 
-BUSY_POLICIES = ("reject", "wait", "interrupt")
+#: Every ``on_busy`` policy the server takes (``BusyPolicyDto``).
+BUSY_POLICIES = ("reject", "wait", "interrupt", "enqueue", "supersede")
+#: The policies that take ``wait_ms`` (a server-side wait).
+WAITING_POLICIES = ("wait", "interrupt")
+
+#: How long, by default, a queued message (answered 202) is re-sent until it
+#: starts when the caller gave no ``wait``: a queue drains one turn at a
+#: time, and a turn takes 2-60 s, so a few queued ones take minutes.
+QUEUE_WAIT_DEFAULT_S = 300.0
 
 
 def http_limits() -> httpx.Limits:
@@ -109,19 +120,25 @@ def http_limits() -> httpx.Limits:
     return httpx.Limits(max_connections=HTTP_MAX_CONNECTIONS, max_keepalive_connections=HTTP_MAX_CONNECTIONS)
 
 
-def busy_policy(on_busy: Optional[str], wait_ms: Optional[int]) -> Dict[str, Any]:
-    """The begin's ``on_busy`` fields, checked before anything is sent."""
+def busy_policy(on_busy: Optional[str], wait_ms: Optional[int], interrupt_running: bool = False) -> Dict[str, Any]:
+    """The begin's ``on_busy`` fields, checked before anything is sent
+    (the server's own rules: ``wait_ms`` only with ``wait`` and
+    ``interrupt``, ``interrupt_running`` only with ``supersede``)."""
     if on_busy is None:
-        if wait_ms is not None:
-            raise ValueError("wait_ms needs on_busy='wait' or 'interrupt'")
+        if wait_ms is not None or interrupt_running:
+            raise ValueError("wait_ms and interrupt_running need an on_busy policy")
         return {}
     if on_busy not in BUSY_POLICIES:
         raise ValueError(f"on_busy must be one of {BUSY_POLICIES}, not {on_busy!r}")
     fields: Dict[str, Any] = {"on_busy": on_busy}
     if wait_ms is not None:
-        if on_busy == "reject" or not 0 <= wait_ms <= BUSY_WAIT_MAX_MS:
+        if on_busy not in WAITING_POLICIES or not 0 <= wait_ms <= BUSY_WAIT_MAX_MS:
             raise ValueError(f"wait_ms must be 0..{BUSY_WAIT_MAX_MS} with 'wait' or 'interrupt', not {wait_ms!r}")
         fields["wait_ms"] = wait_ms
+    if interrupt_running:
+        if on_busy != "supersede":
+            raise ValueError("interrupt_running goes only with on_busy='supersede'")
+        fields["interrupt_running"] = True
     return fields
 
 
@@ -139,11 +156,143 @@ def next_pause_s(
 ) -> float:
     """The pause before the next try: doubling from ``min_s`` up to
     ``max_s``, never past Retry-After nor past the caller's deadline."""
-    pause = min_s if previous_pause_s <= 0 else min(previous_pause_s * 2, max_s)
     retry_after_s = error.retry_after_s if isinstance(error, AgentgateError) else None
+    return pause_s(previous_pause_s, retry_after_s, remaining_s, min_s, max_s)
+
+
+def pause_s(
+    previous_pause_s: float, retry_after_s: Optional[float], remaining_s: float, min_s: float, max_s: float
+) -> float:
+    """As :func:`next_pause_s`, given the Retry-After (``None``: none)."""
+    pause = min_s if previous_pause_s <= 0 else min(previous_pause_s * 2, max_s)
     if retry_after_s is not None:
         pause = min(pause, max(retry_after_s, min_s))
     return max(0.0, min(pause, remaining_s))
+
+
+class BeginAttempts:
+    """One begin's decisions, shared by the sync and async clients (which
+    only send and sleep): which answers end the loop, which are waited
+    out, how long to pause, and when the caller's wait is over.
+
+    A 202 means the request joined its session's queue: it is sent again,
+    the same request, until the server starts it (201: it is the head and
+    the session is free) or replays it (200: it was cancelled, superseded,
+    or run by someone else's handoff). ``wait`` bounds the whole loop;
+    ``None`` means no wait for a refusal and :data:`QUEUE_WAIT_DEFAULT_S`
+    once queued."""
+
+    def __init__(self, wait_s: Optional[float], on_queued: Callable[[Mapping[str, Any]], Any]) -> None:
+        if wait_s is not None and not wait_s >= 0:
+            raise ValueError(f"wait must be >= 0 seconds, not {wait_s!r}")
+        self._started = time.monotonic()
+        self._wait_s = wait_s
+        self._on_queued = on_queued
+        self._pause = 0.0
+        self._blocker: Optional[BaseException] = None
+        self._retry_after_s: Optional[float] = None
+        #: The latest 202's queued turn (``QueuedDto``), ``None`` until queued.
+        self.queued: Optional[Dict[str, Any]] = None
+
+    def answered(self, status: int, data: Any) -> bool:
+        """After a 2xx answer: ``True`` when it ends the loop (201, 200),
+        ``False`` to send again (202)."""
+        if status != 202:
+            return True
+        queued = dict(data["turn"])
+        moved = self.queued is None or self.queued.get("position") != queued.get("position")
+        self.queued = queued
+        self._blocker = None
+        self._retry_after_s = queued.get("retry_after_ms", 0) / 1000.0
+        if moved:
+            self._on_queued(queued)
+        return False
+
+    def refused(self, error: BaseException) -> None:
+        """After a send that raised: re-raises what is not waited out."""
+        if not isinstance(error, BEGIN_WAITABLE):
+            raise error
+        self._blocker = error
+        self._retry_after_s = error.retry_after_s if isinstance(error, AgentgateError) else None
+
+    def _deadline(self) -> float:
+        if self._wait_s is not None:
+            return self._started + self._wait_s
+        return self._started + (QUEUE_WAIT_DEFAULT_S if self.queued is not None else 0.0)
+
+    def pause_s(self) -> Optional[float]:
+        """The pause before the next send; ``None`` once the wait is over
+        (then :meth:`give_up` says what to raise)."""
+        remaining = self._deadline() - time.monotonic()
+        if remaining <= 0:
+            return None
+        self._pause = pause_s(self._pause, self._retry_after_s, remaining, BEGIN_POLL_MIN_S, BEGIN_POLL_MAX_S)
+        return self._pause
+
+    def give_up(self) -> BaseException:
+        """What to raise when the wait is over and nothing is queued."""
+        assert self._blocker is not None, "only a refusal is waited out when nothing is queued"
+        return self._blocker
+
+
+def queue_timeout(queued: Mapping[str, Any], withdrawn: bool) -> BaseException:
+    """The error of a queued message whose wait ran out."""
+    from .errors import QueueTimeout
+
+    turn_id = str(queued.get("turn_id", ""))
+    position = queued.get("position")
+    how = "withdrawn (cancelled)" if withdrawn else "NOT withdrawn: it may still be queued"
+    return QueueTimeout(
+        f"turn {turn_id} was still queued (position {position}) when the wait ran out; {how}",
+        turn_id=turn_id,
+        position=position if isinstance(position, int) else None,
+        withdrawn=withdrawn,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnResult(Generic[R]):
+    """What ``gate.run(...)`` answers: how the message ended, and whether
+    this call ran it or the server replayed a stored outcome.
+
+    A replay's ``value`` is the stored response as the server keeps it:
+    canonical JSON (RFC 8785), so ``11.0`` comes back ``11`` and object
+    keys sorted, and a non-JSON type (a dataclass, a tuple) comes back as
+    the JSON it was sent as, not as ``R``.
+    """
+
+    turn_id: str
+    #: ``succeeded``, ``cancelled``, ``superseded``, ``failed``,
+    #: ``awaiting_confirmation``, ``confirmed`` or ``abandoned``.
+    state: str
+    #: ``True`` when the body did not run in this call: the server answered
+    #: with the request's stored outcome.
+    replayed: bool
+    #: The body's return value when it ran in this call; on a replay the
+    #: stored response when ``state == "succeeded"``; else ``None``.
+    value: Optional[R] = None
+    #: For ``cancelled``: what the turn had produced when it stopped
+    #: (``turn.partial``, or the stored one on a replay).
+    partial: Any = None
+    #: On a replay: the whole stored turn (``error``, ``retryable``, ...).
+    turn: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def succeeded(self) -> bool:
+        return self.state == "succeeded"
+
+    @classmethod
+    def of_replay(cls, turn: Mapping[str, Any]) -> "TurnResult[Any]":
+        state = str(turn.get("state", ""))
+        response = turn.get("response")
+        return TurnResult(
+            turn_id=str(turn.get("turn_id", "")),
+            state=state,
+            replayed=True,
+            value=response if state == "succeeded" else None,
+            partial=response if state == "cancelled" else None,
+            turn=dict(turn),
+        )
 
 
 def landed_ending(turn: Mapping[str, Any], state: str, fence: int) -> bool:
@@ -258,9 +407,11 @@ class ToolContext:
     turn: Any = dataclasses.field(repr=False, compare=False)
 
     def check(self) -> None:
-        """Raise :class:`~agentgate.LeaseLost` if the turn's lease is lost;
-        call it before taking an effect."""
+        """Raise :class:`~agentgate.LeaseLost` if the turn's lease is lost,
+        :class:`~agentgate.TurnCancelled` if it was asked to stop; call it
+        before taking an effect."""
         self.turn.check()
+        self.turn.check_cancelled()
 
 
 class ClaimAttempts:
@@ -410,28 +561,54 @@ class ToolSpec:
         return self.function(*positional, **keywords)
 
 
-P = ParamSpec("P")
-R = TypeVar("R")
+
+#: A decorated tool's function type, for :class:`Tool` and :class:`AsyncTool`.
+F = TypeVar("F", bound=Callable[..., Any])
+F_co = TypeVar("F_co", bound=Callable[..., Any], covariant=True)
+AF = TypeVar("AF", bound=Callable[..., Awaitable[Any]])
+AF_co = TypeVar("AF_co", bound=Callable[..., Awaitable[Any]], covariant=True)
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+class Tool(Protocol[F_co]):
+    """What a type checker sees of a ``@gate.tool`` function: called like
+    the function without its ``ctx: ToolContext`` first parameter (if it
+    has one), returning what the function returns.
+
+    Typed per call, not per decoration: an overloaded decorator that
+    stripped ``ctx`` made mypy give up (``def (*Any, **Any) -> Any``) on
+    every function whose types contain ``Any`` (``-> Dict[str, Any]``),
+    since ``Any`` matches both of its forms."""
+
+    @overload
+    def __call__(self: "Tool[Callable[Concatenate[ToolContext, _P], _R]]", *args: _P.args, **kwargs: _P.kwargs) -> _R: ...
+
+    @overload
+    def __call__(self: "Tool[Callable[_P, _R]]", *args: _P.args, **kwargs: _P.kwargs) -> _R: ...
+
+
+class AsyncTool(Protocol[AF_co]):
+    """:class:`Tool` for ``@async_gate.tool`` (``async def``) functions."""
+
+    @overload
+    def __call__(
+        self: "AsyncTool[Callable[Concatenate[ToolContext, _P], Awaitable[_R]]]", *args: _P.args, **kwargs: _P.kwargs
+    ) -> Awaitable[_R]: ...
+
+    @overload
+    def __call__(
+        self: "AsyncTool[Callable[_P, Awaitable[_R]]]", *args: _P.args, **kwargs: _P.kwargs
+    ) -> Awaitable[_R]: ...
 
 
 class ToolDecorator(Protocol):
-    """What ``@gate.tool(name=..., reconcile=...)`` returns: the decorated
-    function loses its ``ctx: ToolContext`` first parameter."""
+    """What ``@gate.tool(name=..., reconcile=...)`` returns."""
 
-    @overload
-    def __call__(self, function: Callable[Concatenate[ToolContext, P], R]) -> Callable[P, R]: ...
-
-    @overload
-    def __call__(self, function: Callable[P, R]) -> Callable[P, R]: ...
+    def __call__(self, function: F) -> Tool[F]: ...
 
 
 class AsyncToolDecorator(Protocol):
     """What ``@async_gate.tool(name=..., reconcile=...)`` returns."""
 
-    @overload
-    def __call__(
-        self, function: Callable[Concatenate[ToolContext, P], Awaitable[R]]
-    ) -> Callable[P, Awaitable[R]]: ...
-
-    @overload
-    def __call__(self, function: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]: ...
+    def __call__(self, function: AF) -> AsyncTool[AF]: ...

@@ -2,10 +2,14 @@
 
 A turn's heartbeat runs in a daemon thread. When the lease is lost the
 thread sets ``turn.lost`` (a ``threading.Event``); from then on every call
-on the turn raises :class:`~agentgate.LeaseLost` without a request. A
-thread cannot be interrupted from outside, so a long step in the body
-should wait on ``turn.lost`` or call ``turn.check()`` / ``ctx.check()``
-before taking an effect.
+on the turn raises :class:`~agentgate.LeaseLost` without a request. When a
+heartbeat answers ``cancel_requested`` (a cancel, or another message sent
+with ``on_busy="interrupt"``) it sets ``turn.cancelled``; from then on
+``turn.check_cancelled()``, ``turn.sleep()`` and ``turn.tool()`` raise
+:class:`~agentgate.TurnCancelled`, and that exception leaving the ``with``
+block ends the turn ``cancelled``. A thread cannot be interrupted from
+outside, so a long step in the body (a model call) should wait with
+``turn.sleep()``, or call ``turn.check_cancelled()`` between chunks.
 """
 
 from __future__ import annotations
@@ -14,17 +18,18 @@ import functools
 import threading
 import time
 from types import TracebackType
-from typing import Any, Callable, Concatenate, Dict, List, Mapping, Optional, Sequence, Tuple, Type, TypeVar, overload
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Type, TypeVar, overload
 
 import httpx
 
 from . import _core
-from ._core import P, R, ToolContext, ToolDecorator, ToolSpec, current_turn
+from ._core import F, R, Tool, ToolContext, ToolDecorator, ToolSpec, TurnResult, current_turn
 from .errors import (
     AgentgateError,
     LeaseLost,
     NoActiveTurn,
     Replayed,
+    TurnCancelled,
     TurnNotEnded,
     UnexpectedResponse,
     error_for,
@@ -109,11 +114,13 @@ class Gate:
         session_id: str,
         client_request_id: str,
         payload: Any = None,
-        wait: float = 0.0,
+        wait: Optional[float] = None,
         *,
         confirmation: Optional[Mapping[str, str]] = None,
         on_busy: Optional[str] = None,
         wait_ms: Optional[int] = None,
+        interrupt_running: bool = False,
+        on_queued: Optional[Callable[[int], Any]] = None,
     ) -> "Turn":
         """A turn, begun when its ``with`` block is entered.
 
@@ -127,15 +134,72 @@ class Gate:
         refused ``request_in_flight`` by its own lease, and taken over once
         that lease expires, if ``wait`` lasts that long.)
 
-        ``on_busy`` asks the server instead: ``"wait"`` waits there up to
-        ``wait_ms`` (default 12000, at most 20000) for the session to come
-        free, woken by the store's release notification; ``"interrupt"``
-        first asks the running turn to stop. Without it a busy session is
-        refused at once (``"reject"``).
+        ``on_busy`` asks the server instead (``None``: the session's
+        default, :meth:`set_policy`, else ``"reject"``): ``"wait"`` waits
+        there up to ``wait_ms`` (default 12000, at most 20000) for the
+        session to come free; ``"interrupt"`` first asks the running turn
+        to stop; ``"enqueue"`` joins the session's queue, and
+        ``"supersede"`` does too, replacing the messages queued before it
+        (with ``interrupt_running=True`` it also asks the running turn to
+        stop). A queued message (202) is sent again, the same request,
+        until it starts (it is the head and the session is free) or is
+        replayed (superseded, cancelled); ``on_queued(position)`` is called
+        each time its position changes. ``wait`` bounds that too (``None``:
+        :data:`~agentgate._core.QUEUE_WAIT_DEFAULT_S` once queued, else no
+        wait); when it runs out the message is withdrawn and
+        :class:`~agentgate.QueueTimeout` raised.
         """
         turn = Turn(self, user_id, session_id, client_request_id, payload, wait, confirmation)
-        turn.on_busy = _core.busy_policy(on_busy, wait_ms)
+        turn.on_busy = _core.busy_policy(on_busy, wait_ms, interrupt_running)
+        turn.on_queued = on_queued
         return turn
+
+    def run(
+        self,
+        user_id: str,
+        session_id: str,
+        client_request_id: str,
+        payload: Any,
+        fn: Callable[["Turn"], R],
+        wait: Optional[float] = None,
+        *,
+        confirmation: Optional[Mapping[str, str]] = None,
+        on_busy: Optional[str] = None,
+        wait_ms: Optional[int] = None,
+        interrupt_running: bool = False,
+        on_queued: Optional[Callable[[int], Any]] = None,
+    ) -> TurnResult[R]:
+        """Run ``fn(turn)`` in a turn and complete it with the result,
+        saying how the message ended (:class:`~agentgate.TurnResult`):
+        ``replayed`` when the server answered with a stored outcome and
+        ``fn`` did not run; ``state == "cancelled"`` (with ``partial``)
+        when the turn was interrupted while ``fn`` ran. Other arguments as
+        :meth:`turn`. If ``fn`` ends the turn itself (``turn.fail``,
+        ``turn.await_confirmation``), its return value is the ``value``."""
+        turn = self.turn(
+            user_id,
+            session_id,
+            client_request_id,
+            payload,
+            wait,
+            confirmation=confirmation,
+            on_busy=on_busy,
+            wait_ms=wait_ms,
+            interrupt_running=interrupt_running,
+            on_queued=on_queued,
+        )
+        try:
+            with turn:
+                value = fn(turn)
+                if not turn.ended:
+                    turn.complete(value)
+        except Replayed as replay:
+            return TurnResult.of_replay(replay.turn)
+        except TurnCancelled:
+            if turn.state != "cancelled":
+                raise
+            return TurnResult(turn.turn_id, "cancelled", False, partial=turn.partial)
+        return TurnResult(turn.turn_id, turn.state, False, value=value)
 
     def run_turn(
         self,
@@ -143,27 +207,45 @@ class Gate:
         session_id: str,
         client_request_id: str,
         payload: Any,
-        fn: Callable[["Turn"], Any],
-        wait: float = 0.0,
-    ) -> Any:
+        fn: Callable[["Turn"], R],
+        wait: Optional[float] = None,
+        *,
+        confirmation: Optional[Mapping[str, str]] = None,
+        on_busy: Optional[str] = None,
+        wait_ms: Optional[int] = None,
+        interrupt_running: bool = False,
+        on_queued: Optional[Callable[[int], Any]] = None,
+    ) -> R:
         """Run ``fn(turn)`` in a turn and complete it with the result; on a
-        replay return the stored response without calling ``fn``.
+        replay return the stored response (canonical JSON, see
+        :class:`~agentgate.TurnResult`) without calling ``fn``. :meth:`run`
+        says which of the two happened.
 
-        A replay of a turn that did not succeed (failed non-retryably)
-        raises :class:`~agentgate.Replayed`. If ``fn`` ends the turn itself
-        (``turn.fail``, ``turn.await_confirmation``), its result is returned
-        as is.
+        A replay of a turn that did not succeed (failed non-retryably,
+        cancelled, superseded) raises :class:`~agentgate.Replayed`; a turn
+        interrupted while ``fn`` ran is ended ``cancelled`` and raises
+        :class:`~agentgate.TurnCancelled`. If ``fn`` ends the turn itself
+        (``turn.fail``, ``turn.await_confirmation``), its result is
+        returned as is.
         """
-        try:
-            with self.turn(user_id, session_id, client_request_id, payload, wait) as turn:
-                result = fn(turn)
-                if not turn.ended:
-                    turn.complete(result)
-                return result
-        except Replayed as replay:
-            if replay.state == "succeeded":
-                return replay.response
-            raise
+        result = self.run(
+            user_id,
+            session_id,
+            client_request_id,
+            payload,
+            fn,
+            wait,
+            confirmation=confirmation,
+            on_busy=on_busy,
+            wait_ms=wait_ms,
+            interrupt_running=interrupt_running,
+            on_queued=on_queued,
+        )
+        if result.replayed and not result.succeeded:
+            raise Replayed(result.turn)
+        if result.state == "cancelled" and not result.replayed and result.value is None:
+            raise TurnCancelled(f"turn {result.turn_id} was cancelled while it ran; it ended cancelled")
+        return result.value  # type: ignore[return-value]
 
     def claim_orphan(
         self,
@@ -207,6 +289,28 @@ class Gate:
         Returns the turn's view; ``user_id`` checks the owner."""
         return dict(self.request("POST", f"/v1/turns/{turn_id}/cancel", {}, params=_core.owner(user_id))[1])
 
+    def cancel(self, turn_id: str, user_id: Optional[str] = None) -> Dict[str, Any]:
+        """Ask a turn to stop (:meth:`request_cancel`): a running one ends
+        ``cancelled`` once its holder learns it (its next heartbeat); a
+        queued one is removed at once. Returns the turn's view."""
+        return self.request_cancel(turn_id, user_id)
+
+    def set_policy(
+        self,
+        session_id: str,
+        user_id: str,
+        on_busy: str,
+        wait_ms: Optional[int] = None,
+        interrupt_running: bool = False,
+    ) -> Dict[str, Any]:
+        """``PUT /v1/sessions/{id}/policy``: what a begin on this session
+        that names no ``on_busy`` does when the session is busy (see
+        :meth:`turn`). Binds a session not used yet to ``user_id``.
+        Returns the session (``default_policy`` shows it)."""
+        body = {"user_id": user_id, **_core.busy_policy(on_busy, wait_ms, interrupt_running)}
+        data = self.request("PUT", f"/v1/sessions/{session_id}/policy", body)[1]
+        return dict(data["session"])
+
     def release_session(self, session_id: str, user_id: Optional[str] = None) -> Optional[Dict[str, Any]]:
         """``POST /v1/sessions/{id}/release``: an operator's force-release.
         The holder (live or expired) ends ``abandoned`` and every later
@@ -225,10 +329,7 @@ class Gate:
     # --- the decorator --------------------------------------------------
 
     @overload
-    def tool(self, function: Callable[Concatenate[ToolContext, P], R]) -> Callable[P, R]: ...
-
-    @overload
-    def tool(self, function: Callable[P, R]) -> Callable[P, R]: ...
+    def tool(self, function: F) -> Tool[F]: ...
 
     @overload
     def tool(
@@ -284,8 +385,12 @@ class Turn:
 
     Attributes after the grant: ``turn_id``, ``fence``, ``attempt``,
     ``takeover``, ``lease_ttl_ms``, ``confirmation``, ``payload``,
-    ``journal`` (claimed orphans), and ``lost`` (a ``threading.Event`` set
-    when the lease is lost).
+    ``journal`` (claimed orphans), ``lost`` (a ``threading.Event`` set
+    when the lease is lost), ``cancelled`` (one set when the turn was asked
+    to stop) and ``state`` (``running``, then how it ended). Set
+    ``partial`` to what the turn has produced so far: an interrupted turn
+    ends ``cancelled`` with it. While queued: ``turn_id`` and
+    ``queue_position``.
     """
 
     def __init__(
@@ -295,7 +400,7 @@ class Turn:
         session_id: str,
         client_request_id: str,
         payload: Any,
-        wait: float,
+        wait: Optional[float],
         confirmation: Optional[Mapping[str, str]],
     ) -> None:
         self.gate = gate
@@ -306,6 +411,7 @@ class Turn:
         self.wait = wait
         self._confirmation_request = dict(confirmation) if confirmation else None
         self.on_busy: Dict[str, Any] = {}
+        #: Set once granted, or once queued.
         self.turn_id: str = ""
         self.fence: int = 0
         self.attempt: int = 0
@@ -316,10 +422,18 @@ class Turn:
         self.orphaned_for_ms: Optional[int] = None
         self.lost = threading.Event()
         self.lost_error: Optional[LeaseLost] = None
+        self.cancelled = threading.Event()
+        #: What an interrupted turn ends ``cancelled`` with (its response).
+        self.partial: Any = None
+        self.state: str = ""
+        self.queue_position: Optional[int] = None
+        self.on_queued: Optional[Callable[[int], Any]] = None
         self.ended = False
         self._lease_token: Optional[str] = None
         self._ending = False
         self._stop = threading.Event()
+        #: Set with ``lost`` or ``cancelled``: what ``sleep`` waits on.
+        self._stopping = threading.Event()
         self._heartbeat_thread: Optional[threading.Thread] = None
         self._context_token: Any = None
         self._executions = _core.HeldExecutions()
@@ -340,23 +454,41 @@ class Turn:
         if self._confirmation_request is not None:
             body["confirmation"] = self._confirmation_request
         body.update(self.on_busy)
-        deadline = time.monotonic() + max(0.0, self.wait)
-        pause = 0.0
+        attempts = _core.BeginAttempts(self.wait, self._queued)
         while True:
             try:
                 status, data = self.gate.request("POST", "/v1/turns", body)
-                break
-            except _core.BEGIN_WAITABLE as refusal:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise
-                pause = _core.next_pause_s(pause, refusal, remaining, _core.BEGIN_POLL_MIN_S, _core.BEGIN_POLL_MAX_S)
-                time.sleep(pause)
+            except BaseException as refusal:
+                attempts.refused(refusal)
+            else:
+                if attempts.answered(status, data):
+                    break
+            pause = attempts.pause_s()
+            if pause is None:
+                if attempts.queued is not None:
+                    raise self._withdraw(attempts.queued)
+                raise attempts.give_up()
+            time.sleep(pause)
         if status == 200:
             raise Replayed(data["turn"])
         if status != 201:
             raise UnexpectedResponse(f"begin answered {status}", status=status, body=data)
         self._granted(data["turn"])
+
+    def _queued(self, queued: Mapping[str, Any]) -> None:
+        self.turn_id = str(queued["turn_id"])
+        self.queue_position = int(queued["position"])
+        if self.on_queued is not None:
+            self.on_queued(self.queue_position)
+
+    def _withdraw(self, queued: Mapping[str, Any]) -> BaseException:
+        """The wait of a queued message ran out: cancel it, so it never
+        runs with no one to run it; the error to raise."""
+        try:
+            self.gate.request_cancel(str(queued["turn_id"]), self.user_id)
+        except (AgentgateError, httpx.HTTPError):
+            return _core.queue_timeout(queued, withdrawn=False)
+        return _core.queue_timeout(queued, withdrawn=True)
 
     def _granted(self, grant: Mapping[str, Any]) -> None:
         self.turn_id = grant["turn_id"]
@@ -366,6 +498,7 @@ class Turn:
         self.takeover = grant["takeover"]
         self.lease_ttl_ms = grant["lease_expires_in_ms"]
         self.confirmation = grant.get("confirmation")
+        self.state = "running"
         self._start_heartbeat()
 
     def __enter__(self) -> "Turn":
@@ -388,11 +521,23 @@ class Turn:
                 if self.ended:
                     return None
                 self.check()
+                if self.cancelled.is_set():
+                    self._end_cancelled_quietly()
+                    raise TurnCancelled(
+                        f"turn {self.turn_id}: asked to stop, and the body exited without ending it;"
+                        " it was ended cancelled with turn.partial"
+                    )
                 self._fail_quietly({"type": "TurnNotEnded", "message": "the turn's body exited without ending it"})
                 raise TurnNotEnded(
                     f"turn {self.turn_id}: the body exited without turn.complete(...); the turn was failed (retryable)"
                 )
             if self.ended or self.lost.is_set() or isinstance(exc, LeaseLost):
+                return None
+            if isinstance(exc, TurnCancelled) or self.cancelled.is_set():
+                # Asked to stop: whatever the body raised on its way out,
+                # the turn ends as the server asked, keeping what it had; a
+                # repeat of the request replays that instead of running again.
+                self._end_cancelled_quietly()
                 return None
             self._fail_quietly(_core.error_json(exc), _core.retryable(exc))
             return None
@@ -404,6 +549,14 @@ class Turn:
         body's own exception (the lease may be gone already)."""
         try:
             self.fail(error, retryable=retryable)
+        except (AgentgateError, httpx.HTTPError):
+            pass
+
+    def _end_cancelled_quietly(self) -> None:
+        """End the turn ``cancelled`` with ``partial`` on the way out."""
+        partial = self.partial if _core.json_problem(self.partial) is None else None
+        try:
+            self.end_cancelled(partial)
         except (AgentgateError, httpx.HTTPError):
             pass
 
@@ -441,6 +594,8 @@ class Turn:
             renewed_at = sent_at
             ttl_s = data.get("lease_expires_in_ms", self.lease_ttl_ms) / 1000.0
             interval = max(ttl_s / 3, _core.HEARTBEAT_MIN_INTERVAL_S)
+            if data.get("cancel_requested") is True:
+                self._mark_cancel_requested()
 
     def _mark_lost(self, error: LeaseLost) -> None:
         if self._ending or self.ended:
@@ -448,7 +603,14 @@ class Turn:
         if self.lost_error is None:
             self.lost_error = error
         self.lost.set()
+        self._stopping.set()
         self._stop.set()
+
+    def _mark_cancel_requested(self) -> None:
+        """The server asked the turn to stop; the heartbeat goes on (the
+        lease is kept until the body's ending)."""
+        self.cancelled.set()
+        self._stopping.set()
 
     @property
     def lease_token(self) -> Optional[str]:
@@ -465,12 +627,37 @@ class Turn:
                 status=known.status if known else None,
             )
 
+    @property
+    def cancel_requested(self) -> bool:
+        """Whether the turn was asked to stop (``turn.cancelled`` is set)."""
+        return self.cancelled.is_set()
+
+    def check_cancelled(self) -> None:
+        """Raise :class:`~agentgate.TurnCancelled` if the turn was asked to
+        stop; call it between the steps of a long model call. Let it
+        escape the ``with`` block: the turn then ends ``cancelled`` with
+        ``turn.partial``."""
+        if self.cancelled.is_set():
+            raise TurnCancelled(f"turn {self.turn_id}: asked to stop (cancel or interrupt)")
+
+    def sleep(self, seconds: float) -> None:
+        """Wait ``seconds``, or less: raises :class:`~agentgate.TurnCancelled`
+        as soon as the turn is asked to stop and
+        :class:`~agentgate.LeaseLost` as soon as the lease is lost. For
+        waits in the body (a model call polled for its answer, a backoff)."""
+        if self._stopping.wait(max(0.0, seconds)):
+            self.check()
+            self.check_cancelled()
+
     def _call(self, method: str, path: str, body: Any = _NO_BODY, timeout: Optional[float] = None) -> Tuple[int, Any]:
         self.check()
         try:
             return self.gate.request(method, path, body, lease_token=self._lease_token, timeout=timeout)
         except LeaseLost as error:
             self._mark_lost(error)
+            raise
+        except TurnCancelled:
+            self._mark_cancel_requested()
             raise
 
     def _write(self, path: str, body: Dict[str, Any], landed: Callable[[], Optional[Dict[str, Any]]]) -> Any:
@@ -547,7 +734,9 @@ class Turn:
             raise
         self.ended = True
         self._stop_heartbeat()
-        return dict(data.get("turn", data)) if isinstance(data, Mapping) else {}
+        record = dict(data.get("turn", data)) if isinstance(data, Mapping) else {}
+        self.state = str(record.get("state", state))
+        return record
 
     def complete(self, response: Any) -> Dict[str, Any]:
         """End the turn ``succeeded`` with ``response`` (what a replay returns)."""
@@ -574,7 +763,10 @@ class Turn:
         same call is in flight under this turn (``tool_in_flight``) and
         while the claim's answer is lost (sent again: a claim is safe to
         repeat). A claim of this turn's whose answer was lost is adopted,
-        failed as never run and claimed again (see ``HeldExecutions``)."""
+        failed as never run and claimed again (see ``HeldExecutions``).
+        Raises :class:`~agentgate.TurnCancelled`, claiming nothing, once
+        the turn was asked to stop."""
+        self.check_cancelled()
         claim = _core.ClaimAttempts(self._executions, wait)
         while True:
             try:
@@ -626,7 +818,8 @@ class Turn:
 
         Claims ``(name, args)``; if the server says execute, calls
         ``run(ctx)`` and records its result, else returns the stored result
-        without calling it. When an earlier attempt died mid-call
+        without calling it. Once the turn was asked to stop it raises
+        :class:`~agentgate.TurnCancelled` instead, claiming nothing. When an earlier attempt died mid-call
         (``ctx.previous_outcome == "unknown"``) and ``reconcile`` is given,
         ``reconcile(ctx)`` runs first: a non-``None`` answer is recorded as
         the result and ``run`` is not called. If ``run`` raises, the
@@ -642,8 +835,8 @@ class Turn:
             if found is not None:
                 self.complete_tool(ctx, found)
                 return found  # type: ignore[no-any-return]
-        ctx.check()
         try:
+            ctx.check()
             result = run(ctx)
         except LeaseLost:
             raise

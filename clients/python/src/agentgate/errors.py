@@ -25,6 +25,7 @@ __all__ = [
     "SessionBusy",
     "RequestInFlight",
     "AwaitingConfirmation",
+    "ConfirmationExpired",
     "ToolInFlight",
     "LeaseLost",
     "TurnCancelled",
@@ -40,7 +41,10 @@ __all__ = [
     "UnexpectedResponse",
     "TurnNotEnded",
     "NoActiveTurn",
+    "QueueTimeout",
     "Replayed",
+    "CLIENT_CODES",
+    "SERVER_CODES",
     "error_for",
 ]
 
@@ -196,8 +200,16 @@ class LeaseLost(AgentgateError):
 
 
 class TurnCancelled(AgentgateError):
-    """409: the turn was asked to stop (``POST /v1/turns/{id}/cancel``): claim
-    no more tools; end it with ``end-cancelled`` and what it had produced."""
+    """The turn was asked to stop (``gate.cancel(turn_id)``, or another
+    message sent with ``on_busy="interrupt"``): claim no more tools.
+
+    The server answers a tool claim with it (409); the client raises it
+    itself (``status`` ``None``) once a heartbeat said ``cancel_requested``:
+    from ``turn.check_cancelled()``, ``turn.sleep()`` and ``turn.tool()``,
+    and the asyncio client cancels the body. Let it escape the ``with``
+    block: the client then ends the turn ``cancelled`` with
+    ``turn.partial``, and a repeat of the request replays that.
+    """
 
     code = "turn_cancelled"
 
@@ -279,6 +291,27 @@ class NoActiveTurn(AgentgateError):
     code = "no_active_turn"
 
 
+class QueueTimeout(AgentgateError):
+    """Client-side: a queued message (``on_busy="enqueue"`` or
+    ``"supersede"``, or a session default that queues) did not start
+    within the caller's ``wait``.
+
+    The client then withdrew it (``POST /v1/turns/{id}/cancel`` on a queued
+    turn ends it ``cancelled``), so it never runs unobserved; a repeat of
+    the request replays that. ``turn_id`` and ``position`` (the last one
+    reported) say which; ``withdrawn`` is ``False`` when the withdrawal
+    itself failed (the message may still be queued).
+    """
+
+    code = "queue_timeout"
+
+    def __init__(self, message: str, *, turn_id: str, position: Optional[int], withdrawn: bool) -> None:
+        super().__init__(message)
+        self.turn_id = turn_id
+        self.position = position
+        self.withdrawn = withdrawn
+
+
 class Replayed(Exception):
     """Not a failure: the begin was answered with the stored outcome (200).
 
@@ -328,6 +361,13 @@ _BY_CODE: Dict[str, Type[AgentgateError]] = {
         Overloaded,
     )
 }
+
+
+#: Every code the server sends, each with its class (the ``ErrorCode``
+#: enum of the OpenAPI document; tests/test_contract.py holds them equal).
+SERVER_CODES = frozenset(_BY_CODE)
+#: The codes of errors this client raises itself, with no answer behind them.
+CLIENT_CODES = frozenset({UnexpectedResponse.code, TurnNotEnded.code, NoActiveTurn.code, QueueTimeout.code})
 
 
 def error_for(status: int, body: Any, retry_after_header: Optional[str]) -> AgentgateError:
