@@ -98,7 +98,14 @@ export class AwaitingConfirmation extends codeClass("awaiting_confirmation") {}
 export class ConfirmationExpired extends codeClass("confirmation_expired") {}
 /** 409: the same tool call is running under this lease; wait and claim again. */
 export class ToolInFlight extends codeClass("tool_in_flight") {}
-/** 409: the turn was asked to stop (`POST /v1/turns/{id}/cancel`): claim no more tools; end it with `end-cancelled`. */
+/**
+ * The turn was asked to stop (`gate.cancel`, or another message sent with
+ * `onBusy: "interrupt"`): claim no more tools. The server answers a tool
+ * claim with it (409); the client throws it itself (status 0) once a
+ * heartbeat said `cancel_requested`, as `turn.signal`'s reason, from
+ * `turn.tool` and `turn.checkCancelled()`, and from `gate.turn` for a turn
+ * it ended `cancelled`.
+ */
 export class TurnCancelled extends codeClass("turn_cancelled") {}
 /** 409: the turn was taken over, expired or ended: stop, nothing sent under this lease can change it. */
 export class LeaseLost extends codeClass("lease_lost") {}
@@ -156,7 +163,10 @@ export const ERROR_CODES = Object.keys(CLASS_BY_CODE) as readonly ErrorCode[];
 // ------------------------------------------------------------- client-side
 
 /** Codes of errors this client raises itself, with no server answer behind them. */
-export type ClientErrorCode = "transport" | "unexpected_response" | "turn_not_succeeded";
+export type ClientErrorCode = "transport" | "unexpected_response" | "turn_not_succeeded" | "queue_timeout";
+
+/** Every {@link ClientErrorCode}: none of them is a code the server sends. */
+export const CLIENT_ERROR_CODES: readonly ClientErrorCode[] = ["transport", "unexpected_response", "turn_not_succeeded", "queue_timeout"];
 
 /** The request never got an HTTP answer: connection refused, reset, or `timeoutMs` passed. Its effect is unknown: repeat it with the same ids. */
 export class TransportError extends AgentgateError {
@@ -182,6 +192,27 @@ export class TurnNotSucceeded extends AgentgateError {
   constructor(turn: components["schemas"]["TurnDto"]) {
     super("turn_not_succeeded", `turn ${turn.turn_id} replayed in state ${turn.state}`, { status: 200 });
     this.turn = turn;
+  }
+}
+
+/**
+ * A queued message (`onBusy: "enqueue"` or `"supersede"`, or a session
+ * default that queues) did not start within the caller's `waitMs`. The
+ * client withdrew it (a cancel of a queued turn ends it `cancelled`), so it
+ * never runs unobserved; a repeat of the request replays that. `withdrawn`
+ * is `false` when the withdrawal itself failed: it may still be queued.
+ */
+export class QueueTimeout extends AgentgateError {
+  readonly turnId: string;
+  /** Its last reported position (1: next). */
+  readonly position: number;
+  readonly withdrawn: boolean;
+  constructor(turnId: string, position: number, withdrawn: boolean) {
+    const how = withdrawn ? "withdrawn (cancelled)" : "NOT withdrawn: it may still be queued";
+    super("queue_timeout", `turn ${turnId} was still queued (position ${position}) when the wait ran out; ${how}`);
+    this.turnId = turnId;
+    this.position = position;
+    this.withdrawn = withdrawn;
   }
 }
 

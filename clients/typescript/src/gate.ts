@@ -1,11 +1,15 @@
 /**
  * `Gate` and `Turn`: the protocol of docs/http.md written once, so callers
  * do not hand-roll the subtle parts (the heartbeat, the bounded
- * `Retry-After` wait, the `unknown` tool outcome, lease loss).
+ * `Retry-After` wait, the queue, the `unknown` tool outcome, cancel
+ * requests, lease loss).
  *
- *   begin ─▶ heartbeat every third of the TTL ─▶ per tool call: claim,
- *   run only when told to execute (reconcile an `unknown` first), complete
- *   or fail ─▶ complete the turn (or fail it, retryable, on a throw).
+ *   begin (re-sent while queued) ─▶ heartbeat every third of the TTL (a
+ *   `cancel_requested` answer aborts `turn.signal`) ─▶ per tool call:
+ *   claim, run only when told to execute (reconcile an `unknown` first),
+ *   complete or fail ─▶ complete the turn (end it `cancelled` with
+ *   `turn.partial` when it was asked to stop, fail it, retryable, on any
+ *   other throw).
  *
  * Every wait here is bounded: by the caller's `waitMs`, and by an attempt
  * count as a second fence.
@@ -14,8 +18,10 @@
 import {
   AgentgateError,
   LeaseLost,
+  QueueTimeout,
   ToolInFlight,
   TransportError,
+  TurnCancelled,
   TurnNotSucceeded,
 } from "./errors.js";
 import { Http, describe, isCode, type HttpOptions } from "./http.js";
@@ -28,6 +34,8 @@ export type JournalEntry = Schemas["JournalEntryDto"];
 export type PreviousOutcome = Schemas["PreviousOutcomeDto"];
 export type Decision = Schemas["DecisionDto"];
 export type ConfirmationDto = Schemas["ConfirmationDto"];
+export type SessionDto = Schemas["SessionDto"];
+export type TurnState = Schemas["TurnStateDto"];
 
 /** Begin refusals worth waiting out: each ends by itself when a lease ends or a dependency returns. */
 const WAITABLE_BEGIN_CODES: ReadonlySet<string> = new Set([
@@ -69,42 +77,99 @@ export interface TurnRequest<P> {
   clientRequestId: string;
   /** The message; any JSON value. */
   payload: P;
-  /** How long to wait out `session_busy`, `request_in_flight`, `user_at_capacity` and 503s (default 0: fail at once). */
+  /**
+   * How long to wait out `session_busy`, `request_in_flight`,
+   * `user_at_capacity` and 503s, and how long a queued message is sent
+   * again until it starts. Default: no wait for a refusal, and
+   * {@link DEFAULT_QUEUE_WAIT_MS} once queued. A queued message whose wait
+   * runs out is withdrawn (`QueueTimeout`).
+   */
   waitMs?: number;
   /** Answer a pending confirmation of an earlier turn. */
   confirmation?: { turnId: string; decision: Decision };
   /**
-   * What the server does when the session is held by another turn:
-   * `"reject"` (default: `SessionBusy` at once), `"wait"` (waits there up
-   * to `busyWaitMs` for it to come free, woken by the store's release
-   * notification), `"interrupt"` (first asks the running turn to stop).
+   * What the server does when the session is held by another turn
+   * (absent: the session's default, {@link Gate.setPolicy}, else
+   * `"reject"`): `"reject"` (`SessionBusy` at once), `"wait"` (waits there
+   * up to `busyWaitMs` for it to come free), `"interrupt"` (first asks the
+   * running turn to stop), `"enqueue"` (joins the session's queue: the
+   * client sends the same request again until it starts, calling
+   * `onQueued`), `"supersede"` (as `"enqueue"`, and the messages queued
+   * before it end `superseded`).
    */
   onBusy?: BusyPolicy;
   /** The server-side bound of `"wait"` and `"interrupt"` (default 12000, at most {@link MAX_BUSY_WAIT_MS}). */
   busyWaitMs?: number;
+  /** With `"supersede"` only: also ask the running turn to stop, so this message runs next and soon. */
+  interruptRunning?: boolean;
+  /** Called when the message is queued, and again each time its position changes (1: next). */
+  onQueued?: (position: number, turnId: string) => void;
 }
 
-/** A begin's policy for a busy session. */
-export type BusyPolicy = "reject" | "wait" | "interrupt";
+/** A begin's policy for a busy session (`BusyPolicyDto`). */
+export type BusyPolicy = Schemas["BusyPolicyDto"];
+const BUSY_POLICIES: readonly BusyPolicy[] = ["reject", "wait", "interrupt", "enqueue", "supersede"];
 
 /** The server's bound on a waiting begin (`MAX_BUSY_WAIT`). */
 export const MAX_BUSY_WAIT_MS = 20_000;
+/**
+ * How long a queued message is sent again, by default, until it starts: a
+ * queue drains one turn at a time, and a turn takes 2-60 s.
+ */
+export const DEFAULT_QUEUE_WAIT_MS = 300_000;
 
-/** A begin's policy fields: `wait_ms` only beside a waiting policy, as the document says. */
-type BusyFields = Record<never, never> | { on_busy: BusyPolicy } | { on_busy: "wait" | "interrupt"; wait_ms: number };
+/** A session's default policy, for {@link Gate.setPolicy}. */
+export interface SessionPolicy {
+  onBusy: BusyPolicy;
+  busyWaitMs?: number;
+  interruptRunning?: boolean;
+}
 
-function busyFields(request: { onBusy?: BusyPolicy; busyWaitMs?: number }): BusyFields {
-  if (request.onBusy === undefined) {
-    if (request.busyWaitMs !== undefined) throw new RangeError("busyWaitMs needs onBusy 'wait' or 'interrupt'");
+/** A begin's (or a session policy's) policy fields, checked as the server checks them. */
+type BusyFields =
+  | Record<never, never>
+  | { on_busy: BusyPolicy }
+  | { on_busy: "wait" | "interrupt"; wait_ms: number }
+  | { on_busy: "supersede"; interrupt_running: true };
+
+function busyFields(request: { onBusy?: BusyPolicy; busyWaitMs?: number; interruptRunning?: boolean }): BusyFields {
+  const { onBusy, busyWaitMs: ms, interruptRunning } = request;
+  if (onBusy === undefined) {
+    if (ms !== undefined || interruptRunning === true) throw new RangeError("busyWaitMs and interruptRunning need an onBusy policy");
     return {};
   }
-  if (!["reject", "wait", "interrupt"].includes(request.onBusy)) throw new RangeError(`unknown onBusy ${JSON.stringify(request.onBusy)}`);
-  if (request.busyWaitMs === undefined) return { on_busy: request.onBusy };
-  const ms = request.busyWaitMs;
-  if (request.onBusy === "reject" || !Number.isInteger(ms) || ms < 0 || ms > MAX_BUSY_WAIT_MS) {
+  if (!BUSY_POLICIES.includes(onBusy)) throw new RangeError(`unknown onBusy ${JSON.stringify(onBusy)}`);
+  if (interruptRunning === true) {
+    if (onBusy !== "supersede") throw new RangeError("interruptRunning goes only with onBusy 'supersede'");
+    return { on_busy: onBusy, interrupt_running: true };
+  }
+  if (ms === undefined) return { on_busy: onBusy };
+  if ((onBusy !== "wait" && onBusy !== "interrupt") || !Number.isInteger(ms) || ms < 0 || ms > MAX_BUSY_WAIT_MS) {
     throw new RangeError(`busyWaitMs must be an integer 0..${MAX_BUSY_WAIT_MS} with 'wait' or 'interrupt'`);
   }
-  return { on_busy: request.onBusy, wait_ms: ms };
+  return { on_busy: onBusy, wait_ms: ms };
+}
+
+/**
+ * How one message ended, from {@link Gate.run}.
+ *
+ * A replayed `value` (and `partial`) is what the server stored: canonical
+ * JSON (RFC 8785), so `11.0` is `11`, object keys come sorted, and
+ * `undefined` members are gone. So is the `value` of a turn run now: the
+ * client returns the server's copy of the response.
+ */
+export interface TurnOutcome<R> {
+  turnId: string;
+  /** `succeeded`, `cancelled`, `superseded`, `failed`, `awaiting_confirmation`, … */
+  state: TurnState;
+  /** `true` when the body did not run in this call: the server answered with the request's stored outcome. */
+  replayed: boolean;
+  /** The response when `succeeded` (the body's return value, as stored); else `undefined`. */
+  value: R | undefined;
+  /** For `cancelled`: what the turn had produced when it stopped (`turn.partial`). */
+  partial: unknown;
+  /** On a replay: the whole stored turn (`error`, `retryable`, …). */
+  turn: TurnDto | undefined;
 }
 
 function owned(path: string, userId: string | undefined): string {
@@ -127,7 +192,11 @@ export interface ToolContext<A> {
   /** `null` on a first claim; `"failed"` after a reported failure; `"unknown"` when a holder died mid-call. */
   previousOutcome: PreviousOutcome | null;
   args: A;
-  /** Fires (with a {@link LeaseLost} reason) when the turn's lease is lost. */
+  /**
+   * Fires (with a {@link LeaseLost} reason) when the turn's lease is lost.
+   * Not when the turn is asked to stop: a tool call under way finishes and
+   * records its result; `turn.signal` stops the body.
+   */
   signal: AbortSignal;
 }
 
@@ -159,18 +228,40 @@ export class Gate {
   }
 
   /**
-   * Runs one turn: begins it (waiting up to `waitMs` while it is blocked),
-   * heartbeats while `body` runs, and completes it with `body`'s return
-   * value. A replay (the request already ended) returns the stored
-   * response without calling `body`.
+   * Runs one turn: begins it (waiting up to `waitMs` while it is blocked or
+   * queued), heartbeats while `body` runs, and completes it with `body`'s
+   * return value. A replay (the request already ended) returns the stored
+   * response without calling `body`. {@link run} also says which happened.
    *
    * Rejects with: the begin's typed error once the wait is over
    * (`SessionBusy`, `RequestInFlight`, `UserAtCapacity`, `PayloadMismatch`,
-   * …); `TurnNotSucceeded` for a replay of a turn that did not succeed;
-   * `LeaseLost` when the lease went while `body` ran (`turn.signal` fired);
-   * else whatever `body` threw, after failing the turn as retryable.
+   * `QueueFull`, `QueueTimeout`, …); `TurnNotSucceeded` for a replay of a
+   * turn that did not succeed (cancelled, superseded, failed, …);
+   * `TurnCancelled` when the turn was asked to stop while `body` ran (it
+   * ended `cancelled` with `turn.partial`); `LeaseLost` when the lease went
+   * while `body` ran; else whatever `body` threw, after failing the turn as
+   * retryable.
    */
   async turn<R, P = unknown>(request: TurnRequest<P>, body: (turn: Turn<P>) => Promise<R> | R): Promise<R> {
+    const outcome = await this.run(request, body);
+    if (outcome.replayed) {
+      if (outcome.state !== "succeeded" && outcome.turn !== undefined) throw new TurnNotSucceeded(outcome.turn);
+      return outcome.value as R;
+    }
+    if (outcome.state === "cancelled" && outcome.value === undefined) {
+      throw new TurnCancelled(`turn ${outcome.turnId} was asked to stop while it ran; it ended cancelled`);
+    }
+    return outcome.value as R;
+  }
+
+  /**
+   * As {@link turn}, resolving how the message ended instead of only its
+   * response: `replayed` when the server answered with a stored outcome
+   * (and `body` did not run), `state: "cancelled"` (with `partial`) when
+   * the turn was interrupted while `body` ran, `"superseded"` when a newer
+   * queued message replaced it. Rejects as {@link turn} otherwise.
+   */
+  async run<R, P = unknown>(request: TurnRequest<P>, body: (turn: Turn<P>) => Promise<R> | R): Promise<TurnOutcome<R>> {
     const beginRequest = {
       user_id: request.userId,
       session_id: request.sessionId,
@@ -181,16 +272,75 @@ export class Gate {
         : { confirmation: { turn_id: request.confirmation.turnId, decision: request.confirmation.decision } }),
       ...busyFields(request),
     } satisfies Schemas["BeginRequest"];
-    const answer = await waitOut(request.waitMs ?? 0, WAITABLE_BEGIN_CODES, undefined, () =>
-      this.#http.send<Schemas["BeginResponse"] | Schemas["ReplayResponse"]>("POST", "/v1/turns", { body: beginRequest }),
-    );
+    const answer = await this.#begin(beginRequest, request);
     if (answer.status === 200) {
-      const replay = answer.body as Schemas["ReplayResponse"];
-      if (replay.turn.state !== "succeeded") throw new TurnNotSucceeded(replay.turn);
-      return replay.turn.response as R;
+      const stored = (answer.body as Schemas["ReplayResponse"]).turn;
+      return {
+        turnId: stored.turn_id,
+        state: stored.state,
+        replayed: true,
+        value: stored.state === "succeeded" ? (stored.response as R) : undefined,
+        partial: stored.state === "cancelled" ? stored.response : undefined,
+        turn: stored,
+      };
     }
     const grant = (answer.body as Schemas["BeginResponse"]).turn;
-    return runTurn(new Turn<P>(this.#http, grant, request.payload, []), body);
+    const turn = new Turn<P>(this.#http, grant, request.payload, []);
+    const ended = await runTurn(turn, body);
+    return { turnId: turn.turnId, replayed: false, turn: undefined, ...ended };
+  }
+
+  /**
+   * Sends the begin until it is granted (201) or replayed (200): again
+   * while it is refused with a waitable code, and while it is queued (202:
+   * the same request, until it is the head on a free session), within the
+   * caller's wait. A queued message whose wait runs out is withdrawn.
+   */
+  async #begin(
+    body: Schemas["BeginRequest"],
+    request: TurnRequest<unknown>,
+  ): Promise<{ status: number; body: Schemas["BeginResponse"] | Schemas["ReplayResponse"] | Schemas["QueuedResponse"] }> {
+    const waitMs = request.waitMs;
+    if (waitMs !== undefined && !(Number.isFinite(waitMs) && waitMs >= 0)) throw new RangeError(`waitMs must be >= 0, got ${waitMs}`);
+    const startedMs = Date.now();
+    let queued: Schemas["QueuedDto"] | undefined;
+    let pollMs = POLL_FIRST_MS;
+    for (let attempts = 1; ; attempts++) {
+      let blocker: AgentgateError | undefined;
+      let retryAfterMs: number | undefined;
+      try {
+        const answer = await this.#http.send<Schemas["BeginResponse"] | Schemas["ReplayResponse"] | Schemas["QueuedResponse"]>(
+          "POST",
+          "/v1/turns",
+          { body },
+        );
+        if (answer.status !== 202) return answer;
+        const now = (answer.body as Schemas["QueuedResponse"]).turn;
+        if (queued?.position !== now.position) request.onQueued?.(now.position, now.turn_id);
+        queued = now;
+        retryAfterMs = now.retry_after_ms;
+      } catch (error) {
+        if (!isCode(error, WAITABLE_BEGIN_CODES)) throw error;
+        blocker = error;
+        retryAfterMs = error.retryAfterMs;
+      }
+      const remainingMs = startedMs + (waitMs ?? (queued === undefined ? 0 : DEFAULT_QUEUE_WAIT_MS)) - Date.now();
+      if (remainingMs <= 0 || attempts >= MAX_WAIT_ATTEMPTS) {
+        if (queued !== undefined) throw await this.#withdraw(queued, request.userId);
+        throw blocker;
+      }
+      await sleep(Math.min(pollMs, retryAfterMs ?? pollMs, remainingMs));
+      pollMs = Math.min(POLL_MAX_MS, pollMs * 2);
+    }
+  }
+
+  /** A queued message's wait ran out: cancel it so it never runs with no one to run it; the error to throw. */
+  async #withdraw(queued: Schemas["QueuedDto"], userId: string): Promise<QueueTimeout> {
+    const withdrawn = await this.cancel(queued.turn_id, userId).then(
+      () => true,
+      () => false,
+    );
+    return new QueueTimeout(queued.turn_id, queued.position, withdrawn);
   }
 
   /**
@@ -222,8 +372,11 @@ export class Gate {
       next = page.executions_next ?? null;
     }
     const turn = new Turn<P>(this.#http, claimed.turn, claimed.payload as P, journal);
-    const response = await runTurn(turn, body);
-    return { turnId: turn.turnId, response };
+    const ended = await runTurn(turn, body);
+    if (ended.state === "cancelled" && ended.value === undefined) {
+      throw new TurnCancelled(`turn ${turn.turnId} was asked to stop while it ran; it ended cancelled`);
+    }
+    return { turnId: turn.turnId, response: ended.value as R };
   }
 
   /**
@@ -234,6 +387,31 @@ export class Gate {
   async requestCancel(turnId: string, userId?: string): Promise<TurnDto> {
     const path = owned(`/v1/turns/${encodeURIComponent(turnId)}/cancel`, userId);
     return (await this.#http.send<Schemas["TurnResponse"]>("POST", path, { body: {} })).body.turn;
+  }
+
+  /**
+   * Asks a turn to stop ({@link requestCancel}): a running one ends
+   * `cancelled` once its holder learns it (its next heartbeat: the body's
+   * `turn.signal` fires); a queued one is removed at once.
+   */
+  async cancel(turnId: string, userId?: string): Promise<TurnDto> {
+    return this.requestCancel(turnId, userId);
+  }
+
+  /**
+   * `PUT /v1/sessions/{id}/policy`: what a begin on this session that
+   * names no `onBusy` does when the session is busy. Binds a session not
+   * used yet to `userId`. Resolves the session (`default_policy` shows it).
+   */
+  async setPolicy(sessionId: string, userId: string, policy: SessionPolicy): Promise<SessionDto> {
+    const body = { user_id: userId, on_busy: policy.onBusy, ...busyFields(policy) } satisfies Schemas["SessionPolicyRequest"];
+    const path = `/v1/sessions/${encodeURIComponent(sessionId)}/policy`;
+    return (await this.#http.send<Schemas["SessionResponse"]>("PUT", path, { body })).body.session;
+  }
+
+  /** `GET /v1/sessions/{id}`: the holder, the queue, the default policy. */
+  async getSession(sessionId: string): Promise<SessionDto> {
+    return (await this.#http.send<Schemas["SessionResponse"]>("GET", `/v1/sessions/${encodeURIComponent(sessionId)}`)).body.session;
   }
 
   /**
@@ -281,9 +459,21 @@ export class Turn<P = unknown> {
    */
   readonly leaseToken: string;
 
+  /**
+   * What the turn has produced so far (say, the reply streamed up to now):
+   * a turn asked to stop ends `cancelled` with it, and repeats of its
+   * request replay it. Any JSON value.
+   */
+  partial: unknown = null;
+
   readonly #http: Http;
-  readonly #controller = new AbortController();
+  /** Aborted when the lease is lost: every call under it is refused locally from then on. */
+  readonly #lease = new AbortController();
+  /** Aborted when the body is to stop: the lease is lost, or the turn was asked to stop. */
+  readonly #stop = new AbortController();
+  #cancelRequested = false;
   #ended = false;
+  #endedState: TurnState | undefined;
   #heartbeatTimer: ReturnType<typeof setTimeout> | undefined;
   /** Set once the turn ends or is lost: a heartbeat answering after that schedules no next one. */
   #heartbeatStopped = false;
@@ -312,14 +502,31 @@ export class Turn<P = unknown> {
     this.#leaseDeadlineMs = Date.now() + grant.lease_expires_in_ms;
   }
 
-  /** Fires when the lease is lost (taken over, expired, ended); its `reason` is the {@link LeaseLost}. */
+  /**
+   * Fires when the body is to stop: with a {@link TurnCancelled} reason
+   * when the turn was asked to stop (a cancel, or another message sent
+   * with `onBusy: "interrupt"`; learnt on the next heartbeat, a third of
+   * the TTL away at most), or a {@link LeaseLost} one when the lease is
+   * lost (taken over, expired, ended). Pass it to the model call.
+   */
   get signal(): AbortSignal {
-    return this.#controller.signal;
+    return this.#stop.signal;
   }
 
   /** Whether the lease is known lost; then every call on this turn rejects with `LeaseLost`. */
   get lost(): boolean {
-    return this.#controller.signal.aborted;
+    return this.#lease.signal.aborted;
+  }
+
+  /** Whether the turn was asked to stop; then `turn.tool` rejects with `TurnCancelled` without claiming. */
+  get cancelRequested(): boolean {
+    return this.#cancelRequested;
+  }
+
+  /** Throws {@link TurnCancelled} if the turn was asked to stop (and {@link LeaseLost} if the lease is lost). */
+  checkCancelled(): void {
+    this.#lease.signal.throwIfAborted();
+    if (this.#cancelRequested) throw new TurnCancelled(`turn ${this.turnId}: asked to stop (cancel or interrupt)`);
   }
 
   /**
@@ -329,8 +536,11 @@ export class Turn<P = unknown> {
    * under this lease; else runs it (reconciling an `unknown` previous
    * attempt first) and stores the result. A throw from `run` is reported
    * as the execution's failure (the next claim runs it again) and rethrown.
+   * Once the turn was asked to stop it rejects with {@link TurnCancelled}
+   * instead, claiming nothing; a call already running finishes.
    */
-  async tool<R, A = unknown>(name: string, args: A, options: ToolOptions<A, R>): Promise<R> {
+  async tool<A, R>(name: string, args: A, options: ToolOptions<A, R>): Promise<R> {
+    this.checkCancelled();
     const path = `/v1/turns/${encodeURIComponent(this.turnId)}/tools`;
     const claimBody = { tool: name, args: (args ?? null) as Schemas["JsonValue"] } satisfies Schemas["ClaimToolRequest"];
     const answer = await this.#claim(path, claimBody, options.waitMs ?? DEFAULT_TOOL_WAIT_MS);
@@ -342,7 +552,7 @@ export class Turn<P = unknown> {
       attempt: execution.attempt,
       previousOutcome: execution.previous_outcome,
       args,
-      signal: this.signal,
+      signal: this.#lease.signal,
     };
     const executionPath = `${path}/${encodeURIComponent(execution.execution_id)}`;
     let result: R | undefined;
@@ -416,7 +626,7 @@ export class Turn<P = unknown> {
       const remainingMs = deadlineMs - Date.now();
       if (remainingMs <= 0 || attempts >= MAX_WAIT_ATTEMPTS) throw blocker;
       await sleep(Math.min(pollMs, blocker.retryAfterMs ?? pollMs, remainingMs));
-      this.signal.throwIfAborted();
+      this.#lease.signal.throwIfAborted();
       pollMs = Math.min(POLL_MAX_MS, pollMs * 2);
     }
   }
@@ -444,6 +654,7 @@ export class Turn<P = unknown> {
     const body = { pending: (pending ?? null) as Schemas["JsonValue"] } satisfies Schemas["AwaitConfirmationRequest"];
     const answer = await this.#send<Schemas["TurnResponse"]>(`/v1/turns/${encodeURIComponent(this.turnId)}/await-confirmation`, body);
     this.#ended = true;
+    this.#endedState = answer.body.turn.state;
     this.#stopHeartbeat();
     return answer.body.turn;
   }
@@ -457,11 +668,36 @@ export class Turn<P = unknown> {
     const timeoutMs = Math.max(MIN_HEARTBEAT_INTERVAL_MS, Math.floor((2 * this.leaseTtlMs) / 3));
     const answer = await this.#send<Schemas["HeartbeatResponse"]>(`/v1/turns/${encodeURIComponent(this.turnId)}/heartbeat`, undefined, timeoutMs);
     this.#leaseDeadlineMs = Date.now() + answer.body.lease_expires_in_ms;
+    if (answer.body.cancel_requested) this.#markCancelRequested();
+  }
+
+  /**
+   * Ends the turn `cancelled` with `partial` (default `turn.partial`): the
+   * answer to a cancel request, or the body's own decision to stop. The
+   * gate then does not complete it; repeats of the request replay it.
+   */
+  async endCancelled(partial: unknown = this.partial): Promise<TurnDto> {
+    const body = { partial: (partial ?? null) as Schemas["JsonValue"] } satisfies Schemas["EndCancelledRequest"];
+    const answer = await this.#send<Schemas["TurnResponse"]>(`/v1/turns/${encodeURIComponent(this.turnId)}/end-cancelled`, body);
+    this.#ended = true;
+    this.#endedState = answer.body.turn.state;
+    this.#stopHeartbeat();
+    return answer.body.turn;
   }
 
   /** @internal */
   get ended(): boolean {
     return this.#ended;
+  }
+
+  /** @internal The `LeaseLost` that lost the lease (once `lost`). */
+  get lostReason(): LeaseLost {
+    return this.#lease.signal.reason as LeaseLost;
+  }
+
+  /** @internal How the turn ended (`undefined` while it runs). */
+  get endedState(): TurnState | undefined {
+    return this.#endedState;
   }
 
   /** @internal Starts the heartbeat loop: one at a time, every third of the TTL. */
@@ -498,6 +734,7 @@ export class Turn<P = unknown> {
             retryable: true,
           } satisfies Schemas["FailTurnRequest"]);
     this.#ended = true;
+    this.#endedState = answer.body.turn.state;
     return answer.body.turn;
   }
 
@@ -506,9 +743,9 @@ export class Turn<P = unknown> {
     this.#stopHeartbeat();
   }
 
-  /** Every call under the lease: refused locally once the lease is known lost; a `lease_lost` answer aborts the signal. */
+  /** Every call under the lease: refused locally once the lease is known lost; a `lease_lost` answer aborts the signals. */
   async #send<T>(path: string, body?: unknown, timeoutMs?: number): Promise<{ status: number; body: T }> {
-    this.signal.throwIfAborted();
+    this.#lease.signal.throwIfAborted();
     try {
       return await this.#http.send<T>("POST", path, {
         leaseToken: this.leaseToken,
@@ -517,13 +754,24 @@ export class Turn<P = unknown> {
       });
     } catch (error) {
       if (error instanceof LeaseLost) this.#markLost(error);
+      if (error instanceof TurnCancelled) this.#markCancelRequested();
       throw error;
     }
   }
 
   #markLost(error: LeaseLost): void {
     this.#stopHeartbeat();
-    if (!this.#controller.signal.aborted) this.#controller.abort(error);
+    if (!this.#lease.signal.aborted) this.#lease.abort(error);
+    if (!this.#stop.signal.aborted) this.#stop.abort(error);
+  }
+
+  /** The turn was asked to stop: the body's signal fires; the heartbeat goes on until the ending. */
+  #markCancelRequested(): void {
+    if (this.#cancelRequested || this.#ended) return;
+    this.#cancelRequested = true;
+    if (!this.#stop.signal.aborted) {
+      this.#stop.abort(new TurnCancelled(`turn ${this.turnId}: asked to stop (cancel or interrupt)`));
+    }
   }
 
   #stopHeartbeat(): void {
@@ -533,53 +781,45 @@ export class Turn<P = unknown> {
   }
 }
 
-/** Runs `body` under the turn's heartbeat and ends the turn by how `body` ended. */
-async function runTurn<R, P>(turn: Turn<P>, body: (turn: Turn<P>) => Promise<R> | R): Promise<R> {
+/** How `runTurn` left the turn. */
+interface Ended<R> {
+  state: TurnState;
+  value: R | undefined;
+  partial: unknown;
+}
+
+/**
+ * Runs `body` under the turn's heartbeat and ends the turn by how `body`
+ * ended: completed with its value; `cancelled` with `turn.partial` when it
+ * threw after the turn was asked to stop (or threw `TurnCancelled`); else
+ * failed, retryable, and the throw passed on.
+ */
+async function runTurn<R, P>(turn: Turn<P>, body: (turn: Turn<P>) => Promise<R> | R): Promise<Ended<R>> {
   turn.startHeartbeat();
   let result: R;
   try {
     result = await body(turn);
   } catch (error) {
     turn.stop();
-    if (turn.lost) throw turn.signal.reason as LeaseLost;
-    if (!turn.ended) {
-      const failure = { name: errorName(error), message: describe(error) };
-      await turn.end({ fail: failure }).catch((endError: unknown) => {
-        if (endError instanceof LeaseLost) throw endError;
-      });
+    if (turn.lost) throw turn.lostReason;
+    if (turn.ended) throw error;
+    if (turn.cancelRequested || error instanceof TurnCancelled) {
+      const ended = await turn.endCancelled();
+      return { state: ended.state, value: undefined, partial: ended.response ?? null };
     }
+    const failure = { name: errorName(error), message: describe(error) };
+    await turn.end({ fail: failure }).catch((endError: unknown) => {
+      if (endError instanceof LeaseLost) throw endError;
+    });
     throw error;
   }
   try {
-    if (turn.ended) return result;
-    if (turn.lost) throw turn.signal.reason as LeaseLost;
+    if (turn.ended) return { state: turn.endedState ?? "succeeded", value: result, partial: undefined };
+    if (turn.lost) throw turn.lostReason;
     const ended = await turn.end({ complete: result });
-    return ended.response as R;
+    return { state: ended.state, value: ended.response as R, partial: undefined };
   } finally {
     turn.stop();
-  }
-}
-
-/**
- * Repeats `attempt` while it rejects with one of `codes`, sleeping the
- * shorter of the polling backoff and the error's `retryAfterMs`, until
- * `waitMs` is spent (then the last error is thrown), `signal` fires, or
- * {@link MAX_WAIT_ATTEMPTS} attempts were made.
- */
-async function waitOut<T>(waitMs: number, codes: ReadonlySet<string>, signal: AbortSignal | undefined, attempt: () => Promise<T>): Promise<T> {
-  if (!(Number.isFinite(waitMs) && waitMs >= 0)) throw new RangeError(`waitMs must be >= 0, got ${waitMs}`);
-  const deadlineMs = Date.now() + waitMs;
-  let pollMs = POLL_FIRST_MS;
-  for (let attempts = 1; ; attempts++) {
-    try {
-      return await attempt();
-    } catch (error) {
-      const remainingMs = deadlineMs - Date.now();
-      if (!isCode(error, codes) || remainingMs <= 0 || attempts >= MAX_WAIT_ATTEMPTS) throw error;
-      await sleep(Math.min(pollMs, error.retryAfterMs ?? pollMs, remainingMs));
-      signal?.throwIfAborted();
-      pollMs = Math.min(POLL_MAX_MS, pollMs * 2);
-    }
   }
 }
 

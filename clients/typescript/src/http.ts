@@ -52,7 +52,7 @@ export class Http {
    * {@link UnexpectedResponse} for an answer that is not JSON.
    */
   async send<T>(
-    method: "GET" | "POST",
+    method: "GET" | "POST" | "PUT",
     path: string,
     options: { body?: unknown; leaseToken?: string; timeoutMs?: number } = {},
   ): Promise<Answer<T>> {

@@ -2,7 +2,7 @@
  * `@agentgate/client`: the agentgate HTTP service from TypeScript or
  * JavaScript (ESM, the runtime's `fetch`, no dependencies).
  *
- * - `gate.ts`: {@link Gate} (`turn`, `claimOrphan`, `requestCancel`, `releaseSession`) and {@link Turn} (`tool`, `signal`).
+ * - `gate.ts`: {@link Gate} (`turn`, `run`, `claimOrphan`, `cancel`, `setPolicy`, `releaseSession`) and {@link Turn} (`tool`, `signal`, `partial`, `endCancelled`).
  * - `errors.ts`: one error class per server error code, under `AgentgateError`.
  * - `http.ts`: one request and its answer; the only module that knows headers.
  * - `openapi.ts`: wire types GENERATED from the server's `/openapi.json` (`npm run gen`).
@@ -11,6 +11,7 @@
 export {
   Gate,
   Turn,
+  DEFAULT_QUEUE_WAIT_MS,
   DEFAULT_TOOL_WAIT_MS,
   MAX_BUSY_WAIT_MS,
   MAX_WAIT_ATTEMPTS,
@@ -25,10 +26,14 @@ export {
   type OrphanFilter,
   type OrphanResult,
   type PreviousOutcome,
+  type SessionDto,
+  type SessionPolicy,
   type ToolContext,
   type ToolOptions,
   type TurnDto,
+  type TurnOutcome,
   type TurnRequest,
+  type TurnState,
 } from "./gate.js";
 export * from "./errors.js";
 export { DEFAULT_REQUEST_TIMEOUT_MS } from "./http.js";
