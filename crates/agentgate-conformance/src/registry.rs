@@ -112,6 +112,8 @@ macro_rules! for_each_check {
                 "a holder process killed with SIGKILL is taken over after the TTL, not before";
             enqueue_storm_runs_each_once_in_order: any,
                 "100 enqueues behind a barrier: positions 1..100 once each, the 101st queue_full; the handoffs run each once, in order";
+            a_users_queues_are_bounded_across_sessions: any,
+                "one user's 250 enqueues at once across 3 held sessions: exactly 200 queued, 50 queue_full, the views list 200";
             supersede_keeps_only_the_newest: any,
                 "5 queued, then 10 supersedes at once: one message waits, every other replays superseded; only it runs";
             a_queued_turn_is_cancelled_or_claimed: any,

@@ -123,6 +123,9 @@ pub struct QueueFacts<'a> {
     pub head: Option<&'a str>,
     /// How many turns are queued.
     pub len: u32,
+    /// How many turns the requesting user has queued, in every session
+    /// (this one's included).
+    pub user_len: u32,
 }
 
 /// What a begin found and asked for.
@@ -302,7 +305,9 @@ fn decide_queued(facts: &BeginFacts<'_>, turn: &TurnSnapshot) -> BeginDecision {
 
 /// A new request (not a confirmation). A session that is held, or whose
 /// queue is not empty, queues it when asked to (up to
-/// [`MAX_SESSION_QUEUE`](crate::limits::MAX_SESSION_QUEUE)); otherwise a
+/// [`MAX_SESSION_QUEUE`](crate::limits::MAX_SESSION_QUEUE), and the user
+/// up to [`MAX_USER_QUEUE`](crate::limits::MAX_USER_QUEUE) across their
+/// sessions); otherwise a
 /// queue waiting on a free session is still not jumped: `session_busy`
 /// naming its head, which its caller is about to start. A pending
 /// confirmation refuses both (the gate below).
@@ -320,6 +325,12 @@ fn decide_new(facts: &BeginFacts<'_>) -> BeginDecision {
             // A supersede ends every queued turn: it never overfills.
             if mode == QueueMode::Enqueue && facts.queue.len >= limit {
                 return BeginDecision::Reject(Error::QueueFull { limit, retry_after });
+            }
+            // The user's queues grow unless a supersede replaces a turn.
+            let limit = crate::limits::MAX_USER_QUEUE;
+            let grows = mode == QueueMode::Enqueue || facts.queue.len == 0;
+            if grows && facts.queue.user_len >= limit {
+                return BeginDecision::Reject(Error::UserQueueFull { limit, retry_after });
             }
             return BeginDecision::Enqueue {
                 supersede: mode == QueueMode::Supersede,

@@ -89,6 +89,15 @@ pub enum Error {
     /// A repeat of a request with a different payload.
     #[error("client_request_id was already used with a different payload")]
     PayloadMismatch,
+    /// The user's queues, across their sessions, hold their limit of
+    /// waiting messages; nothing was queued.
+    #[error("this user's queues are full ({limit} waiting turns across their sessions)")]
+    UserQueueFull {
+        /// The bound ([`crate::limits::MAX_USER_QUEUE`]).
+        limit: u32,
+        /// When the session's holder's lease runs out if it is not renewed.
+        retry_after: Duration,
+    },
     /// The session's queue holds its limit of waiting messages; nothing
     /// was queued.
     #[error("the session's queue is full ({limit} waiting turns)")]
@@ -257,7 +266,7 @@ impl Error {
             Self::TurnCancelled { .. } => ErrorKind::TurnCancelled,
             Self::PayloadMismatch => ErrorKind::PayloadMismatch,
             Self::UserAtCapacity { .. } => ErrorKind::UserAtCapacity,
-            Self::QueueFull { .. } => ErrorKind::QueueFull,
+            Self::QueueFull { .. } | Self::UserQueueFull { .. } => ErrorKind::QueueFull,
             Self::UnknownToolOutcome { .. } => ErrorKind::UnknownToolOutcome,
             Self::AttemptsExhausted { .. } => ErrorKind::AttemptsExhausted,
             Self::Effect(_) => ErrorKind::Effect,
@@ -273,7 +282,8 @@ impl Error {
             | Self::AwaitingConfirmation { retry_after, .. }
             | Self::ToolInFlight { retry_after, .. }
             | Self::UserAtCapacity { retry_after, .. }
-            | Self::QueueFull { retry_after, .. } => Some(*retry_after),
+            | Self::QueueFull { retry_after, .. }
+            | Self::UserQueueFull { retry_after, .. } => Some(*retry_after),
             _ => None,
         }
     }

@@ -206,6 +206,13 @@ pub const MAX_WATCHED_SESSIONS: usize = 10_000;
 /// more is refused `queue_full`, never dropped.
 pub const MAX_SESSION_QUEUE: u32 = 100;
 
+/// Most turns one user has waiting in queues, across all their sessions:
+/// a session's bound ([`MAX_SESSION_QUEUE`]) alone lets one user fill the
+/// store by opening sessions. One more is refused `queue_full`, never
+/// dropped; counted under the user's lock, so concurrent begins in
+/// different sessions never overshoot it.
+pub const MAX_USER_QUEUE: u32 = 200;
+
 /// Most events one append carries (`Turn::emit_all`, `POST
 /// /v1/turns/{id}/events`): a batch is one transaction, and its statement
 /// binds six values an event, far below every driver's placeholder limit.

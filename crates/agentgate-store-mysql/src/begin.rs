@@ -194,12 +194,13 @@ async fn read_facts(
          FROM (SELECT COUNT(*) AS live, MIN(lease_expires_at_ms) AS soonest FROM ag_sessions \
                WHERE user_id = ? AND lease_expires_at_ms > {NOW_MS}) AS permits \
          LEFT JOIN ag_turns ON ag_turns.session_id = ? AND ag_turns.client_request_id = ?",
-        queue = queue_columns(["?"; 3]),
+        queue = queue_columns(["?"; 3], "?"),
     ))
     .bind(command.user_id.as_str())
     .bind(command.session_id.as_str())
     .bind(command.session_id.as_str())
     .bind(command.session_id.as_str())
+    .bind(command.user_id.as_str())
     .bind(command.user_id.as_str())
     .bind(command.session_id.as_str())
     .bind(command.client_request_id.as_str())

@@ -223,7 +223,7 @@ async fn read_facts(
          FROM (SELECT COUNT(*) AS live, MIN(lease_expires_at_ms) AS soonest FROM ag_sessions \
                WHERE user_id = $1 AND lease_expires_at_ms > {NOW_MS}) AS permits \
          LEFT JOIN ag_turns ON ag_turns.session_id = $2 AND ag_turns.client_request_id = $3",
-        queue = queue_columns(["$2"; 3]),
+        queue = queue_columns(["$2"; 3], "$1"),
     ))
     .bind(command.user_id.as_str())
     .bind(command.session_id.as_str())

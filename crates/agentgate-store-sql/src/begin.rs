@@ -97,21 +97,38 @@ pub struct QueueRead {
     pub len: u32,
     /// The highest queue number in use (0: none).
     pub tail: i64,
+    /// How many turns the requesting user has queued, in all sessions.
+    pub user_len: u32,
 }
 
 impl QueueRead {
     /// The queue in a row that selected [`queue_columns`].
     ///
     /// # Errors
-    /// `corrupt` for a length outside `u32`, or a queue whose length,
-    /// head and tail disagree.
+    /// `corrupt` for a length outside `u32`, a queue whose length, head
+    /// and tail disagree, or a user with fewer queued turns than the
+    /// session.
     pub fn read(row: &impl Columns) -> Result<Self> {
         let len = count(row.int_required("queue_len")?)?;
         let head = row.text("queue_head")?;
         let tail = row.int("queue_tail")?;
+        let user_len = count(row.int_required("user_queued")?)?;
+        if user_len < len {
+            return Err(Error::corrupt(format!(
+                "a session queue of {len} turns, but its user has {user_len} queued"
+            )));
+        }
         match (len, &head, tail) {
-            (0, None, None) => Ok(Self::default()),
-            (1.., Some(_), Some(tail)) if tail > 0 => Ok(Self { head, len, tail }),
+            (0, None, None) => Ok(Self {
+                user_len,
+                ..Self::default()
+            }),
+            (1.., Some(_), Some(tail)) if tail > 0 => Ok(Self {
+                head,
+                len,
+                tail,
+                user_len,
+            }),
             _ => Err(Error::corrupt(format!(
                 "a session queue of {len} turns with head {head:?} and tail {tail:?}"
             ))),
@@ -120,9 +137,11 @@ impl QueueRead {
 }
 
 /// The select-list columns of a session's queue (`queue_len`,
-/// `queue_tail`, `queue_head`), the session bound at each of the three
-/// placeholders `session` names (one `$n` three times, or three `?`).
-pub fn queue_columns(session: [&str; 3]) -> String {
+/// `queue_tail`, `queue_head`) and of its user's queued turns in every
+/// session (`user_queued`): the session bound at each of the three
+/// placeholders `session` names (one `$n` three times, or three `?`), the
+/// user at `user`'s, which comes after them.
+pub fn queue_columns(session: [&str; 3], user: &str) -> String {
     let [a, b, c] = session;
     format!(
         "(SELECT COUNT(*) FROM ag_turns q WHERE q.session_id = {a} \
@@ -130,7 +149,9 @@ pub fn queue_columns(session: [&str; 3]) -> String {
          (SELECT MAX(q.queue_seq) FROM ag_turns q WHERE q.session_id = {b} \
            AND q.queue_seq IS NOT NULL) AS queue_tail, \
          (SELECT q.turn_id FROM ag_turns q WHERE q.session_id = {c} \
-           AND q.queue_seq IS NOT NULL ORDER BY q.queue_seq LIMIT 1) AS queue_head"
+           AND q.queue_seq IS NOT NULL ORDER BY q.queue_seq LIMIT 1) AS queue_head, \
+         (SELECT COUNT(*) FROM ag_turns q WHERE q.user_id = {user} \
+           AND q.queue_seq IS NOT NULL) AS user_queued"
     )
 }
 
@@ -688,7 +709,7 @@ pub async fn read_unlocked<S: Run>(
          LEFT JOIN ag_sessions s ON s.session_id = $2 \
          LEFT JOIN ag_turns t ON t.session_id = $2 AND t.client_request_id = $3",
         turn = prefixed(TURN_COLUMNS, "t", "t_"),
-        queue = queue_columns(["$2"; 3]),
+        queue = queue_columns(["$2"; 3], "$1"),
     ))
     .text(command.user_id.as_str())
     .text(command.session_id.as_str())
@@ -765,6 +786,7 @@ pub(crate) async fn decide_on<S: BeginSql>(
         queue: QueueFacts {
             head: facts.queue.head.as_deref(),
             len: facts.queue.len,
+            user_len: facts.queue.user_len,
         },
         enqueue: command.queue,
     });

@@ -78,6 +78,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (10, include_str!("../migrations/0010_queue.sql")),
     (11, include_str!("../migrations/0011_session_policy.sql")),
     (12, include_str!("../migrations/0012_events.sql")),
+    (13, include_str!("../migrations/0013_user_queue.sql")),
 ];
 
 /// agentgate on an embedded SQLite file.

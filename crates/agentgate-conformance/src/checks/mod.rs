@@ -59,8 +59,9 @@ pub use permits::permit_freed_by_lease_expiry_after_a_crash;
 pub use process::{sigkilled_holder_is_taken_over_after_ttl, skewed_clock_changes_nothing};
 pub use queue::{
     a_killed_holders_queue_drains_after_takeover, a_queued_turn_is_cancelled_or_claimed,
-    enqueue_storm_runs_each_once_in_order, queue_is_not_jumped_interrupted_or_kept,
-    queue_races_cancel_supersede_and_handoff, supersede_keeps_only_the_newest,
+    a_users_queues_are_bounded_across_sessions, enqueue_storm_runs_each_once_in_order,
+    queue_is_not_jumped_interrupted_or_kept, queue_races_cancel_supersede_and_handoff,
+    supersede_keeps_only_the_newest,
 };
 pub use redis_loss::{
     heartbeat_after_an_ending_is_refused_when_the_release_failed,

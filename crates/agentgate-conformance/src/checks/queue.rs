@@ -680,3 +680,94 @@ pub async fn queue_is_not_jumped_interrupted_or_kept(target: &Target) {
     counts.insert("superseded_swept".to_owned(), 1);
     report(target, "queue_is_not_jumped_interrupted_or_kept", &counts);
 }
+
+/// Held sessions one user's storm queues across.
+const USER_SESSIONS: usize = 3;
+
+/// Enqueues released together across them: more than the user's bound,
+/// fewer than the sessions' bounds together, so only the user's bound
+/// refuses.
+const USER_STORM: usize = agentgate::limits::MAX_USER_QUEUE as usize + 50;
+
+/// One user holds three sessions, and 250 enqueues behind a barrier are
+/// spread over them (84, 83, 83: below each session's bound of 100).
+/// Exactly [`agentgate::limits::MAX_USER_QUEUE`] (200) are queued and the
+/// rest refused `queue_full` with a retry-after: the count is taken under
+/// the user's lock, so concurrent begins in different sessions never
+/// overshoot it. The sessions' views list exactly the queued ones, and
+/// another user is not affected.
+pub async fn a_users_queues_are_bounded_across_sessions(target: &Target) {
+    let gate = target.gate(config()).await;
+    let user = "queue-hoarder";
+    let sessions: Vec<String> = (0..USER_SESSIONS).map(|i| format!("hoard-{i}")).collect();
+    let mut holders = Vec::new();
+    for session in &sessions {
+        holders.push(must_start(&gate, user, session, "holder").await);
+    }
+    let answers = storm(USER_STORM, |i| {
+        let gate = gate.clone();
+        let session = sessions[i % USER_SESSIONS].clone();
+        async move {
+            gate.begin_on_busy(
+                &command(user, &session, &format!("m{i:03}")),
+                policy(BusyPolicy::Enqueue),
+            )
+            .await
+            .map(|(begun, _)| begun)
+        }
+    })
+    .await;
+    let (mut queued, mut refused) = (0, 0);
+    for answer in answers {
+        match answer {
+            Ok(Begun::Queued(_)) => queued += 1,
+            Ok(other) => panic!("an enqueue on a held session did not queue: {other:?}"),
+            Err(error) => {
+                assert_eq!(error.kind(), ErrorKind::QueueFull, "{error}");
+                assert!(error.retry_after().is_some_and(|r| !r.is_zero()));
+                refused += 1;
+            }
+        }
+    }
+    let bound = agentgate::limits::MAX_USER_QUEUE as usize;
+    assert_eq!(queued, bound, "exactly the user's bound is queued");
+    assert_eq!(refused, USER_STORM - bound);
+    let mut listed = 0;
+    for session in &sessions {
+        let view = gate
+            .store()
+            .session(&session_id(session))
+            .await
+            .expect("view")
+            .expect("session");
+        listed += view.queue.len();
+    }
+    assert_eq!(
+        listed, bound,
+        "the sessions' queues hold what was answered queued"
+    );
+
+    // Another user still queues.
+    let other = must_start(&gate, "queue-neighbour", "neighbour", "holder").await;
+    queue(
+        &gate,
+        "queue-neighbour",
+        "neighbour",
+        "n1",
+        BusyPolicy::Enqueue,
+    )
+    .await;
+    other.succeed(&json!("held")).await.expect("ended");
+    for holder in holders {
+        holder.succeed(&json!("held")).await.expect("ended");
+    }
+    let mut counts = BTreeMap::new();
+    counts.insert("queued".to_owned(), queued);
+    counts.insert("queue_full".to_owned(), refused);
+    counts.insert("listed".to_owned(), listed);
+    report(
+        target,
+        "a_users_queues_are_bounded_across_sessions",
+        &counts,
+    );
+}

@@ -68,6 +68,8 @@ struct Begin {
     load: UserLoad,
     queue_head: Option<&'static str>,
     queue_len: u32,
+    /// The user's queued turns in other sessions.
+    queued_elsewhere: u32,
     enqueue: Option<QueueMode>,
 }
 
@@ -93,8 +95,15 @@ impl Begin {
             },
             queue_head: None,
             queue_len: 0,
+            queued_elsewhere: 0,
             enqueue: None,
         }
+    }
+
+    /// `count` turns of the user queued in their other sessions.
+    fn queued_elsewhere(mut self, count: u32) -> Self {
+        self.queued_elsewhere = count;
+        self
     }
 
     /// `len` turns queued on the session, `head` first.
@@ -181,6 +190,7 @@ impl Begin {
             queue: QueueFacts {
                 head: self.queue_head,
                 len: self.queue_len,
+                user_len: self.queue_len + self.queued_elsewhere,
             },
             enqueue: self.enqueue,
         })
@@ -1570,4 +1580,41 @@ fn supersede_interrupts_only_a_running_holder_other_than_itself() {
             ErrorKind::InvalidRequest
         );
     }
+}
+
+#[test]
+fn a_users_full_queues_refuse_an_enqueue_in_any_session_but_not_a_replacing_supersede() {
+    let limit = crate::limits::MAX_USER_QUEUE;
+    let below = Begin::new()
+        .holder(OTHER, NOW + 5_000)
+        .queued_elsewhere(limit - 1)
+        .enqueue(QueueMode::Enqueue);
+    assert!(matches!(below.decide(), BeginDecision::Enqueue { .. }));
+    for mode in [QueueMode::Enqueue, QueueMode::Supersede] {
+        // An empty session's queue grows by one either way.
+        let full = Begin::new()
+            .holder(OTHER, NOW + 5_000)
+            .queued_elsewhere(limit)
+            .enqueue(mode);
+        match full.decide() {
+            BeginDecision::Reject(Error::UserQueueFull {
+                limit: got,
+                retry_after,
+            }) => {
+                assert_eq!(got, limit);
+                assert_eq!(retry_after, ms(5_000));
+            }
+            other => panic!("{mode:?}: {other:?}"),
+        }
+    }
+    // A supersede that replaces this session's queued turns adds none.
+    let replacing = Begin::new()
+        .holder(OTHER, NOW + 5_000)
+        .queue("turn-head", 3)
+        .queued_elsewhere(limit - 3)
+        .enqueue(QueueMode::Supersede);
+    assert!(matches!(
+        replacing.decide(),
+        BeginDecision::Enqueue { supersede: true }
+    ));
 }
