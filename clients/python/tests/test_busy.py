@@ -260,3 +260,35 @@ def test_TurnCancelled_raised_by_the_body_ends_the_turn_cancelled_not_failed(ser
     stored = gate.get_turn(turn.turn_id)["turn"]
     assert (stored["state"], stored["response"]) == ("cancelled", {"so_far": 1})
     assert gate.run(ids("u"), ids("s"), "msg-1", {}, _never).state == "cancelled"
+
+
+async def test_async_a_tool_call_under_way_when_the_interrupt_comes_finishes_and_records_its_result(start_server, ids):
+    server = start_server("--lease-ttl-ms", str(INTERRUPT_TTL_MS))
+    user, session = ids("u"), ids("s")
+    executions: List[str] = []
+    booking = asyncio.Event()
+    after_tool: List[str] = []
+
+    async def slow_book(ctx: agentgate.ToolContext) -> Dict[str, Any]:
+        booking.set()
+        await asyncio.sleep(3 * HEARTBEAT_INTERVAL_S)  # the interrupt is learnt meanwhile
+        executions.append(ctx.idempotency_key)
+        return {"booked": 18}
+
+    async def holder_body(turn: AsyncTurn) -> str:
+        entry = await turn.tool("book", {"amount": 18}, run=slow_book)
+        after_tool.append(str(entry))
+        await asyncio.sleep(MODEL_CALL_S)  # cancelled here, at the first await after the tool
+        return "the whole reply"
+
+    async with AsyncGate(server.url) as gate:
+        holder = asyncio.create_task(gate.run(user, session, "msg-1", {}, holder_body))
+        await asyncio.wait_for(booking.wait(), JOIN_TIMEOUT_S)
+        await gate.run(user, session, "msg-2", {}, lambda turn: "second", on_busy="interrupt", wait_ms=10_000)
+        first = await asyncio.wait_for(holder, JOIN_TIMEOUT_S)
+        record = await gate.get_turn(first.turn_id)
+
+    assert first.state == "cancelled" and record["turn"]["state"] == "cancelled"
+    assert after_tool == ["{'booked': 18}"], "the tool call was cut short"
+    assert [(e["tool"], e["state"], e["result"]) for e in record["executions"]] == [("book", "succeeded", {"booked": 18})]
+    assert len(executions) == 1

@@ -177,3 +177,30 @@ test("gate.cancel of a running turn aborts turn.signal; gate.turn rejects TurnCa
   const stored = (await gate.getTurn(turnId)).turn;
   assert.deepEqual([stored.state, stored.response], ["cancelled", "half"]);
 });
+
+test("a tool call under way when the interrupt comes finishes and records its result; the body stops at its next signal check", async () => {
+  const ids = { userId: "tool-int-user", sessionId: "tool-int-session" };
+  const booking = deferred();
+  let executions = 0;
+  let afterTool;
+  const holder = gate.run({ ...ids, clientRequestId: "msg-1", payload: 1 }, async (turn) => {
+    afterTool = await turn.tool("book", { amount: 18 }, {
+      run: async (ctx) => {
+        booking.resolve();
+        await delay(3 * HEARTBEAT_INTERVAL_MS, undefined, { signal: ctx.signal }); // the interrupt is learnt meanwhile
+        executions += 1;
+        return { booked: 18 };
+      },
+    });
+    await delay(MODEL_CALL_MS, undefined, { signal: turn.signal });
+    return "the whole reply";
+  });
+  await booking.promise;
+  await gate.run({ ...ids, clientRequestId: "msg-2", payload: 2, onBusy: "interrupt", busyWaitMs: 10_000 }, () => "second");
+  const first = await holder;
+  const record = await gate.getTurn(first.turnId);
+  assert.deepEqual([first.state, record.turn.state], ["cancelled", "cancelled"]);
+  assert.deepEqual(afterTool, { booked: 18 }, "the tool call was cut short");
+  assert.deepEqual(record.executions.map((e) => [e.tool, e.state, e.result]), [["book", "succeeded", { booked: 18 }]]);
+  assert.equal(executions, 1);
+});
