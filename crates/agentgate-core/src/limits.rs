@@ -70,6 +70,21 @@ pub const STORE_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 /// fails within a second, not after a reconnect's backoff.
 pub const REDIS_RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
 
+/// Idle time before TCP keepalive probes start on a Redis connection. The
+/// event subscriber's connection is idle for as long as nothing is
+/// appended, and no command's timeout watches it: without probes, a Redis
+/// host that vanished (no FIN, no RST) leaves it open for hours (Linux's
+/// default is 2 h) and cross-node wake-ups silently stop.
+pub const REDIS_KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+
+/// Time between keepalive probes; after [`REDIS_KEEPALIVE_PROBES`]
+/// unanswered ones the connection is dropped and reconnected: a dead peer
+/// is found within 10 + 3 × 5 = 25 s.
+pub const REDIS_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Unanswered keepalive probes before the connection counts as dead.
+pub const REDIS_KEEPALIVE_PROBES: u32 = 3;
+
 /// How long one attempt to (re)connect to Redis may take; after a lost
 /// connection each call makes one attempt (no retries inside a call, so no
 /// backoff a caller waits through), and the next call tries again.

@@ -19,6 +19,10 @@
 use agentgate_core::error::{Error, Result};
 #[cfg(feature = "tls")]
 use agentgate_core::limits::MAX_TLS_FILE_BYTES;
+use agentgate_core::limits::{
+    REDIS_KEEPALIVE_IDLE, REDIS_KEEPALIVE_INTERVAL, REDIS_KEEPALIVE_PROBES,
+};
+use redis::IntoConnectionInfo as _;
 
 /// Key prefix unless the URL's `key_prefix` parameter says otherwise.
 pub const DEFAULT_KEY_PREFIX: &str = "agentgate:";
@@ -129,9 +133,31 @@ fn check_prefix(prefix: &str) -> Result<()> {
 pub(crate) fn client(parsed: &Parsed) -> Result<redis::Client> {
     let bad_url = |e: redis::RedisError| Error::invalid(format!("bad redis url: {e}"));
     if !parsed.tls {
-        return redis::Client::open(parsed.url.as_str()).map_err(bad_url);
+        return redis::Client::open(connection_info(parsed).map_err(bad_url)?).map_err(bad_url);
     }
     tls_client(parsed)
+}
+
+/// The URL's connection, with TCP keepalive probes
+/// ([`REDIS_KEEPALIVE_IDLE`], [`REDIS_KEEPALIVE_INTERVAL`],
+/// [`REDIS_KEEPALIVE_PROBES`]) and `TCP_NODELAY` on every socket.
+fn connection_info(parsed: &Parsed) -> redis::RedisResult<redis::ConnectionInfo> {
+    use redis::io::tcp::{socket2::TcpKeepalive, TcpSettings};
+    let keepalive = TcpKeepalive::new().with_time(REDIS_KEEPALIVE_IDLE);
+    #[cfg(target_os = "linux")]
+    let keepalive = keepalive
+        .with_interval(REDIS_KEEPALIVE_INTERVAL)
+        .with_retries(REDIS_KEEPALIVE_PROBES);
+    #[cfg(not(target_os = "linux"))]
+    let _ = (REDIS_KEEPALIVE_INTERVAL, REDIS_KEEPALIVE_PROBES);
+    let settings = TcpSettings::default()
+        .set_nodelay(true)
+        .set_keepalive(keepalive);
+    Ok(parsed
+        .url
+        .as_str()
+        .into_connection_info()?
+        .set_tcp_settings(settings))
 }
 
 #[cfg(feature = "tls")]
@@ -159,7 +185,9 @@ fn tls_client(parsed: &Parsed) -> Result<redis::Client> {
         client_tls,
         root_cert,
     };
-    redis::Client::build_with_tls(parsed.url.as_str(), certificates)
+    let info =
+        connection_info(parsed).map_err(|e| Error::invalid(format!("bad redis url: {e}")))?;
+    redis::Client::build_with_tls(info, certificates)
         .map_err(|e| Error::invalid(format!("bad redis url or tls file: {e}")))
 }
 
