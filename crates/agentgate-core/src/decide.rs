@@ -1,9 +1,9 @@
-//! The pure decisions of the turn protocol (SPEC §4).
+//! The pure decisions of the turn protocol (docs/protocol.md §3).
 //!
 //! A store reads a snapshot inside its atomic step (one SQL transaction),
 //! asks these functions what to do, and applies the answer in the same step.
 //! Nothing here does I/O or reads a clock: `now_ms` is the store's clock.
-//! Every store applies the same decisions, so the table of SPEC §4 lives in
+//! Every store applies the same decisions, so the begin table of docs/protocol.md §3.1 lives in
 //! exactly one place and is unit-tested without a database.
 
 use std::time::Duration;
@@ -437,7 +437,7 @@ fn gate_start(
     BeginDecision::Start { kind, attempt }
 }
 
-/// Decides a begin: SPEC §4's table, then the session, pending and permit gates.
+/// Decides a begin: docs/protocol.md §3.1's table, then the session, pending and permit gates.
 pub fn decide_begin(facts: &BeginFacts<'_>) -> BeginDecision {
     if let Some(session) = facts.session {
         if session.user_id != facts.user_id {

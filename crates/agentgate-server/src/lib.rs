@@ -1,4 +1,4 @@
-//! agentgate-server: the HTTP service of SPEC §5 (`agentgate serve`), for
+//! agentgate-server: the HTTP service of docs/protocol.md §10 (`agentgate serve`), for
 //! agent backends in any language.
 //!
 //! - [`router`] (this file): the axum router over an [`AppState`], callable
@@ -6,7 +6,7 @@
 //!   limit, timeout, concurrency limit, metrics). [`router_with`] merges
 //!   extra routes into it.
 //! - [`mount`]: the seam for what a program serves beside `/v1` (the
-//!   reference app of SPEC §6 lives in `agentgate-app`, which this crate
+//!   reference app of docs/protocol.md §11 lives in `agentgate-app`, which this crate
 //!   does not know): an [`Extensions`] slot in the state, the [`Mount`]
 //!   trait, and [`mount::protect`] for the `/v1` checks.
 //! - [`mod@serve`]: opening the store, mounting, binding a socket, running
@@ -254,7 +254,7 @@ async fn on_layer_error(error: tower::BoxError) -> ApiError {
     }
 }
 
-/// The whole HTTP service as a router: every route of SPEC §5, the `Host`
+/// The whole HTTP service as a router: every route of docs/protocol.md §10, the `Host`
 /// and `Origin` checks on every route, the API key check and the fail-fast
 /// dependency check on `/v1`, JSON answers for unknown routes and methods, the body
 /// limit (enforced by the JSON extractor), a per-request timeout, a global

@@ -3,7 +3,7 @@
 //!
 //! - a first begin (a new turn on a free session, no confirmation, no
 //!   external lease layer): one `CALL ag_begin_fast` ([`begin_sql`]);
-//! - a first tool claim: `INSERT … SELECT … FOR UPDATE` (SPEC §4: no
+//! - a first tool claim: `INSERT … SELECT … FOR UPDATE` (docs/protocol.md §3.3: no
 //!   execution yet → Execute);
 //! - a tool completion or failure with a plain result: a multi-table
 //!   `UPDATE` of the execution;

@@ -4,7 +4,7 @@
 //!   settings, the transaction every step runs in, the schema runner.
 //! - `connect`: the URL turned into connect options: `ssl-mode`, `ssl-ca`,
 //!   client certificates, unknown parameters refused.
-//! - `begin`: the begin step (SPEC §4 table): lock the user's row, then the
+//! - `begin`: the begin step (docs/protocol.md §3.1): lock the user's row, then the
 //!   session's row, read, decide, apply.
 //! - `steps`: heartbeat, tool claims and completions, turn endings.
 //! - `fast`: the one-round-trip fast paths the steps try first (a first

@@ -4,7 +4,7 @@
 //!   transaction every step runs in, the schema runner.
 //! - `connect`: the URL turned into connect options: `sslmode`,
 //!   `sslrootcert`, client certificates, unknown parameters refused.
-//! - `begin`: the begin step (SPEC §4 table): lock the user's row, then the
+//! - `begin`: the begin step (docs/protocol.md §3.1): lock the user's row, then the
 //!   session's row, read, decide, apply; the common new turn in one
 //!   statement (`ag_begin_new`, migration 0006) that falls back to that.
 //! - `steps`: heartbeat, tool claims and completions, turn endings.

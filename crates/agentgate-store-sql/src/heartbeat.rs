@@ -6,7 +6,7 @@
 //! With a layer the lease lives in the layer, but its key can outlive the
 //! turn (an ending's release in the layer is best effort), so a renewal
 //! counts only while the turn still runs in SQL (one read); an ended turn's
-//! heartbeat is `lease_lost` (SPEC §5), and its leftover key is released
+//! heartbeat is `lease_lost` (docs/protocol.md §3.0), and its leftover key is released
 //! again so the session frees now. A refusal is explained by the store's
 //! read-only lease check; nothing was written.
 //!

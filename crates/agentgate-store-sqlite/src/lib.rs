@@ -1,7 +1,7 @@
 //! agentgate's embedded SQLite store: the default, zero-setup backend.
 //!
 //! - [`SqliteStore`] (this file): opening, pragmas, pools, the schema runner.
-//! - `begin`: the begin step (SPEC §4 table) in one `BEGIN IMMEDIATE` transaction.
+//! - `begin`: the begin step (docs/protocol.md §3.1) in one `BEGIN IMMEDIATE` transaction.
 //! - `steps`: heartbeat, tool claims and completions, turn endings.
 //! - `views`: read-only views and the retention sweeper.
 //! - `orphans`: listing orphaned turns and ending them `abandoned`.
@@ -108,7 +108,7 @@ impl SqliteStore {
     /// power loss, not only a process crash. `NORMAL` (the common WAL choice)
     /// may drop the last commits on power loss, among them a fence increment:
     /// the next grant would then hand out a fence already seen, breaking
-    /// SPEC §3 invariants 5 and 8. The cost is measured in BENCHMARKS.md.
+    /// docs/protocol.md §4.5 and §4.8. The cost is measured in BENCHMARKS.md.
     ///
     /// # Errors
     /// `invalid_request` for a bad URL or config; `store_unavailable` when the

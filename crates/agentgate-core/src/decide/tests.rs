@@ -1,4 +1,4 @@
-//! Unit tests of the pure decisions: every row of SPEC §4's begin table, the
+//! Unit tests of the pure decisions: every row of the begin table (docs/protocol.md §3.1), the
 //! session, pending and permit gates, confirmations and tool claims, each
 //! with its failure side and its boundary (live means `expires_at > now`).
 
@@ -257,7 +257,7 @@ const ALL_TURN_STATES: [TurnState; 5] = [
     TurnState::Confirmed,
 ];
 
-// ---- SPEC §4's begin table ------------------------------------------------
+// ---- the begin table (docs/protocol.md §3.1) -----------------------------
 
 #[test]
 fn a_new_request_starts_attempt_one() {
