@@ -193,7 +193,7 @@ export interface paths {
         put?: never;
         /**
          * Begin a turn, or answer a pending confirmation.
-         * @description One atomic step in the store (SPEC §4): a new request takes the session
+         * @description One atomic step in the store (docs/protocol.md §3.1): a new request takes the session
          *     lease and one of the user's permits together and answers 201 with the
          *     lease token; a repeat of a finished request replays its stored outcome
          *     (200); a repeat of a running one whose lease expired takes it over (201,
@@ -1192,6 +1192,35 @@ export interface components {
             /** @description The turn. */
             turn: components["schemas"]["TurnDto"];
         };
+        /** @description One Server-Sent Event of a turn's stream: its `id`, `event` and `data` lines, `data` as parsed JSON. A stream that closes without `end` was cut (a stall, its lifetime): resume with `Last-Event-ID` */
+        TurnStreamEvent: {
+            data: {
+                attempt: number;
+                /** @description The JSON appended */
+                data: Record<string, never>;
+            };
+            /** @description The name it was appended with (never `end` or `error`) */
+            event: string;
+            /** @description The event id (digits): resume after it with `Last-Event-ID` */
+            id: string;
+        } | {
+            data: {
+                attempt: number;
+                /** @description The turn's ending */
+                state: string;
+            };
+            /** @enum {string} */
+            event: "end";
+        } | {
+            data: {
+                /** @description An error code */
+                code: string;
+                /** @description What happened */
+                message: string;
+            };
+            /** @enum {string} */
+            event: "error";
+        };
         /** @description A user as callers see it. */
         UserDto: {
             /** @description The live holders. */
@@ -1892,7 +1921,8 @@ export interface operations {
             /**
              * @description `user_at_capacity` (the user holds all of their permits) or
              *     `queue_full` (with `on_busy: enqueue` or `supersede`: the session's
-             *     queue holds 100 waiting turns; nothing was queued).
+             *     queue holds 100 waiting turns, or the user's queues 200 across their
+             *     sessions; nothing was queued).
              */
             429: {
                 headers: {

@@ -421,7 +421,8 @@ pub(crate) enum BeginErrors {
     PayloadMismatch(ErrorBody),
     /// `user_at_capacity` (the user holds all of their permits) or
     /// `queue_full` (with `on_busy: enqueue` or `supersede`: the session's
-    /// queue holds 100 waiting turns; nothing was queued).
+    /// queue holds 100 waiting turns, or the user's queues 200 across their
+    /// sessions; nothing was queued).
     #[response(
         status = 429,
         headers(("Retry-After" = u64, description = "Seconds until the user's soonest lease (or the session holder's) runs out, rounded up, at least 1"))

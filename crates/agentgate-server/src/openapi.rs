@@ -135,7 +135,136 @@ pub fn document() -> Document {
         operation.operation_id = Some(id.to_owned());
     }
     wait_ms_needs_a_waiting_policy(&mut document);
+    event_stream_items(&mut document);
     document
+}
+
+/// The path and media type of the one streamed answer.
+const EVENT_STREAM: (&str, &str) = ("/v1/turns/{turn_id}/events", "text/event-stream");
+
+/// Describes what an event stream carries, item by item. OpenAPI 3.1 can
+/// only call a `text/event-stream` body a string; the events in it are
+/// described by the component `TurnStreamEvent` (one object per SSE
+/// event: its `id`, `event` and `data` lines, `data` parsed as JSON),
+/// which the body names in the `x-sse-item-schema` extension (the role
+/// OpenAPI 3.2 gives `itemSchema`) and its description, so a generated
+/// client knows each event's shape and that the body is a stream, not one
+/// string to wait for.
+fn event_stream_items(document: &mut Document) {
+    use utoipa::openapi::extensions::ExtensionsBuilder;
+    use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
+    use utoipa::openapi::{RefOr, Response};
+
+    let string = |description: &str| {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .description(Some(description.to_owned()))
+    };
+    let integer = || {
+        ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .minimum(Some(0))
+    };
+    let named = |names: &[&'static str]| {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some(names.to_vec()))
+    };
+    let appended = ObjectBuilder::new()
+        .title(Some("Appended event"))
+        .description(Some("An event the holder appended, in id order"))
+        .property(
+            "id",
+            string("The event id (digits): resume after it with `Last-Event-ID`")
+                .pattern(Some("^[0-9]+$")),
+        )
+        .property(
+            "event",
+            string("The name it was appended with (never `end` or `error`)"),
+        )
+        .property(
+            "data",
+            ObjectBuilder::new()
+                .property("attempt", integer())
+                .property(
+                    "data",
+                    ObjectBuilder::new().description(Some("The JSON appended")),
+                )
+                .required("attempt")
+                .required("data"),
+        )
+        .required("id")
+        .required("event")
+        .required("data");
+    let end = ObjectBuilder::new()
+        .title(Some("End"))
+        .description(Some(
+            "The turn ended and every event was sent; the stream closes after it. No id",
+        ))
+        .property("event", named(&["end"]))
+        .property(
+            "data",
+            ObjectBuilder::new()
+                .property("state", string("The turn's ending"))
+                .property("attempt", integer())
+                .required("state")
+                .required("attempt"),
+        )
+        .required("event")
+        .required("data");
+    let error = ObjectBuilder::new()
+        .title(Some("Error"))
+        .description(Some(
+            "A read failed; the stream closes after it. Resume with `Last-Event-ID`",
+        ))
+        .property("event", named(&["error"]))
+        .property(
+            "data",
+            ObjectBuilder::new()
+                .property("code", string("An error code"))
+                .property("message", string("What happened"))
+                .required("code")
+                .required("message"),
+        )
+        .required("event")
+        .required("data");
+    let item = OneOfBuilder::new()
+        .description(Some(
+            "One Server-Sent Event of a turn's stream: its `id`, `event` and `data` lines, `data` as parsed JSON. A stream that closes without `end` was cut (a stall, its lifetime): resume with `Last-Event-ID`",
+        ))
+        .item(appended)
+        .item(end)
+        .item(error)
+        .build();
+    document
+        .components
+        .as_mut()
+        .expect("the document names its components")
+        .schemas
+        .insert("TurnStreamEvent".to_owned(), RefOr::T(item.into()));
+
+    let (path, media) = EVENT_STREAM;
+    let response = document
+        .paths
+        .paths
+        .get_mut(path)
+        .and_then(|item| item.get.as_mut())
+        .and_then(|operation| operation.responses.responses.get_mut("200"))
+        .unwrap_or_else(|| panic!("GET {path} answers 200"));
+    let RefOr::T(Response { content, .. }) = response else {
+        panic!("GET {path}'s 200 is inline");
+    };
+    let content = content
+        .get_mut(media)
+        .unwrap_or_else(|| panic!("GET {path}'s 200 is {media}"));
+    content.extensions = Some(
+        ExtensionsBuilder::new()
+            .add(
+                "x-sse-item-schema",
+                serde_json::json!({"$ref": "#/components/schemas/TurnStreamEvent"}),
+            )
+            .build(),
+    );
 }
 
 /// States in the schemas of `BeginRequest` and `SessionPolicyRequest` what

@@ -299,3 +299,124 @@ async fn unknown_routes_and_methods_answer_json() {
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(body["error"]["code"], "method_not_allowed");
 }
+
+/// Whether `value` has what `schema` demands: its `required` keys, its
+/// `enum`, its string `pattern` and, recursively, its `properties`; a
+/// `oneOf` is met by exactly one branch.
+fn conforms(value: &Value, schema: &Value) -> bool {
+    if let Some(branches) = schema["oneOf"].as_array() {
+        return branches.iter().filter(|b| conforms(value, b)).count() == 1;
+    }
+    if let Some(allowed) = schema["enum"].as_array() {
+        if !allowed.contains(value) {
+            return false;
+        }
+    }
+    if let (Some(pattern), Some(text)) = (schema["pattern"].as_str(), value.as_str()) {
+        if !regex::Regex::new(pattern).unwrap().is_match(text) {
+            return false;
+        }
+    }
+    let required = schema["required"].as_array().cloned().unwrap_or_default();
+    if required
+        .iter()
+        .any(|key| value.get(key.as_str().unwrap()).is_none())
+    {
+        return false;
+    }
+    schema["properties"].as_object().is_none_or(|properties| {
+        properties
+            .iter()
+            .all(|(key, sub)| value.get(key).is_none_or(|v| conforms(v, sub)))
+    })
+}
+
+/// The event stream's body is documented item by item: the 200 names the
+/// component `TurnStreamEvent` (`x-sse-item-schema`), and every event a
+/// real stream sends (appended events, then `end`) meets exactly one of
+/// its branches, while an event with a reserved name's shape but an id, or
+/// a made-up shape, meets none.
+#[tokio::test]
+async fn every_event_a_stream_sends_is_a_documented_item() {
+    let doc = document();
+    let content = &doc["paths"]["/v1/turns/{turn_id}/events"]["get"]["responses"]["200"]["content"]
+        ["text/event-stream"];
+    assert_eq!(
+        content["x-sse-item-schema"]["$ref"],
+        "#/components/schemas/TurnStreamEvent"
+    );
+    let item = &doc["components"]["schemas"]["TurnStreamEvent"];
+    assert_eq!(item["oneOf"].as_array().unwrap().len(), 3);
+
+    let (_dir, app) = app().await;
+    let begin = r#"{"user_id":"u","session_id":"s","client_request_id":"r","payload":{}}"#;
+    let (status, begun) = call(&app, "POST", "/v1/turns", begin).await;
+    assert_eq!(status, StatusCode::CREATED, "{begun}");
+    let turn = begun["turn"]["turn_id"].as_str().unwrap();
+    let token = begun["turn"]["lease_token"].as_str().unwrap();
+    let leased = |uri: String, body: &'static str| {
+        Request::builder()
+            .method("POST")
+            .uri(uri)
+            .header("content-type", "application/json")
+            .header("lease-token", token)
+            .body(Body::from(body))
+            .unwrap()
+    };
+    let appended = app
+        .clone()
+        .oneshot(leased(
+            format!("/v1/turns/{turn}/events"),
+            r#"{"events":[{"event":"token","data":"Hel"},{"event":"token","data":{"n":[1,2]}}]}"#,
+        ))
+        .await
+        .unwrap();
+    assert_eq!(appended.status(), StatusCode::OK);
+    let completed = app
+        .clone()
+        .oneshot(leased(
+            format!("/v1/turns/{turn}/complete"),
+            r#"{"response":{"done":true}}"#,
+        ))
+        .await
+        .unwrap();
+    assert_eq!(completed.status(), StatusCode::OK);
+
+    let response = app
+        .clone()
+        .oneshot(
+            Request::builder()
+                .uri(format!("/v1/turns/{turn}/events"))
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    let mut events = Vec::new();
+    for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {
+        let mut event = serde_json::Map::new();
+        for line in block.lines() {
+            let (field, value) = line.split_once(": ").unwrap();
+            let value = match field {
+                "data" => serde_json::from_str(value).unwrap(),
+                _ => Value::String(value.to_owned()),
+            };
+            event.insert(field.to_owned(), value);
+        }
+        events.push(Value::Object(event));
+    }
+    let names: Vec<&str> = events
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["token", "token", "end"], "{text}");
+    for event in &events {
+        assert!(conforms(event, item), "{event} is not a documented item");
+    }
+    let forged = serde_json::json!({"event": "mystery", "data": {"x": 1}});
+    assert!(!conforms(&forged, item), "an id-less, attempt-less event");
+}
