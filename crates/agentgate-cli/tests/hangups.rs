@@ -1,4 +1,4 @@
-//! Invariant 8 over HTTP: nothing acknowledged is ever lost when clients
+//! docs/protocol.md §4.8 over HTTP: nothing acknowledged is ever lost when clients
 //! hang up mid-request.
 //!
 //! On each store target (SQLite, PostgreSQL, MariaDB, each with and without

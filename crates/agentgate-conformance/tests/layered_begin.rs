@@ -202,7 +202,7 @@ async fn a_bare_begin_dropped_after_its_acquire_gives_its_lease_back() {
 }
 
 /// Through a [`Gate`], the same begin whose caller stopped waiting runs to
-/// its end (invariant 8): once the writer is free its turn is written and
+/// its end (docs/protocol.md §4.7): once the writer is free its turn is written and
 /// holds the lease, and a repeat of the message is told it is in flight
 /// (409 `request_in_flight`), not granted a second turn.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,5 @@
-//! Invariant 8: no lost data when a caller stops waiting. A step cut off
+//! A step runs to its end and nothing acknowledged is lost
+//! (docs/protocol.md §4.7, §4.8) when a caller stops waiting. A step cut off
 //! at any await point (a client that hung up, a caller's `timeout`) must
 //! leave no transaction open on its pooled connection, and must have
 //! happened once or not at all; a repeat of it tells which. And through

@@ -1,4 +1,4 @@
-//! Invariants 5–6 under a race: the old holder's writes in flight while a
+//! Fencing (docs/protocol.md §4.5) under a race: the old holder's writes in flight while a
 //! takeover lands. Each round, a holder that stopped heartbeating fires tool
 //! completions, tool failures, heartbeats and endings spread around the
 //! instant its lease expires, while a retry polls for the takeover and the

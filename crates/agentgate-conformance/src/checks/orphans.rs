@@ -1,4 +1,4 @@
-//! Invariant 9: every turn ends. A running turn whose holder died (its lease
+//! Every turn ends (docs/protocol.md §4.10). A running turn whose holder died (its lease
 //! expired without an ending) is an orphan: recovery workers claim it like
 //! a takeover, exactly once however many race, and fenced against the dead
 //! holder; one past its attempts ends `failed`; one nobody claims within the

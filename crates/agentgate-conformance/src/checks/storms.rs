@@ -1,4 +1,4 @@
-//! Invariants 1–3 under storms: one turn per session, N per user (lease and
+//! docs/protocol.md §4.1–§4.3 under storms: one turn per session, N per user (lease and
 //! permit both or neither), one turn record per request with replay.
 
 use std::collections::BTreeMap;

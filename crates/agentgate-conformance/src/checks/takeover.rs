@@ -1,4 +1,4 @@
-//! Invariants 5–7: a holder that stops heartbeating is taken over after its
+//! Fencing (docs/protocol.md §4.5): a holder that stops heartbeating is taken over after its
 //! TTL with a higher fence; every call with the old token is refused and
 //! changes nothing; a tool it left mid-call is reported as unknown.
 

@@ -1,4 +1,4 @@
-//! Invariant 4: a tool execution is marked succeeded at most once and never
+//! A tool books its effect once (docs/protocol.md §4.4): a tool execution is marked succeeded at most once and never
 //! runs again; with a same-transaction effect, the effect happens exactly once.
 
 use std::collections::BTreeMap;
