@@ -28,5 +28,14 @@ fi
 # The pip flags keep the output short; a failure still prints pip's error
 # and, through set -e, fails this script.
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$here/requirements-test.txt"
+# The distribution was called `agentgate` before it became `agentgate-client`
+# (that name is another project's on PyPI); a venv made then still has the
+# old editable install, which would claim the `agentgate` import too, and
+# src/ the old name's metadata (src/agentgate.egg-info, which pip would still
+# list as a distribution `agentgate` while src/ is on sys.path).
+rm -rf "$here/src/agentgate.egg-info"
+if "$venv/bin/python" -m pip show --quiet agentgate >/dev/null 2>&1; then
+    "$venv/bin/python" -m pip uninstall --quiet --disable-pip-version-check -y agentgate
+fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$here"
 "$venv/bin/python" -c 'import agentgate, httpx, pytest; print("clients/python: venv ready,", "agentgate", agentgate.__version__, "httpx", httpx.__version__, "pytest", pytest.__version__)'

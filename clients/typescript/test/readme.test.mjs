@@ -1,6 +1,6 @@
 // The README's blocks marked <!-- runnable --> run as written against the
 // real server (its address put in for http://127.0.0.1:7700, this build for
-// "@agentgate/client"), each in its own process and on its own server, with
+// "agentgate-client"), each in its own process and on its own server, with
 // a short lease TTL so an interrupt is learnt within half a second.
 
 import assert from "node:assert/strict";
@@ -28,7 +28,7 @@ for (const [index, block] of blocks.entries()) {
     const server = await startServer({ leaseTtlMs: LEASE_TTL_MS });
     servers.push(server);
     const file = join(tempDir(), `block-${index}.mjs`);
-    writeFileSync(file, block.replaceAll("http://127.0.0.1:7700", server.url).replaceAll('"@agentgate/client"', JSON.stringify(CLIENT)));
+    writeFileSync(file, block.replaceAll("http://127.0.0.1:7700", server.url).replaceAll('"agentgate-client"', JSON.stringify(CLIENT)));
     const run = spawnSync(process.execPath, [file], { encoding: "utf8", timeout: BLOCK_TIMEOUT_MS });
     assert.equal(run.status, 0, `${block}\n${run.stdout}${run.stderr}`);
   });
