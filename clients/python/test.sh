@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Run the Python client's tests against the real server binary
 # (AGENTGATE_BIN; else the checkout's
-# target/debug/agentgate, which `cargo build` or `cargo test` makes). Creates the venv first if it
-# is missing (setup.sh). Every test has a timeout (pytest-timeout, 60 s)
+# target/debug/agentgate, which `cargo build` or `cargo test` makes), in the
+# venv AGENTGATE_PY_VENV (default target/clients-python-venv). Creates that
+# venv first if it is missing (setup.sh). Every test has a timeout (pytest-timeout, 60 s)
 # and the whole run one more; exits nonzero on any failure.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -18,8 +19,15 @@ if [ ! -x "$AGENTGATE_BIN" ]; then
     exit 1
 fi
 if [ ! -x "$venv/bin/python" ]; then
+    if [ "${AGENTGATE_PY_EXPECT_INSTALLED:-}" = 1 ]; then
+        echo "clients/python/test.sh: FATAL: no venv at $venv (clients/check-packages.sh setup makes it)" >&2
+        exit 1
+    fi
     "$here/setup.sh"
 fi
 echo "clients/python: testing against $AGENTGATE_BIN"
 cd "$here"
-exec timeout --kill-after=10 "$SUITE_TIMEOUT_S" "$venv/bin/python" -m pytest -p no:cacheprovider -q "$@"
+# -P: the working directory stays off sys.path, so `agentgate` is whatever
+# the venv has (the editable source tree from setup.sh, or the wheel that
+# clients/check-packages.sh installed, AGENTGATE_PY_EXPECT_INSTALLED=1).
+exec timeout --kill-after=10 "$SUITE_TIMEOUT_S" "$venv/bin/python" -P -m pytest -p no:cacheprovider -q "$@"

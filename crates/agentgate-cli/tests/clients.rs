@@ -1,5 +1,7 @@
-//! The Python and TypeScript clients' own suites (`clients/*/test.sh`), the
-//! generated-client check (`clients/generated/check.sh`), the Python
+//! The Python and TypeScript clients' own suites (`clients/*/test.sh`), run
+//! once on the source tree and once on the packages a user installs (the
+//! wheel built from the sdist in a fresh venv, the `npm pack` tarball in a
+//! fresh npm project: `clients/check-packages.sh`), the generated-client check (`clients/generated/check.sh`), the Python
 //! framework examples (`examples/python/test.sh`) and the Java example
 //! (`examples/java/test.sh`), run against this build's binary, so the
 //! README's test command covers them.
@@ -41,9 +43,15 @@ fn absent(suite: &str, reason: &str) {
 /// Runs `script` (relative to the repository) against this build's binary
 /// and asserts it passed.
 fn run_suite(script: &str) {
+    run_suite_with(script, &[]);
+}
+
+/// [`run_suite`] with arguments for the script.
+fn run_suite_with(script: &str, args: &[&str]) {
     let script = repo().join(script);
     let status = Command::new("bash")
         .arg(&script)
+        .args(args)
         .env("AGENTGATE_BIN", env!("CARGO_BIN_EXE_agentgate"))
         .status()
         .unwrap_or_else(|e| panic!("could not run {}: {e}", script.display()));
@@ -76,6 +84,46 @@ fn typescript_client_suite_passes_against_this_binary() {
         return absent("typescript", "node is not on PATH");
     }
     run_suite("clients/typescript/test.sh");
+}
+
+/// The Python client as a user installs it: `clients/check-packages.sh
+/// python` builds the sdist and, from it, the wheel (`python -m build`),
+/// installs the wheel into the fresh venv `clients/check-packages.sh setup`
+/// made, and runs the suite there with the source tree off `sys.path`
+/// (`tests/test_installed.py` asserts `agentgate` is the venv's copy).
+#[test]
+fn python_client_suite_passes_against_the_installed_wheel() {
+    let build = target_dir().join("clients-python-build-venv");
+    let venv = target_dir().join("clients-python-installed-venv");
+    if !build.join("bin/python").exists() || !venv.join("bin/python").exists() {
+        return absent(
+            "installed python package",
+            &format!("no {} or {}", build.display(), venv.display()),
+        );
+    }
+    run_suite_with("clients/check-packages.sh", &["python"]);
+}
+
+/// The TypeScript client as a user installs it: `clients/check-packages.sh
+/// typescript` packs it from a copy without `dist/` (its prepare script
+/// builds that), installs the tarball into a fresh npm project under
+/// `target/`, and runs the suite against that install
+/// (`test/installed.test.mjs` asserts every import of the client resolves
+/// there).
+#[test]
+fn typescript_client_suite_passes_against_the_installed_tarball() {
+    let modules = repo().join("clients/typescript/node_modules");
+    if !modules.exists() {
+        return absent(
+            "installed typescript package",
+            &format!("no {}", modules.display()),
+        );
+    }
+    let node = Command::new("node").arg("--version").output();
+    if !node.is_ok_and(|out| out.status.success()) {
+        return absent("installed typescript package", "node is not on PATH");
+    }
+    run_suite_with("clients/check-packages.sh", &["typescript"]);
 }
 
 /// The OpenAPI document generates working clients: `openapi-python-client`
