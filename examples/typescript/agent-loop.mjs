@@ -9,7 +9,7 @@
 //        --ledger /tmp/ledger.jsonl --message-id msg-1 "taxi 18 yesterday"
 //
 // Build the client first: clients/typescript/setup.sh. In your application:
-// import { Gate } from "@agentgate/client".
+// import { Gate } from "agentgate-client".
 
 import { appendFileSync, existsSync, readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
