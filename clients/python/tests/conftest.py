@@ -14,7 +14,7 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, List
+from typing import Callable, Iterator, List, Optional
 
 import httpx
 import pytest
@@ -60,8 +60,10 @@ class Server:
         return 0.0
 
 
-def _start(tmp_path: Path, args: List[str]) -> Server:
-    store = tmp_path / f"agentgate-{uuid.uuid4().hex[:8]}.db"
+def _start(tmp_path: Path, args: List[str], store: Optional[Path] = None) -> Server:
+    """A server on ``store`` (another server's, for a second node sharing
+    it), else on a new SQLite file."""
+    store = store or tmp_path / f"agentgate-{uuid.uuid4().hex[:8]}.db"
     command = [
         AGENTGATE_BIN,
         "serve",
@@ -72,7 +74,7 @@ def _start(tmp_path: Path, args: List[str]) -> Server:
         "--no-app",
         *args,
     ]
-    log = open(tmp_path / f"{store.stem}.log", "w")
+    log = open(tmp_path / f"{store.stem}-{uuid.uuid4().hex[:4]}.log", "w")
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
     lines: "queue.Queue[str]" = queue.Queue()
 
@@ -90,8 +92,7 @@ def _start(tmp_path: Path, args: List[str]) -> Server:
                 process.wait(SERVER_STOP_TIMEOUT_S)
                 log.flush()
                 raise RuntimeError(
-                    f"{AGENTGATE_BIN} {' '.join(args)} exited {process.returncode}: "
-                    + (tmp_path / f"{store.stem}.log").read_text()[-2000:]
+                    f"{AGENTGATE_BIN} {' '.join(args)} exited {process.returncode}: " + Path(log.name).read_text()[-2000:]
                 )
             found = re.search(r"listening on (\S+)", line)
             if found:
@@ -114,13 +115,14 @@ def _stop(server: Server) -> None:
 
 @pytest.fixture
 def start_server(tmp_path: Path) -> Iterator[Callable[..., Server]]:
-    """``start_server("--lease-ttl-ms", "1000")``: a fresh server."""
+    """``start_server("--lease-ttl-ms", "1000")``: a fresh server;
+    ``start_server(store=other.store)``: a second node on another's store."""
     if not os.access(AGENTGATE_BIN, os.X_OK):
         pytest.fail(f"AGENTGATE_BIN={AGENTGATE_BIN} is not an executable; build it or point AGENTGATE_BIN at one")
     servers: List[Server] = []
 
-    def start(*args: str) -> Server:
-        server = _start(tmp_path, list(args))
+    def start(*args: str, store: Optional[Path] = None) -> Server:
+        server = _start(tmp_path, list(args), store)
         servers.append(server)
         return server
 

@@ -24,6 +24,14 @@ FIELDS_READ = {
     "QueuedDto": {"turn_id", "position", "retry_after_ms"},
     "SessionResponse": {"session"},
     "ClaimOrphanResponse": {"turn", "payload", "journal", "orphaned_for_ms"},
+    "TurnResponse": {"turn"},
+    "NextTurnDto": {"turn", "payload"},
+    "SessionDto": {"queue"},
+    "QueueEntryDto": {"turn_id"},
+    "HolderDto": {"turn_id"},
+    "ExecutionPageResponse": {"executions"},
+    "ExecutionDto": {"execution_id", "tool", "attempt", "state"},
+    "AppendEventsResponse": {"last_event_id"},
     "ErrorDetail": {"code", "message"},
 }
 

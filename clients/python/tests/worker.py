@@ -13,6 +13,12 @@ Modes:
   claim-then-wait  claim the tool, signal "claimed", wait in the tool for the
                    lease (the test SIGSTOPs it past the TTL); write a report
                    of what happened once interrupted
+  drain-then-hang  begin REQUEST, signal "holding", wait for SIGNAL.go (the
+                   test queues messages behind it meanwhile), then drain the
+                   session through the handoff, booking one ledger line per
+                   message; in the second message, after its booking,
+                   signal "booked <request>" and hang before the tool's
+                   result is recorded (the test SIGKILLs it)
 """
 
 from __future__ import annotations
@@ -22,10 +28,10 @@ import asyncio
 import json
 import os
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import agentgate
-from agentgate import AsyncGate, Gate, ToolContext
+from agentgate import AsyncGate, AsyncTurn, Gate, ToolContext, Turn
 
 #: How long a worker hangs or waits before giving up on being killed,
 #: stopped or interrupted (the test's own bounds are shorter).
@@ -55,6 +61,26 @@ def find(ledger: str, key: str) -> Optional[Dict[str, Any]]:
     return None
 
 
+def book_message(ledger: str, ctx: ToolContext) -> Dict[str, Any]:
+    """One booking of a drained message: a ledger line naming it."""
+    line = json.dumps({"key": ctx.idempotency_key, "message": ctx.args["message"], "pid": os.getpid()})
+    fd = os.open(ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return {"booked": ctx.args["message"]}
+
+
+def wait_for(path: str) -> None:
+    deadline = time.monotonic() + HANG_S
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {path} within {HANG_S} s")
+        time.sleep(0.01)
+
+
 def signal(path: str, what: str) -> None:
     with open(path + ".tmp", "w") as out:
         out.write(what)
@@ -73,7 +99,9 @@ ARGS = {"amount": 18, "category": "taxi"}
 def run_sync(a: argparse.Namespace) -> None:
     gate = Gate(a.url)
     payload = {"text": "taxi 18"}
-    if a.mode == "book-then-hang":
+    if a.mode == "drain-then-hang":
+        drain_sync(a, gate)
+    elif a.mode == "book-then-hang":
         with gate.turn(a.user, a.session, a.request, payload) as turn:
 
             def effect_then_hang(ctx: ToolContext) -> Any:
@@ -136,6 +164,48 @@ def run_sync(a: argparse.Namespace) -> None:
         report(a.report, state)
 
 
+def drain_sync(a: argparse.Namespace, gate: Gate) -> None:
+    handled: List[str] = []
+
+    def handler(turn: Turn) -> Dict[str, Any]:
+        handled.append(turn.client_request_id)
+        if len(handled) == 1:
+            signal(a.signal, "holding")
+            wait_for(a.signal + ".go")
+
+        def run(ctx: ToolContext) -> Dict[str, Any]:
+            booked = book_message(a.ledger, ctx)
+            if len(handled) == 2:
+                signal(a.signal, "booked " + turn.client_request_id)
+                time.sleep(HANG_S)
+            return booked
+
+        return {"reply": turn.tool("book", {"message": turn.client_request_id}, run=run)}
+
+    gate.drain_turn(gate.turn(a.user, a.session, a.request, {"message": a.request}), handler)
+
+
+async def drain_async(a: argparse.Namespace, gate: AsyncGate) -> None:
+    handled: List[str] = []
+
+    async def handler(turn: AsyncTurn) -> Dict[str, Any]:
+        handled.append(turn.client_request_id)
+        if len(handled) == 1:
+            signal(a.signal, "holding")
+            await asyncio.to_thread(wait_for, a.signal + ".go")
+
+        async def run(ctx: ToolContext) -> Dict[str, Any]:
+            booked = book_message(a.ledger, ctx)
+            if len(handled) == 2:
+                signal(a.signal, "booked " + turn.client_request_id)
+                await asyncio.sleep(HANG_S)
+            return booked
+
+        return {"reply": await turn.tool("book", {"message": turn.client_request_id}, run=run)}
+
+    await gate.drain_turn(gate.turn(a.user, a.session, a.request, {"message": a.request}), handler)
+
+
 def late_writes(turn_id: str, execution_id: Any) -> Any:
     """The writes a worker that lost its lease would still send, raw,
     bypassing the client's own refusal, so the server's answer shows."""
@@ -148,7 +218,9 @@ def late_writes(turn_id: str, execution_id: Any) -> Any:
 async def run_async(a: argparse.Namespace) -> None:
     gate = AsyncGate(a.url)
     payload = {"text": "taxi 18"}
-    if a.mode == "book-then-hang":
+    if a.mode == "drain-then-hang":
+        await drain_async(a, gate)
+    elif a.mode == "book-then-hang":
         async with gate.turn(a.user, a.session, a.request, payload) as turn:
 
             async def effect_then_hang(ctx: ToolContext) -> Any:
@@ -212,7 +284,7 @@ async def run_async(a: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["book-then-hang", "resume", "claim-then-wait"])
+    parser.add_argument("mode", choices=["book-then-hang", "resume", "claim-then-wait", "drain-then-hang"])
     for name in ("url", "user", "session", "request", "ledger", "signal", "report"):
         parser.add_argument(f"--{name}", required=True)
     parser.add_argument("--async", dest="use_async", action="store_true")

@@ -10,14 +10,18 @@ themselves::
         entry = turn.tool("book", {"amount": 18}, run=lambda ctx: ledger.book(18, key=ctx.idempotency_key))
         turn.complete({"text": "booked", "entry": entry})
 
-Modules: ``_sync`` (:class:`Gate`, :class:`Turn`), ``_async``
-(:class:`AsyncGate`, :class:`AsyncTurn`), ``errors`` (one class per error
-code), ``_core`` (limits, :class:`TurnResult` and what both share).
+Modules: ``_sync`` (:class:`Gate`, :class:`Turn`, :class:`Follower`,
+:class:`RecoveryWorker`), ``_async`` (:class:`AsyncGate`,
+:class:`AsyncTurn`, :class:`AsyncFollower`, :class:`AsyncRecoveryWorker`),
+``errors`` (one class per error code), ``_core`` (limits,
+:class:`TurnResult` and what both share), ``_events`` (event limits, the
+SSE parser, :class:`TurnEvent`).
 """
 
-from ._async import AsyncGate, AsyncTurn
+from ._async import AsyncFollower, AsyncGate, AsyncRecoveryWorker, AsyncTurn
 from ._core import ToolContext, TurnResult
-from ._sync import Gate, Turn
+from ._events import TurnEvent
+from ._sync import Follower, Gate, RecoveryWorker, Turn
 from .errors import (
     AgentgateError,
     AttemptsExhausted,
@@ -58,10 +62,15 @@ __version__ = "0.1.0"
 __all__ = [
     "Gate",
     "Turn",
+    "Follower",
+    "RecoveryWorker",
     "AsyncGate",
     "AsyncTurn",
+    "AsyncFollower",
+    "AsyncRecoveryWorker",
     "ToolContext",
     "TurnResult",
+    "TurnEvent",
     "AgentgateError",
     "AttemptsExhausted",
     "AwaitingConfirmation",

@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from types import TracebackType
 from typing import (
     Any,
+    AsyncGenerator,
     Awaitable,
     Callable,
     Dict,
+    Generic,
     List,
     Mapping,
     Optional,
@@ -38,8 +41,9 @@ from typing import (
 
 import httpx
 
-from . import _core
+from . import _core, _events
 from ._core import AF, AsyncTool, AsyncToolDecorator, R, ToolContext, ToolSpec, TurnResult, current_turn
+from ._events import TurnEvent
 from .errors import (
     AgentgateError,
     LeaseLost,
@@ -54,6 +58,19 @@ from .errors import (
 T = TypeVar("T")
 
 _NO_BODY: Any = object()
+
+log = logging.getLogger("agentgate")
+
+
+def _answer_error(response: httpx.Response) -> AgentgateError:
+    """The typed error of an answer that is not a success (body read)."""
+    data: Any = None
+    if response.content:
+        try:
+            data = response.json()
+        except ValueError:
+            data = None
+    return error_for(response.status_code, data, response.headers.get("retry-after"))
 
 
 async def _maybe_await(value: Any) -> Any:
@@ -204,6 +221,10 @@ class AsyncGate:
             interrupt_running=interrupt_running,
             on_queued=on_queued,
         )
+        return await self._run_turn(turn, fn)
+
+    async def _run_turn(self, turn: "AsyncTurn", fn: Callable[["AsyncTurn"], Any]) -> TurnResult[Any]:
+        """See :meth:`Gate._run_turn`."""
         try:
             async with turn:
                 value = await _maybe_await(fn(turn))
@@ -294,15 +315,10 @@ class AsyncGate:
         user_ids: Optional[Sequence[str]] = None,
         turn_ids: Optional[Sequence[str]] = None,
     ) -> Optional["AsyncTurn"]:
-        """Take over the oldest orphan, or ``None``; use the turn as
-        ``async with turn:`` (see :meth:`Gate.claim_orphan`)."""
-        body: Dict[str, Any] = {}
-        if min_orphaned_ms is not None:
-            body["min_orphaned_ms"] = min_orphaned_ms
-        if user_ids is not None:
-            body["user_ids"] = list(user_ids)
-        if turn_ids is not None:
-            body["turn_ids"] = list(turn_ids)
+        """Take over the oldest orphan (or a queue head left free), or
+        ``None``; use the turn as ``async with turn:`` or hand it to
+        :meth:`drain_turn` (see :meth:`Gate.claim_orphan`)."""
+        body = _core.claim_filter(min_orphaned_ms, user_ids, turn_ids)
         status, data = await self.request("POST", "/v1/orphans/claim", body)
         if status == 204:
             return None
@@ -310,10 +326,99 @@ class AsyncGate:
         turn = AsyncTurn(
             self, grant["user_id"], grant["session_id"], grant["client_request_id"], data.get("payload"), 0.0, None
         )
-        turn.journal = list(data.get("journal") or [])
         turn.orphaned_for_ms = data.get("orphaned_for_ms")
         turn._granted(grant)
+        try:
+            turn.journal = await self._journal(grant["turn_id"], data)
+        except BaseException:
+            turn._stop_heartbeat()  # nobody will run it: let its lease run out
+            raise
         return turn
+
+    async def _journal(self, turn_id: str, claimed: Mapping[str, Any]) -> List[Dict[str, Any]]:
+        """See :meth:`Gate._journal`."""
+        journal = list(claimed.get("journal") or [])
+        after = claimed.get("journal_next")
+        for _ in range(_core.EXECUTION_PAGES_MAX):
+            if after is None:
+                return journal
+            params = {"after": after, "limit": _core.EXECUTION_PAGE_LIMIT}
+            page = (await self.request("GET", f"/v1/turns/{turn_id}/executions", params=params))[1]
+            journal.extend(_core.journal_entry(execution) for execution in page["executions"])
+            after = page.get("executions_next")
+        raise UnexpectedResponse(f"turn {turn_id}: more executions than a turn holds")
+
+    async def drain(
+        self,
+        session_id: str,
+        handler: Callable[["AsyncTurn"], Any],
+        *,
+        user_id: Optional[str] = None,
+        max_turns: int = _core.DRAIN_MAX_TURNS,
+    ) -> List[TurnResult[Any]]:
+        """Run ``handler`` (a coroutine function, or a plain one) on every
+        message the session still owes, in order; see :meth:`Gate.drain`."""
+        session = (await self.request("GET", f"/v1/sessions/{session_id}", params=_core.owner(user_id)))[1]["session"]
+        ids = _core.drain_claim_ids(session)
+        if not ids:
+            return []
+        turn = await self.claim_orphan(
+            min_orphaned_ms=0, user_ids=None if user_id is None else [user_id], turn_ids=ids
+        )
+        if turn is None:
+            return []
+        return await self.drain_turn(turn, handler, max_turns=max_turns)
+
+    async def drain_turn(
+        self, turn: "AsyncTurn", handler: Callable[["AsyncTurn"], Any], *, max_turns: int = _core.DRAIN_MAX_TURNS
+    ) -> List[TurnResult[Any]]:
+        """Run ``handler`` on ``turn``, then on each message queued behind
+        it, through the handoff; see :meth:`Gate.drain_turn`."""
+        results: List[TurnResult[Any]] = []
+        await self._drain(turn, handler, max_turns, lambda: False, results, lambda held: None)
+        return results
+
+    async def _drain(
+        self,
+        turn: "AsyncTurn",
+        handler: Callable[["AsyncTurn"], Any],
+        max_turns: int,
+        stopping: Callable[[], bool],
+        results: List[TurnResult[Any]],
+        hold: Callable[[Optional["AsyncTurn"]], None],
+    ) -> None:
+        """See :meth:`Gate._drain`."""
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, not {max_turns}")
+        current: Optional[AsyncTurn] = turn
+        try:
+            while current is not None:
+                current.take_next = len(results) + 1 < max_turns and not stopping()
+                hold(current)
+                try:
+                    results.append(await self._run_turn(current, handler))
+                except BaseException:
+                    if current.next is not None:
+                        current.next._stop_heartbeat()  # see Gate._drain
+                    raise
+                current = current.next
+        finally:
+            hold(None)
+
+    def follow(
+        self,
+        turn_id: str,
+        after: int = 0,
+        *,
+        user_id: Optional[str] = None,
+        base_urls: Optional[Sequence[str]] = None,
+        max_reconnects: int = _events.FOLLOW_MAX_RECONNECTS,
+    ) -> "AsyncFollower":
+        """Follow a turn's events: ``async for event in gate.follow(turn_id):``;
+        see :meth:`Gate.follow`. ``await follower.aclose()`` (or ``async
+        with``) stops it early."""
+        urls = list(base_urls) if base_urls is not None else [str(self._http.base_url)]
+        return AsyncFollower(self, turn_id, _events.FollowPlan(after, urls, max_reconnects), _core.owner(user_id))
 
     async def get_turn(self, turn_id: str) -> Dict[str, Any]:
         return dict((await self.request("GET", f"/v1/turns/{turn_id}"))[1])
@@ -432,9 +537,13 @@ class AsyncTurn:
         self.state: str = ""
         self.queue_position: Optional[int] = None
         self.on_queued: Optional[Callable[[int], Any]] = None
+        #: See :attr:`Turn.take_next` and :attr:`Turn.next`.
+        self.take_next = False
+        self.next: Optional[AsyncTurn] = None
         self.ended = False
         self._lease_token: Optional[str] = None
         self._ending = False
+        self._emitter: Optional[_AsyncEmitter] = None
         self._exiting = False
         self._heartbeat_task: Optional["asyncio.Task[None]"] = None
         self._body_task: Optional["asyncio.Task[Any]"] = None
@@ -591,14 +700,14 @@ class AsyncTurn:
 
     async def _fail_quietly(self, error: Any, retryable: bool = True) -> None:
         try:
-            await self.fail(error, retryable=retryable)
+            await self._end("fail", "failed", {"error": error, "retryable": retryable}, take_next=False, strict=False)
         except (AgentgateError, httpx.HTTPError):
             pass
 
     async def _end_cancelled_quietly(self) -> None:
         partial = self.partial if _core.json_problem(self.partial) is None else None
         try:
-            await self.end_cancelled(partial)
+            await self._end("end-cancelled", "cancelled", {"partial": partial}, take_next=self.take_next, strict=False)
         except (AgentgateError, httpx.HTTPError):
             pass
 
@@ -765,8 +874,18 @@ class AsyncTurn:
     async def heartbeat(self) -> int:
         return int((await self._call("POST", f"/v1/turns/{self.turn_id}/heartbeat"))[1]["lease_expires_in_ms"])
 
-    async def _end(self, path: str, state: str, body: Dict[str, Any]) -> Dict[str, Any]:
+    async def _end(
+        self, path: str, state: str, body: Dict[str, Any], take_next: bool = False, strict: bool = True
+    ) -> Dict[str, Any]:
+        """See :meth:`Turn._end`."""
         self.check()
+        try:
+            await self.flush()
+        except (AgentgateError, httpx.HTTPError):
+            if strict or self.lost.is_set():
+                raise
+        if take_next:
+            body = {**body, "take_next": True}
         self._ending = True
         try:
             data = await self._write(f"/v1/turns/{self.turn_id}/{path}", body, lambda: self._ending_landed(state))
@@ -781,18 +900,117 @@ class AsyncTurn:
             raise
         self.ended = True
         self._stop_heartbeat()
+        if self._emitter is not None:
+            await self._emitter.close()
         record = dict(data.get("turn", data)) if isinstance(data, Mapping) else {}
         self.state = str(record.get("state", state))
+        handed = data.get("next") if isinstance(data, Mapping) else None
+        if isinstance(handed, Mapping):
+            self.next = self._handed_off(handed)
         return record
 
-    async def complete(self, response: Any) -> Dict[str, Any]:
-        return await self._end("complete", "succeeded", {"response": response})
+    def _handed_off(self, handed: Mapping[str, Any]) -> "AsyncTurn":
+        grant = handed["turn"]
+        turn = AsyncTurn(
+            self.gate, grant["user_id"], grant["session_id"], grant["client_request_id"], handed.get("payload"), 0.0, None
+        )
+        turn._granted(grant)
+        return turn
 
-    async def fail(self, error: Any, retryable: bool = True) -> Dict[str, Any]:
-        return await self._end("fail", "failed", {"error": error, "retryable": retryable})
+    async def complete(self, response: Any, take_next: Optional[bool] = None) -> Dict[str, Any]:
+        """See :meth:`Turn.complete`."""
+        return await self._end("complete", "succeeded", {"response": response}, self._taking(take_next))
 
-    async def end_cancelled(self, partial: Any = None) -> Dict[str, Any]:
-        return await self._end("end-cancelled", "cancelled", {"partial": partial})
+    async def fail(self, error: Any, retryable: bool = True, take_next: Optional[bool] = None) -> Dict[str, Any]:
+        body = {"error": error, "retryable": retryable}
+        return await self._end("fail", "failed", body, self._taking(take_next))
+
+    async def end_cancelled(self, partial: Any = None, take_next: Optional[bool] = None) -> Dict[str, Any]:
+        return await self._end("end-cancelled", "cancelled", {"partial": partial}, self._taking(take_next))
+
+    def _taking(self, take_next: Optional[bool]) -> bool:
+        return self.take_next if take_next is None else take_next
+
+    async def emit(self, name: str, data: Any = None) -> None:
+        """Add one event to the turn's log (see :meth:`Turn.emit`):
+        buffered, appended in batches by a background task at most 50 ms
+        after the first waiting one, at once when a batch is full, and
+        before the ending. Returns at once, unless 5000 events (or 4 MiB)
+        are unsent: then it awaits an append. Raises
+        :class:`~agentgate.InvalidRequest`, sending nothing, for a reserved
+        or malformed name or data that is not JSON or over 64 KiB."""
+        size = _events.checked_event(name, data)
+        self.check()
+        if self.ended or self._ending:
+            raise LeaseLost(f"turn {self.turn_id}: already ended; its events are closed")
+        if self._emitter is None:
+            self._emitter = _AsyncEmitter(self)
+        await self._emitter.emit(name, data, size)
+
+    async def flush(self) -> Optional[int]:
+        """See :meth:`Turn.flush`."""
+        if self._emitter is None:
+            return None
+        return await self._emitter.flush()
+
+    @property
+    def last_event_id(self) -> Optional[int]:
+        return None if self._emitter is None else self._emitter.last_event_id
+
+    async def _append_events(self, batch: Sequence[_events.Pending], after: Optional[int], in_doubt: bool) -> int:
+        """See :meth:`Turn._append_events`."""
+        path = f"/v1/turns/{self.turn_id}/events"
+        body = _events.append_body(batch)
+        pause = 0.0
+        for attempt in range(1, _core.WRITE_ATTEMPTS + 1):
+            try:
+                if in_doubt:
+                    landed = await self._events_landed(after, len(batch))
+                    if landed is not None:
+                        return landed
+                    in_doubt = False
+                return int((await self._call("POST", path, body))[1]["last_event_id"])
+            except _core.WRITE_TRANSIENT as error:
+                if attempt == _core.WRITE_ATTEMPTS:
+                    raise
+                in_doubt = True
+                pause = _core.next_pause_s(
+                    pause, error, _core.NO_DEADLINE_S, _core.WRITE_PAUSE_MIN_S, _core.WRITE_PAUSE_MAX_S
+                )
+                await asyncio.sleep(pause)
+                self.check()
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _events_landed(self, after: Optional[int], count: int) -> Optional[int]:
+        """See :meth:`Turn._events_landed`."""
+        ours: List[TurnEvent] = []
+        headers = {"Accept": "text/event-stream", "Last-Event-ID": str(after or 0)}
+        url = f"/v1/turns/{self.turn_id}/events"
+        try:
+            async with self.gate._http.stream(
+                "GET", url, headers=headers, timeout=_events.EVENT_PROBE_IDLE_S
+            ) as response:
+                if response.status_code != 200:
+                    await response.aread()
+                    raise _answer_error(response)
+                parser = _events.SseParser()
+                done = False
+                async for chunk in response.aiter_bytes():
+                    for raw in parser.feed(chunk):
+                        event = _events.turn_event(raw)
+                        if event.name == "end":
+                            done = True
+                            break
+                        if event.attempt == self.attempt:
+                            ours.append(event)
+                            if len(ours) == count:
+                                done = True
+                                break
+                    if done:
+                        break
+        except httpx.ReadTimeout:
+            pass
+        return _events.landed_count(ours, self.attempt, count)
 
     async def await_confirmation(self, pending: Any) -> Dict[str, Any]:
         return await self._end("await-confirmation", "awaiting_confirmation", {"pending": pending})
@@ -896,3 +1114,263 @@ class AsyncTurn:
             raise TypeError(f"tool {name}: its result is not JSON ({problem}); the execution was failed")
         await self.complete_tool(ctx, result)
         return result
+
+
+class _AsyncEmitter:
+    """See :class:`~agentgate._sync._Emitter`: the same, with a task."""
+
+    def __init__(self, turn: AsyncTurn) -> None:
+        self._turn = turn
+        self._sending = asyncio.Lock()
+        self._buffer = _events.EventBuffer()
+        self._wake = asyncio.Event()
+        self._task: Optional["asyncio.Task[None]"] = None
+        self._closed = False
+        self._error: Optional[BaseException] = None
+        self._in_doubt = False
+        self.last_event_id: Optional[int] = None
+
+    async def emit(self, name: str, data: Any, size: int) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        self._buffer.add(name, data, size)
+        if self._buffer.full():
+            await self.flush()
+            return
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(
+                self._loop(), name=f"agentgate-events-{self._turn.turn_id}"
+            )
+        self._wake.set()
+
+    async def _loop(self) -> None:
+        while not self._closed:
+            await self._wake.wait()
+            self._wake.clear()
+            if not self._buffer.batch_ready():
+                await asyncio.sleep(_events.EVENT_FLUSH_INTERVAL_S)
+            if self._closed:
+                return  # the ending appended what was left
+            try:
+                await self.flush()
+            except Exception as error:
+                self._error = error  # raised by the next emit
+                return
+            if self._buffer:
+                self._wake.set()
+
+    async def flush(self) -> Optional[int]:
+        async with self._sending:
+            while True:
+                batch = self._buffer.take_batch()
+                if not batch:
+                    self._error = None
+                    return self.last_event_id
+                try:
+                    self.last_event_id = await self._turn._append_events(batch, self.last_event_id, self._in_doubt)
+                    self._in_doubt = False
+                except BaseException as error:
+                    # A cancelled append (the body was interrupted) may
+                    # have landed too: the next flush reads the log first.
+                    if isinstance(error, (_core.WRITE_TRANSIENT, asyncio.CancelledError)):
+                        self._in_doubt = True
+                    if not isinstance(error, LeaseLost):
+                        self._buffer.put_back(batch)
+                    raise
+
+    async def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+        task = self._task
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            try:
+                await asyncio.wait_for(asyncio.shield(task), _core.HEARTBEAT_JOIN_S)
+            except (asyncio.TimeoutError, Exception):
+                task.cancel()
+
+
+class AsyncFollower:
+    """A turn's events, from :meth:`AsyncGate.follow`: ``async for`` it;
+    see :class:`~agentgate.Follower`. ``await follower.aclose()`` (or
+    ``async with``) stops it early."""
+
+    def __init__(
+        self, gate: AsyncGate, turn_id: str, plan: _events.FollowPlan, params: Optional[Mapping[str, Any]]
+    ) -> None:
+        self._gate = gate
+        self._path = f"/v1/turns/{turn_id}/events"
+        self._plan = plan
+        self._params = params
+        self._events = self._generate()
+
+    def __aiter__(self) -> "AsyncFollower":
+        return self
+
+    async def __anext__(self) -> TurnEvent:
+        return await self._events.__anext__()
+
+    async def aclose(self) -> None:
+        await self._events.aclose()
+
+    async def __aenter__(self) -> "AsyncFollower":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    @property
+    def last_event_id(self) -> int:
+        return self._plan.last_id
+
+    @property
+    def reconnects(self) -> int:
+        return self._plan.reconnects
+
+    @property
+    def end(self) -> Optional[TurnEvent]:
+        return self._plan.end
+
+    async def _generate(self) -> AsyncGenerator[TurnEvent, None]:
+        plan = self._plan
+        http = self._gate._http
+        while True:
+            failure: Optional[BaseException] = None
+            try:
+                async with http.stream(
+                    "GET",
+                    plan.url() + self._path,
+                    headers=plan.headers(),
+                    params=self._params,
+                    timeout=_events.FOLLOW_READ_TIMEOUT_S,
+                ) as response:
+                    if response.status_code != 200:
+                        await response.aread()
+                        raise _answer_error(response)
+                    parser = _events.SseParser()
+                    async for chunk in response.aiter_bytes():
+                        for raw in parser.feed(chunk):
+                            try:
+                                event = plan.accept(raw)
+                            except AgentgateError as error:
+                                failure = error  # an `error` event: raised, not resumed
+                                break
+                            if event is not None:
+                                yield event
+                                if event.name == "end":
+                                    return
+                        if failure is not None:
+                            break
+            except (httpx.TransportError, AgentgateError) as error:
+                plan.dropped(error)
+            else:
+                if failure is not None:
+                    raise failure
+                plan.dropped(None)
+            await asyncio.sleep(plan.pause_s())
+
+
+class AsyncRecoveryWorker(Generic[R]):
+    """The asyncio twin of :class:`~agentgate.RecoveryWorker`: ``await
+    worker.run()``; ``handler`` may be a coroutine function or a plain one.
+
+    Stops on ``worker.stop()``, or when the task running ``run()`` is
+    cancelled: either way the turn in hand finishes first (it runs in a
+    task of its own, shielded) and no next one is taken; a cancelled
+    ``run()`` then raises ``CancelledError``."""
+
+    def __init__(
+        self,
+        gate: AsyncGate,
+        handler: Callable[[AsyncTurn], Any],
+        *,
+        min_orphaned_ms: int = _core.RECOVERY_MIN_ORPHANED_MS,
+        user_ids: Optional[Sequence[str]] = None,
+        turn_ids: Optional[Sequence[str]] = None,
+        drain: bool = True,
+        on_error: Optional[Callable[[AsyncTurn, BaseException], Any]] = None,
+    ) -> None:
+        self.gate = gate
+        self.handler = handler
+        self._filter = (min_orphaned_ms, user_ids, turn_ids)
+        self._drain = drain
+        self._on_error = on_error
+        self._stopping = asyncio.Event()
+        self._in_hand: Optional[AsyncTurn] = None
+        self.claims = 0
+        self.turns = 0
+        self.errors = 0
+
+    def stop(self) -> None:
+        """Stop after the turn in hand (it ends without a handoff)."""
+        self._stopping.set()
+        held = self._in_hand
+        if held is not None:
+            held.take_next = False
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def _hold(self, turn: Optional[AsyncTurn]) -> None:
+        self._in_hand = turn
+        if turn is not None and self._stopping.is_set():
+            turn.take_next = False
+
+    async def run_once(self, max_turns: int = _core.DRAIN_MAX_TURNS) -> List[TurnResult[Any]]:
+        """See :meth:`RecoveryWorker.run_once`."""
+        turn = await self.gate.claim_orphan(*self._filter)
+        if turn is None:
+            return []
+        self.claims += 1
+        results: List[TurnResult[Any]] = []
+        try:
+            await self.gate._drain(
+                turn, self.handler, max_turns if self._drain else 1, self._stopping.is_set, results, self._hold
+            )
+        except Exception as error:
+            failed = self._in_hand or turn
+            results.append(TurnResult(failed.turn_id, failed.state or "running", False))
+            self.errors += 1
+            if self._on_error is not None:
+                await _maybe_await(self._on_error(failed, error))
+            else:
+                log.exception("agentgate recovery: turn %s failed in its handler", failed.turn_id)
+        finally:
+            self._in_hand = None
+            self.turns += len(results)
+        return results
+
+    async def run(self, max_turns: Optional[int] = None, until_idle: bool = False) -> int:
+        """See :meth:`RecoveryWorker.run`."""
+        ran = 0
+        pause = 0.0
+        while not self._stopping.is_set():
+            budget = _core.DRAIN_MAX_TURNS if max_turns is None else min(_core.DRAIN_MAX_TURNS, max_turns - ran)
+            unit = asyncio.ensure_future(self.run_once(budget))
+            try:
+                results = await asyncio.shield(unit)
+            except asyncio.CancelledError:
+                if unit.done():
+                    raise
+                self.stop()
+                await unit  # finish the turn in hand, then give in
+                raise
+            except _core.RECOVERY_WAITABLE as error:
+                log.info("agentgate recovery: claim not answered (%s); trying again", error)
+                results = []
+            else:
+                if not results and until_idle:
+                    break
+            if results:
+                ran += len(results)
+                pause = 0.0
+                if max_turns is not None and ran >= max_turns:
+                    break
+                continue
+            pause, jittered = _core.recovery_pause_s(pause)
+            try:
+                await asyncio.wait_for(self._stopping.wait(), jittered)
+            except asyncio.TimeoutError:
+                pass
+        return ran

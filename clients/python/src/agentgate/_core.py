@@ -9,9 +9,10 @@ import dataclasses
 import inspect
 import json
 import math
+import random
 import threading
 import time
-from typing import Any, Awaitable, Callable, Concatenate, Dict, Generic, Mapping, Optional, ParamSpec, Protocol, Tuple, TypeVar, overload
+from typing import Any, Awaitable, Callable, Concatenate, Dict, Generic, List, Mapping, Optional, ParamSpec, Protocol, Sequence, Tuple, TypeVar, overload
 
 import httpx
 
@@ -612,3 +613,76 @@ class AsyncToolDecorator(Protocol):
     """What ``@async_gate.tool(name=..., reconcile=...)`` returns."""
 
     def __call__(self, function: AF) -> AsyncTool[AF]: ...
+
+
+# --- the handoff and recovery -------------------------------------------
+
+#: Turns one drain runs at most: a whole session queue (the server's
+#: ``MAX_SESSION_QUEUE``, 100) and the turn in hand. A queue that keeps
+#: refilling is left, queued, for a later drain or a recovery worker.
+DRAIN_MAX_TURNS = 101
+
+#: A recovery worker claims only orphans dead (and queue heads left free)
+#: at least this long by default, so a client's own retry and a holder's
+#: handoff usually come first; 0 claims at once.
+RECOVERY_MIN_ORPHANED_MS = 2000
+#: A recovery worker's pause when there was nothing to claim (or the
+#: server did not answer): from the first, doubling to the longest, each
+#: jittered into its upper half so many workers do not ask in step.
+RECOVERY_IDLE_MIN_S = 0.2
+RECOVERY_IDLE_MAX_S = 5.0
+#: Claim refusals a recovery worker waits out rather than raising: the
+#: server or its store is briefly unavailable, or no answer came.
+RECOVERY_WAITABLE = (StoreUnavailable, Overloaded, RequestTimeout, httpx.TransportError)
+
+
+def recovery_pause_s(previous_s: float) -> Tuple[float, float]:
+    """The next idle pause of a recovery worker: ``(pause, jittered)``;
+    pass ``pause`` back next time, sleep ``jittered``."""
+    pause = RECOVERY_IDLE_MIN_S if previous_s <= 0 else min(previous_s * 2, RECOVERY_IDLE_MAX_S)
+    return pause, pause * random.uniform(0.5, 1.0)
+
+
+def claim_filter(
+    min_orphaned_ms: Optional[int], user_ids: Optional[Sequence[str]], turn_ids: Optional[Sequence[str]]
+) -> Dict[str, Any]:
+    """The body of ``POST /v1/orphans/claim``."""
+    body: Dict[str, Any] = {}
+    if min_orphaned_ms is not None:
+        body["min_orphaned_ms"] = min_orphaned_ms
+    if user_ids is not None:
+        body["user_ids"] = list(user_ids)
+    if turn_ids is not None:
+        body["turn_ids"] = list(turn_ids)
+    return body
+
+
+def journal_entry(execution: Mapping[str, Any]) -> Dict[str, Any]:
+    """A page's execution as a claim's journal names it (as the server's
+    ``JournalEntry::from_view`` does: a running one's outcome is unknown)."""
+    state = execution.get("state")
+    entry: Dict[str, Any] = {
+        "execution_id": execution["execution_id"],
+        "tool": execution["tool"],
+        "attempt": execution["attempt"],
+        "outcome": "unknown" if state == "running" else state,
+    }
+    if state == "succeeded":
+        entry["result"] = execution.get("result")
+    if state == "failed":
+        entry["error"] = execution.get("error")
+    return entry
+
+
+def drain_claim_ids(session: Mapping[str, Any]) -> List[str]:
+    """What a drain of ``session`` claims (``GET /v1/sessions/{id}``'s
+    ``session``): its holder, if that is an orphan, else its queue's head
+    once the session is free (the claim decides which may start)."""
+    ids: List[str] = []
+    holder = session.get("holder")
+    if isinstance(holder, Mapping) and holder.get("turn_id"):
+        ids.append(str(holder["turn_id"]))
+    queue = session.get("queue") or []
+    if queue:
+        ids.append(str(queue[0]["turn_id"]))
+    return ids

@@ -14,16 +14,19 @@ outside, so a long step in the body (a model call) should wait with
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import threading
 import time
 from types import TracebackType
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Type, TypeVar, overload
+from typing import Any, Callable, Dict, Generator, Generic, List, Mapping, Optional, Sequence, Tuple, Type, TypeVar, overload
 
 import httpx
 
-from . import _core
+from . import _core, _events
 from ._core import F, R, Tool, ToolContext, ToolDecorator, ToolSpec, TurnResult, current_turn
+from ._events import TurnEvent
 from .errors import (
     AgentgateError,
     LeaseLost,
@@ -38,6 +41,19 @@ from .errors import (
 T = TypeVar("T")
 
 _NO_BODY: Any = object()
+
+log = logging.getLogger("agentgate")
+
+
+def _answer_error(response: httpx.Response) -> AgentgateError:
+    """The typed error of an answer that is not a success."""
+    data: Any = None
+    if response.content:
+        try:
+            data = response.json()
+        except ValueError:
+            data = None
+    return error_for(response.status_code, data, response.headers.get("retry-after"))
 
 
 class Gate:
@@ -188,6 +204,11 @@ class Gate:
             interrupt_running=interrupt_running,
             on_queued=on_queued,
         )
+        return self._run_turn(turn, fn)
+
+    def _run_turn(self, turn: "Turn", fn: Callable[["Turn"], R]) -> TurnResult[R]:
+        """Enter ``turn`` (begin it, unless it is granted already), run
+        ``fn`` in it and end it by how ``fn`` ended: see :meth:`run`."""
         try:
             with turn:
                 value = fn(turn)
@@ -253,19 +274,17 @@ class Gate:
         user_ids: Optional[Sequence[str]] = None,
         turn_ids: Optional[Sequence[str]] = None,
     ) -> Optional["Turn"]:
-        """Take over the orphan whose lease died longest ago, or ``None``.
+        """Take over the orphan whose lease died longest ago, or else the
+        head of a queue left free (``min_orphaned_ms`` at least), or ``None``.
 
         The returned turn is already granted and heartbeating; use it as
-        ``with turn:`` exactly like a begun one, resuming from
-        ``turn.payload`` (``turn.journal`` lists its tool calls so far).
+        ``with turn:`` exactly like a begun one (or hand it to
+        :meth:`drain_turn`), resuming from ``turn.payload``.
+        ``turn.journal`` lists its tool calls so far, every page of them:
+        a claim of a ``succeeded`` one returns its stored result without
+        running it, an ``unknown`` one goes to ``reconcile``.
         """
-        body: Dict[str, Any] = {}
-        if min_orphaned_ms is not None:
-            body["min_orphaned_ms"] = min_orphaned_ms
-        if user_ids is not None:
-            body["user_ids"] = list(user_ids)
-        if turn_ids is not None:
-            body["turn_ids"] = list(turn_ids)
+        body = _core.claim_filter(min_orphaned_ms, user_ids, turn_ids)
         status, data = self.request("POST", "/v1/orphans/claim", body)
         if status == 204:
             return None
@@ -273,10 +292,156 @@ class Gate:
         turn = Turn(
             self, grant["user_id"], grant["session_id"], grant["client_request_id"], data.get("payload"), 0.0, None
         )
-        turn.journal = list(data.get("journal") or [])
         turn.orphaned_for_ms = data.get("orphaned_for_ms")
         turn._granted(grant)
+        try:
+            turn.journal = self._journal(grant["turn_id"], data)
+        except BaseException:
+            turn._stop_heartbeat()  # nobody will run it: let its lease run out
+            raise
         return turn
+
+    def _journal(self, turn_id: str, claimed: Mapping[str, Any]) -> List[Dict[str, Any]]:
+        """A claim's journal: its first page, then the rest read in pages."""
+        journal = list(claimed.get("journal") or [])
+        after = claimed.get("journal_next")
+        for _ in range(_core.EXECUTION_PAGES_MAX):
+            if after is None:
+                return journal
+            params = {"after": after, "limit": _core.EXECUTION_PAGE_LIMIT}
+            page = self.request("GET", f"/v1/turns/{turn_id}/executions", params=params)[1]
+            journal.extend(_core.journal_entry(execution) for execution in page["executions"])
+            after = page.get("executions_next")
+        raise UnexpectedResponse(f"turn {turn_id}: more executions than a turn holds")
+
+    # --- the handoff: draining a session's queue ------------------------
+
+    def drain(
+        self,
+        session_id: str,
+        handler: Callable[["Turn"], R],
+        *,
+        user_id: Optional[str] = None,
+        max_turns: int = _core.DRAIN_MAX_TURNS,
+    ) -> List[TurnResult[R]]:
+        """Run ``handler`` on every message the session still owes, in order.
+
+        Claims the session's turn that can start now (its holder if that
+        died, else the head of its queue once the session is free) and
+        hands it to :meth:`drain_turn`. Returns what each turn came to,
+        oldest first; ``[]`` when there is nothing to run, or when a live
+        holder has the session (it drains its own queue, or its senders
+        run their messages). ``user_id`` checks the session's owner.
+        """
+        session = self.request("GET", f"/v1/sessions/{session_id}", params=_core.owner(user_id))[1]["session"]
+        ids = _core.drain_claim_ids(session)
+        if not ids:
+            return []
+        turn = self.claim_orphan(
+            min_orphaned_ms=0, user_ids=None if user_id is None else [user_id], turn_ids=ids
+        )
+        if turn is None:
+            return []
+        return self.drain_turn(turn, handler, max_turns=max_turns)
+
+    def drain_turn(
+        self, turn: "Turn", handler: Callable[["Turn"], R], *, max_turns: int = _core.DRAIN_MAX_TURNS
+    ) -> List[TurnResult[R]]:
+        """Run ``handler`` on ``turn``, then on each message its session
+        queued behind it, in order, through the handoff.
+
+        ``turn`` is a granted one (from :meth:`claim_orphan`, or a
+        ``turn.next``) or one not begun yet (:meth:`turn`: it is begun
+        first; a replay ends the drain there). Each turn is ended as
+        :meth:`run` ends it, asking for the session's next queued message
+        (``take_next``): the server starts it for this caller and its
+        payload comes with the grant (``turn.payload``), until the queue
+        is empty, the next one cannot start now (a confirmation is
+        pending, the user is at its cap), or ``max_turns`` ran. A turn
+        asked to stop ends ``cancelled`` and the drain goes on with the
+        next. If ``handler`` raises, its turn is failed (retryable) without
+        a handoff and the exception propagates: the rest stays queued for a
+        later drain or a recovery worker. A sender still waiting for its
+        queued message (``on_busy="enqueue"``) gets the drained turn's
+        outcome as a replay.
+        """
+        results: List[TurnResult[R]] = []
+        self._drain(turn, handler, max_turns, lambda: False, results, lambda held: None)
+        return results
+
+    def _drain(
+        self,
+        turn: "Turn",
+        handler: Callable[["Turn"], R],
+        max_turns: int,
+        stopping: Callable[[], bool],
+        results: List[TurnResult[R]],
+        hold: Callable[[Optional["Turn"]], None],
+    ) -> None:
+        """:meth:`drain_turn`, appending to ``results`` as it goes (so a
+        caller keeps what ran when a handler raises), telling ``hold``
+        which turn is in hand, and taking no next turn once ``stopping()``."""
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, not {max_turns}")
+        current: Optional[Turn] = turn
+        try:
+            while current is not None:
+                current.take_next = len(results) + 1 < max_turns and not stopping()
+                hold(current)
+                try:
+                    results.append(self._run_turn(current, handler))
+                except BaseException:
+                    if current.next is not None:
+                        # The body ended its turn (taking the next) and then
+                        # raised: nobody runs the next one here. Its lease
+                        # runs out, and its sender's repeat or a recovery
+                        # worker takes it over, still first in line.
+                        current.next._stop_heartbeat()
+                    raise
+                current = current.next
+        finally:
+            hold(None)
+
+    # --- events ---------------------------------------------------------
+
+    def follow(
+        self,
+        turn_id: str,
+        after: int = 0,
+        *,
+        user_id: Optional[str] = None,
+        base_urls: Optional[Sequence[str]] = None,
+        max_reconnects: int = _events.FOLLOW_MAX_RECONNECTS,
+    ) -> "Follower":
+        """Follow a turn's events: ``for event in gate.follow(turn_id):``.
+
+        Yields each :class:`~agentgate.TurnEvent` after id ``after`` once,
+        in order, live while the turn runs, and last its ending (``name ==
+        "end"``, ``event.state``), then stops. A connection that drops, or
+        that the server closes without ``end`` (a stream lives at most 30
+        minutes; a reader that stalls 30 s is cut off), is resumed after
+        the last id seen (``Last-Event-ID``) on the next of ``base_urls``
+        (any node sharing the store; default this gate's server), pausing
+        50 ms doubling to 5 s; after ``max_reconnects`` in a row without a
+        new event the last error is raised. An ``error`` event (the
+        server's read failed) raises its typed error. ``user_id`` checks
+        the turn's owner. Close it (``follower.close()``, or ``with``) to
+        stop early.
+        """
+        urls = list(base_urls) if base_urls is not None else [str(self._http.base_url)]
+        return Follower(self, turn_id, _events.FollowPlan(after, urls, max_reconnects), _core.owner(user_id))
+
+    def _sse(
+        self, url: str, headers: Mapping[str, str], params: Optional[Mapping[str, Any]], timeout: float
+    ) -> Generator[_events.SseEvent, None, None]:
+        """The events of one ``GET .../events`` connection, as they come."""
+        with self._http.stream("GET", url, headers=headers, params=params, timeout=timeout) as response:
+            if response.status_code != 200:
+                response.read()
+                raise _answer_error(response)
+            parser = _events.SseParser()
+            for chunk in response.iter_bytes():
+                yield from parser.feed(chunk)
 
     def get_turn(self, turn_id: str) -> Dict[str, Any]:
         """``GET /v1/turns/{id}``: the turn, ``orphaned``, its first executions."""
@@ -390,7 +555,9 @@ class Turn:
     to stop) and ``state`` (``running``, then how it ended). Set
     ``partial`` to what the turn has produced so far: an interrupted turn
     ends ``cancelled`` with it. While queued: ``turn_id`` and
-    ``queue_position``.
+    ``queue_position``. Set ``take_next`` to have its ending hand over the
+    session's next queued message: ``next`` is then that turn, granted
+    to this caller (see :meth:`Gate.drain_turn`).
     """
 
     def __init__(
@@ -428,9 +595,18 @@ class Turn:
         self.state: str = ""
         self.queue_position: Optional[int] = None
         self.on_queued: Optional[Callable[[int], Any]] = None
+        #: Whether this turn's ending (``complete``, ``fail``,
+        #: ``end_cancelled``, and the ``cancelled`` ending on the way out)
+        #: asks for the session's next queued message.
+        self.take_next = False
+        #: After an ending that took it: the session's next queued message,
+        #: a turn granted to this caller and heartbeating. Run it (``with
+        #: turn.next:``), or its lease runs out and it becomes an orphan.
+        self.next: Optional[Turn] = None
         self.ended = False
         self._lease_token: Optional[str] = None
         self._ending = False
+        self._emitter: Optional[_Emitter] = None
         self._stop = threading.Event()
         #: Set with ``lost`` or ``cancelled``: what ``sleep`` waits on.
         self._stopping = threading.Event()
@@ -546,9 +722,10 @@ class Turn:
 
     def _fail_quietly(self, error: Any, retryable: bool = True) -> None:
         """Fail the turn on the way out; a refusal must not hide the
-        body's own exception (the lease may be gone already)."""
+        body's own exception (the lease may be gone already). It takes no
+        next message: the exception goes to the caller, not to a drain."""
         try:
-            self.fail(error, retryable=retryable)
+            self._end("fail", "failed", {"error": error, "retryable": retryable}, take_next=False, strict=False)
         except (AgentgateError, httpx.HTTPError):
             pass
 
@@ -556,7 +733,7 @@ class Turn:
         """End the turn ``cancelled`` with ``partial`` on the way out."""
         partial = self.partial if _core.json_problem(self.partial) is None else None
         try:
-            self.end_cancelled(partial)
+            self._end("end-cancelled", "cancelled", {"partial": partial}, take_next=self.take_next, strict=False)
         except (AgentgateError, httpx.HTTPError):
             pass
 
@@ -718,8 +895,23 @@ class Turn:
 
     # --- endings --------------------------------------------------------
 
-    def _end(self, path: str, state: str, body: Dict[str, Any]) -> Dict[str, Any]:
+    def _end(
+        self, path: str, state: str, body: Dict[str, Any], take_next: bool = False, strict: bool = True
+    ) -> Dict[str, Any]:
+        """One ending. The events emitted so far are appended first; when
+        that fails, a ``strict`` ending raises (nothing ended), the others
+        (on the way out of the block) end the turn anyway. With
+        ``take_next`` the answer's next turn becomes ``self.next``; if the
+        answer is lost and the repeat finds the ending landed, that turn is
+        lost with it and becomes an orphan once its lease runs out."""
         self.check()
+        try:
+            self.flush()
+        except (AgentgateError, httpx.HTTPError):
+            if strict or self.lost.is_set():
+                raise
+        if take_next:
+            body = {**body, "take_next": True}
         self._ending = True
         try:
             data = self._write(f"/v1/turns/{self.turn_id}/{path}", body, lambda: self._ending_landed(state))
@@ -734,26 +926,134 @@ class Turn:
             raise
         self.ended = True
         self._stop_heartbeat()
+        if self._emitter is not None:
+            self._emitter.close()
         record = dict(data.get("turn", data)) if isinstance(data, Mapping) else {}
         self.state = str(record.get("state", state))
+        handed = data.get("next") if isinstance(data, Mapping) else None
+        if isinstance(handed, Mapping):
+            self.next = self._handed_off(handed)
         return record
 
-    def complete(self, response: Any) -> Dict[str, Any]:
-        """End the turn ``succeeded`` with ``response`` (what a replay returns)."""
-        return self._end("complete", "succeeded", {"response": response})
+    def _handed_off(self, handed: Mapping[str, Any]) -> "Turn":
+        """The next queued message, started for this caller by the handoff."""
+        grant = handed["turn"]
+        turn = Turn(
+            self.gate, grant["user_id"], grant["session_id"], grant["client_request_id"], handed.get("payload"), 0.0, None
+        )
+        turn._granted(grant)
+        return turn
 
-    def fail(self, error: Any, retryable: bool = True) -> Dict[str, Any]:
+    def complete(self, response: Any, take_next: Optional[bool] = None) -> Dict[str, Any]:
+        """End the turn ``succeeded`` with ``response`` (what a replay
+        returns). ``take_next`` (default ``turn.take_next``) asks for the
+        session's next queued message: then ``turn.next``."""
+        return self._end("complete", "succeeded", {"response": response}, self._taking(take_next))
+
+    def fail(self, error: Any, retryable: bool = True, take_next: Optional[bool] = None) -> Dict[str, Any]:
         """End the turn ``failed``; a retryable failure restarts on a repeat."""
-        return self._end("fail", "failed", {"error": error, "retryable": retryable})
+        body = {"error": error, "retryable": retryable}
+        return self._end("fail", "failed", body, self._taking(take_next))
 
     def await_confirmation(self, pending: Any) -> Dict[str, Any]:
-        """End the turn waiting for a person's decision on ``pending``."""
+        """End the turn waiting for a person's decision on ``pending``
+        (never a handoff: the session's queue waits behind the person)."""
         return self._end("await-confirmation", "awaiting_confirmation", {"pending": pending})
 
-    def end_cancelled(self, partial: Any = None) -> Dict[str, Any]:
+    def end_cancelled(self, partial: Any = None, take_next: Optional[bool] = None) -> Dict[str, Any]:
         """End the turn ``cancelled`` with what it had produced: the answer
         to a cancel request (or an interrupt), which a repeat replays."""
-        return self._end("end-cancelled", "cancelled", {"partial": partial})
+        return self._end("end-cancelled", "cancelled", {"partial": partial}, self._taking(take_next))
+
+    def _taking(self, take_next: Optional[bool]) -> bool:
+        return self.take_next if take_next is None else take_next
+
+    # --- events ---------------------------------------------------------
+
+    def emit(self, name: str, data: Any = None) -> None:
+        """Add one event to the turn's log, for its followers
+        (:meth:`Gate.follow`): a token of the reply, a status line.
+
+        Buffered, and appended in batches (``POST /v1/turns/{id}/events``,
+        at most 500 events and 512 KiB each) by a background thread at
+        most 50 ms after the first waiting one, at once when a batch is
+        full, and before the turn's ending, in the order emitted. Raises
+        :class:`~agentgate.InvalidRequest` at once, sending nothing, for the
+        reserved names ``end`` and ``error``, a name that is not 1-64 of
+        ``A-Z a-z 0-9 _ - . :``, data that is not JSON or over 64 KiB. With
+        5000 events (or 4 MiB) unsent, it sends a batch itself before
+        returning. A background append that failed raises here (next call).
+        """
+        size = _events.checked_event(name, data)
+        self.check()
+        if self.ended or self._ending:
+            raise LeaseLost(f"turn {self.turn_id}: already ended; its events are closed")
+        if self._emitter is None:
+            self._emitter = _Emitter(self)
+        self._emitter.emit(name, data, size)
+
+    def flush(self) -> Optional[int]:
+        """Append every buffered event now; the turn's last event id this
+        turn appended (``None`` before its first append). Endings flush
+        first by themselves."""
+        if self._emitter is None:
+            return None
+        return self._emitter.flush()
+
+    @property
+    def last_event_id(self) -> Optional[int]:
+        """The id of the last event this turn appended, ``None`` before any."""
+        return None if self._emitter is None else self._emitter.last_event_id
+
+    def _append_events(self, batch: Sequence[_events.Pending], after: Optional[int], in_doubt: bool) -> int:
+        """One append, sent again (at most ``WRITE_ATTEMPTS`` times) while
+        its answer is lost. An append is not idempotent, so before sending
+        again it reads the log back: the lost one landed (all of it) or not
+        at all. ``in_doubt``: an earlier send of this batch got no answer.
+        Returns the last id appended."""
+        path = f"/v1/turns/{self.turn_id}/events"
+        body = _events.append_body(batch)
+        pause = 0.0
+        for attempt in range(1, _core.WRITE_ATTEMPTS + 1):
+            try:
+                if in_doubt:
+                    landed = self._events_landed(after, len(batch))
+                    if landed is not None:
+                        return landed
+                    in_doubt = False
+                return int(self._call("POST", path, body)[1]["last_event_id"])
+            except _core.WRITE_TRANSIENT as error:
+                if attempt == _core.WRITE_ATTEMPTS:
+                    raise
+                in_doubt = True
+                pause = _core.next_pause_s(
+                    pause, error, _core.NO_DEADLINE_S, _core.WRITE_PAUSE_MIN_S, _core.WRITE_PAUSE_MAX_S
+                )
+                if self.lost.wait(pause):
+                    self.check()
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _events_landed(self, after: Optional[int], count: int) -> Optional[int]:
+        """Whether a batch of ``count`` whose answer was lost is in the
+        log: its last id, or ``None``. Reads the log after ``after`` until
+        this attempt's ``count`` events are in, the end, or a quiet
+        :data:`~agentgate._events.EVENT_PROBE_IDLE_S`."""
+        ours: List[TurnEvent] = []
+        headers = {"Accept": "text/event-stream", "Last-Event-ID": str(after or 0)}
+        url = f"/v1/turns/{self.turn_id}/events"
+        try:
+            with contextlib.closing(self.gate._sse(url, headers, None, _events.EVENT_PROBE_IDLE_S)) as stream:
+                for raw in stream:
+                    event = _events.turn_event(raw)
+                    if event.name == "end":
+                        break
+                    if event.attempt == self.attempt:
+                        ours.append(event)
+                        if len(ours) == count:
+                            break
+        except httpx.ReadTimeout:
+            pass
+        return _events.landed_count(ours, self.attempt, count)
 
     # --- tools ----------------------------------------------------------
 
@@ -852,3 +1152,274 @@ class Turn:
             raise TypeError(f"tool {name}: its result is not JSON ({problem}); the execution was failed")
         self.complete_tool(ctx, result)
         return result
+
+
+class _Emitter:
+    """A turn's events not appended yet, and the thread that appends them:
+    at most :data:`~agentgate._events.EVENT_FLUSH_INTERVAL_S` after the
+    first one waits, at once when a batch is full. One append at a time,
+    so the log holds them in the order emitted."""
+
+    def __init__(self, turn: Turn) -> None:
+        self._turn = turn
+        self._cond = threading.Condition()
+        #: One append at a time (the background thread, ``flush``, the ending).
+        self._sending = threading.Lock()
+        self._buffer = _events.EventBuffer()
+        self._thread: Optional[threading.Thread] = None
+        self._closed = False
+        #: A background append's failure, raised by the next ``emit``.
+        self._error: Optional[BaseException] = None
+        #: An append of the buffer's first batch got no answer: it may be in.
+        self._in_doubt = False
+        self.last_event_id: Optional[int] = None
+
+    def emit(self, name: str, data: Any, size: int) -> None:
+        with self._cond:
+            if self._error is not None:
+                error, self._error = self._error, None
+                raise error
+            self._buffer.add(name, data, size)
+            full = self._buffer.full()
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name=f"agentgate-events-{self._turn.turn_id}", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify_all()
+        if full:
+            self.flush()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._buffer and not self._closed:
+                    self._cond.wait()
+                deadline = time.monotonic() + _events.EVENT_FLUSH_INTERVAL_S
+                while not self._closed and not self._buffer.batch_ready():
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
+                if self._closed:
+                    return  # the ending appended what was left
+            try:
+                self.flush()
+            except BaseException as error:
+                with self._cond:
+                    # Raised by the next emit; the thread stops until then
+                    # (a lost lease would fail every try).
+                    self._error = error
+                    self._thread = None
+                return
+
+    def flush(self) -> Optional[int]:
+        with self._sending:
+            while True:
+                with self._cond:
+                    batch = self._buffer.take_batch()
+                if not batch:
+                    with self._cond:
+                        self._error = None
+                    return self.last_event_id
+                try:
+                    self.last_event_id = self._turn._append_events(batch, self.last_event_id, self._in_doubt)
+                    self._in_doubt = False
+                except BaseException as error:
+                    if isinstance(error, _core.WRITE_TRANSIENT):
+                        self._in_doubt = True
+                    if not isinstance(error, LeaseLost):
+                        with self._cond:
+                            self._buffer.put_back(batch)
+                    raise
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(_core.HEARTBEAT_JOIN_S)
+
+
+class Follower:
+    """A turn's events, from :meth:`Gate.follow`: iterate it, each
+    :class:`~agentgate.TurnEvent` once and in order, then the ``end``.
+
+    ``last_event_id`` (where a resume starts), ``reconnects`` (connections
+    that ended without ``end``) and ``end`` (the ending, once seen) say
+    how it went. ``close()`` (or ``with``) stops it early."""
+
+    def __init__(
+        self, gate: Gate, turn_id: str, plan: _events.FollowPlan, params: Optional[Mapping[str, Any]]
+    ) -> None:
+        self._gate = gate
+        self._path = f"/v1/turns/{turn_id}/events"
+        self._plan = plan
+        self._params = params
+        self._events = self._generate()
+
+    def __iter__(self) -> "Follower":
+        return self
+
+    def __next__(self) -> TurnEvent:
+        return next(self._events)
+
+    def close(self) -> None:
+        self._events.close()
+
+    def __enter__(self) -> "Follower":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def last_event_id(self) -> int:
+        return self._plan.last_id
+
+    @property
+    def reconnects(self) -> int:
+        return self._plan.reconnects
+
+    @property
+    def end(self) -> Optional[TurnEvent]:
+        return self._plan.end
+
+    def _generate(self) -> Generator[TurnEvent, None, None]:
+        plan = self._plan
+        while True:
+            failure: Optional[BaseException] = None
+            try:
+                url = plan.url() + self._path
+                with contextlib.closing(
+                    self._gate._sse(url, plan.headers(), self._params, _events.FOLLOW_READ_TIMEOUT_S)
+                ) as stream:
+                    for raw in stream:
+                        try:
+                            event = plan.accept(raw)
+                        except AgentgateError as error:
+                            failure = error  # an `error` event: raised, not resumed
+                            break
+                        if event is not None:
+                            yield event
+                            if event.name == "end":
+                                return
+            except (httpx.TransportError, AgentgateError) as error:
+                plan.dropped(error)
+            else:
+                if failure is not None:
+                    raise failure
+                plan.dropped(None)
+            time.sleep(plan.pause_s())
+
+
+class RecoveryWorker(Generic[R]):
+    """A recovery worker (docs/protocol.md §8): claims orphans (turns whose
+    worker died) and queue heads nobody took, and runs ``handler`` on each,
+    then on the rest of its session's queue (:meth:`Gate.drain_turn`).
+
+    ``handler(turn)`` gets the claimed turn: ``turn.payload``,
+    ``turn.journal`` (its tool calls so far, every page) and ``turn.tool``,
+    which returns the stored result of a call that already succeeded and
+    hands an ``unknown`` one to ``reconcile``. Its return value completes
+    the turn; an exception fails it (retryable) and goes to ``on_error``
+    (default: logged), and the worker carries on.
+
+    ``worker.run()`` loops until ``worker.stop()`` (from another thread, a
+    signal handler), or ``max_turns`` turns ran, or (``until_idle``) a claim
+    found nothing; with nothing to claim it sleeps 0.2 s doubling to 5 s.
+    ``stop()`` lets the turn in hand finish and takes no next one: what is
+    still queued stays for another worker. ``run_once()`` is one claim and
+    its drain.
+    """
+
+    def __init__(
+        self,
+        gate: Gate,
+        handler: Callable[[Turn], R],
+        *,
+        min_orphaned_ms: int = _core.RECOVERY_MIN_ORPHANED_MS,
+        user_ids: Optional[Sequence[str]] = None,
+        turn_ids: Optional[Sequence[str]] = None,
+        drain: bool = True,
+        on_error: Optional[Callable[[Turn, BaseException], Any]] = None,
+    ) -> None:
+        self.gate = gate
+        self.handler = handler
+        self._filter = (min_orphaned_ms, user_ids, turn_ids)
+        self._drain = drain
+        self._on_error = on_error
+        self._stopping = threading.Event()
+        self._in_hand: Optional[Turn] = None
+        #: Claims that found a turn; turns run (claimed and handed off);
+        #: handler errors.
+        self.claims = 0
+        self.turns = 0
+        self.errors = 0
+
+    def stop(self) -> None:
+        """Stop after the turn in hand (it ends without a handoff)."""
+        self._stopping.set()
+        held = self._in_hand
+        if held is not None:
+            held.take_next = False
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def _hold(self, turn: Optional[Turn]) -> None:
+        self._in_hand = turn
+        if turn is not None and self._stopping.is_set():
+            turn.take_next = False
+
+    def run_once(self, max_turns: int = _core.DRAIN_MAX_TURNS) -> List[TurnResult[R]]:
+        """One claim, and the drain of its session: what each turn came to
+        (a handler's failure as ``state == "failed"``); ``[]`` when there
+        was nothing to claim. Claim refusals raise."""
+        turn = self.gate.claim_orphan(*self._filter)
+        if turn is None:
+            return []
+        self.claims += 1
+        results: List[TurnResult[R]] = []
+        try:
+            self.gate._drain(
+                turn, self.handler, max_turns if self._drain else 1, self._stopping.is_set, results, self._hold
+            )
+        except Exception as error:
+            failed = self._in_hand or turn
+            results.append(TurnResult(failed.turn_id, failed.state or "running", False))
+            self.errors += 1
+            if self._on_error is not None:
+                self._on_error(failed, error)
+            else:
+                log.exception("agentgate recovery: turn %s failed in its handler", failed.turn_id)
+        finally:
+            self._in_hand = None
+            self.turns += len(results)
+        return results
+
+    def run(self, max_turns: Optional[int] = None, until_idle: bool = False) -> int:
+        """Claim and run until stopped; the number of turns run."""
+        ran = 0
+        pause = 0.0
+        while not self._stopping.is_set():
+            budget = _core.DRAIN_MAX_TURNS if max_turns is None else min(_core.DRAIN_MAX_TURNS, max_turns - ran)
+            try:
+                results = self.run_once(budget)
+            except _core.RECOVERY_WAITABLE as error:
+                log.info("agentgate recovery: claim not answered (%s); trying again", error)
+                results = []
+            else:
+                if not results and until_idle:
+                    break
+            if results:
+                ran += len(results)
+                pause = 0.0
+                if max_turns is not None and ran >= max_turns:
+                    break
+                continue
+            pause, jittered = _core.recovery_pause_s(pause)
+            self._stopping.wait(jittered)
+        return ran
