@@ -1,7 +1,9 @@
 """Draining a session through the handoff (``take_next``), against the real
 server: queued messages run in order by one worker, each handed off by the
 ending before it; senders still waiting for their queued message get the
-drained answer as a replay; a drain of a free session claims its head; a
+drained answer as a replay (and those racing the drainer for their own
+message run it themselves, each message once, in order); a drain of a
+free session claims its head; a
 turn asked to stop ends cancelled and the drain goes on; a drainer
 SIGKILLed mid-message is finished by a recovery worker, which drains the
 rest, every message booked once; a recovery worker stopped (or cancelled)
@@ -17,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
+import httpx
 import pytest
 
 import agentgate
@@ -99,12 +102,29 @@ async def test_async_three_queued_messages_are_drained_in_order_by_one_worker_th
     assert (view["holder"], view["queue"]) == (None, [])
 
 
-def test_senders_still_waiting_in_their_queue_loop_get_the_drained_answer_as_a_replay(server, ids):
-    gate = Gate(server.url)
+def senders_and_a_drainer(server: Any, ids: Any, hold_resends: bool) -> Tuple[List[Tuple[str, str]], List[Any], Dict[str, Any]]:
+    """Three senders wait in their queue loop (``on_busy="enqueue"``, each
+    in a thread) while one drainer drains the session. ``hold_resends``:
+    every re-send of a begin (after its first 202) waits until the drain is
+    over, so each message surely reaches the drainer first."""
     user, session = ids("u"), ids("s")
+    drained_done = threading.Event()
+    queued_once: set = set()
+
+    def hold(request: httpx.Request) -> None:
+        if request.method == "POST" and request.url.path == "/v1/turns":
+            if hold_resends and json.loads(request.content)["client_request_id"] in queued_once:
+                assert drained_done.wait(JOIN_TIMEOUT_S)
+
+    def note(response: httpx.Response) -> None:
+        if response.status_code == 202:
+            queued_once.add(json.loads(response.request.content)["client_request_id"])
+
+    sender_gate = Gate(server.url, http_client=httpx.Client(base_url=server.url, event_hooks={"request": [hold], "response": [note]}))
+    gate = Gate(server.url)
     runs: List[Tuple[str, str]] = []
     runs_lock = threading.Lock()
-    outcomes: Dict[str, agentgate.TurnResult[Any]] = {}
+    sent: Dict[str, agentgate.TurnResult[Any]] = {}
     threads: List[threading.Thread] = []
 
     def body(turn: Turn, by: str) -> Dict[str, str]:
@@ -113,7 +133,7 @@ def test_senders_still_waiting_in_their_queue_loop_get_the_drained_answer_as_a_r
         return {"by": by, "message": turn.client_request_id}
 
     def send(message: str, queued: threading.Event) -> None:
-        outcomes[message] = gate.run(
+        sent[message] = sender_gate.run(
             user, session, message, {"message": message}, lambda turn: body(turn, "sender"),
             on_busy="enqueue", on_queued=lambda position: queued.set(),
         )
@@ -129,20 +149,36 @@ def test_senders_still_waiting_in_their_queue_loop_get_the_drained_answer_as_a_r
         return body(turn, "drainer")
 
     drained = gate.drain_turn(gate.turn(user, session, "m1", {"message": "m1"}), drainer)
+    drained_done.set()
     for thread in threads:
         thread.join(JOIN_TIMEOUT_S)
+    return runs, drained, sent
 
-    # Every message ran once, in order, by the drainer or (had it won the
-    # race between an ending and its handoff) by its own sender.
+
+def test_senders_still_waiting_in_their_queue_loop_get_the_drained_answer_as_a_replay(server, ids):
+    runs, drained, sent = senders_and_a_drainer(server, ids, hold_resends=True)
+    assert runs == [("m1", "drainer"), ("m2", "drainer"), ("m3", "drainer"), ("m4", "drainer")]
+    assert len(drained) == 4
+    for message in ("m2", "m3", "m4"):
+        outcome = sent[message]
+        assert (outcome.state, outcome.replayed, outcome.value) == ("succeeded", True, {"by": "drainer", "message": message})
+    assert handoffs(server) == 3
+
+
+def test_senders_racing_a_drainer_for_their_own_messages_each_runs_once_in_order_and_every_sender_gets_its_outcome(server, ids):
+    runs, drained, sent = senders_and_a_drainer(server, ids, hold_resends=False)
+    # A sender's re-send that reaches the store during the ending's commit
+    # starts its message itself; the handoff then finds it running and hands
+    # over nothing (the drain ends), and that sender runs it.
     assert [message for message, _ in runs] == ["m1", "m2", "m3", "m4"]
     by = dict(runs)
     for message in ("m2", "m3", "m4"):
-        outcome = outcomes[message]
+        outcome = sent[message]
         assert (outcome.state, outcome.value) == ("succeeded", {"by": by[message], "message": message})
         assert outcome.replayed == (by[message] == "drainer"), "a drained message's sender got its answer replayed"
-    replays = sum(outcome.replayed for outcome in outcomes.values())
+    replays = sum(outcome.replayed for outcome in sent.values())
     assert replays == len(drained) - 1 == handoffs(server)
-    print(f"drained by the handoff and replayed to their senders: {replays} of 3")
+    print(f"handed off to the drainer (and replayed to their senders): {replays} of 3; run by their senders: {3 - replays}")
 
 
 def test_a_drain_of_a_free_sessions_queue_claims_its_head_and_hands_off_the_rest(server, ids):
