@@ -13,6 +13,12 @@
  *
  * Every wait here is bounded: by the caller's `waitMs`, and by an attempt
  * count as a second fence.
+ *
+ * Endings may take the session's next queued message (`take_next`, the
+ * handoff): `gate.drain` runs a body over a session's queue in order, and
+ * `gate.recover` claims an orphan (or a queue nobody took) and drains its
+ * session (the loop of `RecoveryWorker`, recovery.ts). A turn's events
+ * (`turn.emit`, `gate.follow`) are in events.ts.
  */
 
 import {
@@ -24,6 +30,7 @@ import {
   TurnCancelled,
   TurnNotSucceeded,
 } from "./errors.js";
+import { Emitter, Follower, appendLanded, checkedEvent, type FollowOptions, type Pending } from "./events.js";
 import { Http, describe, isCode, type HttpOptions } from "./http.js";
 import type { components } from "./openapi.js";
 
@@ -67,6 +74,19 @@ const LOST_CLAIM_ERROR = {
 export const DEFAULT_TOOL_WAIT_MS = 30_000;
 /** Heartbeats never come closer than this, whatever the TTL (the server's minimum TTL is 100 ms). */
 const MIN_HEARTBEAT_INTERVAL_MS = 20;
+/**
+ * Turns one drain runs at most: a whole session queue (the server's
+ * `MAX_SESSION_QUEUE`, 100) and the turn in hand. A queue that keeps
+ * refilling is left, queued, for a later drain or a recovery worker.
+ */
+export const DRAIN_MAX_TURNS = 101;
+/** Sends of one event append whose answer is lost (each lost one is checked against the log before the next). */
+const MAX_APPEND_ATTEMPTS = 4;
+/** First and longest pause between two sends of an append whose answer was lost. */
+const APPEND_PAUSE_FIRST_MS = 100;
+const APPEND_PAUSE_MAX_MS = 1000;
+/** Answers after which an append's outcome is unknown. */
+const APPEND_IN_DOUBT_CODES: ReadonlySet<string> = new Set(["transport", "store_unavailable", "overloaded", "request_timeout"]);
 
 export interface GateOptions extends HttpOptions {}
 
@@ -220,6 +240,20 @@ export interface OrphanResult<R> {
   response: R;
 }
 
+/** How a drain ({@link Gate.drain}, {@link Gate.recover}) runs. */
+export interface DrainOptions<R> {
+  /** At most this many turns, the first included (default {@link DRAIN_MAX_TURNS}). */
+  maxTurns?: number;
+  /** Once aborted, the turn in hand finishes and no next one is taken: the rest stays queued. */
+  signal?: AbortSignal;
+  /** With a session id: checks the session's owner. */
+  userId?: string;
+  /** Each turn's outcome is pushed here as it ends, so a caller keeps them when `body` throws. */
+  outcomes?: TurnOutcome<R>[];
+  /** Called with each turn before `body` runs on it. */
+  onTurn?: (turn: Turn<unknown>) => void;
+}
+
 export class Gate {
   readonly #http: Http;
 
@@ -262,6 +296,14 @@ export class Gate {
    * queued message replaced it. Rejects as {@link turn} otherwise.
    */
   async run<R, P = unknown>(request: TurnRequest<P>, body: (turn: Turn<P>) => Promise<R> | R): Promise<TurnOutcome<R>> {
+    const begun = await this.#beginTurn<R, P>(request);
+    if (!(begun instanceof Turn)) return begun;
+    const ended = await runTurn(begun, body);
+    return { turnId: begun.turnId, replayed: false, turn: undefined, ...ended };
+  }
+
+  /** Begins `request`'s turn: the granted turn, or the outcome of a replay. */
+  async #beginTurn<R, P>(request: TurnRequest<P>): Promise<Turn<P> | TurnOutcome<R>> {
     const beginRequest = {
       user_id: request.userId,
       session_id: request.sessionId,
@@ -285,9 +327,112 @@ export class Gate {
       };
     }
     const grant = (answer.body as Schemas["BeginResponse"]).turn;
-    const turn = new Turn<P>(this.#http, grant, request.payload, []);
-    const ended = await runTurn(turn, body);
-    return { turnId: turn.turnId, replayed: false, turn: undefined, ...ended };
+    return new Turn<P>(this.#http, grant, request.payload, []);
+  }
+
+  /**
+   * Runs `body` on every message a session owes, in order, through the
+   * handoff: each turn is ended as {@link run} ends it, asking for the
+   * session's next queued message (`take_next`); the server starts it for
+   * this caller and its payload comes with the grant (`turn.payload`),
+   * until the queue is empty, the next cannot start now (a confirmation is
+   * pending, the user is at its cap), `maxTurns` ran, or `signal` aborted
+   * (the turn in hand finishes first). Resolves each turn's outcome,
+   * oldest first.
+   *
+   * `from` is a session id (the drain claims the session's turn that can
+   * start now: its holder if that died, else its queue's head once the
+   * session is free; `[]` when a live holder has it) or a request (begun
+   * as {@link run} begins it, and run first; a replay ends the drain).
+   *
+   * A turn asked to stop ends `cancelled` and the drain goes on. If `body`
+   * throws, its turn is failed (retryable) without a handoff and the error
+   * rethrown: the rest stays queued for a later drain or a recovery
+   * worker. A sender still waiting for its queued message (`onBusy:
+   * "enqueue"`) gets the drained turn's outcome as a replay.
+   */
+  async drain<R, P = unknown>(
+    from: string | TurnRequest<P>,
+    body: (turn: Turn<P>) => Promise<R> | R,
+    options: DrainOptions<R> = {},
+  ): Promise<TurnOutcome<R>[]> {
+    const outcomes = options.outcomes ?? [];
+    let first: Turn<P> | null;
+    if (typeof from === "string") {
+      const session = (await this.#http.send<Schemas["SessionResponse"]>("GET", owned(`/v1/sessions/${encodeURIComponent(from)}`, options.userId))).body.session;
+      const turnIds = [session.holder?.turn_id, session.queue[0]?.turn_id].filter((id): id is string => id !== undefined);
+      if (turnIds.length === 0) return outcomes;
+      first = await this.#claim<P>({ minOrphanedMs: 0, turnIds, ...(options.userId === undefined ? {} : { userIds: [options.userId] }) });
+    } else {
+      const begun = await this.#beginTurn<R, P>(from);
+      if (!(begun instanceof Turn)) {
+        outcomes.push(begun);
+        return outcomes;
+      }
+      first = begun;
+    }
+    if (first !== null) await this.#drainFrom(first, body, options, outcomes);
+    return outcomes;
+  }
+
+  /**
+   * One recovery step (what {@link RecoveryWorker} loops on): claims the
+   * orphan matching `filter` that died longest ago, or else the head of a
+   * queue left free (both at least `minOrphanedMs`), runs `body` on it
+   * (`turn.payload`, `turn.journal` with every page; `turn.tool` returns
+   * stored results and reconciles `unknown` ones) and drains its session
+   * as {@link drain} does. Resolves `[]` when there was nothing to claim.
+   */
+  async recover<R, P = unknown>(
+    filter: OrphanFilter,
+    body: (turn: Turn<P>) => Promise<R> | R,
+    options: DrainOptions<R> = {},
+  ): Promise<TurnOutcome<R>[]> {
+    const outcomes = options.outcomes ?? [];
+    const turn = await this.#claim<P>(filter);
+    if (turn !== null) await this.#drainFrom(turn, body, options, outcomes);
+    return outcomes;
+  }
+
+  /** Runs `body` on `first`, then on each turn the endings hand over. */
+  async #drainFrom<R, P>(
+    first: Turn<P>,
+    body: (turn: Turn<P>) => Promise<R> | R,
+    options: DrainOptions<R>,
+    outcomes: TurnOutcome<R>[],
+  ): Promise<void> {
+    const maxTurns = options.maxTurns ?? DRAIN_MAX_TURNS;
+    if (!(Number.isInteger(maxTurns) && maxTurns >= 1)) throw new RangeError(`maxTurns must be an integer >= 1, got ${maxTurns}`);
+    let current: Turn<P> | undefined = first;
+    const stop = (): void => {
+      if (current !== undefined) current.takeNext = false;
+    };
+    options.signal?.addEventListener("abort", stop);
+    try {
+      for (let ran = 1; current !== undefined; ran++) {
+        current.takeNext = ran < maxTurns && options.signal?.aborted !== true;
+        options.onTurn?.(current as Turn<unknown>);
+        const ended = await runTurn(current, body);
+        outcomes.push({ turnId: current.turnId, replayed: false, turn: undefined, ...ended });
+        const handed: Schemas["NextTurnDto"] | undefined = current.handoff;
+        current = handed === undefined ? undefined : new Turn<P>(this.#http, handed.turn, handed.payload as P, []);
+      }
+    } finally {
+      options.signal?.removeEventListener("abort", stop);
+    }
+  }
+
+  /**
+   * Follows a turn's events: `for await (const event of gate.follow(turnId))`
+   * yields each {@link TurnEvent} after `after` once, in order, live while
+   * the turn runs, and last its ending (`name: "end"`, `state`). Resumes
+   * with `Last-Event-ID` after a dropped connection or a server-side close
+   * without `end`, on the next of `baseUrls` (any node sharing the store),
+   * with bounded reconnects and backoff; an `error` event throws its typed
+   * error. Break out of the loop, or abort `signal`, to stop early.
+   */
+  follow(turnId: string, options: FollowOptions = {}): Follower {
+    return new Follower(this.#http, turnId, options);
   }
 
   /**
@@ -353,6 +498,17 @@ export class Gate {
    * no such orphan.
    */
   async claimOrphan<R, P = unknown>(filter: OrphanFilter, body: (turn: Turn<P>) => Promise<R> | R): Promise<OrphanResult<R> | null> {
+    const turn = await this.#claim<P>(filter);
+    if (turn === null) return null;
+    const ended = await runTurn(turn, body);
+    if (ended.state === "cancelled" && ended.value === undefined) {
+      throw new TurnCancelled(`turn ${turn.turnId} was asked to stop while it ran; it ended cancelled`);
+    }
+    return { turnId: turn.turnId, response: ended.value as R };
+  }
+
+  /** `POST /v1/orphans/claim`: the claimed turn (its whole journal read), or `null`. */
+  async #claim<P>(filter: OrphanFilter): Promise<Turn<P> | null> {
     const request = {
       ...(filter.minOrphanedMs === undefined ? {} : { min_orphaned_ms: filter.minOrphanedMs }),
       ...(filter.userIds === undefined ? {} : { user_ids: filter.userIds }),
@@ -371,12 +527,7 @@ export class Gate {
       journal.push(...page.executions.map(journalEntry));
       next = page.executions_next ?? null;
     }
-    const turn = new Turn<P>(this.#http, claimed.turn, claimed.payload as P, journal);
-    const ended = await runTurn(turn, body);
-    if (ended.state === "cancelled" && ended.value === undefined) {
-      throw new TurnCancelled(`turn ${turn.turnId} was asked to stop while it ran; it ended cancelled`);
-    }
-    return { turnId: turn.turnId, response: ended.value as R };
+    return new Turn<P>(this.#http, claimed.turn, claimed.payload as P, journal);
   }
 
   /**
@@ -466,6 +617,13 @@ export class Turn<P = unknown> {
    */
   partial: unknown = null;
 
+  /**
+   * Whether this turn's ending (its completion, `endCancelled`) asks for
+   * the session's next queued message (the handoff). {@link Gate.drain}
+   * sets it and runs what is handed over.
+   */
+  takeNext = false;
+
   readonly #http: Http;
   /** Aborted when the lease is lost: every call under it is refused locally from then on. */
   readonly #lease = new AbortController();
@@ -483,6 +641,10 @@ export class Turn<P = unknown> {
   #lostClaims = 0;
   /** Local time by which the lease has certainly expired unless renewed: answer time + remaining lease. */
   #leaseDeadlineMs: number;
+  /** The events emitted and not appended yet (made at the first `emit`). */
+  #emitter: Emitter | undefined;
+  /** After an ending that took it: the session's next queued message, granted to this caller. */
+  #handoff: Schemas["NextTurnDto"] | undefined;
 
   /** @internal Built by the Gate from a grant. */
   constructor(http: Http, grant: GrantDto, payload: P, journal: readonly JournalEntry[]) {
@@ -652,10 +814,12 @@ export class Turn<P = unknown> {
    */
   async awaitConfirmation(pending: unknown): Promise<TurnDto> {
     const body = { pending: (pending ?? null) as Schemas["JsonValue"] } satisfies Schemas["AwaitConfirmationRequest"];
+    await this.flush();
     const answer = await this.#send<Schemas["TurnResponse"]>(`/v1/turns/${encodeURIComponent(this.turnId)}/await-confirmation`, body);
     this.#ended = true;
     this.#endedState = answer.body.turn.state;
     this.#stopHeartbeat();
+    this.#emitter?.close();
     return answer.body.turn;
   }
 
@@ -675,14 +839,100 @@ export class Turn<P = unknown> {
    * Ends the turn `cancelled` with `partial` (default `turn.partial`): the
    * answer to a cancel request, or the body's own decision to stop. The
    * gate then does not complete it; repeats of the request replay it.
+   * `takeNext` (default `turn.takeNext`) asks for the session's next
+   * queued message. The events emitted so far are appended first.
    */
-  async endCancelled(partial: unknown = this.partial): Promise<TurnDto> {
-    const body = { partial: (partial ?? null) as Schemas["JsonValue"] } satisfies Schemas["EndCancelledRequest"];
+  async endCancelled(partial: unknown = this.partial, takeNext: boolean = this.takeNext): Promise<TurnDto> {
+    return this.#endCancelled(partial, takeNext, true);
+  }
+
+  /** @internal `strict: false`: end it even when its events cannot be appended (on the way out). */
+  async #endCancelled(partial: unknown, takeNext: boolean, strict: boolean): Promise<TurnDto> {
+    await this.#flushBeforeEnding(strict);
+    const body = {
+      partial: (partial ?? null) as Schemas["JsonValue"],
+      ...(takeNext ? { take_next: true } : {}),
+    } satisfies Schemas["EndCancelledRequest"];
     const answer = await this.#send<Schemas["TurnResponse"]>(`/v1/turns/${encodeURIComponent(this.turnId)}/end-cancelled`, body);
     this.#ended = true;
     this.#endedState = answer.body.turn.state;
+    this.#handoff = answer.body.next ?? undefined;
     this.#stopHeartbeat();
+    this.#emitter?.close();
     return answer.body.turn;
+  }
+
+  /** @internal The cancelled ending on the way out of `body`: its events best effort. */
+  endCancelledQuietly(): Promise<TurnDto> {
+    return this.#endCancelled(this.partial, this.takeNext, false);
+  }
+
+  async #flushBeforeEnding(strict: boolean): Promise<void> {
+    try {
+      await this.flush();
+    } catch (error) {
+      if (strict || this.lost) throw error;
+    }
+  }
+
+  /**
+   * Adds one event to the turn's log, for its followers (`gate.follow`): a
+   * token of the reply, a status line. Buffered and appended in batches
+   * (`POST /v1/turns/{id}/events`, at most 500 events and 512 KiB each) at
+   * most 50 ms after the first waiting one, at once when a batch is full,
+   * and before the turn's ending, in the order emitted. Throws
+   * `InvalidRequest` at once, sending nothing, for the reserved names
+   * `end` and `error`, a name that is not 1-64 of `A-Z a-z 0-9 _ - . :`, or
+   * data that is not JSON or over 64 KiB; `RangeError` with 5000 events (or
+   * 4 MiB) unsent (`await turn.flush()` first); and, at the next call, the
+   * error of a background append that failed.
+   */
+  emit(name: string, data?: unknown): void {
+    const size = checkedEvent(name, data);
+    this.#lease.signal.throwIfAborted();
+    if (this.#ended) throw new LeaseLost(`turn ${this.turnId}: already ended; its events are closed`);
+    this.#emitter ??= new Emitter((batch, after, inDoubt) => this.#appendEvents(batch, after, inDoubt));
+    this.#emitter.emit(name, data, size);
+  }
+
+  /** Appends every buffered event now; resolves the last event id this turn appended (`undefined` before its first). */
+  async flush(): Promise<number | undefined> {
+    return this.#emitter === undefined ? undefined : this.#emitter.flush();
+  }
+
+  /** The id of the last event this turn appended (`undefined` before any). */
+  get lastEventId(): number | undefined {
+    return this.#emitter?.lastEventId;
+  }
+
+  /**
+   * One append, sent again while its answer is lost. An append is not
+   * idempotent, so before sending again it reads the log back: the lost
+   * one landed (all of it) or not at all.
+   */
+  async #appendEvents(batch: readonly Pending[], after: number | undefined, inDoubt: boolean): Promise<number> {
+    const path = `/v1/turns/${encodeURIComponent(this.turnId)}/events`;
+    const body = {
+      events: batch.map((event) => ({ event: event.name, data: event.data as Schemas["JsonValue"] })),
+    } satisfies Schemas["AppendEventsRequest"];
+    let pauseMs = APPEND_PAUSE_FIRST_MS;
+    let doubt = inDoubt;
+    for (let attempt = 1; ; attempt++) {
+      try {
+        if (doubt) {
+          const landed = await appendLanded(this.#http, this.turnId, after, this.attempt, batch.length);
+          if (landed !== undefined) return landed;
+          doubt = false;
+        }
+        return (await this.#send<Schemas["AppendEventsResponse"]>(path, body)).body.last_event_id;
+      } catch (error) {
+        if (!isCode(error, APPEND_IN_DOUBT_CODES) || attempt >= MAX_APPEND_ATTEMPTS) throw error;
+        doubt = true;
+        await sleep(Math.min(pauseMs, error.retryAfterMs ?? pauseMs));
+        this.#lease.signal.throwIfAborted();
+        pauseMs = Math.min(APPEND_PAUSE_MAX_MS, pauseMs * 2);
+      }
+    }
   }
 
   /** @internal */
@@ -698,6 +948,11 @@ export class Turn<P = unknown> {
   /** @internal How the turn ended (`undefined` while it runs). */
   get endedState(): TurnState | undefined {
     return this.#endedState;
+  }
+
+  /** @internal After an ending that took it: the next queued message's grant and payload. */
+  get handoff(): Schemas["NextTurnDto"] | undefined {
+    return this.#handoff;
   }
 
   /** @internal Starts the heartbeat loop: one at a time, every third of the TTL. */
@@ -720,14 +975,21 @@ export class Turn<P = unknown> {
     this.#heartbeatTimer = setTimeout(tick, intervalMs);
   }
 
-  /** @internal */
+  /**
+   * @internal Completes the turn (asking for the next queued message when
+   * `takeNext`), or fails it (retryable, never a handoff: the error goes
+   * to the caller). The events are appended first: a completion whose
+   * events cannot be appended throws instead; a failure ends anyway.
+   */
   async end(ending: { complete: unknown } | { fail: unknown }): Promise<TurnDto> {
+    await this.#flushBeforeEnding("complete" in ending);
     this.#stopHeartbeat();
     const base = `/v1/turns/${encodeURIComponent(this.turnId)}`;
     const answer =
       "complete" in ending
         ? await this.#send<Schemas["TurnResponse"]>(`${base}/complete`, {
             response: (ending.complete ?? null) as Schemas["JsonValue"],
+            ...(this.takeNext ? { take_next: true } : {}),
           } satisfies Schemas["CompleteTurnRequest"])
         : await this.#send<Schemas["TurnResponse"]>(`${base}/fail`, {
             error: ending.fail as Schemas["JsonValue"],
@@ -735,6 +997,8 @@ export class Turn<P = unknown> {
           } satisfies Schemas["FailTurnRequest"]);
     this.#ended = true;
     this.#endedState = answer.body.turn.state;
+    this.#handoff = answer.body.next ?? undefined;
+    this.#emitter?.close();
     return answer.body.turn;
   }
 
@@ -804,7 +1068,7 @@ async function runTurn<R, P>(turn: Turn<P>, body: (turn: Turn<P>) => Promise<R> 
     if (turn.lost) throw turn.lostReason;
     if (turn.ended) throw error;
     if (turn.cancelRequested || error instanceof TurnCancelled) {
-      const ended = await turn.endCancelled();
+      const ended = await turn.endCancelledQuietly();
       return { state: ended.state, value: undefined, partial: ended.response ?? null };
     }
     const failure = { name: errorName(error), message: describe(error) };
@@ -816,6 +1080,13 @@ async function runTurn<R, P>(turn: Turn<P>, body: (turn: Turn<P>) => Promise<R> 
   try {
     if (turn.ended) return { state: turn.endedState ?? "succeeded", value: result, partial: undefined };
     if (turn.lost) throw turn.lostReason;
+    try {
+      await turn.flush();
+    } catch (error) {
+      // Its events could not be appended: it does not complete as if they were.
+      if (!turn.lost) await turn.end({ fail: { name: errorName(error), message: describe(error) } }).catch(() => undefined);
+      throw error;
+    }
     const ended = await turn.end({ complete: result });
     return { state: ended.state, value: ended.response as R, partial: undefined };
   } finally {

@@ -51,6 +51,39 @@ export class Http {
    * answer, {@link TransportError} when no answer came, or
    * {@link UnexpectedResponse} for an answer that is not JSON.
    */
+  /** The server this client talks to, without a trailing slash. */
+  get baseUrl(): string {
+    return this.#baseUrl;
+  }
+
+  /**
+   * Opens a `GET` whose answer is a stream (Server-Sent Events) on
+   * `baseUrl` (this server, or another node sharing its store). Resolves
+   * the 200 response with its body unread; rejects with the typed error of
+   * any other answer, or {@link TransportError} when none came. No time
+   * bound of its own: `signal` ends it (the caller times reads out).
+   */
+  async openStream(baseUrl: string, path: string, headers: Record<string, string>, signal: AbortSignal): Promise<Response> {
+    const all: Record<string, string> = { accept: "text/event-stream", ...headers };
+    if (this.#apiKey !== undefined) all.authorization = `Bearer ${this.#apiKey}`;
+    let response: Response;
+    try {
+      response = await this.#fetch(baseUrl.replace(/\/+$/, "") + path, { method: "GET", headers: all, signal });
+    } catch (error) {
+      throw new TransportError(`GET ${path}: no answer (${describe(error)})`, error);
+    }
+    if (response.status === 200 && response.body !== null) return response;
+    let parsed: unknown;
+    try {
+      const text = await response.text();
+      parsed = text.length > 0 ? JSON.parse(text) : undefined;
+    } catch {
+      parsed = undefined;
+    }
+    if (response.status >= 400) throw errorFromResponse(response.status, parsed, response.headers.get("retry-after"));
+    throw new UnexpectedResponse(`GET ${path}: unexpected HTTP ${response.status} for an event stream`, response.status);
+  }
+
   async send<T>(
     method: "GET" | "POST" | "PUT",
     path: string,

@@ -9,7 +9,14 @@
 //        orphan   claims the orphan with turnIds: [turnId], reconciling
 //        stall    prints IN_RUN and waits for turn.signal (the test
 //                 SIGSTOPs it past the TTL, then SIGCONTs it)
+//        drain    drains the session from requestId through the handoff,
+//                 booking one ledger line per message: prints HOLDING in the
+//                 first and waits for the file config.go (the test queues
+//                 messages meanwhile); in the second, after its booking,
+//                 prints BOOKED and hangs before the result is recorded (the
+//                 test SIGKILLs it)
 
+import { existsSync } from "node:fs";
 import { Gate } from "../dist/index.js";
 import { Ledger } from "./helpers.mjs";
 
@@ -68,8 +75,37 @@ async function body(turn) {
   return { text: `booked ${entry.amount} to ${entry.category}`, entry };
 }
 
+async function drain() {
+  let handled = 0;
+  await gate.drain({ userId: config.userId, sessionId: config.sessionId, clientRequestId: config.requestId, payload: { message: config.requestId } }, async (turn) => {
+    handled += 1;
+    const mine = handled;
+    if (mine === 1) {
+      say("HOLDING", turn.turnId);
+      for (const deadline = Date.now() + HANG_MS; !existsSync(config.go);) {
+        if (Date.now() > deadline) throw new Error(`no ${config.go}`);
+        await sleep(10);
+      }
+    }
+    const reply = await turn.tool("book", { message: turn.clientRequestId }, {
+      run: async (ctx) => {
+        ledger.book({ key: ctx.idempotencyKey, message: ctx.args.message, pid: process.pid });
+        if (mine === 2) {
+          say("BOOKED", turn.clientRequestId);
+          await sleep(HANG_MS);
+        }
+        return { booked: ctx.args.message };
+      },
+    });
+    return { reply };
+  });
+  say("DRAINED");
+}
+
 try {
-  if (config.mode === "orphan") {
+  if (config.mode === "drain") {
+    await drain();
+  } else if (config.mode === "orphan") {
     const claimed = await gate.claimOrphan({ turnIds: [config.turnId] }, body);
     say(claimed === null ? "NO_ORPHAN" : "RESULT", claimed ?? "");
   } else {

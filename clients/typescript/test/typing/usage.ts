@@ -4,7 +4,9 @@
 import {
   Gate,
   QueueTimeout,
+  RecoveryWorker,
   TurnCancelled,
+  type TurnEvent,
   type ToolOptions,
   type Turn,
   type TurnOutcome,
@@ -48,4 +50,26 @@ export async function outcomes(): Promise<number> {
     if (error instanceof TurnCancelled) return 0;
   }
   return replayed ? 1 : 2;
+}
+
+export async function drainFollowRecover(signal: AbortSignal): Promise<number> {
+  // gate.drain from a session id or a request: one outcome per turn, typed by the body.
+  const drained: TurnOutcome<string>[] = await gate.drain("s", (turn: Turn<unknown>) => `${turn.clientRequestId} done`, { maxTurns: 5, signal });
+  const fromRequest: TurnOutcome<number>[] = await gate.drain({ userId: "u", sessionId: "s", clientRequestId: "m", payload: { n: 1 } }, (turn) => turn.payload.n);
+  // @ts-expect-error: a drain's options have no such field.
+  await gate.drain("s", () => 1, { takeNext: true });
+  let tokens = "";
+  for await (const event of gate.follow("turn_1", { after: 0, baseUrls: ["http://a:7700", "http://b:7700"], signal })) {
+    const seen: TurnEvent = event;
+    if (seen.name === "token" && typeof seen.data === "string") tokens += seen.data;
+    if (seen.id === null) return seen.state === "succeeded" ? tokens.length : -1;
+  }
+  const worker = new RecoveryWorker(gate, async (turn: Turn<{ amount: number }>) => {
+    turn.emit("status", { amount: turn.payload.amount });
+    const last: number | undefined = await turn.flush();
+    return { booked: last ?? 0 };
+  }, { minOrphanedMs: 5000, signal });
+  const ran: number = await worker.run({ maxTurns: 10, untilIdle: true });
+  worker.stop();
+  return drained.length + fromRequest.length + ran;
 }
