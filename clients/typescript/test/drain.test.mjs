@@ -236,7 +236,9 @@ for (const how of ["stop()", "its AbortSignal"]) {
     await inBody.promise;
     if (how === "stop()") worker.stop(); else controller.abort();
     release.resolve();
-    const ran = await Promise.race([running, new Promise((_, reject) => setTimeout(() => reject(new Error("run() did not stop")), JOIN_TIMEOUT_MS))]);
+    let timer;
+    const ran = await Promise.race([running, new Promise((_, reject) => { timer = setTimeout(() => reject(new Error("run() did not stop")), JOIN_TIMEOUT_MS); })])
+      .finally(() => clearTimeout(timer));
 
     assert.deepEqual([ran, handled], [1, ["m1"]]);
     const first = await gate.run({ ...ids, clientRequestId: "m1", payload: { message: "m1" } }, () => assert.fail("m1 ran again"));
