@@ -1192,35 +1192,44 @@ export interface components {
             /** @description The turn. */
             turn: components["schemas"]["TurnDto"];
         };
-        /** @description One Server-Sent Event of a turn's stream: its `id`, `event` and `data` lines, `data` as parsed JSON. A stream that closes without `end` was cut (a stall, its lifetime): resume with `Last-Event-ID` */
-        TurnStreamEvent: {
-            data: {
-                attempt: number;
-                /** @description The JSON appended */
-                data: Record<string, never>;
-            };
+        /** @description An event the holder appended, in id order */
+        TurnStreamAppended: {
+            data: components["schemas"]["TurnStreamAppendedData"];
             /** @description The name it was appended with (never `end` or `error`) */
             event: string;
             /** @description The event id (digits): resume after it with `Last-Event-ID` */
             id: string;
-        } | {
-            data: {
-                attempt: number;
-                /** @description The turn's ending */
-                state: string;
-            };
+        };
+        TurnStreamAppendedData: {
+            attempt: number;
+            /** @description The JSON appended */
+            data: Record<string, never>;
+        };
+        /** @description The turn ended and every event was sent; the stream closes after it. No id */
+        TurnStreamEnd: {
+            data: components["schemas"]["TurnStreamEndData"];
             /** @enum {string} */
             event: "end";
-        } | {
-            data: {
-                /** @description An error code */
-                code: string;
-                /** @description What happened */
-                message: string;
-            };
+        };
+        TurnStreamEndData: {
+            attempt: number;
+            /** @description The turn's ending */
+            state: string;
+        };
+        /** @description A read failed; the stream closes after it. Resume with `Last-Event-ID` */
+        TurnStreamError: {
+            data: components["schemas"]["TurnStreamErrorData"];
             /** @enum {string} */
             event: "error";
         };
+        TurnStreamErrorData: {
+            /** @description An error code */
+            code: string;
+            /** @description What happened */
+            message: string;
+        };
+        /** @description One Server-Sent Event of a turn's stream: its `id`, `event` and `data` lines, `data` as parsed JSON. A stream that closes without `end` was cut (a stall, its lifetime): resume with `Last-Event-ID` */
+        TurnStreamEvent: components["schemas"]["TurnStreamAppended"] | components["schemas"]["TurnStreamEnd"] | components["schemas"]["TurnStreamError"];
         /** @description A user as callers see it. */
         UserDto: {
             /** @description The live holders. */

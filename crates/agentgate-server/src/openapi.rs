@@ -152,8 +152,8 @@ const EVENT_STREAM: (&str, &str) = ("/v1/turns/{turn_id}/events", "text/event-st
 /// string to wait for.
 fn event_stream_items(document: &mut Document) {
     use utoipa::openapi::extensions::ExtensionsBuilder;
-    use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
-    use utoipa::openapi::{RefOr, Response};
+    use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Schema, Type};
+    use utoipa::openapi::{Ref, RefOr, Response};
 
     let string = |description: &str| {
         ObjectBuilder::new()
@@ -170,20 +170,13 @@ fn event_stream_items(document: &mut Document) {
             .schema_type(Type::String)
             .enum_values(Some(names.to_vec()))
     };
-    let appended = ObjectBuilder::new()
-        .title(Some("Appended event"))
-        .description(Some("An event the holder appended, in id order"))
-        .property(
-            "id",
-            string("The event id (digits): resume after it with `Last-Event-ID`")
-                .pattern(Some("^[0-9]+$")),
-        )
-        .property(
-            "event",
-            string("The name it was appended with (never `end` or `error`)"),
-        )
-        .property(
-            "data",
+    // Every object is a component of its own, referenced by name: inline
+    // objects inside a `oneOf` make generators (openapi-python-client)
+    // derive clashing model names.
+    let data = |name: &str| RefOr::Ref(Ref::from_schema_name(name));
+    let parts: [(&str, Schema); 7] = [
+        (
+            "TurnStreamAppendedData",
             ObjectBuilder::new()
                 .property("attempt", integer())
                 .property(
@@ -191,57 +184,90 @@ fn event_stream_items(document: &mut Document) {
                     ObjectBuilder::new().description(Some("The JSON appended")),
                 )
                 .required("attempt")
-                .required("data"),
-        )
-        .required("id")
-        .required("event")
-        .required("data");
-    let end = ObjectBuilder::new()
-        .title(Some("End"))
-        .description(Some(
-            "The turn ended and every event was sent; the stream closes after it. No id",
-        ))
-        .property("event", named(&["end"]))
-        .property(
-            "data",
+                .required("data")
+                .into(),
+        ),
+        (
+            "TurnStreamAppended",
+            ObjectBuilder::new()
+                .description(Some("An event the holder appended, in id order"))
+                .property(
+                    "id",
+                    string("The event id (digits): resume after it with `Last-Event-ID`")
+                        .pattern(Some("^[0-9]+$")),
+                )
+                .property(
+                    "event",
+                    string("The name it was appended with (never `end` or `error`)"),
+                )
+                .property("data", data("TurnStreamAppendedData"))
+                .required("id")
+                .required("event")
+                .required("data")
+                .into(),
+        ),
+        (
+            "TurnStreamEndData",
             ObjectBuilder::new()
                 .property("state", string("The turn's ending"))
                 .property("attempt", integer())
                 .required("state")
-                .required("attempt"),
-        )
-        .required("event")
-        .required("data");
-    let error = ObjectBuilder::new()
-        .title(Some("Error"))
-        .description(Some(
-            "A read failed; the stream closes after it. Resume with `Last-Event-ID`",
-        ))
-        .property("event", named(&["error"]))
-        .property(
-            "data",
+                .required("attempt")
+                .into(),
+        ),
+        (
+            "TurnStreamEnd",
+            ObjectBuilder::new()
+                .description(Some(
+                    "The turn ended and every event was sent; the stream closes after it. No id",
+                ))
+                .property("event", named(&["end"]))
+                .property("data", data("TurnStreamEndData"))
+                .required("event")
+                .required("data")
+                .into(),
+        ),
+        (
+            "TurnStreamErrorData",
             ObjectBuilder::new()
                 .property("code", string("An error code"))
                 .property("message", string("What happened"))
                 .required("code")
-                .required("message"),
-        )
-        .required("event")
-        .required("data");
-    let item = OneOfBuilder::new()
-        .description(Some(
-            "One Server-Sent Event of a turn's stream: its `id`, `event` and `data` lines, `data` as parsed JSON. A stream that closes without `end` was cut (a stall, its lifetime): resume with `Last-Event-ID`",
-        ))
-        .item(appended)
-        .item(end)
-        .item(error)
-        .build();
-    document
+                .required("message")
+                .into(),
+        ),
+        (
+            "TurnStreamError",
+            ObjectBuilder::new()
+                .description(Some(
+                    "A read failed; the stream closes after it. Resume with `Last-Event-ID`",
+                ))
+                .property("event", named(&["error"]))
+                .property("data", data("TurnStreamErrorData"))
+                .required("event")
+                .required("data")
+                .into(),
+        ),
+        (
+            "TurnStreamEvent",
+            OneOfBuilder::new()
+                .description(Some(
+                    "One Server-Sent Event of a turn's stream: its `id`, `event` and `data` lines, `data` as parsed JSON. A stream that closes without `end` was cut (a stall, its lifetime): resume with `Last-Event-ID`",
+                ))
+                .item(data("TurnStreamAppended"))
+                .item(data("TurnStreamEnd"))
+                .item(data("TurnStreamError"))
+                .into(),
+        ),
+    ];
+    let schemas = &mut document
         .components
         .as_mut()
         .expect("the document names its components")
-        .schemas
-        .insert("TurnStreamEvent".to_owned(), RefOr::T(item.into()));
+        .schemas;
+    for (name, schema) in parts {
+        schemas.insert(name.to_owned(), RefOr::T(schema));
+    }
 
     let (path, media) = EVENT_STREAM;
     let response = document

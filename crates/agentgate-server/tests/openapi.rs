@@ -300,12 +300,17 @@ async fn unknown_routes_and_methods_answer_json() {
     assert_eq!(body["error"]["code"], "method_not_allowed");
 }
 
-/// Whether `value` has what `schema` demands: its `required` keys, its
-/// `enum`, its string `pattern` and, recursively, its `properties`; a
-/// `oneOf` is met by exactly one branch.
-fn conforms(value: &Value, schema: &Value) -> bool {
+/// Whether `value` has what `schema` (in `doc`) demands: its `required`
+/// keys, its `enum`, its string `pattern` and, recursively, its
+/// `properties`; a `$ref` is followed, and a `oneOf` is met by exactly one
+/// branch.
+fn conforms(value: &Value, schema: &Value, doc: &Value) -> bool {
+    if let Some(name) = schema["$ref"].as_str() {
+        let name = name.strip_prefix("#/components/schemas/").unwrap();
+        return conforms(value, &doc["components"]["schemas"][name], doc);
+    }
     if let Some(branches) = schema["oneOf"].as_array() {
-        return branches.iter().filter(|b| conforms(value, b)).count() == 1;
+        return branches.iter().filter(|b| conforms(value, b, doc)).count() == 1;
     }
     if let Some(allowed) = schema["enum"].as_array() {
         if !allowed.contains(value) {
@@ -327,7 +332,7 @@ fn conforms(value: &Value, schema: &Value) -> bool {
     schema["properties"].as_object().is_none_or(|properties| {
         properties
             .iter()
-            .all(|(key, sub)| value.get(key).is_none_or(|v| conforms(v, sub)))
+            .all(|(key, sub)| value.get(key).is_none_or(|v| conforms(v, sub, doc)))
     })
 }
 
@@ -415,8 +420,14 @@ async fn every_event_a_stream_sends_is_a_documented_item() {
         .collect();
     assert_eq!(names, ["token", "token", "end"], "{text}");
     for event in &events {
-        assert!(conforms(event, item), "{event} is not a documented item");
+        assert!(
+            conforms(event, item, &doc),
+            "{event} is not a documented item"
+        );
     }
     let forged = serde_json::json!({"event": "mystery", "data": {"x": 1}});
-    assert!(!conforms(&forged, item), "an id-less, attempt-less event");
+    assert!(
+        !conforms(&forged, item, &doc),
+        "an id-less, attempt-less event"
+    );
 }
