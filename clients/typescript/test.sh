@@ -2,6 +2,16 @@
 # Runs the TypeScript client's node:test suites against the real server
 # binary: AGENTGATE_BIN (default: the checkout's target/debug/agentgate). Builds first (setup.sh).
 # Exits nonzero on any failure; bounded by SUITE_TIMEOUT_S and per test.
+#
+# On PostgreSQL: AGENTGATE_CLIENT_TEST_PG=<server URL without a database>
+# gives each server started a fresh database (created through psql, dropped
+# by its stop(); see scripts/server.mjs). The PostgreSQL subset (interrupt,
+# enqueue, drain/handoff, recovery worker + SIGKILL, events follower; 4 files,
+# 32 tests, ~22 s), from the checkout's root (after this script or ./setup.sh
+# has built dist/):
+#   cd clients/typescript && AGENTGATE_CLIENT_TEST_PG=postgres://postgres@127.0.0.1:5432 \
+#     timeout --kill-after=10 240 node --test --test-concurrency=1 --test-timeout=60000 \
+#     --test-reporter=spec test/busy.test.mjs test/crash.test.mjs test/drain.test.mjs test/events.test.mjs
 set -euo pipefail
 cd "$(dirname "$0")"
 

@@ -1,6 +1,13 @@
 """Fixtures: the real ``agentgate serve`` binary on a temp SQLite store and
 a free port, one server per test (it starts in well under a second), so a
-test's flags (``--lease-ttl-ms``, ``--max-turns-per-user``) are its own."""
+test's flags (``--lease-ttl-ms``, ``--max-turns-per-user``) are its own.
+
+With ``AGENTGATE_CLIENT_TEST_PG`` set to a PostgreSQL server URL without a
+database (``postgres://postgres@127.0.0.1:5432``), each server a test starts
+gets a fresh database of its own instead (``CREATE DATABASE
+agentgate_client_<random>`` through ``psql``; the server makes its schema),
+a second node started on another's ``store`` gets the same database URL,
+and every database is dropped when the test ends, passed or failed."""
 
 from __future__ import annotations
 
@@ -14,7 +21,8 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, List, Optional
+from typing import Callable, Iterator, List, Optional, Union
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import pytest
@@ -35,13 +43,39 @@ WORKER = Path(__file__).with_name("worker.py")
 SHORT_TTL_MS = 1000
 #: Past a TTL by this much, a lease is surely expired on the store's clock.
 TTL_MARGIN_S = 0.5
+#: A PostgreSQL server URL without a database: each server a test starts
+#: gets a database of its own there (see the module docstring); unset, SQLite.
+PG_SERVER = os.environ.get("AGENTGATE_CLIENT_TEST_PG") or None
+#: How long one psql command (CREATE or DROP DATABASE) may take.
+PSQL_TIMEOUT_S = 30.0
+
+
+def _pg_url(database: str) -> str:
+    """PG_SERVER with its path set to ``/database`` (query kept)."""
+    assert PG_SERVER is not None
+    parts = urlsplit(PG_SERVER)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + database, parts.query, parts.fragment))
+
+
+def _psql(sql: str) -> None:
+    """Runs ``sql`` on PG_SERVER's maintenance database ``postgres``."""
+    done = subprocess.run(
+        ["psql", _pg_url("postgres"), "-v", "ON_ERROR_STOP=1", "-qAtc", sql],
+        capture_output=True,
+        text=True,
+        timeout=PSQL_TIMEOUT_S,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"psql {sql!r} exited {done.returncode}: {done.stderr.strip()}")
 
 
 @dataclass
 class Server:
     url: str
     process: "subprocess.Popen[str]"
-    store: Path
+    #: The SQLite file, or (AGENTGATE_CLIENT_TEST_PG) the database URL: what
+    #: ``start_server(store=...)`` takes for a second node on this store.
+    store: Union[Path, str]
     args: List[str] = field(default_factory=list)
 
     def metric(self, name: str, **labels: str) -> float:
@@ -60,21 +94,23 @@ class Server:
         return 0.0
 
 
-def _start(tmp_path: Path, args: List[str], store: Optional[Path] = None) -> Server:
-    """A server on ``store`` (another server's, for a second node sharing
-    it), else on a new SQLite file."""
-    store = store or tmp_path / f"agentgate-{uuid.uuid4().hex[:8]}.db"
+def _start(tmp_path: Path, args: List[str], store: Union[Path, str]) -> Server:
+    """A server on ``store``: a SQLite file, or a database URL."""
+    if isinstance(store, Path):
+        store_url, stem = f"sqlite://{store}", store.stem
+    else:
+        store_url, stem = store, urlsplit(store).path.lstrip("/")
     command = [
         AGENTGATE_BIN,
         "serve",
         "--listen",
         "127.0.0.1:0",
         "--store",
-        f"sqlite://{store}",
+        store_url,
         "--no-app",
         *args,
     ]
-    log = open(tmp_path / f"{store.stem}-{uuid.uuid4().hex[:4]}.log", "w")
+    log = open(tmp_path / f"{stem}-{uuid.uuid4().hex[:4]}.log", "w")
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
     lines: "queue.Queue[str]" = queue.Queue()
 
@@ -115,20 +151,44 @@ def _stop(server: Server) -> None:
 
 @pytest.fixture
 def start_server(tmp_path: Path) -> Iterator[Callable[..., Server]]:
-    """``start_server("--lease-ttl-ms", "1000")``: a fresh server;
+    """``start_server("--lease-ttl-ms", "1000")``: a fresh server (a new
+    SQLite file, or a new PostgreSQL database under AGENTGATE_CLIENT_TEST_PG);
     ``start_server(store=other.store)``: a second node on another's store."""
     if not os.access(AGENTGATE_BIN, os.X_OK):
         pytest.fail(f"AGENTGATE_BIN={AGENTGATE_BIN} is not an executable; build it or point AGENTGATE_BIN at one")
     servers: List[Server] = []
+    databases: List[str] = []
 
-    def start(*args: str, store: Optional[Path] = None) -> Server:
+    def start(*args: str, store: Optional[Union[Path, str]] = None) -> Server:
+        if store is None:
+            if PG_SERVER:
+                database = f"agentgate_client_{uuid.uuid4().hex[:12]}"
+                _psql(f'CREATE DATABASE "{database}"')
+                databases.append(database)
+                store = _pg_url(database)
+            else:
+                store = tmp_path / f"agentgate-{uuid.uuid4().hex[:8]}.db"
         server = _start(tmp_path, list(args), store)
         servers.append(server)
         return server
 
-    yield start
-    for server in servers:
-        _stop(server)
+    try:
+        yield start
+    finally:
+        try:
+            for server in servers:
+                _stop(server)
+        finally:
+            # FORCE: a server that would not stop (or a worker's leftover
+            # session) must not keep its database alive.
+            failures = []
+            for database in databases:
+                try:
+                    _psql(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+                except Exception as error:  # drop the rest anyway
+                    failures.append(error)
+            if failures:
+                raise failures[0]
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@
 
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { join } from "node:path";
 import { setTimeout as delay } from "node:timers/promises";
 import { after, before, test } from "node:test";
 import { EVENT_BATCH_MAX, Gate, InvalidRequest, NotFound, SseParser, StoreUnavailable, TransportError, turnEvent } from "../dist/index.js";
@@ -179,7 +178,7 @@ test("a follower cut five times at random points sees every event once, in order
 
 /** A second `agentgate serve` on `server`'s store: another node. */
 async function secondNode() {
-  const child = spawn(AGENTGATE_BIN, ["serve", "--listen", "127.0.0.1:0", "--no-app", "--store", `sqlite://${join(server.dir, "agentgate.db")}`], {
+  const child = spawn(AGENTGATE_BIN, ["serve", "--listen", "127.0.0.1:0", "--no-app", "--store", server.store], {
     stdio: ["ignore", "pipe", "ignore"],
   });
   const url = await new Promise((resolve, reject) => {
