@@ -62,6 +62,20 @@ const WAITABLE_TOOL_CODES: ReadonlySet<string> = new Set(["tool_in_flight", "sto
  */
 export const POLL_FIRST_MS = 25;
 export const POLL_MAX_MS = 500;
+/**
+ * A begin refused `request_in_flight` (this very message runs elsewhere,
+ * e.g. a double-click) follows that turn's events for its `end` and asks
+ * again at once, so the duplicate gets the replay as soon as it exists.
+ * It follows after this event id, a turn's most events (the server's
+ * `MAX_TURN_EVENTS`): no event is sent, only the `end`.
+ */
+export const IN_FLIGHT_FOLLOW_AFTER = 20_000;
+/**
+ * It follows until the running turn's lease would run out (`Retry-After`)
+ * plus this, then asks again: a lease that ran out means a dead holder (the
+ * begin takes the turn over), a renewed one another wait.
+ */
+export const IN_FLIGHT_LEASE_SLACK_MS = 250;
 /** A second fence on every wait loop, besides its deadline. */
 export const MAX_WAIT_ATTEMPTS = 10_000;
 /** How many lost answers one tool claim sends again after, before it gives up. */
@@ -440,6 +454,10 @@ export class Gate {
    * while it is refused with a waitable code, and while it is queued (202:
    * the same request, until it is the head on a free session), within the
    * caller's wait. A queued message whose wait runs out is withdrawn.
+   * `request_in_flight` naming a turn is not paused on: that turn is
+   * followed to its `end` (within the wait and its lease's `Retry-After`),
+   * then the begin is sent again at once and replays its answer; the body
+   * never runs twice (the begin grants only a takeover of a dead holder).
    */
   async #begin(
     body: Schemas["BeginRequest"],
@@ -450,6 +468,8 @@ export class Gate {
     const startedMs = Date.now();
     let queued: Schemas["QueuedDto"] | undefined;
     let pollMs = POLL_FIRST_MS;
+    /** Turns a follow saw end: never followed again (a repeat still in flight is paused on). */
+    const ended = new Set<string>();
     for (let attempts = 1; ; attempts++) {
       let blocker: AgentgateError | undefined;
       let retryAfterMs: number | undefined;
@@ -470,12 +490,40 @@ export class Gate {
         retryAfterMs = error.retryAfterMs;
       }
       const remainingMs = startedMs + (waitMs ?? (queued === undefined ? 0 : DEFAULT_QUEUE_WAIT_MS)) - Date.now();
+      const active = blocker?.code === "request_in_flight" ? blocker.activeTurnId : undefined;
+      if (active && !ended.has(active) && remainingMs > 0 && attempts < MAX_WAIT_ATTEMPTS) {
+        const boundMs = Math.min(remainingMs, retryAfterMs === undefined ? remainingMs : retryAfterMs + IN_FLIGHT_LEASE_SLACK_MS);
+        const outcome = await this.#followToEnd(active, boundMs, request.userId);
+        if (outcome === "end") {
+          ended.add(active);
+          pollMs = POLL_FIRST_MS;
+        }
+        // Ended: the begin replays. Timed out: it replays, takes a dead holder's turn over, or is refused with a fresh Retry-After.
+        if (outcome !== "failed") continue;
+      }
       if (remainingMs <= 0 || attempts >= MAX_WAIT_ATTEMPTS) {
         if (queued !== undefined) throw await this.#withdraw(queued, request.userId);
         throw blocker;
       }
       await sleep(Math.min(pollMs, retryAfterMs ?? pollMs, remainingMs));
       pollMs = Math.min(POLL_MAX_MS, pollMs * 2);
+    }
+  }
+
+  /** Follows `turnId`'s events for its `end`, at most `ms` (for a begin refused `request_in_flight`): asks for no event, only the `end`. */
+  async #followToEnd(turnId: string, ms: number, userId: string): Promise<"end" | "timeout" | "failed"> {
+    const stop = new AbortController();
+    const timer = setTimeout(() => stop.abort(), ms);
+    try {
+      const follower = this.follow(turnId, { after: IN_FLIGHT_FOLLOW_AFTER, userId, signal: stop.signal, maxReconnects: 0 });
+      for await (const event of follower) {
+        if (event.name === "end") return "end";
+      }
+      return stop.signal.aborted ? "timeout" : "failed";
+    } catch {
+      return stop.signal.aborted ? "timeout" : "failed";
+    } finally {
+      clearTimeout(timer);
     }
   }
 

@@ -420,6 +420,33 @@ class AsyncGate:
         urls = list(base_urls) if base_urls is not None else [str(self._http.base_url)]
         return AsyncFollower(self, turn_id, _events.FollowPlan(after, urls, max_reconnects), _core.owner(user_id))
 
+    async def _follow_to_end(self, turn_id: str, seconds: float, user_id: Optional[str]) -> str:
+        """Follows ``turn_id``'s events for its ``end``, at most ``seconds``
+        (for a begin refused ``request_in_flight``, see
+        :meth:`_core.BeginAttempts.follow`): ``"end"``, ``"timeout"`` or
+        ``"failed"``. Asks for no event, only the ``end``."""
+        params: Dict[str, Any] = {"after": _core.IN_FLIGHT_FOLLOW_AFTER, **(_core.owner(user_id) or {})}
+        headers = {"Accept": "text/event-stream"}
+
+        async def follow() -> str:
+            async with self._http.stream(
+                "GET", f"/v1/turns/{turn_id}/events", headers=headers, params=params, timeout=seconds + 1.0
+            ) as response:
+                if response.status_code != 200:
+                    return "failed"
+                parser = _events.SseParser()
+                async for chunk in response.aiter_bytes():
+                    if any(event.event == "end" for event in parser.feed(chunk)):
+                        return "end"
+            return "failed"  # closed without `end`
+
+        try:
+            return await asyncio.wait_for(follow(), seconds)
+        except asyncio.TimeoutError:
+            return "timeout"
+        except httpx.TransportError:
+            return "failed"
+
     async def get_turn(self, turn_id: str) -> Dict[str, Any]:
         return dict((await self.request("GET", f"/v1/turns/{turn_id}"))[1])
 
@@ -581,6 +608,11 @@ class AsyncTurn:
             else:
                 if attempts.answered(status, data):
                     break
+            follow = attempts.follow()
+            if follow is not None:
+                outcome = await self.gate._follow_to_end(follow[0], follow[1], self.user_id)
+                if attempts.followed(follow[0], outcome):
+                    continue
             pause = attempts.pause_s()
             if pause is None:
                 if attempts.queued is not None:

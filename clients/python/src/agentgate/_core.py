@@ -39,6 +39,21 @@ BEGIN_POLL_MIN_S = 0.05
 #: lease (up to the TTL), but a holder that ends early should not cost a
 #: waiter the rest of it; never longer than Retry-After either.
 BEGIN_POLL_MAX_S = 1.0
+#: A begin refused ``request_in_flight`` (this very message runs elsewhere,
+#: e.g. a double-click) follows that turn's events for its ``end`` and
+#: asks again at once, so the duplicate gets the replay as soon as it
+#: exists, not after a pause. It follows after this event id: a turn's most
+#: events (the server's ``MAX_TURN_EVENTS``), so no event is sent, only
+#: ``end``.
+IN_FLIGHT_FOLLOW_AFTER = 20_000
+#: It follows until the running turn's lease would run out (Retry-After)
+#: plus this, then asks again: a lease that ran out means a dead holder
+#: (the begin takes the turn over), a renewed one another wait.
+IN_FLIGHT_LEASE_SLACK_S = 0.25
+#: A follow connection is reopened, to shorten its read timeout to the
+#: time left, after a keep-alive comment (every 15 s) that came this long
+#: after it opened.
+IN_FLIGHT_REOPEN_S = 1.0
 #: How long ``turn.tool`` waits, by default, for the same tool call running
 #: under this turn's own lease (another thread or task of this turn) to end.
 TOOL_WAIT_DEFAULT_S = 30.0
@@ -181,7 +196,14 @@ class BeginAttempts:
     the session is free) or replays it (200: it was cancelled, superseded,
     or run by someone else's handoff). ``wait`` bounds the whole loop;
     ``None`` means no wait for a refusal and :data:`QUEUE_WAIT_DEFAULT_S`
-    once queued."""
+    once queued.
+
+    A ``request_in_flight`` refusal (this very message runs elsewhere) is
+    not paused on: :meth:`follow` names the running turn and how long to
+    follow its events for their ``end``; after :meth:`followed` says so,
+    the begin is sent again at once, and replays the stored answer. The
+    body never runs a second time: the begin only grants the turn if its
+    holder died (a takeover, as without the follow)."""
 
     def __init__(self, wait_s: Optional[float], on_queued: Callable[[Mapping[str, Any]], Any]) -> None:
         if wait_s is not None and not wait_s >= 0:
@@ -194,6 +216,9 @@ class BeginAttempts:
         self._retry_after_s: Optional[float] = None
         #: The latest 202's queued turn (``QueuedDto``), ``None`` until queued.
         self.queued: Optional[Dict[str, Any]] = None
+        #: Turns whose ``end`` a follow saw: never followed again (a begin
+        #: still in flight after it names a continuation, or is paused on).
+        self._ended: set[str] = set()
 
     def answered(self, status: int, data: Any) -> bool:
         """After a 2xx answer: ``True`` when it ends the loop (201, 200),
@@ -229,6 +254,37 @@ class BeginAttempts:
             return None
         self._pause = pause_s(self._pause, self._retry_after_s, remaining, BEGIN_POLL_MIN_S, BEGIN_POLL_MAX_S)
         return self._pause
+
+    def follow(self) -> Optional[Tuple[str, float]]:
+        """After a refusal: ``(turn_id, seconds)`` when it is
+        ``request_in_flight`` naming a turn not seen ending, and the wait
+        is not over: follow that turn's events (after
+        :data:`IN_FLIGHT_FOLLOW_AFTER`) for ``end``, at most that long
+        (the caller's wait left, and the lease's Retry-After plus
+        :data:`IN_FLIGHT_LEASE_SLACK_S`); ``None`` to pause instead."""
+        blocker = self._blocker
+        if not isinstance(blocker, RequestInFlight) or not blocker.active_turn_id:
+            return None
+        if blocker.active_turn_id in self._ended:
+            return None
+        remaining = self._deadline() - time.monotonic()
+        if remaining <= 0:
+            return None
+        if self._retry_after_s is not None:
+            remaining = min(remaining, self._retry_after_s + IN_FLIGHT_LEASE_SLACK_S)
+        return blocker.active_turn_id, remaining
+
+    def followed(self, turn_id: str, outcome: str) -> bool:
+        """After following ``turn_id``: ``outcome`` is ``"end"`` (the turn
+        ended), ``"timeout"`` (the follow's time ran out) or ``"failed"``
+        (it could not follow). ``True`` to send the begin again at once
+        (it replays, grants a takeover, or is refused with a fresh
+        Retry-After), ``False`` to pause first."""
+        if outcome == "end":
+            self._ended.add(turn_id)
+            self._pause = 0.0
+            return True
+        return outcome == "timeout"
 
     def give_up(self) -> BaseException:
         """What to raise when the wait is over and nothing is queued."""

@@ -443,6 +443,45 @@ class Gate:
             for chunk in response.iter_bytes():
                 yield from parser.feed(chunk)
 
+    def _follow_to_end(self, turn_id: str, seconds: float, user_id: Optional[str]) -> str:
+        """Follows ``turn_id``'s events for its ``end``, at most ``seconds``
+        (for a begin refused ``request_in_flight``, see
+        :meth:`_core.BeginAttempts.follow`): ``"end"``, ``"timeout"`` or
+        ``"failed"``. Asks for no event, only the ``end``."""
+        deadline = time.monotonic() + seconds
+        params: Dict[str, Any] = {"after": _core.IN_FLIGHT_FOLLOW_AFTER, **(_core.owner(user_id) or {})}
+        headers = {"Accept": "text/event-stream"}
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return "timeout"
+            opened = time.monotonic()
+            try:
+                # The read timeout is the time left when it opened: a
+                # keep-alive comment restarts it, so the connection is
+                # reopened after one (with the time left then).
+                with self._http.stream(
+                    "GET", f"/v1/turns/{turn_id}/events", headers=headers, params=params, timeout=remaining
+                ) as response:
+                    if response.status_code != 200:
+                        return "failed"
+                    parser = _events.SseParser()
+                    for chunk in response.iter_bytes():
+                        if any(event.event == "end" for event in parser.feed(chunk)):
+                            return "end"
+                        if time.monotonic() >= deadline:
+                            return "timeout"
+                        if time.monotonic() - opened >= _core.IN_FLIGHT_REOPEN_S:
+                            break
+                    else:
+                        return "failed"  # closed without `end`
+            except httpx.TimeoutException:
+                if time.monotonic() >= deadline - 0.01:
+                    return "timeout"
+                return "failed"
+            except httpx.TransportError:
+                return "failed"
+
     def get_turn(self, turn_id: str) -> Dict[str, Any]:
         """``GET /v1/turns/{id}``: the turn, ``orphaned``, its first executions."""
         return dict(self.request("GET", f"/v1/turns/{turn_id}")[1])
@@ -639,6 +678,11 @@ class Turn:
             else:
                 if attempts.answered(status, data):
                     break
+            follow = attempts.follow()
+            if follow is not None:
+                outcome = self.gate._follow_to_end(follow[0], follow[1], self.user_id)
+                if attempts.followed(follow[0], outcome):
+                    continue
             pause = attempts.pause_s()
             if pause is None:
                 if attempts.queued is not None:
