@@ -1,7 +1,10 @@
 //! The Python and TypeScript clients' own suites (`clients/*/test.sh`), run
-//! once on the source tree and once on the packages a user installs (the
+//! once on the source tree, once on the packages a user installs (the
 //! wheel built from the sdist in a fresh venv, the `npm pack` tarball in a
-//! fresh npm project: `clients/check-packages.sh`), the generated-client check (`clients/generated/check.sh`), the Python
+//! fresh npm project: `clients/check-packages.sh`) and their interrupt,
+//! queue, drain, recovery and event tests once more on PostgreSQL
+//! (`clients/postgres-subsets.sh`), the generated-client check
+//! (`clients/generated/check.sh`), the Python
 //! framework examples (`examples/python/test.sh`) and the Java example
 //! (`examples/java/test.sh`), run against this build's binary, so the
 //! README's test command covers them.
@@ -71,10 +74,22 @@ fn python_client_suite_passes_against_this_binary() {
     run_suite("clients/python/test.sh");
 }
 
+/// Held by every test that builds or imports `clients/typescript/dist`:
+/// the client's `test.sh` rebuilds it, and the Vercel AI SDK example
+/// imports it through a link, so they must not overlap.
+static TYPESCRIPT_DIST: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn typescript_dist() -> std::sync::MutexGuard<'static, ()> {
+    TYPESCRIPT_DIST
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The TypeScript client (`clients/typescript`): `node --test` against the
 /// real server, with the packages `npm ci` installed.
 #[test]
 fn typescript_client_suite_passes_against_this_binary() {
+    let _dist = typescript_dist();
     let modules = repo().join("clients/typescript/node_modules");
     if !modules.exists() {
         return absent("typescript", &format!("no {}", modules.display()));
@@ -163,4 +178,77 @@ fn java_example_books_once() {
         return absent("java example", "java is not on PATH");
     }
     run_suite("examples/java/test.sh");
+}
+
+/// Whether the PostgreSQL server the client subsets use answers (`psql`).
+fn postgres_answers() -> Result<(), String> {
+    let server = std::env::var("AGENTGATE_CLIENT_TEST_PG")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_owned());
+    let probe = Command::new("psql")
+        .arg(format!("{server}/postgres"))
+        .args(["-tAc", "SELECT 1"])
+        .output()
+        .map_err(|e| format!("psql cannot run: {e}"))?;
+    if probe.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{server} does not answer: {}",
+            String::from_utf8_lossy(&probe.stderr).trim()
+        ))
+    }
+}
+
+/// The Python client's interrupt, queue, drain, recovery, crash and
+/// event-following tests on PostgreSQL (`clients/postgres-subsets.sh
+/// python`): each server gets a database of its own.
+#[test]
+fn python_client_subset_passes_on_postgres() {
+    let venv = std::env::var_os("AGENTGATE_PY_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| target_dir().join("clients-python-venv"));
+    if !venv.join("bin/python").exists() {
+        return absent(
+            "python on postgres",
+            &format!("no venv at {}", venv.display()),
+        );
+    }
+    if let Err(reason) = postgres_answers() {
+        return absent("python on postgres", &reason);
+    }
+    run_suite_with("clients/postgres-subsets.sh", &["python"]);
+}
+
+/// The TypeScript client's interrupt, queue, drain, recovery, crash and
+/// event-following tests on PostgreSQL (`clients/postgres-subsets.sh
+/// typescript`).
+#[test]
+fn typescript_client_subset_passes_on_postgres() {
+    let _dist = typescript_dist();
+    let modules = repo().join("clients/typescript/node_modules");
+    if !modules.exists() {
+        return absent(
+            "typescript on postgres",
+            &format!("no {}", modules.display()),
+        );
+    }
+    if let Err(reason) = postgres_answers() {
+        return absent("typescript on postgres", &reason);
+    }
+    run_suite_with("clients/postgres-subsets.sh", &["typescript"]);
+}
+
+/// The Vercel AI SDK example (`examples/typescript/vercel-ai`): its chat
+/// route streams a mock model's reply through the turn's event log; a
+/// reader that drops the stream and resumes on another app node with
+/// `Last-Event-ID` gets the rest exactly once, and a double-sent message
+/// calls the model and books once.
+#[test]
+fn vercel_ai_example_resumes_a_reply_and_books_once() {
+    let _dist = typescript_dist();
+    let modules = repo().join("examples/typescript/vercel-ai/node_modules");
+    if !modules.exists() {
+        return absent("vercel ai example", &format!("no {}", modules.display()));
+    }
+    run_suite("examples/typescript/vercel-ai/test.sh");
 }

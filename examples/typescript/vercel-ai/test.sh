@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 export AGENTGATE_BIN="${AGENTGATE_BIN:-${CARGO_TARGET_DIR:-$(cd ../../.. && pwd)/target}/debug/agentgate}"
-if [ ! -x "$AGENTGATE_BIN" ]; then
+if [ "${1:-}" != --setup ] && [ ! -x "$AGENTGATE_BIN" ]; then
   echo "test.sh: no agentgate binary at $AGENTGATE_BIN (set AGENTGATE_BIN)" >&2
   exit 1
 fi
@@ -20,6 +20,8 @@ if [ "$(cat node_modules/.installed-from-lock 2>/dev/null || true)" != "$lock_su
   timeout --kill-after=10 "${INSTALL_TIMEOUT_S:-300}" npm ci --no-audit --no-fund
   echo "$lock_sum" > node_modules/.installed-from-lock
 fi
+# `test.sh --setup` (.ci/run): install only, while the registry is reachable.
+[ "${1:-}" = --setup ] && exit 0
 # The client's dist/ is built by its prepare script during npm ci; an
 # install made with --ignore-scripts (or a clean of the client) leaves none.
 if [ ! -f ../../../clients/typescript/dist/index.js ]; then
