@@ -3,62 +3,21 @@
 // of the app on free ports sharing it and one ledger file.
 
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
-import { fileURLToPath } from "node:url";
+import { startServer } from "../../../../clients/typescript/scripts/server.mjs";
 import { scriptedReply, startApp } from "../server.mjs";
 
-const AGENTGATE_BIN =
-  process.env.AGENTGATE_BIN ||
-  join(process.env.CARGO_TARGET_DIR || fileURLToPath(new URL("../../../../target", import.meta.url)), "debug", "agentgate");
-/** A debug build on a busy 2-core machine can take a few seconds to open the store and bind. */
-const STARTUP_TIMEOUT_MS = 15_000;
 /** Each test's bound: a reply streams in about 1 s. */
 const TEST_TIMEOUT_MS = 20_000;
 
-let dir, agentgate, nodeA, nodeB;
-
-async function startAgentgate(store) {
-  const child = spawn(AGENTGATE_BIN, ["serve", "--listen", "127.0.0.1:0", "--no-app", "--store", store], {
-    stdio: ["ignore", "pipe", "pipe"],
-    env: { ...process.env, RUST_LOG: process.env.RUST_LOG ?? "warn" },
-  });
-  let stderr = "";
-  child.stderr.on("data", (chunk) => { stderr = (stderr + chunk).slice(-4000); });
-  const address = await new Promise((resolve, reject) => {
-    let stdout = "";
-    const timer = setTimeout(() => {
-      child.kill("SIGKILL");
-      reject(new Error(`agentgate did not print "listening on" within ${STARTUP_TIMEOUT_MS} ms: ${stderr}`));
-    }, STARTUP_TIMEOUT_MS);
-    child.stdout.on("data", (chunk) => {
-      stdout += chunk;
-      const match = /listening on (\S+)/.exec(stdout);
-      if (match) { clearTimeout(timer); resolve(match[1]); }
-    });
-    child.on("error", (error) => { clearTimeout(timer); reject(error); });
-    child.on("exit", (code, signal) => {
-      clearTimeout(timer);
-      reject(new Error(`agentgate (${AGENTGATE_BIN}) exited (${code ?? signal}) before listening: ${stderr}`));
-    });
-  });
-  const exited = new Promise((resolve) => child.once("exit", resolve));
-  return {
-    url: `http://${address}`,
-    async stop() {
-      if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
-      await exited;
-    },
-  };
-}
+let agentgate, nodeA, nodeB;
 
 before(async () => {
-  dir = mkdtempSync(join(tmpdir(), "agentgate-vercel-ai-"));
-  agentgate = await startAgentgate(`sqlite://${join(dir, "agentgate.db")}`);
-  const ledgerPath = join(dir, "ledger.jsonl");
+  // The client suite's launcher: a fresh SQLite store in a temp dir of its
+  // own (AGENTGATE_BIN, else the checkout's debug build), removed by stop().
+  agentgate = await startServer();
+  const ledgerPath = join(agentgate.dir, "ledger.jsonl");
   const log = () => {}; // a turn's errors show in its stream's `end`
   nodeA = await startApp({ agentgateUrl: agentgate.url, ledgerPath, log });
   nodeB = await startApp({ agentgateUrl: agentgate.url, ledgerPath, log });
@@ -68,7 +27,6 @@ after(async () => {
   await nodeA?.close();
   await nodeB?.close();
   await agentgate?.stop();
-  if (dir) rmSync(dir, { recursive: true, force: true });
 });
 
 const modelCalls = () => nodeA.model.doStreamCalls.length + nodeB.model.doStreamCalls.length;
