@@ -11,40 +11,24 @@ import socket
 import threading
 from typing import List, Tuple
 
-#: Bytes read at once.
-CHUNK = 65536
+from tcp_proxy import CHUNK, TcpProxy, close_quietly
 
 
-class CuttingProxy:
+class CuttingProxy(TcpProxy):
     def __init__(self, upstream: Tuple[str, int], cuts: int, max_bytes: int, rng: random.Random) -> None:
-        self.upstream = upstream
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = "http://127.0.0.1:%d" % self.listener.getsockname()[1]
+        super().__init__(upstream)
         self._rng = rng
         self._max_bytes = max_bytes
         self._lock = threading.Lock()
         self._cuts_left = cuts
         #: Bytes each cut connection delivered before it was closed.
         self.cut_after: List[int] = []
-        self._closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.start()
 
     @property
     def cuts(self) -> int:
         with self._lock:
             return len(self.cut_after)
-
-    def close(self) -> None:
-        self._closed = True
-        self.listener.close()
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
         upstream = socket.create_connection(self.upstream)
@@ -78,8 +62,8 @@ class CuttingProxy:
         except OSError:
             pass
         finally:
-            _close(client)
-            _close(upstream)
+            close_quietly(client)
+            close_quietly(upstream)
 
     def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
         try:
@@ -91,10 +75,3 @@ class CuttingProxy:
         except OSError:
             pass
 
-
-def _close(sock: socket.socket) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    sock.close()

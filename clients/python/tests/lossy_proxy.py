@@ -9,42 +9,30 @@ import socket
 import threading
 from typing import List, Tuple
 
-#: Bytes read at once.
-CHUNK = 65536
+from tcp_proxy import CHUNK, TcpProxy, close_quietly
+
 #: How long the proxy waits for the server's answer it will drop.
 ANSWER_TIMEOUT_S = 10.0
 
 
-class LossyProxy:
+class LossyProxy(TcpProxy):
     def __init__(self, upstream: Tuple[str, int]) -> None:
-        self.upstream = upstream
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = "http://127.0.0.1:%d" % self.listener.getsockname()[1]
+        super().__init__(upstream)
         self._lose_next = threading.Event()
         #: The first line of every answer the proxy threw away.
         self.lost_answers: List[str] = []
-        self._closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.start()
 
     def lose_next_answer(self) -> None:
         """The next request to arrive (on any connection) reaches the
         server; its answer does not reach the client."""
         self._lose_next.set()
 
-    def close(self) -> None:
-        self._closed = True
-        self.listener.close()
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.upstream)
-            state = {"lose": False}
-            threading.Thread(target=self._to_server, args=(client, upstream, state), daemon=True).start()
-            threading.Thread(target=self._to_client, args=(upstream, client, state), daemon=True).start()
+    def _serve(self, client: socket.socket) -> None:
+        upstream = socket.create_connection(self.upstream)
+        state = {"lose": False}
+        threading.Thread(target=self._to_server, args=(client, upstream, state), daemon=True).start()
+        self._to_client(upstream, client, state)
 
     def _to_server(self, client: socket.socket, upstream: socket.socket, state: dict) -> None:
         try:
@@ -59,7 +47,7 @@ class LossyProxy:
         except OSError:
             pass
         finally:
-            _close(upstream)
+            close_quietly(upstream)
 
     def _to_client(self, upstream: socket.socket, client: socket.socket, state: dict) -> None:
         try:
@@ -74,13 +62,6 @@ class LossyProxy:
         except OSError:
             pass
         finally:
-            _close(client)
-            _close(upstream)
+            close_quietly(client)
+            close_quietly(upstream)
 
-
-def _close(sock: socket.socket) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    sock.close()
