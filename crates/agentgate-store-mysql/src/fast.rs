@@ -166,7 +166,7 @@ pub(crate) async fn end_turn(
     }
     // One connection for both statements: a second checkout costs sqlx's
     // release ping.
-    let mut conn = store.pool.acquire().await.map_err(map_sqlx)?;
+    let mut conn = store.held().await?;
     let row = sqlx::query(&format!(
         "SELECT {TURN_COLUMNS}, {NOW_MS} AS now_ms FROM ag_turns WHERE turn_id = ?"
     ))
@@ -175,11 +175,13 @@ pub(crate) async fn end_turn(
     .await
     .map_err(map_sqlx)?;
     let Some(row) = row else {
+        conn.release();
         return Ok(None);
     };
     let now: i64 = get(&row, "now_ms")?;
     let mut turn = TurnRow::read(&Cols(&row))?;
     if turn.state != "running" {
+        conn.release();
         return Ok(None);
     }
     let columns = ending.columns();
@@ -215,8 +217,9 @@ pub(crate) async fn end_turn(
         Holder::Row { token_digest } => query.bind(token_digest.as_str()),
         Holder::Layer { fence } => query.bind(fence.0),
     };
-    let done = query.execute(&mut *conn).await.map_err(map_sqlx)?;
-    drop(conn);
+    let done = query.execute(&mut *conn).await;
+    conn.release();
+    let done = done.map_err(map_sqlx)?;
     // The server counts the rows it found in both tables (sqlx asks for
     // found rows); any match is the one turn and its one session.
     match done.rows_affected() {
@@ -308,7 +311,7 @@ async fn end_turn_in_row(
 ) -> Result<Option<TurnView>> {
     let columns = ending.columns();
     let confirmation_ttl_ms = agentgate_core::config::duration_ms(store.config.confirmation_ttl);
-    let rows = sqlx::query("CALL ag_end_turn_fast(?, ?, ?, ?, ?, ?, ?, ?)")
+    let call = sqlx::query("CALL ag_end_turn_fast(?, ?, ?, ?, ?, ?, ?, ?)")
         .bind(lease.turn_id.as_str())
         .bind(token_digest)
         .bind(columns.state)
@@ -316,10 +319,11 @@ async fn end_turn_in_row(
         .bind(columns.error)
         .bind(columns.retryable)
         .bind(columns.pending)
-        .bind(confirmation_ttl_ms)
-        .fetch_all(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
+        .bind(confirmation_ttl_ms);
+    let mut conn = store.held().await?;
+    let rows = call.fetch_all(&mut *conn).await;
+    conn.release();
+    let rows = rows.map_err(map_sqlx)?;
     match rows.as_slice() {
         [] => {
             note(store, Taken::EndDeclined);

@@ -229,7 +229,16 @@ impl MySqlStore {
 
     /// Opens the transaction a protocol step runs in.
     pub(crate) async fn transaction(&self) -> Result<Tx<MySql>> {
-        Tx::begin(&self.pool, "BEGIN", raw_sql)
+        Tx::begin(&self.pool, "BEGIN", AFTER_CUT)
+            .await
+            .map_err(map_sqlx)
+    }
+
+    /// A pooled connection for statements outside a transaction; give it
+    /// back with `release` once they were answered (dropped instead, it is
+    /// closed: see [`AFTER_CUT`]).
+    pub(crate) async fn held(&self) -> Result<agentgate_store_sql::tx::Held<sqlx::MySql>> {
+        agentgate_store_sql::tx::Held::acquire(&self.pool, AFTER_CUT)
             .await
             .map_err(map_sqlx)
     }
@@ -289,6 +298,11 @@ async fn migrate_on(conn: &mut MySqlConnection) -> Result<()> {
     Ok(())
 }
 
-agentgate_store_sql::raw_sql_fn!(raw_sql, sqlx::MySqlConnection);
+/// A MySQL connection whose step was cut off, or failed, before its
+/// `COMMIT` was answered is closed, never pooled again: sqlx's MySQL driver
+/// can lose its place in the protocol when cut mid-statement (see
+/// `agentgate_store_sql::tx`).
+pub(crate) const AFTER_CUT: agentgate_store_sql::tx::AfterCut<sqlx::MySql> =
+    agentgate_store_sql::tx::AfterCut::Close;
 
 agentgate_store_sql::impl_store!(MySqlStore);

@@ -22,4 +22,5 @@ agentgate_store_sql::impl_run!(
     render = agentgate_store_sql::query::positional,
     read = |store| &store.pool,
     write = |store| &store.pool,
+    after_cut = crate::AFTER_CUT,
 );

@@ -52,10 +52,12 @@ const SWEEPABLE_USERS: &str = "(u.max_turns IS NULL \
     AND NOT EXISTS (SELECT 1 FROM ag_sessions s WHERE s.user_id = u.user_id))";
 
 pub(crate) async fn sweep(store: &MySqlStore) -> Result<SweepReport> {
-    let now: i64 = sqlx::query_scalar(&format!("SELECT {NOW_MS}"))
-        .fetch_one(&store.pool)
-        .await
-        .map_err(map_sqlx)?;
+    let mut conn = store.held().await?;
+    let now = sqlx::query_scalar::<_, i64>(&format!("SELECT {NOW_MS}"))
+        .fetch_one(&mut *conn)
+        .await;
+    conn.release();
+    let now = now.map_err(map_sqlx)?;
     let cutoffs = Cutoffs::new(now, &store.config);
     let (turns, executions, events) = sweep_turns(store, cutoffs).await?;
     let sessions = sweep_sessions(store, cutoffs).await?;
@@ -119,15 +121,16 @@ async fn delete_in(
 
 /// Deletes due turns with their executions and events: the three counts.
 async fn sweep_turns(store: &MySqlStore, at: Cutoffs) -> Result<(u64, u64, u64)> {
-    let candidates: Vec<Vec<u8>> = sqlx::query_scalar(&format!(
-        "SELECT t.turn_id FROM ag_turns t WHERE {SWEEPABLE_TURNS} ORDER BY t.turn_id LIMIT ?"
-    ))
-    .bind(at.cutoff_ms)
-    .bind(at.pending_cutoff_ms)
-    .bind(at.batch)
-    .fetch_all(&store.pool)
-    .await
-    .map_err(map_sqlx)?;
+    let candidates = fetch_ids(
+        store,
+        sqlx::query_scalar(&format!(
+            "SELECT t.turn_id FROM ag_turns t WHERE {SWEEPABLE_TURNS} ORDER BY t.turn_id LIMIT ?"
+        ))
+        .bind(at.cutoff_ms)
+        .bind(at.pending_cutoff_ms)
+        .bind(at.batch),
+    )
+    .await?;
     if candidates.is_empty() {
         return Ok((0, 0, 0));
     }
@@ -150,16 +153,17 @@ async fn sweep_turns(store: &MySqlStore, at: Cutoffs) -> Result<(u64, u64, u64)>
 }
 
 async fn sweep_sessions(store: &MySqlStore, at: Cutoffs) -> Result<u64> {
-    let candidates: Vec<Vec<u8>> = sqlx::query_scalar(&format!(
-        "SELECT s.session_id FROM ag_sessions s WHERE {SWEEPABLE_SESSIONS} LIMIT ?"
-    ))
-    .bind(at.cutoff_ms)
-    .bind(at.now_ms)
-    .bind(at.now_ms)
-    .bind(at.batch)
-    .fetch_all(&store.pool)
-    .await
-    .map_err(map_sqlx)?;
+    let candidates = fetch_ids(
+        store,
+        sqlx::query_scalar(&format!(
+            "SELECT s.session_id FROM ag_sessions s WHERE {SWEEPABLE_SESSIONS} LIMIT ?"
+        ))
+        .bind(at.cutoff_ms)
+        .bind(at.now_ms)
+        .bind(at.now_ms)
+        .bind(at.batch),
+    )
+    .await?;
     if candidates.is_empty() {
         return Ok(0);
     }
@@ -179,13 +183,14 @@ async fn sweep_sessions(store: &MySqlStore, at: Cutoffs) -> Result<u64> {
 }
 
 async fn sweep_users(store: &MySqlStore, at: Cutoffs) -> Result<u64> {
-    let candidates: Vec<Vec<u8>> = sqlx::query_scalar(&format!(
-        "SELECT u.user_id FROM ag_users u WHERE {SWEEPABLE_USERS} LIMIT ?"
-    ))
-    .bind(at.batch)
-    .fetch_all(&store.pool)
-    .await
-    .map_err(map_sqlx)?;
+    let candidates = fetch_ids(
+        store,
+        sqlx::query_scalar(&format!(
+            "SELECT u.user_id FROM ag_users u WHERE {SWEEPABLE_USERS} LIMIT ?"
+        ))
+        .bind(at.batch),
+    )
+    .await?;
     if candidates.is_empty() {
         return Ok(0);
     }
@@ -202,4 +207,15 @@ async fn sweep_users(store: &MySqlStore, at: Cutoffs) -> Result<u64> {
     let users = delete_in(&mut tx, "ag_users", "user_id", &doomed).await?;
     tx.commit().await.map_err(map_sqlx)?;
     Ok(users)
+}
+
+/// The ids one sweep query selects, on a connection held through it.
+async fn fetch_ids(
+    store: &MySqlStore,
+    query: sqlx::query::QueryScalar<'_, sqlx::MySql, Vec<u8>, sqlx::mysql::MySqlArguments>,
+) -> Result<Vec<Vec<u8>>> {
+    let mut conn = store.held().await?;
+    let ids = query.fetch_all(&mut *conn).await;
+    conn.release();
+    ids.map_err(map_sqlx)
 }

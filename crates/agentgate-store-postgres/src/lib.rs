@@ -224,13 +224,13 @@ impl PostgresStore {
     /// Opens the transaction a protocol step runs in, with its lock and idle
     /// timeouts, in one round trip.
     pub(crate) async fn transaction(&self) -> Result<Tx<Postgres>> {
-        Tx::begin(&self.pool, BEGIN_STEP, raw_sql)
+        Tx::begin(&self.pool, BEGIN_STEP, AFTER_CUT)
             .await
             .map_err(map_sqlx)
     }
 
     async fn migrate(&self) -> Result<()> {
-        let mut tx = Tx::begin(&self.pool, BEGIN_MIGRATION, raw_sql)
+        let mut tx = Tx::begin(&self.pool, BEGIN_MIGRATION, AFTER_CUT)
             .await
             .map_err(map_sqlx)?;
         // Lock first: two nodes creating the version table at once would
@@ -259,6 +259,11 @@ impl PostgresStore {
 }
 
 agentgate_store_sql::raw_sql_fn!(raw_sql, sqlx::PgConnection);
+
+/// A PostgreSQL connection whose step was cut off is rolled back and
+/// pooled again: the driver keeps its place in the protocol across a cut.
+pub(crate) const AFTER_CUT: agentgate_store_sql::tx::AfterCut<sqlx::Postgres> =
+    agentgate_store_sql::tx::AfterCut::RollBack(raw_sql);
 
 agentgate_store_sql::impl_store!(
     PostgresStore,

@@ -21,4 +21,5 @@ agentgate_store_sql::impl_run!(
     render = agentgate_store_sql::query::numbered,
     read = |store| &store.pool,
     write = |store| &store.pool,
+    after_cut = crate::AFTER_CUT,
 );

@@ -405,11 +405,34 @@ pub async fn begin<S: BeginTx + layered::LayeredBeginSql>(
 /// The decision's refusal, or the store's error.
 pub async fn begin_full<S: BeginSql>(sql: &S, command: &BeginCommand) -> Result<BeginOutcome> {
     let mut tx = sql.transaction().await?;
-    let (outcome, wrote) = begin_in(sql, S::conn(&mut tx), command).await?;
-    if wrote {
-        sql.commit(tx).await?;
+    let answer = begin_in(sql, S::conn(&mut tx), command).await;
+    commit_if_wrote(sql, tx, answer).await
+}
+
+/// Commits `tx` when `answer` says it wrote; otherwise (a replay, a
+/// refusal, an error the server answered) gives it up, rolled back.
+///
+/// # Errors
+/// `answer`'s, or the commit's.
+pub(crate) async fn commit_if_wrote<S: BeginSql>(
+    sql: &S,
+    tx: S::Tx,
+    answer: Result<(BeginOutcome, bool)>,
+) -> Result<BeginOutcome> {
+    match answer {
+        Ok((outcome, true)) => {
+            sql.commit(tx).await?;
+            Ok(outcome)
+        }
+        Ok((outcome, false)) => {
+            S::abandon(tx);
+            Ok(outcome)
+        }
+        Err(error) => {
+            S::abandon(tx);
+            Err(error)
+        }
     }
-    Ok(outcome)
 }
 
 /// A start, applied: a new lease token (or the held one); for a new turn

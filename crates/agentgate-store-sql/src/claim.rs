@@ -129,7 +129,7 @@ async fn first_claim<S: ClaimSql>(
 }
 
 /// The full path: lock, read, decide, apply, commit. A refusal or a cached
-/// answer writes nothing: dropping the transaction rolls it back.
+/// answer writes nothing: the transaction is given up, rolled back.
 async fn claim_once<S: ClaimSql>(sql: &S, lease: &LeaseRef, call: &ToolCall) -> Result<ToolClaim> {
     let (mut tx, live) = sql.open(lease).await?;
     let lookup = lookup(sql, &mut tx, lease, call).await?;
@@ -142,8 +142,12 @@ async fn claim_once<S: ClaimSql>(sql: &S, lease: &LeaseRef, call: &ToolCall) -> 
         live.now_ms,
     );
     let claim = match decision {
-        ToolDecision::Reject(error) => return Err(error),
+        ToolDecision::Reject(error) => {
+            S::abandon(tx);
+            return Err(error);
+        }
         ToolDecision::Cached => {
+            S::abandon(tx);
             let execution = lookup
                 .execution
                 .ok_or_else(|| Error::corrupt("a cached claim without its execution"))?;

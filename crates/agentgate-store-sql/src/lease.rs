@@ -180,6 +180,7 @@ pub async fn ask_and_check<S: LeaseSql>(
 pub async fn explain<S: LeaseSql>(sql: &S, lease: &LeaseRef) -> Result<CheckedLease> {
     let mut conn = sql.reader().await?;
     let (checked, _) = ask_and_check(sql, &mut conn, lease, false).await?;
+    S::release(conn);
     Ok(checked)
 }
 

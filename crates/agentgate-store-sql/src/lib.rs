@@ -89,8 +89,12 @@ pub trait StepTx: lease::LeaseSql {
     async fn open(&self, lease: &LeaseRef) -> Result<(Self::Tx, CheckedLease)> {
         let authority = lease::Authority::ask(self.leases(), lease).await?;
         let mut tx = self.transaction().await?;
-        let (checked, _) =
-            lease::check_lease(self, Self::conn(&mut tx), lease, &authority, true).await?;
-        Ok((tx, checked))
+        match lease::check_lease(self, Self::conn(&mut tx), lease, &authority, true).await {
+            Ok((checked, _)) => Ok((tx, checked)),
+            Err(error) => {
+                Self::abandon(tx);
+                Err(error)
+            }
+        }
     }
 }

@@ -207,6 +207,15 @@ pub trait Run: Sync {
     /// `store_unavailable` when none can be had in time.
     async fn reader(&self) -> Result<Self::Reader>;
 
+    /// Gives a reader back to its pool once its statements were all
+    /// answered; dropped instead, it may be closed ([`crate::tx::Held`]).
+    fn release(reader: Self::Reader);
+
+    /// Gives up a transaction whose statements were all answered and that
+    /// wrote nothing to keep ([`crate::tx::Tx::abandon`]); dropped instead,
+    /// it may be closed.
+    fn abandon(tx: Self::Tx);
+
     /// Runs the statement; the rows it changed.
     async fn execute(&self, on: On<'_, Self::Conn>, statement: Statement<'_>) -> Result<u64>;
 
@@ -258,33 +267,22 @@ pub trait Run: Sync {
 /// of the store, which has `config` and `leases` fields), once for every
 /// sqlx driver: `render` is [`numbered`] or [`positional`]; `read` and
 /// `write` the pools a read and an autocommit write outside a transaction
-/// run on.
+/// run on; `after_cut` what becomes of a connection whose statement was cut
+/// off ([`crate::tx::AfterCut`]).
 #[macro_export]
 macro_rules! impl_run {
     (
         $wrapper:ident, db = $db:ty, conn = $conn:ty, row = $row:ty, cols = $cols:path,
         now = $now:expr, bigint = $bigint:literal, errors = $map_err:path, render = $render:path,
-        read = |$store:ident| $read:expr, write = |$wstore:ident| $write:expr $(,)?
-    ) => {
-        $crate::impl_run!(
-            $wrapper, db = $db, conn = $conn, row = $row, cols = $cols, now = $now,
-            bigint = $bigint, errors = $map_err, render = $render,
-            read = |$store| $read, write = |$wstore| $write,
-            tx = $crate::tx::Tx<$db>,
-        );
-    };
-    (
-        $wrapper:ident, db = $db:ty, conn = $conn:ty, row = $row:ty, cols = $cols:path,
-        now = $now:expr, bigint = $bigint:literal, errors = $map_err:path, render = $render:path,
         read = |$store:ident| $read:expr, write = |$wstore:ident| $write:expr,
-        tx = $tx:ty $(,)?
+        after_cut = $after_cut:expr $(,)?
     ) => {
         #[$crate::async_trait]
         impl $crate::query::Run for $wrapper<'_> {
             type Conn = $conn;
             type Row = $row;
-            type Tx = $tx;
-            type Reader = sqlx::pool::PoolConnection<$db>;
+            type Tx = $crate::tx::Tx<$db>;
+            type Reader = $crate::tx::Held<$db>;
 
             const NOW_MS: &'static str = $now;
             const BIGINT: &'static str = $bigint;
@@ -315,9 +313,19 @@ macro_rules! impl_run {
                 tx.commit().await.map_err($map_err)
             }
 
+            fn release(reader: Self::Reader) {
+                reader.release();
+            }
+
+            fn abandon(tx: Self::Tx) {
+                tx.abandon();
+            }
+
             async fn reader(&self) -> agentgate_core::error::Result<Self::Reader> {
                 let $store = self.0;
-                ($read).acquire().await.map_err($map_err)
+                $crate::tx::Held::acquire($read, $after_cut)
+                    .await
+                    .map_err($map_err)
             }
 
             async fn execute(
@@ -327,17 +335,25 @@ macro_rules! impl_run {
             ) -> agentgate_core::error::Result<u64> {
                 let (sql, args) = $render(&statement)?;
                 let query = $crate::query::bind_all::<$db>(sqlx::query(&sql), &args);
-                let done = match on {
+                let pool = match on {
                     $crate::query::On::Read => {
                         let $store = self.0;
-                        query.execute($read).await
+                        $read
                     }
                     $crate::query::On::Write => {
                         let $wstore = self.0;
-                        query.execute($write).await
+                        $write
                     }
-                    $crate::query::On::Conn(conn) => query.execute(conn).await,
+                    $crate::query::On::Conn(conn) => {
+                        let done = query.execute(conn).await.map_err($map_err)?;
+                        return Ok(done.rows_affected());
+                    }
                 };
+                let mut held = $crate::tx::Held::acquire(pool, $after_cut)
+                    .await
+                    .map_err($map_err)?;
+                let done = query.execute(&mut *held).await;
+                held.release();
                 Ok(done.map_err($map_err)?.rows_affected())
             }
 
@@ -348,18 +364,25 @@ macro_rules! impl_run {
             ) -> agentgate_core::error::Result<Vec<$row>> {
                 let (sql, args) = $render(&statement)?;
                 let query = $crate::query::bind_all::<$db>(sqlx::query(&sql), &args);
-                match on {
+                let pool = match on {
                     $crate::query::On::Read => {
                         let $store = self.0;
-                        query.fetch_all($read).await
+                        $read
                     }
                     $crate::query::On::Write => {
                         let $wstore = self.0;
-                        query.fetch_all($write).await
+                        $write
                     }
-                    $crate::query::On::Conn(conn) => query.fetch_all(conn).await,
-                }
-                .map_err($map_err)
+                    $crate::query::On::Conn(conn) => {
+                        return query.fetch_all(conn).await.map_err($map_err);
+                    }
+                };
+                let mut held = $crate::tx::Held::acquire(pool, $after_cut)
+                    .await
+                    .map_err($map_err)?;
+                let rows = query.fetch_all(&mut *held).await;
+                held.release();
+                rows.map_err($map_err)
             }
         }
     };

@@ -20,6 +20,18 @@
 //! otherwise the connection is closed and counted
 //! ([`Hygiene::poisoned_closed`]). So a pooled connection is never handed
 //! out inside a transaction, whatever the driver does.
+//!
+//! That recovery needs a driver whose protocol state survives a cut, and
+//! sqlx's MySQL driver (0.8.6) does not: it records a statement's pending
+//! answer before the statement is sent, and a cut while a statement is
+//! being prepared leaves part of the prepare's answer unread. The next use
+//! of such a connection (sqlx's own return-to-pool ping first, which has no
+//! time bound) then waits for an answer that never comes, and the pool
+//! loses the connection for good. A store says which recovery its driver
+//! can take ([`AfterCut`]): MySQL's step connections dropped open are
+//! closed (the server rolls their transaction back), never pooled again;
+//! and a statement it runs on the pool outside a transaction holds its
+//! connection through [`Held`], which closes it when cut off.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -48,9 +60,11 @@ impl Hygiene {
         self.rolled_back.load(Ordering::Relaxed)
     }
 
-    /// Connections closed because their transaction could not be ended
-    /// (its `ROLLBACK` failed or took past [`ROLLBACK_BOUND`], or no
-    /// runtime was left to send it).
+    /// Connections closed instead of pooled again: their transaction
+    /// could not be ended (its `ROLLBACK` failed or took past
+    /// [`ROLLBACK_BOUND`], or no runtime was left to send it), or their
+    /// driver cannot take a cut ([`AfterCut::Close`]) and they were dropped
+    /// inside a transaction or a statement.
     pub fn poisoned_closed(&self) -> u64 {
         self.poisoned_closed.load(Ordering::Relaxed)
     }
@@ -73,6 +87,27 @@ pub type RawSql<DB> = for<'c> fn(
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 
+/// What becomes of a step's connection dropped inside its transaction
+/// (see the [module documentation](self)).
+pub enum AfterCut<DB: Database> {
+    /// The transaction is rolled back on the connection, which goes back
+    /// to its pool: the driver's protocol state survives a cut (PostgreSQL,
+    /// SQLite). `RawSql` sends the `ROLLBACK` the driver does not know it
+    /// needs.
+    RollBack(RawSql<DB>),
+    /// The connection is closed and the server rolls the transaction back:
+    /// the driver's protocol state may not survive a cut (MySQL).
+    Close,
+}
+
+impl<DB: Database> Clone for AfterCut<DB> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<DB: Database> Copy for AfterCut<DB> {}
+
 /// An open transaction on a pooled connection (see the
 /// [module documentation](self)). Derefs to the driver's connection.
 pub struct Tx<DB: Database> {
@@ -80,7 +115,10 @@ pub struct Tx<DB: Database> {
     conn: Option<PoolConnection<DB>>,
     /// From before `BEGIN` is sent until `COMMIT` or `ROLLBACK` is answered.
     open: bool,
-    raw: RawSql<DB>,
+    /// Every statement sent was answered ([`Tx::abandon`]): the driver is
+    /// in step with the server whatever [`AfterCut`] says.
+    settled: bool,
+    after_cut: AfterCut<DB>,
 }
 
 impl<DB: Database> std::fmt::Debug for Tx<DB> {
@@ -92,20 +130,22 @@ impl<DB: Database> std::fmt::Debug for Tx<DB> {
 impl<DB: Database> Tx<DB> {
     /// Takes a connection from `pool` and opens a transaction on it with
     /// `begin` (one text query: `BEGIN` and the settings that go with it);
-    /// `raw` is the store's way to send a `ROLLBACK` if it is cut off.
+    /// `after_cut` says what becomes of the connection if the step is cut
+    /// off (or fails) before its `COMMIT` is answered.
     ///
     /// # Errors
     /// The driver's; the connection is then rolled back or closed.
     pub async fn begin(
         pool: &Pool<DB>,
         begin: &'static str,
-        raw: RawSql<DB>,
+        after_cut: AfterCut<DB>,
     ) -> Result<Self, sqlx::Error> {
         let conn = pool.acquire().await?;
         let mut tx = Self {
             conn: Some(conn),
             open: true,
-            raw,
+            settled: false,
+            after_cut,
         };
         <DB::TransactionManager>::begin(&mut tx, Some(begin.into())).await?;
         Ok(tx)
@@ -121,6 +161,15 @@ impl<DB: Database> Tx<DB> {
         <DB::TransactionManager>::commit(&mut self).await?;
         self.open = false;
         Ok(())
+    }
+
+    /// Gives the transaction up once every statement it sent was answered
+    /// (a refusal, a replay, an error the server returned): it is rolled
+    /// back on its connection, which goes back to the pool, whatever
+    /// [`AfterCut`] says. The `ROLLBACK` is queued ahead of the
+    /// connection's next use, so this costs no round trip now.
+    pub fn abandon(mut self) {
+        self.settled = true;
     }
 
     /// Rolls back now (a drop does the same in the background).
@@ -160,6 +209,18 @@ impl<DB: Database> Drop for Tx<DB> {
         if !self.open {
             return;
         }
+        let raw = match self.after_cut {
+            AfterCut::RollBack(raw) => raw,
+            AfterCut::Close if self.settled => {
+                <DB::TransactionManager>::start_rollback(&mut conn);
+                HYGIENE.rolled_back.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            AfterCut::Close => {
+                close_cut(conn);
+                return;
+            }
+        };
         if <DB::TransactionManager>::get_transaction_depth(&conn) > 0 {
             // The driver knows the transaction: its rollback goes out ahead
             // of the connection's next use, as sqlx's `Transaction` does.
@@ -172,9 +233,87 @@ impl<DB: Database> Drop for Tx<DB> {
             HYGIENE.poisoned_closed.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        let raw = self.raw;
         runtime.spawn(roll_back(conn, raw));
     }
+}
+
+/// A pooled connection lent to statements outside a transaction. Given
+/// back with [`Held::release`] once its last statement was answered, it
+/// goes back to the pool. Dropped before that (its caller stopped waiting
+/// in the middle of a statement, or returned an error), it is closed when
+/// its driver cannot take a cut ([`AfterCut::Close`]), and pooled as usual
+/// otherwise. Derefs to the driver's connection.
+pub struct Held<DB: Database> {
+    /// `None` only inside `drop` and after `release`.
+    conn: Option<PoolConnection<DB>>,
+    close_unless_released: bool,
+}
+
+impl<DB: Database> Held<DB> {
+    /// Takes a connection from `pool`.
+    ///
+    /// # Errors
+    /// The pool's (`PoolTimedOut` when none is free in time).
+    pub async fn acquire(pool: &Pool<DB>, after_cut: AfterCut<DB>) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            conn: Some(pool.acquire().await?),
+            close_unless_released: matches!(after_cut, AfterCut::Close),
+        })
+    }
+
+    /// Gives the connection back to its pool: its statements were all
+    /// answered.
+    pub fn release(mut self) {
+        self.close_unless_released = false;
+    }
+}
+
+impl<DB: Database> std::fmt::Debug for Held<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Held").finish_non_exhaustive()
+    }
+}
+
+impl<DB: Database> Deref for Held<DB> {
+    type Target = DB::Connection;
+
+    fn deref(&self) -> &DB::Connection {
+        self.conn
+            .as_ref()
+            .expect("a held connection is taken only on drop")
+    }
+}
+
+impl<DB: Database> DerefMut for Held<DB> {
+    fn deref_mut(&mut self) -> &mut DB::Connection {
+        self.conn
+            .as_mut()
+            .expect("a held connection is taken only on drop")
+    }
+}
+
+impl<DB: Database> Drop for Held<DB> {
+    fn drop(&mut self) {
+        let Some(conn) = self.conn.take() else {
+            return;
+        };
+        if self.close_unless_released {
+            close_cut(conn);
+        }
+    }
+}
+
+/// Closes a connection whose driver cannot take a cut
+/// ([`AfterCut::Close`]) without reading from it: a driver that lost its
+/// place in the protocol may wait forever for an answer, or misread one
+/// (sqlx's MySQL driver then panics). The server rolls back the open
+/// transaction; a statement still running there ends first, so the pool
+/// may hand out a new connection before it has. That is a concurrent
+/// request like any other: every step's writes are conditioned on the rows
+/// they find, so the cut statement and a repeat never both take effect.
+fn close_cut<DB: Database>(mut conn: PoolConnection<DB>) {
+    HYGIENE.poisoned_closed.fetch_add(1, Ordering::Relaxed);
+    conn.close_on_drop();
 }
 
 /// Ends the transaction a [`Tx`] cut off mid-`BEGIN` may have left on

@@ -192,7 +192,7 @@ impl SqliteStore {
     /// fails to upgrade its snapshot.
     pub(crate) async fn write(&self) -> Result<Tx<Sqlite>> {
         self.transactions.fetch_add(1, Ordering::Relaxed);
-        Tx::begin(&self.writer, "BEGIN IMMEDIATE", raw_sql)
+        Tx::begin(&self.writer, "BEGIN IMMEDIATE", AFTER_CUT)
             .await
             .map_err(map_sqlx)
     }
@@ -231,6 +231,11 @@ impl SqliteStore {
 }
 
 agentgate_store_sql::raw_sql_fn!(raw_sql, sqlx::SqliteConnection);
+
+/// A SQLite connection whose step was cut off is rolled back and pooled
+/// again: the driver's worker keeps its place across a cut.
+pub(crate) const AFTER_CUT: agentgate_store_sql::tx::AfterCut<sqlx::Sqlite> =
+    agentgate_store_sql::tx::AfterCut::RollBack(raw_sql);
 
 agentgate_store_sql::impl_store!(SqliteStore);
 

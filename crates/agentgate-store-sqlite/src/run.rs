@@ -22,4 +22,5 @@ agentgate_store_sql::impl_run!(
     render = agentgate_store_sql::query::numbered,
     read = |store| &store.reader,
     write = |store| &store.writer,
+    after_cut = crate::AFTER_CUT,
 );

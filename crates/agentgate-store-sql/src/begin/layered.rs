@@ -200,23 +200,28 @@ async fn round<S: LayeredBeginSql>(
         .as_ref()
         .map(|t| t.view.turn_id.clone());
     match seen.decision {
-        BeginDecision::Reject(error) => Err(error),
+        BeginDecision::Reject(error) => {
+            S::release(reader);
+            Err(error)
+        }
         BeginDecision::Replay { turn_id } => {
             let view = replay(sql, &mut reader, &seen.read, &turn_id).await?;
+            S::release(reader);
             Ok(BeginOutcome::Replay(view))
         }
         BeginDecision::Queued { turn_id } => {
             // Read on the same snapshot's connection; a turn that left the
             // queue meanwhile is decided afresh.
             let queued = queued_turn(sql, &mut *reader, &turn_id, queue_retry(&seen.read)).await?;
+            S::release(reader);
             queued.map(BeginOutcome::Queued).ok_or_else(moved)
         }
         BeginDecision::Enqueue { .. } => {
-            drop(reader);
+            S::release(reader);
             queue_locked(sql, command, None).await
         }
         BeginDecision::Exhaust => {
-            drop(reader);
+            S::release(reader);
             // A turn whose lease is live in the layer is in flight, not
             // exhausted; ask before taking any lock. No new lease can
             // appear for it meanwhile: its attempts are used up.
@@ -262,7 +267,10 @@ async fn round<S: LayeredBeginSql>(
                 // again once its row is written.
                 if holder_turn_id != claim.turn_id {
                     match fence_of(sql, &mut *reader, holder_turn_id).await? {
-                        Some(holder) if holder > seen.read.session_fence => return Err(moved()),
+                        Some(holder) if holder > seen.read.session_fence => {
+                            S::release(reader);
+                            return Err(moved());
+                        }
                         Some(_) => {}
                         None => unwritten_holder = true,
                     }
@@ -284,16 +292,18 @@ async fn round<S: LayeredBeginSql>(
                         let retry = agentgate_core::decide::retry_after_ms(*expires_in_ms);
                         let queued =
                             queued_turn(sql, &mut *reader, turn_id.as_str(), retry).await?;
+                        S::release(reader);
                         return queued.map(BeginOutcome::Queued).ok_or_else(moved);
                     }
                     if command.queue.is_some() && seen_turn.is_none() {
-                        drop(reader);
+                        S::release(reader);
                         let holder = (holder_turn_id.clone(), *expires_in_ms);
                         return queue_locked(sql, command, Some(holder)).await;
                     }
                 }
             }
             if unwritten_holder {
+                S::release(reader);
                 *busy = layer_acquired(acquired, claim.turn_id, claim.cap).err();
                 return Err(moved());
             }
@@ -368,11 +378,8 @@ async fn queue_locked<S: LayeredBeginSql>(
     ) {
         return Err(moved());
     }
-    let (outcome, wrote) = apply(sql, conn, command, decided, Lease::Take).await?;
-    if wrote {
-        sql.commit(tx).await?;
-    }
-    Ok(outcome)
+    let answer = apply(sql, conn, command, decided, Lease::Take).await;
+    crate::begin::commit_if_wrote(sql, tx, answer).await
 }
 
 /// The fence of `turn_id`'s latest grant, if its row is written.
@@ -406,12 +413,14 @@ async fn write_layered<S: LayeredBeginSql>(
     asked: Instant,
 ) -> Result<BeginOutcome> {
     if lapsed(held.lease_expires_in_ms, asked) {
+        S::release(reader);
         return Err(moved());
     }
     if seen_turn.is_none()
         && command.confirmation.is_none()
         && sql.grant_layered_new(&mut *reader, command, &held).await?
     {
+        S::release(reader);
         return Ok(BeginOutcome::Started(Grant::first(
             command,
             held.turn_id,
@@ -420,7 +429,7 @@ async fn write_layered<S: LayeredBeginSql>(
             held.lease_expires_in_ms,
         )));
     }
-    drop(reader);
+    S::release(reader);
     let mut tx = sql.transaction().await?;
     let decided = decide_in(sql, S::conn(&mut tx), command).await?;
     let same_turn = decided.read.facts.turn.as_ref().map(|t| &t.view.turn_id) == seen_turn;
