@@ -43,7 +43,7 @@ const MAX_CUT_POLLS: u32 = 24;
 const TTL: Duration = Duration::from_secs(2);
 
 /// The kinds of step cut off.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     Begin,
     Heartbeat,
@@ -159,6 +159,74 @@ async fn turn_state(witness: &dyn Store, grant: &Grant) -> TurnState {
         .state
 }
 
+/// The most pending polls [`a_cut_statement_never_costs_its_connection`]
+/// cuts each step after: past a step's last await point on loopback.
+const SWEPT_POLLS: u32 = 12;
+
+/// How long the write after a cut may wait for the pool's one connection:
+/// far below the pool's acquire timeout, far above a reconnect.
+const AFTER_CUT_BOUND: Duration = Duration::from_secs(5);
+
+/// Cuts a step of every kind but the orphan claim after each of 0 to
+/// [`SWEPT_POLLS`] pending polls (a sweep, not a sample: every await point
+/// of each step, a statement's prepare and its answer included), on a bare
+/// store whose pool holds one connection, each checked as in
+/// [`a_cut_off_step_leaves_nothing_behind`]. After each cut a write must be
+/// answered within [`AFTER_CUT_BOUND`]: the connection the cut step held
+/// was rolled back or closed, never kept by a driver waiting for an answer
+/// that does not come (sqlx's MySQL driver, cut mid-statement, used to
+/// keep it for good).
+pub async fn a_cut_statement_never_costs_its_connection(target: &Target) {
+    let config = Config {
+        lease_ttl: TTL,
+        store_connections: 1,
+        max_turns_per_user: 1_000,
+        orphan_grace: Duration::from_secs(3_600),
+        ..Config::default()
+    };
+    let store = agentgate::gate::open_bare_store(
+        &target.store_url,
+        target.redis_url.as_deref(),
+        config.clone(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("open {} store: {e}", target.name));
+    let witness_gate = target.gate(config).await;
+    let witness = witness_gate.store().as_ref();
+    let server = mysql_server(target).await;
+    let settle = Settle {
+        to_end: None,
+        server: server.as_ref(),
+    };
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for polls in 0..=SWEPT_POLLS {
+        for (round, kind) in KINDS.into_iter().enumerate() {
+            if kind == Kind::OrphanClaim {
+                continue;
+            }
+            let phase = format!("swept-{polls}");
+            let cut = cut_one(kind, store.as_ref(), &settle, witness, &phase, round, polls).await;
+            if !matches!(cut, Cut::Answered) {
+                *counts.entry(format!("{kind:?}.cut")).or_default() += 1;
+            }
+            let write = tokio::time::timeout(
+                AFTER_CUT_BOUND,
+                store.set_user_cap(&UserId::new("after-cut").expect("id"), None),
+            )
+            .await;
+            assert!(
+                matches!(write, Ok(Ok(()))),
+                "a write after a {kind:?} cut after {polls} polls: {write:?}"
+            );
+        }
+    }
+    report(
+        target,
+        "a_cut_statement_never_costs_its_connection",
+        &counts,
+    );
+}
+
 /// One well-behaved turn on the bare store (its pool's one connection is
 /// the one the cut-off step left): begun, a tool booked, ended. Every
 /// answer is acknowledged, so the witness must find all of it committed.
@@ -249,6 +317,7 @@ pub async fn a_cut_off_step_leaves_nothing_behind(target: &Target) {
     }
     tokio::time::sleep(TTL + Duration::from_millis(300)).await;
 
+    let server = mysql_server(target).await;
     let mut counts = BTreeMap::new();
     if target.redis_url.is_none() {
         let phase = Phase {
@@ -256,6 +325,7 @@ pub async fn a_cut_off_step_leaves_nothing_behind(target: &Target) {
             store: Arc::clone(&bare),
             to_end: None,
             max_polls: MAX_CUT_POLLS,
+            server: server.clone(),
             witness: Arc::clone(&witness),
         };
         phase
@@ -269,6 +339,7 @@ pub async fn a_cut_off_step_leaves_nothing_behind(target: &Target) {
         to_end: Some(to_end),
         // A caller of `RunToEnd` waits on its step's task, a poll or two.
         max_polls: 2,
+        server,
         witness: Arc::clone(&witness),
     };
     phase
@@ -297,6 +368,8 @@ struct Phase {
     to_end: Option<Arc<RunToEnd>>,
     /// Cuts come after 0 to this many pending polls.
     max_polls: u32,
+    /// See [`Settle::server`].
+    server: Option<sqlx::MySqlPool>,
     witness: Arc<dyn Store>,
 }
 
@@ -335,7 +408,10 @@ impl Phase {
             })
         };
         let (store, witness) = (self.store.as_ref(), self.witness.as_ref());
-        let to_end = self.to_end.as_deref();
+        let settle = Settle {
+            to_end: self.to_end.as_deref(),
+            server: self.server.as_ref(),
+        };
         let mut tallies: BTreeMap<String, Tally> = BTreeMap::new();
         for round in 0..rounds {
             let kind = KINDS[round % KINDS.len()];
@@ -346,9 +422,9 @@ impl Phase {
             let happened = match kind {
                 Kind::OrphanClaim => {
                     let orphan = orphans.pop().expect("an orphan per claim round");
-                    cut_orphan_claim(store, to_end, witness, &orphan, polls).await
+                    cut_orphan_claim(store, &settle, witness, &orphan, polls).await
                 }
-                _ => cut_one(kind, store, to_end, witness, self.name, round, polls).await,
+                _ => cut_one(kind, store, &settle, witness, self.name, round, polls).await,
             };
             let tally = tallies.entry(format!("{kind:?}")).or_default();
             match happened {
@@ -407,7 +483,7 @@ enum Cut {
 async fn cut_one(
     kind: Kind,
     store: &dyn Store,
-    to_end: Option<&RunToEnd>,
+    settle: &Settle<'_>,
     witness: &dyn Store,
     phase: &str,
     round: usize,
@@ -418,7 +494,7 @@ async fn cut_one(
     match kind {
         Kind::Begin => {
             let answer = cut_after(polls, store.begin(&begin)).await;
-            settle(store, to_end).await;
+            settle.wait(store).await;
             let held_before = session_holder(witness, &begin).await;
             match answer {
                 Some(Ok(BeginOutcome::Started(grant))) => {
@@ -461,7 +537,7 @@ async fn cut_one(
             let grant = start(store, &begin).await;
             let held = lease(&grant);
             let answer = cut_after(polls, store.heartbeat(&held)).await;
-            settle(store, to_end).await;
+            settle.wait(store).await;
             if let Some(answer) = &answer {
                 answer.as_ref().expect("an answered heartbeat");
             }
@@ -480,7 +556,7 @@ async fn cut_one(
             let grant = start(store, &begin).await;
             let held = lease(&grant);
             let answer = cut_after(polls, store.claim_tool(&held, &call(round))).await;
-            settle(store, to_end).await;
+            settle.wait(store).await;
             let before = all_executions(witness, &grant.turn_id)
                 .await
                 .expect("witness read");
@@ -531,7 +607,7 @@ async fn cut_one(
                 store.complete_tool(&held, &execution, Completion::Result(result.clone())),
             )
             .await;
-            settle(store, to_end).await;
+            settle.wait(store).await;
             let before = all_executions(witness, &grant.turn_id)
                 .await
                 .expect("witness read");
@@ -579,7 +655,7 @@ async fn cut_one(
             let grant = start(store, &begin).await;
             let held = lease(&grant);
             let answer = cut_after(polls, store.end_turn(&held, &succeed(round))).await;
-            settle(store, to_end).await;
+            settle.wait(store).await;
             let state = turn_state(witness, &grant).await;
             match answer {
                 Some(answer) => {
@@ -616,7 +692,7 @@ async fn cut_one(
             let grant = start(store, &begin).await;
             let held = lease(&grant);
             let answer = cut_after(polls, store.request_cancel(&grant.turn_id)).await;
-            settle(store, to_end).await;
+            settle.wait(store).await;
             let asked = witness
                 .turn(&grant.turn_id)
                 .await
@@ -664,7 +740,7 @@ async fn cut_one(
             let grant = start(store, &begin).await;
             let queued = command(&user, &user, "q").queued(Some(QueueMode::Enqueue));
             let answer = cut_after(polls, store.begin(&queued)).await;
-            settle(store, to_end).await;
+            settle.wait(store).await;
             let before = queue_of(witness, &begin).await;
             let outcome = match answer {
                 Some(answer) => {
@@ -715,7 +791,7 @@ async fn cut_one(
                 .expect("end");
             let session = SessionId::new(&user).expect("id");
             let answer = cut_after(polls, take_next(store, &session)).await;
-            settle(store, to_end).await;
+            settle.wait(store).await;
             let holder = session_holder(witness, &begin).await;
             let outcome = match answer {
                 Some(answer) => {
@@ -762,7 +838,7 @@ async fn cut_one(
                 .map(|i| NewEvent::new("delta", &json!({"i": i})).expect("event"))
                 .collect();
             let answer = cut_after(polls, store.append_events(&held, &events)).await;
-            settle(store, to_end).await;
+            settle.wait(store).await;
             let before = event_count(witness, &grant).await;
             let outcome = match answer {
                 Some(answer) => {
@@ -798,7 +874,7 @@ async fn cut_one(
 /// Cuts off the claim of `orphan` (filtered to its user).
 async fn cut_orphan_claim(
     store: &dyn Store,
-    to_end: Option<&RunToEnd>,
+    settle: &Settle<'_>,
     witness: &dyn Store,
     orphan: &Grant,
     polls: u32,
@@ -808,7 +884,7 @@ async fn cut_orphan_claim(
         ..OrphanFilter::default()
     };
     let answer = cut_after(polls, store.claim_orphan(&filter)).await;
-    settle(store, to_end).await;
+    settle.wait(store).await;
     let view = witness
         .turn(&orphan.turn_id)
         .await
@@ -895,24 +971,75 @@ async fn cut_through_the_gate(target: &Target, config: &Config, witness: &dyn St
     ended
 }
 
-/// Waits until the cut-off step is over: through [`RunToEnd`], until its
-/// task ended; then until whatever it left on the pool's one connection is
-/// finished (a write on the same pool can only start after it).
-async fn settle(store: &dyn Store, to_end: Option<&RunToEnd>) {
-    if let Some(to_end) = to_end {
+/// A connection to the scratch database's server where the store closes
+/// a cut connection instead of rolling it back (MySQL): see
+/// [`Settle::server`].
+async fn mysql_server(target: &Target) -> Option<sqlx::MySqlPool> {
+    if !target.store_url.starts_with("mysql:") {
+        return None;
+    }
+    Some(
+        sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(1)
+            .connect(&target.store_url)
+            .await
+            .expect("a connection to the scratch database's server"),
+    )
+}
+
+/// What [`Settle::wait`] waits on.
+struct Settle<'a> {
+    /// Set when the phase's store is this [`RunToEnd`].
+    to_end: Option<&'a RunToEnd>,
+    /// The scratch database's server, on a store that closes a cut
+    /// connection instead of rolling it back (MySQL: see
+    /// `agentgate_store_sql::tx::AfterCut`): its statement may still run
+    /// after the pool has a connection again.
+    server: Option<&'a sqlx::MySqlPool>,
+}
+
+impl Settle<'_> {
+    /// Waits until the cut-off step is over: through [`RunToEnd`], until
+    /// its task ended; then until whatever it left on the pool's one
+    /// connection is finished (a write on the same pool can only start
+    /// after it); then, where the cut connection was closed, until the
+    /// server runs no statement of the scratch database.
+    async fn wait(&self, store: &dyn Store) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while to_end.steps_in_flight() > 0 {
+        if let Some(to_end) = self.to_end {
+            while to_end.steps_in_flight() > 0 {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "a step whose caller stopped waiting never ended"
+                );
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        store
+            .set_user_cap(&UserId::new("settle").expect("id"), None)
+            .await
+            .expect("a write after a cut-off step");
+        let Some(server) = self.server else {
+            return;
+        };
+        loop {
+            let running: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM information_schema.processlist \
+                 WHERE db = DATABASE() AND id <> CONNECTION_ID() AND command <> 'Sleep'",
+            )
+            .fetch_one(server)
+            .await
+            .expect("the server's process list");
+            if running == 0 {
+                return;
+            }
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "a step whose caller stopped waiting never ended"
+                "a closed connection's statement never ended on the server"
             );
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
-    store
-        .set_user_cap(&UserId::new("settle").expect("id"), None)
-        .await
-        .expect("a write after a cut-off step");
 }
 
 /// The handoff of a session's queue head.

@@ -41,7 +41,7 @@ pub use cancel::{
 };
 pub use confirm_races::{confirmation_races_a_new_message, confirmation_rejected_and_repeated};
 pub use confirmation::{confirmation_flow, confirmation_race, pending_confirmation_expires};
-pub use cut::a_cut_off_step_leaves_nothing_behind;
+pub use cut::{a_cut_off_step_leaves_nothing_behind, a_cut_statement_never_costs_its_connection};
 pub use events::{
     an_append_on_another_node_wakes_its_followers, events_are_fenced_ordered_and_resumable,
 };
