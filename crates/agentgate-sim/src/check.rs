@@ -5,12 +5,19 @@
 //! releases), not from the store's rows, so a store that loses track of a
 //! lease is caught: a grant is live from its grant until its expiry (moved
 //! by renewals) or its release.
+//!
+//! Tool claims are held to docs/protocol.md §2.4 the same way, from the
+//! store's answers alone ([`Claims`], in both [`check`] and
+//! [`check_observed`]), never by asking `decide`: under one lease a call is
+//! answered execute once per attempt (a repeat of a running claim is
+//! refused `tool_in_flight`), and once it succeeded every claim is
+//! answered cached with the stored result.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
-use crate::history::{Entry, Event, Observed};
+use crate::history::{ClaimAnswer, Entry, Event, FinishAnswer, Observed};
 
 /// An invariant broken at a history entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,6 +45,11 @@ pub struct Counts {
     pub replays: u64,
     /// Turns that succeeded.
     pub successes: u64,
+    /// Claims of a call running under the caller's own lease (a holder's
+    /// repeat), refused `tool_in_flight` as they must be.
+    pub repeats_in_flight: u64,
+    /// Claims of a succeeded call answered cached with its stored result.
+    pub claims_cached: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -314,7 +326,10 @@ impl Model {
                     ));
                 }
             }
-            Event::Observed { .. }
+            // Tool claims and their ends: `Claims`.
+            Event::ToolClaimed { .. }
+            | Event::ToolFinished { .. }
+            | Event::Observed { .. }
             | Event::Call { .. }
             | Event::Fault { .. }
             | Event::Return { .. }
@@ -324,17 +339,299 @@ impl Model {
     }
 }
 
+/// The refusals a holder's repeat claim of an execution still running under
+/// its own lease may get: `tool_in_flight` (§2.4), or a refusal of the lease
+/// (§3.0) or of a turn asked to stop (§3.3). Never execute, never cached.
+const IN_FLIGHT_REFUSALS: [&str; 3] = ["tool_in_flight", "lease_lost", "turn_cancelled"];
+
+/// The refusals a claim of a succeeded call may get instead of cached.
+const LEASE_REFUSALS: [&str; 2] = ["lease_lost", "turn_cancelled"];
+
+/// What the store said about one tool call (one idempotency key).
+#[derive(Clone, Debug)]
+enum ToolFact {
+    /// A claim under `fence` was answered execute.
+    Execute { fence: i64, attempt: u32 },
+    /// A completion stored `result`.
+    Succeeded { result: Value },
+    /// A failure under `fence` was applied.
+    Failed { fence: i64 },
+    /// A completion or failure whose outcome the store did not say.
+    Unsure,
+}
+
+/// A call's state as the facts recorded before some entry left it.
+#[derive(Debug, Default)]
+struct ToolState {
+    /// The attempt answered execute and neither completed nor failed since:
+    /// its fence and attempt.
+    running: Option<(i64, u32)>,
+    /// The stored result, once a completion succeeded.
+    done: Option<Value>,
+    /// An outcome the store did not say: judge no claim of it any more.
+    unsure: bool,
+}
+
+/// The tool-claim checks, from the store's answers as the store wrapper
+/// recorded them (`Event::ToolClaimed`, `Event::ToolFinished`), independent
+/// of `decide`.
+///
+/// A claim is judged against the facts recorded before it was sent (its
+/// `Event::Call`): those certainly were applied before it, on a simulated
+/// store and on a real one alike.
+#[derive(Debug, Default)]
+struct Claims {
+    /// The entry each call was sent at.
+    sent: BTreeMap<u64, usize>,
+    /// Each key's facts, with the entry that recorded them.
+    facts: BTreeMap<String, Vec<(usize, ToolFact)>>,
+    /// Cached answers given before any success of their key was recorded:
+    /// (entry, key, result), each to match the success when it comes.
+    early: Vec<(usize, String, Value)>,
+    repeats_in_flight: u64,
+    cached: u64,
+}
+
+impl Claims {
+    /// Checks the entry at `index`; `Err((entry, message))` for a violation
+    /// (an early cached answer is reported at its own entry).
+    fn apply(&mut self, index: usize, event: &Event) -> Result<(), (usize, String)> {
+        match event {
+            Event::Call { call, .. } => {
+                self.sent.insert(*call, index);
+            }
+            Event::ToolClaimed {
+                call,
+                key,
+                fence,
+                answer,
+            } => {
+                let sent = self.sent.get(call).copied().unwrap_or(index);
+                let was = self.state_before(key, sent);
+                self.judge(key, *fence, answer, &was)
+                    .map_err(|message| (index, message))?;
+                match answer {
+                    ClaimAnswer::Execute { attempt } => self.fact(
+                        index,
+                        key,
+                        ToolFact::Execute {
+                            fence: *fence,
+                            attempt: *attempt,
+                        },
+                    ),
+                    // A cached answer with no success recorded before it
+                    // was sent: a success recorded since (a concurrent
+                    // completion) must match it; else the next one.
+                    ClaimAnswer::Cached { result } if was.done.is_none() => {
+                        let result = parse(result);
+                        let now = self.state_before(key, index);
+                        match now.done {
+                            _ if now.unsure => {}
+                            Some(stored) if stored != result => {
+                                return Err((
+                                    index,
+                                    format!(
+                                        "tool {key} answered cached {result} under fence {fence}, \
+                                         its stored result is {stored}"
+                                    ),
+                                ))
+                            }
+                            Some(_) => {}
+                            None => self.early.push((index, key.clone(), result)),
+                        }
+                    }
+                    ClaimAnswer::Cached { .. } | ClaimAnswer::Refused { .. } => {}
+                }
+            }
+            Event::ToolFinished {
+                key,
+                fence,
+                outcome,
+                ..
+            } => match outcome {
+                FinishAnswer::Succeeded { result } => {
+                    let result = parse(result);
+                    if let Some((at, _, early)) = self
+                        .early
+                        .iter()
+                        .find(|(_, k, early)| k == key && *early != result)
+                    {
+                        return Err((
+                            *at,
+                            format!(
+                                "tool {key} was answered cached {early} before its completion \
+                                 stored {result}"
+                            ),
+                        ));
+                    }
+                    self.early.retain(|(_, k, _)| k != key);
+                    self.fact(index, key, ToolFact::Succeeded { result });
+                }
+                FinishAnswer::Failed => self.fact(index, key, ToolFact::Failed { fence: *fence }),
+                // Refused for the lease or the execution's state: nothing
+                // changed. Anything else may have been applied or not.
+                FinishAnswer::Refused { code } => {
+                    if ![
+                        "lease_lost",
+                        "not_found",
+                        "invalid_request",
+                        "effect_failed",
+                    ]
+                    .contains(code)
+                    {
+                        // Its result, if it stored one, is unknown.
+                        self.early.retain(|(_, k, _)| k != key);
+                        self.fact(index, key, ToolFact::Unsure);
+                    }
+                }
+            },
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// What the end of the history leaves to report: a cached answer no
+    /// completion ever explained.
+    fn finish(&self) -> Result<(), (usize, String)> {
+        match self.early.first() {
+            Some((at, key, result)) => Err((
+                *at,
+                format!(
+                    "tool {key} was answered cached {result}, but no completion of it succeeded"
+                ),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    fn fact(&mut self, index: usize, key: &str, fact: ToolFact) {
+        self.facts
+            .entry(key.to_owned())
+            .or_default()
+            .push((index, fact));
+    }
+
+    fn state_before(&self, key: &str, before: usize) -> ToolState {
+        let mut state = ToolState::default();
+        for (_, fact) in self
+            .facts
+            .get(key)
+            .into_iter()
+            .flatten()
+            .filter(|(at, _)| *at < before)
+        {
+            match fact {
+                ToolFact::Execute { fence, attempt } => state.running = Some((*fence, *attempt)),
+                ToolFact::Succeeded { result } => {
+                    state.running = None;
+                    state.done = Some(result.clone());
+                }
+                ToolFact::Failed { fence } => {
+                    if state.running.is_some_and(|(f, _)| f == *fence) {
+                        state.running = None;
+                    }
+                }
+                ToolFact::Unsure => state.unsure = true,
+            }
+        }
+        state
+    }
+
+    /// A claim of `key` under `fence`, answered `answer`, against the
+    /// call's state `was` when the claim was sent.
+    fn judge(
+        &mut self,
+        key: &str,
+        fence: i64,
+        answer: &ClaimAnswer,
+        was: &ToolState,
+    ) -> Result<(), String> {
+        // `store_unavailable` decided nothing; an unsure outcome leaves
+        // nothing to judge by.
+        if was.unsure
+            || matches!(
+                answer,
+                ClaimAnswer::Refused {
+                    code: "store_unavailable"
+                }
+            )
+        {
+            return Ok(());
+        }
+        if let Some(stored) = &was.done {
+            return match answer {
+                ClaimAnswer::Execute { attempt } => Err(format!(
+                    "tool {key} answered execute (attempt {attempt}) under fence {fence} after it \
+                     succeeded with {stored}: every claim of a succeeded call is answered cached"
+                )),
+                ClaimAnswer::Cached { result } if parse(result) == *stored => {
+                    self.cached += 1;
+                    Ok(())
+                }
+                ClaimAnswer::Cached { result } => Err(format!(
+                    "tool {key} answered cached {result} under fence {fence}, its stored result is {stored}"
+                )),
+                ClaimAnswer::Refused { code } if LEASE_REFUSALS.contains(code) => Ok(()),
+                ClaimAnswer::Refused { code } => Err(format!(
+                    "a claim of succeeded tool {key} under fence {fence} was refused {code}, \
+                     not answered cached {stored}"
+                )),
+            };
+        }
+        let Some((running, first)) = was.running else {
+            return Ok(());
+        };
+        if running == fence {
+            return match answer {
+                ClaimAnswer::Execute { attempt } => Err(format!(
+                    "tool {key} answered execute twice under one lease (fence {fence}): attempt \
+                     {first} was still running (neither completed nor failed) when the holder's \
+                     repeat claim got attempt {attempt}; a repeat of a running claim must be \
+                     refused tool_in_flight"
+                )),
+                ClaimAnswer::Cached { result } => Err(format!(
+                    "tool {key} answered cached {result} to a repeat claim under fence {fence} \
+                     while attempt {first} was still running, never completed"
+                )),
+                ClaimAnswer::Refused { code } if IN_FLIGHT_REFUSALS.contains(code) => {
+                    if *code == "tool_in_flight" {
+                        self.repeats_in_flight += 1;
+                    }
+                    Ok(())
+                }
+                ClaimAnswer::Refused { code } => Err(format!(
+                    "a repeat claim of tool {key} under fence {fence}, attempt {first} still \
+                     running, was refused {code}, not tool_in_flight"
+                )),
+            };
+        }
+        match answer {
+            ClaimAnswer::Execute { attempt } if fence < running => Err(format!(
+                "tool {key} answered execute (attempt {attempt}) under fence {fence} while \
+                 attempt {first} runs under the newer fence {running}"
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// Checks `history`; the counts on success, the first violation otherwise.
 ///
 /// # Errors
 /// The first entry that breaks an invariant.
 pub fn check(history: &[Entry]) -> Result<Counts, Violation> {
     let mut model = Model::default();
+    let mut claims = Claims::default();
+    let broke = |(index, message)| Violation { index, message };
     for (index, entry) in history.iter().enumerate() {
         model
             .apply(entry.at_ms, &entry.event)
             .map_err(|message| Violation { index, message })?;
+        claims.apply(index, &entry.event).map_err(broke)?;
     }
+    claims.finish().map_err(broke)?;
+    model.counts.repeats_in_flight = claims.repeats_in_flight;
+    model.counts.claims_cached = claims.cached;
     Ok(model.counts)
 }
 
@@ -349,6 +646,11 @@ pub struct ObservedCounts {
     pub completions: u64,
     /// Succeeded turns clients received more than once, all equal.
     pub repeats: u64,
+    /// Claims of a call running under the caller's own lease, refused
+    /// `tool_in_flight`.
+    pub repeats_in_flight: u64,
+    /// Claims of a succeeded call answered cached with its stored result.
+    pub claims_cached: u64,
 }
 
 /// Checks what the clients observed, with no help from the store: the part
@@ -360,6 +662,11 @@ pub struct ObservedCounts {
 ///   grant of the session does not succeed.
 /// - A tool key is completed at most once, with the ledger's booking.
 /// - Every answer of a succeeded turn clients received is the same.
+/// - Tool claims keep docs/protocol.md §2.4 ([`Claims`]): under one lease a
+///   call is answered execute at most once until that attempt fails (a
+///   repeat of a running claim is refused `tool_in_flight`), a claim after a
+///   success is answered cached with the stored result, and nothing is
+///   answered cached that no completion stored.
 ///
 /// # Errors
 /// The first entry that breaks one.
@@ -371,6 +678,7 @@ pub fn check_observed(history: &[Entry]) -> Result<ObservedCounts, Violation> {
     let mut booked: BTreeMap<String, u64> = BTreeMap::new();
     let mut answers: BTreeMap<String, Value> = BTreeMap::new();
     let mut counts = ObservedCounts::default();
+    let mut claims = Claims::default();
     let newest_before =
         |granted: &BTreeMap<String, Vec<(usize, i64)>>, session: &str, index: usize| {
             granted
@@ -384,6 +692,9 @@ pub fn check_observed(history: &[Entry]) -> Result<ObservedCounts, Violation> {
         };
     for (index, entry) in history.iter().enumerate() {
         let fail = |message: String| Err(Violation { index, message });
+        claims
+            .apply(index, &entry.event)
+            .map_err(|(index, message)| Violation { index, message })?;
         match &entry.event {
             Event::Call { call, .. } => {
                 sent.insert(*call, index);
@@ -479,5 +790,10 @@ pub fn check_observed(history: &[Entry]) -> Result<ObservedCounts, Violation> {
             _ => {}
         }
     }
+    claims
+        .finish()
+        .map_err(|(index, message)| Violation { index, message })?;
+    counts.repeats_in_flight = claims.repeats_in_flight;
+    counts.claims_cached = claims.cached;
     Ok(counts)
 }

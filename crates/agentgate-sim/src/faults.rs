@@ -16,15 +16,15 @@ use agentgate_core::config::Config;
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::{ExecutionId, SessionId, TurnId, UserId};
 use agentgate_core::model::{
-    BeginCommand, BeginOutcome, Ending, IgnoredCancel, LeaseRef, Orphan, OrphanFilter, Overview,
-    SessionView, SweepReport, ToolCall, ToolClaim, TurnView, UserView,
+    idempotency_key, BeginCommand, BeginOutcome, Ending, IgnoredCancel, LeaseRef, Orphan,
+    OrphanFilter, Overview, SessionView, SweepReport, ToolCall, ToolClaim, TurnView, UserView,
 };
 use agentgate_core::page::{ExecutionPage, ExecutionPageRequest};
 use agentgate_core::store::{Completion, LeaseStatus, ReleaseWatch, Store};
 use async_trait::async_trait;
 use serde_json::Value;
 
-use crate::history::{Event, Fault, History, Observed};
+use crate::history::{ClaimAnswer, Event, Fault, FinishAnswer, History, Observed};
 use crate::rng::Rng;
 use crate::store::Clock;
 
@@ -231,6 +231,63 @@ impl Faulty {
         error
     }
 
+    /// Records what the store answered a tool claim, before a lost reply
+    /// can hide it from the caller.
+    fn claimed(&self, call: u64, lease: &LeaseRef, tool: &ToolCall, result: &Result<ToolClaim>) {
+        let Some(fence) = self.lock().fences.get(&lease.token.digest_hex()).copied() else {
+            return;
+        };
+        let answer = match result {
+            Ok(ToolClaim::Execute { attempt, .. }) => ClaimAnswer::Execute { attempt: *attempt },
+            Ok(ToolClaim::Cached { result, .. }) => ClaimAnswer::Cached {
+                result: result.to_string(),
+            },
+            Err(error) => ClaimAnswer::Refused {
+                code: error.kind().code(),
+            },
+        };
+        self.history.push(
+            self.clock.now_ms(),
+            Event::ToolClaimed {
+                call,
+                key: idempotency_key(&lease.turn_id, tool),
+                fence,
+                answer,
+            },
+        );
+    }
+
+    /// Records what the store answered a tool completion or failure.
+    fn finished(
+        &self,
+        call: u64,
+        lease: &LeaseRef,
+        execution_id: &ExecutionId,
+        outcome: std::result::Result<FinishAnswer, &Error>,
+    ) {
+        let (fence, key) = {
+            let inner = self.lock();
+            let fence = inner.fences.get(&lease.token.digest_hex()).copied();
+            let key = inner.keys.get(execution_id.as_str()).cloned();
+            match (fence, key) {
+                (Some(fence), Some(key)) => (fence, key),
+                _ => return,
+            }
+        };
+        let outcome = outcome.unwrap_or_else(|error| FinishAnswer::Refused {
+            code: error.kind().code(),
+        });
+        self.history.push(
+            self.clock.now_ms(),
+            Event::ToolFinished {
+                call,
+                key,
+                fence,
+                outcome,
+            },
+        );
+    }
+
     fn learn(&self, outcome: &Result<BeginOutcome>) {
         if let Ok(BeginOutcome::Started(grant)) = outcome {
             let mut inner = self.lock();
@@ -289,6 +346,7 @@ impl Store for Faulty {
                 .keys
                 .insert(execution_id.to_string(), idempotency_key.clone());
         }
+        self.claimed(call, lease, tool, &result);
         self.after(call, result, |claim| match claim {
             ToolClaim::Execute { .. } => self.wrote("claim_tool", lease),
             ToolClaim::Cached { .. } => None,
@@ -309,6 +367,14 @@ impl Store for Faulty {
             .inner
             .complete_tool(lease, execution_id, completion)
             .await;
+        self.finished(
+            call,
+            lease,
+            execution_id,
+            result.as_ref().map(|value| FinishAnswer::Succeeded {
+                result: value.to_string(),
+            }),
+        );
         self.after(call, result, |value| {
             let inner = self.lock();
             let fence = *inner.fences.get(&lease.token.digest_hex())?;
@@ -332,6 +398,12 @@ impl Store for Faulty {
             .before("fail_tool", lease.turn_id.as_str(), Some(lease))
             .await?;
         let result = self.inner.fail_tool(lease, execution_id, error).await;
+        self.finished(
+            call,
+            lease,
+            execution_id,
+            result.as_ref().map(|()| FinishAnswer::Failed),
+        );
         self.after(call, result, |_| self.wrote("fail_tool", lease))
             .await
     }

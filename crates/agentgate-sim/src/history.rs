@@ -95,6 +95,31 @@ pub enum Event {
         /// The stored result.
         result: String,
     },
+    /// The store's answer to a tool claim, as the store wrapper received it
+    /// (before any lost reply): enough to hold any store, real or
+    /// simulated, to docs/protocol.md §2.4 from outside.
+    ToolClaimed {
+        /// The call.
+        call: u64,
+        /// The claimed call's idempotency key (one per turn, tool and args).
+        key: String,
+        /// The fence of the caller's grant.
+        fence: i64,
+        /// What the store answered.
+        answer: ClaimAnswer,
+    },
+    /// The store's answer to a tool completion or failure, as the store
+    /// wrapper received it (before any lost reply).
+    ToolFinished {
+        /// The call.
+        call: u64,
+        /// The execution's idempotency key.
+        key: String,
+        /// The fence of the caller's grant.
+        fence: i64,
+        /// What the store answered.
+        outcome: FinishAnswer,
+    },
     /// A turn ended.
     Ended {
         /// The turn.
@@ -188,6 +213,43 @@ pub enum Observed {
         fence: i64,
         /// The stored result.
         result: String,
+    },
+}
+
+/// A store's answer to a tool claim.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClaimAnswer {
+    /// Run the tool: this attempt.
+    Execute {
+        /// The attempt.
+        attempt: u32,
+    },
+    /// Do not run it: the stored result.
+    Cached {
+        /// The stored result.
+        result: String,
+    },
+    /// Refused, with this error code.
+    Refused {
+        /// The error code.
+        code: &'static str,
+    },
+}
+
+/// A store's answer to a tool completion or failure.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FinishAnswer {
+    /// Marked succeeded, with this stored result.
+    Succeeded {
+        /// The stored result.
+        result: String,
+    },
+    /// Marked failed.
+    Failed,
+    /// Refused, with this error code.
+    Refused {
+        /// The error code.
+        code: &'static str,
     },
 }
 

@@ -128,13 +128,17 @@ pub struct Plan {
     pub rates: FaultRates,
     /// The store settings.
     pub config: Config,
+    /// The generator of the holders' repeated claims (`Scenario::repeat`),
+    /// apart from `rng` so that each seed's scenario and fault rates stay
+    /// what they were before claims were repeated.
+    pub repeats: Rng,
 }
 
 impl Plan {
     /// Draws the plan of `seed`.
     pub fn of(seed: u64) -> Self {
         let mut rng = Rng::new(seed);
-        let scenario = Scenario::draw(&mut rng);
+        let mut scenario = Scenario::draw(&mut rng);
         let pick = |rng: &mut Rng, options: &[u32]| {
             options[usize::try_from(rng.range(0, options.len() as u64 - 1)).unwrap_or(0)]
         };
@@ -144,6 +148,8 @@ impl Plan {
             latency: pick(&mut rng, &[0, 200, 500]),
             max_latency_ms: u64::from(pick(&mut rng, &[5, 50, 300])),
         };
+        let mut repeats = Rng::new(seed ^ 0x243f_6a88_85a3_08d3);
+        scenario.repeat = pick(&mut repeats, &[0, 150, 400]);
         let config = Config {
             lease_ttl: LEASE_TTL,
             max_turns_per_user: scenario.cap,
@@ -158,6 +164,7 @@ impl Plan {
             scenario,
             rates,
             config,
+            repeats,
         }
     }
 }
@@ -177,6 +184,7 @@ pub async fn drive(
         mut rng,
         scenario,
         rates,
+        repeats,
         ..
     } = plan;
     let faulty = Arc::new(Faulty::new(
@@ -195,6 +203,7 @@ pub async fn drive(
         clock,
         scenario: scenario.clone(),
         stop: workload::Stop::default(),
+        repeats: std::sync::Mutex::new(repeats),
     });
     let mut devices = Vec::new();
     for u in 0..scenario.users {

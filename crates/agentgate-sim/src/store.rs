@@ -31,8 +31,8 @@ use agentgate_core::limits::{MAX_ORPHAN_SCAN, MAX_OVERVIEW_ROWS};
 use agentgate_core::model::{
     idempotency_key, BeginCommand, BeginOutcome, ConfirmationContext, Ending, EventPage,
     ExecutionView, Grant, HolderView, IgnoredCancel, LeaseRef, LiveTurn, NewEvent, OnBusy, Orphan,
-    OrphanFilter, Overview, SessionView, SweepReport, ToolCall, ToolClaim, ToolState, TurnEvent,
-    TurnState, TurnView, UserView,
+    OrphanFilter, Overview, PreviousOutcome, SessionView, SweepReport, ToolCall, ToolClaim,
+    ToolState, TurnEvent, TurnState, TurnView, UserView,
 };
 use agentgate_core::page::{assemble, ExecutionCursor, ExecutionPage, ExecutionPageRequest};
 use agentgate_core::store::{Completion, LeaseStatus, ReleaseWatch, SqlEffect, Store};
@@ -62,6 +62,10 @@ pub enum Mutation {
     ReuseFenceOnTakeover,
     /// Begin counts none of the user's live permits.
     IgnorePermits,
+    /// A holder's repeat claim of a call it is running under the same lease
+    /// is answered execute again (attempt + 1) instead of `tool_in_flight`:
+    /// the holder's own repeat claim runs the tool again.
+    RerunOwnClaim,
 }
 
 /// The store's clock: tokio's (paused) clock since the run started.
@@ -681,13 +685,24 @@ impl SimStore {
             .get(lease.turn_id.as_str())
             .filter(|t| t.cancel_requested_at_ms.is_some())
             .map(|_| lease.turn_id.as_str().to_owned());
-        let (execution_id, attempt, previous) = match decide_tool_claim(
+        let decision = match decide_tool_claim(
             snapshot.as_ref(),
             cancelled.as_deref(),
             live.fence,
             live.lease_expires_at_ms,
             now,
         ) {
+            ToolDecision::Reject(Error::ToolInFlight { attempt, .. })
+                if self.mutation == Mutation::RerunOwnClaim =>
+            {
+                ToolDecision::Reclaim {
+                    attempt: attempt + 1,
+                    previous: PreviousOutcome::Unknown,
+                }
+            }
+            decision => decision,
+        };
+        let (execution_id, attempt, previous) = match decision {
             ToolDecision::Reject(error) => return Err(error),
             ToolDecision::Cached => {
                 let execution_id = existing_id.unwrap_or_default();

@@ -70,6 +70,11 @@ pub struct Scenario {
     /// Per mille of tool runs the downstream refuses (the execution is
     /// marked failed; the turn retries the tool or fails retryably).
     pub tool_failure: u32,
+    /// Per mille of tool claims its holder sends again: once the first was
+    /// answered execute (a client retrying a claim whose answer it lost, so
+    /// the store must refuse it `tool_in_flight`), and once the execution
+    /// completed (cached, with the stored result).
+    pub repeat: u32,
 }
 
 impl Scenario {
@@ -89,6 +94,8 @@ impl Scenario {
             pause: pick(rng, &[0, 30, 100]),
             confirm: pick(rng, &[0, 250]),
             tool_failure: pick(rng, &[0, 50, 150]),
+            // Drawn by `crate::Plan::of` from a generator of its own.
+            repeat: 0,
         }
     }
 }
@@ -154,6 +161,9 @@ pub struct Ctx {
     pub scenario: Scenario,
     /// Stops the recovery workers.
     pub stop: Stop,
+    /// Decides which claims their holder repeats: a generator of its own
+    /// (`crate::Plan::repeats`), apart from the clients' own.
+    pub repeats: Mutex<Rng>,
 }
 
 impl Ctx {
@@ -171,6 +181,17 @@ impl Ctx {
                 observed: true,
             },
         );
+    }
+
+    /// Whether the holder repeats the claim it just made
+    /// ([`Scenario::repeat`]).
+    fn repeat(&self) -> bool {
+        self.scenario.repeat > 0
+            && self
+                .repeats
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .chance(self.scenario.repeat)
     }
 
     fn ttl(&self) -> Duration {
@@ -277,6 +298,15 @@ async fn run_turn(ctx: &Ctx, rng: &mut Rng, turn: Turn, payload: &Value) -> Opti
             match turn.tool("book", &args).await {
                 Ok(ToolStep::Cached(result)) => break result,
                 Ok(ToolStep::Execute(execution)) => {
+                    if ctx.repeat() {
+                        // The holder claims the call again, as a client does
+                        // whose first answer was lost: the store must refuse
+                        // it `tool_in_flight`, never answer execute again.
+                        // Whatever it answers, this holder goes on with the
+                        // execution it holds; the checker judges the answer
+                        // from the history (check::Claims).
+                        let _ = turn.tool("book", &args).await;
+                    }
                     let key = execution.idempotency_key().to_owned();
                     let attempt = execution.attempt();
                     let fence = turn.fence().0;
@@ -334,7 +364,19 @@ async fn run_turn(ctx: &Ctx, rng: &mut Rng, turn: Turn, payload: &Value) -> Opti
                         }
                     };
                     match execution.complete(&result).await {
-                        Ok(stored) => break stored,
+                        Ok(stored) => {
+                            if ctx.repeat() {
+                                // Claimed again after the success (a retry
+                                // of a claim whose answer was lost after
+                                // the tool completed): cached, the stored
+                                // result, and nothing runs.
+                                if let Ok(ToolStep::Cached(cached)) = turn.tool("book", &args).await
+                                {
+                                    break cached;
+                                }
+                            }
+                            break stored;
+                        }
                         Err(_) => return None,
                     }
                 }

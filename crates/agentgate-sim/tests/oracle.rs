@@ -59,6 +59,15 @@
 //! (`expiry_confirmation_orphans_and_sweep_agree_on_every_store`) reaches
 //! for certain what the generated cases reach by chance.
 //!
+//! `decide` cannot be its own oracle for what it gets wrong, so one step
+//! kind is also held to the protocol directly: [`Op::ClaimAgain`], the same
+//! holder claiming a call twice under one lease, must be refused
+//! `tool_in_flight` while its first execution runs (never execute again),
+//! answered cached with the stored result after the holder completed it,
+//! and run again (attempt + 1) after the holder failed it
+//! (docs/protocol.md §2.4, §3.3; [`expected_repeat`]). Both stores are held to
+//! that, the simulated one included.
+//!
 //! A difference fails with the shrunk step sequence (the steps up to the
 //! first difference). SQLite always runs; PostgreSQL, MySQL and the Redis
 //! lease layer run when their servers are up (see
@@ -177,6 +186,17 @@ impl Kind {
     }
 }
 
+/// What the holder does between a claim and its repeat ([`Op::ClaimAgain`]).
+#[derive(Clone, Debug)]
+enum Between {
+    /// Nothing: the first execution is still running.
+    Nothing,
+    /// Completes the first execution with this result.
+    Complete(u8),
+    /// Fails the first execution.
+    Fail,
+}
+
 #[derive(Clone, Debug)]
 enum EndKind {
     Succeed(u8),
@@ -220,6 +240,16 @@ enum Op {
         lease: LeaseSel,
         tool: u8,
         args: u8,
+    },
+    /// A claim, then (when it was answered execute) the holder completes or
+    /// fails that execution or does nothing, then the same claim under the
+    /// same lease again, as a client whose answer was lost: the repeat's
+    /// answer is held to [`expected_repeat`].
+    ClaimAgain {
+        lease: LeaseSel,
+        tool: u8,
+        args: u8,
+        between: Between,
     },
     Complete {
         lease: LeaseSel,
@@ -313,6 +343,7 @@ fn case(kind: Kind) -> BoxedStrategy<Vec<Op>> {
                 prop_oneof![
                     4 => begin_op(),
                     4 => claim_op(),
+                    2 => claim_again_op(),
                     2 => effect_op(),
                     2 => complete_op(),
                     3 => end_op(),
@@ -405,6 +436,20 @@ fn claim_op() -> impl Strategy<Value = Op> {
     (lease_sel(), 0u8..2, 0u8..2).prop_map(|(lease, tool, args)| Op::Claim { lease, tool, args })
 }
 
+fn claim_again_op() -> impl Strategy<Value = Op> {
+    let between = prop_oneof![
+        2 => Just(Between::Nothing),
+        1 => (0u8..2).prop_map(Between::Complete),
+        1 => Just(Between::Fail),
+    ];
+    (lease_sel(), 0u8..2, 0u8..2, between).prop_map(|(lease, tool, args, between)| Op::ClaimAgain {
+        lease,
+        tool,
+        args,
+        between,
+    })
+}
+
 fn complete_op() -> impl Strategy<Value = Op> {
     (lease_sel(), 0u8..6, 0u8..2).prop_map(|(lease, exec, result)| Op::Complete {
         lease,
@@ -443,6 +488,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u8..2, prop::option::of(1u32..=2)).prop_map(|(user, cap)| Op::SetCap { user, cap }),
         2 => lease_sel().prop_map(|lease| Op::Heartbeat { lease }),
         5 => claim_op(),
+        2 => claim_again_op(),
         4 => complete_op(),
         2 => effect_op(),
         2 => (lease_sel(), 0u8..6).prop_map(|(lease, exec)| Op::FailTool { lease, exec }),
@@ -515,6 +561,9 @@ struct Side {
     fingerprints: HashMap<String, String>,
     /// Where the store's same-transaction effects land.
     ledger: Ledger,
+    /// How the latest step broke the protocol on this store, where the
+    /// test checks it directly ([`expected_repeat`]).
+    broken: Option<String>,
 }
 
 impl Side {
@@ -524,6 +573,7 @@ impl Side {
             last_orphans: Vec::new(),
             fingerprints: HashMap::new(),
             ledger,
+            broken: None,
             turns: HashMap::new(),
             turn_ids: Vec::new(),
             execs: HashMap::new(),
@@ -927,33 +977,18 @@ async fn apply(side: &mut Side, names: &Names, op: &Op) -> String {
             let Some(lease) = side.lease(*lease, None) else {
                 return NO_LEASE.to_owned();
             };
-            let call = valid(ToolCall::new(
-                valid(ToolName::new(format!("tool{tool}"))),
-                &json!({ "arg": args }),
-            ));
-            match side.store.claim_tool(&lease, &call).await {
-                Ok(ToolClaim::Execute {
-                    execution_id,
-                    idempotency_key: key,
-                    attempt,
-                    previous_outcome,
-                }) => {
-                    let exec = side.exec(execution_id.as_str(), &lease.turn_id);
-                    let key_ok = key == idempotency_key(&lease.turn_id, &call);
-                    format!(
-                        "execute {exec} attempt {attempt} previous {:?} key_ok {key_ok}",
-                        previous_outcome.map(|p| p.as_str())
-                    )
-                }
-                Ok(ToolClaim::Cached {
-                    execution_id,
-                    result,
-                }) => {
-                    let exec = side.exec(execution_id.as_str(), &lease.turn_id);
-                    format!("cached {exec} result {}", canon(&result))
-                }
-                Err(error) => side.error(&error),
-            }
+            claim(side, &lease, &tool_call(*tool, *args)).await.0
+        }
+        Op::ClaimAgain {
+            lease,
+            tool,
+            args,
+            between,
+        } => {
+            let Some(lease) = side.lease(*lease, None) else {
+                return NO_LEASE.to_owned();
+            };
+            Box::pin(claim_again(side, &lease, &tool_call(*tool, *args), between)).await
         }
         Op::Complete {
             lease,
@@ -1081,6 +1116,186 @@ async fn apply(side: &mut Side, names: &Names, op: &Op) -> String {
             Err(error) => side.error(&error),
         },
     }
+}
+
+/// The call `tool{tool}` with args `{"arg": args}`.
+fn tool_call(tool: u8, args: u8) -> ToolCall {
+    valid(ToolCall::new(
+        valid(ToolName::new(format!("tool{tool}"))),
+        &json!({ "arg": args }),
+    ))
+}
+
+/// A claim's answer, as far as [`expected_repeat`] needs it.
+#[derive(Clone, Debug)]
+enum Claimed {
+    Execute {
+        exec: String,
+        execution_id: ExecutionId,
+        attempt: u32,
+    },
+    Cached {
+        exec: String,
+        result: String,
+    },
+    Refused,
+}
+
+/// Claims `call` under `lease`: the normalized answer, and what it was.
+async fn claim(side: &mut Side, lease: &LeaseRef, call: &ToolCall) -> (String, Claimed) {
+    match side.store.claim_tool(lease, call).await {
+        Ok(ToolClaim::Execute {
+            execution_id,
+            idempotency_key: key,
+            attempt,
+            previous_outcome,
+        }) => {
+            let exec = side.exec(execution_id.as_str(), &lease.turn_id);
+            let key_ok = key == idempotency_key(&lease.turn_id, call);
+            (
+                format!(
+                    "execute {exec} attempt {attempt} previous {:?} key_ok {key_ok}",
+                    previous_outcome.map(|p| p.as_str())
+                ),
+                Claimed::Execute {
+                    exec,
+                    execution_id,
+                    attempt,
+                },
+            )
+        }
+        Ok(ToolClaim::Cached {
+            execution_id,
+            result,
+        }) => {
+            let exec = side.exec(execution_id.as_str(), &lease.turn_id);
+            let result = canon(&result);
+            (
+                format!("cached {exec} result {result}"),
+                Claimed::Cached { exec, result },
+            )
+        }
+        Err(error) => (side.error(&error), Claimed::Refused),
+    }
+}
+
+/// [`Op::ClaimAgain`]: claim, do `between` to an execution it started,
+/// claim again under the same lease; the repeat's answer is held to
+/// [`expected_repeat`] (a violation is left in `side.broken`).
+async fn claim_again(
+    side: &mut Side,
+    lease: &LeaseRef,
+    call: &ToolCall,
+    between: &Between,
+) -> String {
+    let (first, claimed) = claim(side, lease, call).await;
+    let mid = match (&claimed, between) {
+        (Claimed::Execute { execution_id, .. }, Between::Complete(n)) => {
+            let result = valid(CanonicalJson::new("result", &json!({ "result": n })));
+            match side
+                .store
+                .complete_tool(lease, execution_id, Completion::Result(result))
+                .await
+            {
+                Ok(stored) => format!("completed {}", canon(&stored)),
+                Err(error) => side.error(&error),
+            }
+        }
+        (Claimed::Execute { execution_id, .. }, Between::Fail) => {
+            let error = valid(CanonicalJson::new(
+                "error",
+                &json!({ "code": "tool_broke" }),
+            ));
+            match side.store.fail_tool(lease, execution_id, &error).await {
+                Ok(()) => "failed the execution".to_owned(),
+                Err(error) => side.error(&error),
+            }
+        }
+        _ => "-".to_owned(),
+    };
+    let (again, _) = claim(side, lease, call).await;
+    let (want_mid, want_again) = expected_repeat(&claimed, &first, between);
+    let broke = |what: &str, got: &str, want: &str| {
+        let how = if want.starts_with("tool_in_flight") && got.starts_with("execute") {
+            "the holder's repeat of a claim still running under its own lease was answered \
+             execute: the tool would run twice"
+        } else {
+            "the holder's repeat claim under one lease"
+        };
+        format!(
+            "{how} (docs/protocol.md §2.4): first claim answered {first}; {what} answered {got}, \
+             the protocol says {want}"
+        )
+    };
+    if let Some(want) = want_mid.filter(|want| *want != mid) {
+        side.broken = Some(broke(
+            "then the holder's completion or failure",
+            &mid,
+            &want,
+        ));
+    } else if let Some(want_again) = want_again.filter(|want| *want != again) {
+        let what = if mid == "-" {
+            "the repeat".to_owned()
+        } else {
+            format!("after {mid}, the repeat")
+        };
+        side.broken = Some(broke(&what, &again, &want_again));
+    }
+    format!("repeated claim: {first} | {mid} | {again}")
+}
+
+/// What the protocol (docs/protocol.md §2.4, §3.3, §3.4) says a holder's
+/// repeat of its own claim under the same live lease answers, from the
+/// first claim's answer and what the holder did between, and not from
+/// `decide`: (what `between` must answer, when it ran; what the repeat must
+/// answer).
+///
+/// - First answered execute, nothing between: the execution runs under
+///   the caller's own fence, so `tool_in_flight` naming it; never execute.
+/// - First answered execute, completed with `r` (which must succeed: it is
+///   running under the caller's fence): cached, `r`.
+/// - First answered execute, failed (which must succeed): execute again,
+///   attempt + 1, previous outcome failed; `attempts_exhausted` past
+///   `MAX_TOOL_ATTEMPTS`.
+/// - First answered cached: cached again, the same result (a stored result
+///   never changes).
+/// - First refused: the same refusal (a refusal writes nothing, and within
+///   one step the lease neither starts nor stops being live), but for
+///   `store_unavailable`, which decided nothing.
+fn expected_repeat(
+    first: &Claimed,
+    first_text: &str,
+    between: &Between,
+) -> (Option<String>, Option<String>) {
+    let (mid, again) = match (first, between) {
+        (Claimed::Execute { exec, .. }, Between::Nothing) => {
+            (None, format!("tool_in_flight({exec})"))
+        }
+        (Claimed::Execute { exec, .. }, Between::Complete(n)) => {
+            let result = canon(&json!({ "result": n }));
+            (
+                Some(format!("completed {result}")),
+                format!("cached {exec} result {result}"),
+            )
+        }
+        (Claimed::Execute { exec, attempt, .. }, Between::Fail) => (
+            Some("failed the execution".to_owned()),
+            if *attempt >= agentgate::limits::MAX_TOOL_ATTEMPTS {
+                "error attempts_exhausted".to_owned()
+            } else {
+                format!(
+                    "execute {exec} attempt {} previous Some(\"failed\") key_ok true",
+                    attempt + 1
+                )
+            },
+        ),
+        (Claimed::Cached { exec, result }, _) => (None, format!("cached {exec} result {result}")),
+        (Claimed::Refused, _) if first_text.starts_with("store_unavailable") => {
+            return (None, None)
+        }
+        (Claimed::Refused, _) => (None, first_text.to_owned()),
+    };
+    (mid, Some(again))
 }
 
 /// The orphans of the case's users (or of `user`), of one turn or any.
@@ -1312,6 +1527,10 @@ fn answer_kind(answer: &str) -> String {
         "orphans:" => "orphans listed".to_owned(),
         "abandoned" => answer.split(' ').take(2).collect::<Vec<_>>().join(" "),
         "claimed" if answer == "claimed none" => "claimed none".to_owned(),
+        "repeated" => format!(
+            "repeated claim: {}",
+            answer_kind(answer.rsplit(" | ").next().unwrap_or_default())
+        ),
         "swept"
             if answer.ends_with(" turns 0 executions 0 sessions 0")
                 && answer.contains("abandoned 0 ") =>
@@ -1428,6 +1647,14 @@ async fn run_case(
         let expected = Box::pin(apply(&mut want, &names, op)).await;
         let actual = Box::pin(apply(&mut got, &names, op)).await;
         in_bound(segment, i)?;
+        for (side, which) in [(&mut want, "decide's oracle"), (&mut got, "the store")] {
+            if let Some(broken) = side.broken.take() {
+                return Err(Failure::Differ(
+                    i,
+                    format!("step {i} broke the protocol on {which}: {broken}"),
+                ));
+            }
+        }
         if expected != actual {
             return Err(Failure::Differ(
                 i,
@@ -1545,7 +1772,7 @@ where
             tally.borrow()
         ),
         Err(TestError::Fail(reason, _)) => {
-            panic!("{name} differs from decide's oracle (shrunk case): {reason}")
+            panic!("{name} fails the oracle (shrunk case): {reason}")
         }
         Err(error) => panic!("{name}: {error}"),
     }
@@ -1716,6 +1943,121 @@ fn a_continuation_awaiting_confirmation_shows_its_own_pending() {
             }
         }
     });
+}
+
+/// A holder's repeats of its own claims, one of each kind, in a fixed case:
+/// refused `tool_in_flight` while the first execution runs (and a plain
+/// claim of it too), cached after its completion, executed again after its
+/// failure, the same refusal once the turn ended.
+fn repeat_claim_ops() -> Vec<Op> {
+    let again = |tool, args, between| Op::ClaimAgain {
+        lease: 0,
+        tool,
+        args,
+        between,
+    };
+    vec![
+        Op::Begin {
+            user: 0,
+            session: 0,
+            request: 0,
+            payload: 0,
+        },
+        again(0, 0, Between::Nothing),
+        Op::Claim {
+            lease: 0,
+            tool: 0,
+            args: 0,
+        },
+        Op::Complete {
+            lease: 0,
+            exec: 0,
+            result: 1,
+        },
+        again(0, 0, Between::Nothing),
+        again(1, 0, Between::Complete(0)),
+        again(1, 1, Between::Fail),
+        again(1, 1, Between::Nothing),
+        Op::End {
+            lease: 0,
+            how: EndKind::Succeed(0),
+        },
+        again(0, 1, Between::Nothing),
+    ]
+}
+
+/// [`repeat_claim_ops`] on every store: each agrees with decide's oracle and
+/// keeps [`expected_repeat`].
+#[test]
+fn a_holders_repeat_claims_agree_on_every_store() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("runtime: {e}"));
+    runtime.block_on(async {
+        let all = [
+            targets::sqlite().await,
+            targets::sqlite_redis().await,
+            targets::postgres().await,
+            targets::postgres_redis().await,
+            targets::mysql().await,
+            targets::mysql_redis().await,
+        ];
+        for target in all.into_iter().flatten() {
+            let name = target.name;
+            let opened = open(target, Kind::Steady).await;
+            match run_case(
+                &opened,
+                "repeat".to_owned(),
+                &repeat_claim_ops(),
+                Kind::Steady,
+                0,
+            )
+            .await
+            {
+                Ok(kinds) => println!("{name}: the repeat claims keep the protocol: {kinds:?}"),
+                Err(Failure::Differ(_, difference)) => {
+                    panic!("{name} fails the oracle: {difference}")
+                }
+                Err(Failure::TooSlow(_)) => unreachable!("a steady case is not timed"),
+            }
+        }
+    });
+}
+
+/// The repeat-claim expectation does not lean on `decide`: a store that
+/// answers a holder's repeat of a running claim with execute again (a
+/// `SimStore` broken on purpose, as `decide` itself could be) is caught.
+#[test]
+fn the_repeat_claim_check_catches_a_store_running_a_claim_twice() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("runtime: {e}"));
+    let broken = runtime.block_on(async {
+        let sim = Arc::new(SimStore::new(
+            config(Kind::Steady),
+            Clock::start(),
+            History::default(),
+            Mutation::RerunOwnClaim,
+        ));
+        let mut side = Side::new(Arc::clone(&sim) as Arc<dyn Store>, Ledger::Sim(sim));
+        let names = Names {
+            prefix: "mutated".to_owned(),
+        };
+        for op in repeat_claim_ops() {
+            Box::pin(apply(&mut side, &names, &op)).await;
+            if let Some(broken) = side.broken.take() {
+                return broken;
+            }
+        }
+        panic!("the repeat-claim check missed a store running a holder's repeat claim again");
+    });
+    println!("caught: {broken}");
+    assert!(
+        broken.contains("was answered execute: the tool would run twice"),
+        "{broken}"
+    );
 }
 
 /// The fixed timed case's untimed prelude (see [`run_case`]): T0 begins

@@ -2,8 +2,10 @@
 //! the same seeded clients and faults, held to the checks that need no
 //! history from the store (`check::check_observed`): fences never reused and
 //! increasing per session, no stale write landing after a newer grant was
-//! received, each tool key completed once with the ledger's booking, and
-//! every answer of a succeeded turn the same.
+//! received, each tool key completed once with the ledger's booking, every
+//! answer of a succeeded turn the same, and tool claims as docs/protocol.md
+//! §2.4 has them (a holder's repeat of a running claim refused
+//! `tool_in_flight`, a claim after a success cached with its result).
 //!
 //! Real time makes a seed take seconds, so this runs a few seeds
 //! (`AGENTGATE_SIM_REAL_SEEDS`, default 5); the simulation covers the many.
@@ -55,6 +57,8 @@ fn the_workload_on_sqlite_keeps_the_observable_invariants() {
                 totals.writes += counts.writes;
                 totals.completions += counts.completions;
                 totals.repeats += counts.repeats;
+                totals.repeats_in_flight += counts.repeats_in_flight;
+                totals.claims_cached += counts.claims_cached;
             }
             Err(violation) => {
                 let from = violation.index.saturating_sub(25);
@@ -71,12 +75,15 @@ fn the_workload_on_sqlite_keeps_the_observable_invariants() {
     }
     println!(
         "{seeds} seeds on SQLite in {:.1}s: {} grants, {} fenced writes and {} tool completions received, \
-         {} repeated answers, all consistent",
+         {} repeated answers, {} repeat claims of a running execution refused tool_in_flight, \
+         {} claims after a success cached, all consistent",
         started.elapsed().as_secs_f64(),
         totals.grants,
         totals.writes,
         totals.completions,
-        totals.repeats
+        totals.repeats,
+        totals.repeats_in_flight,
+        totals.claims_cached
     );
     assert!(
         totals.grants > 0 && totals.writes > 0,

@@ -59,6 +59,8 @@ fn seeds_keep_the_invariants() {
         total.deduplicated += counts.deduplicated;
         total.replays += counts.replays;
         total.successes += counts.successes;
+        total.repeats_in_flight += counts.repeats_in_flight;
+        total.claims_cached += counts.claims_cached;
         for (fault, n) in &run.faults {
             *faults.entry(*fault).or_default() += n;
         }
@@ -81,6 +83,7 @@ fn seeds_keep_the_invariants() {
         "simulated {} seeds in {:.1}s wall ({}s simulated, {entries} history entries): \
          {} grants, {} takeovers, {} fenced writes checked, {} turns succeeded, {} replays checked, \
          {} tool effects booked, {} duplicate effect arrivals deduplicated by key, \
+         {} repeat claims of a running execution refused tool_in_flight, {} claims after a success cached, \
          {crashes} holder crashes, {pauses} holder pauses past the TTL, store faults {faults:?}; \
          client-observed checks: {observed_writes} writes received, {observed_repeats} repeated answers; \
          combined history digest {combined:016x}",
@@ -94,6 +97,8 @@ fn seeds_keep_the_invariants() {
         total.replays,
         total.effects,
         total.deduplicated,
+        total.repeats_in_flight,
+        total.claims_cached,
     );
     if seeds.len() > 1 {
         assert!(total.takeovers > 0, "no seed took a turn over");
@@ -101,6 +106,10 @@ fn seeds_keep_the_invariants() {
         assert!(
             faults.get(&Fault::LostReply).is_some_and(|n| *n > 0),
             "no reply was lost"
+        );
+        assert!(
+            total.repeats_in_flight > 0 && total.claims_cached > 0,
+            "no holder repeated a claim of a running or a succeeded execution"
         );
     }
 }
@@ -215,4 +224,24 @@ fn the_checker_catches_a_permit_overrun() {
     let message = &caught.verdict.as_ref().unwrap_err().message;
     println!("caught at seed {}: {message}", caught.seed);
     assert!(message.contains("the cap is"), "{message}");
+}
+
+/// A store answering a holder's repeat claim of a call it is still running
+/// (same lease) with execute again, instead of `tool_in_flight`, is caught,
+/// by the full checker and by the checks a real store is held to.
+#[test]
+fn the_checker_catches_a_holder_running_its_own_claim_twice() {
+    let caught = first_caught(Mutation::RerunOwnClaim, 300)
+        .expect("no seed in 300 exposed a store running a holder's repeat claim again");
+    let message = &caught.verdict.as_ref().unwrap_err().message;
+    println!("caught at seed {}: {message}", caught.seed);
+    assert!(
+        message.contains("answered execute twice under one lease"),
+        "{message}"
+    );
+    let message = &caught.observed.as_ref().unwrap_err().message;
+    assert!(
+        message.contains("answered execute twice under one lease"),
+        "{message}"
+    );
 }
