@@ -163,14 +163,20 @@ async fn turn_state(witness: &dyn Store, grant: &Grant) -> TurnState {
 /// cuts each step after: past a step's last await point on loopback.
 const SWEPT_POLLS: u32 = 12;
 
+/// How many times [`a_cut_statement_never_costs_its_connection`] sweeps:
+/// where a cut lands within an await point varies with timing, so one
+/// sweep catches a driver that loses its place only sometimes.
+const SWEEPS: usize = 8;
+
 /// How long the write after a cut may wait for the pool's one connection:
 /// far below the pool's acquire timeout, far above a reconnect.
 const AFTER_CUT_BOUND: Duration = Duration::from_secs(5);
 
 /// Cuts a step of every kind but the orphan claim after each of 0 to
-/// [`SWEPT_POLLS`] pending polls (a sweep, not a sample: every await point
+/// [`SWEPT_POLLS`] pending polls, [`SWEEPS`] times over (a sweep, not a sample: every await point
 /// of each step, a statement's prepare and its answer included), on a bare
-/// store whose pool holds one connection, each checked as in
+/// store whose pool holds one connection (through [`RunToEnd`] with a lease
+/// layer, where a bare step spans two servers), each checked as in
 /// [`a_cut_off_step_leaves_nothing_behind`]. After each cut a write must be
 /// answered within [`AFTER_CUT_BOUND`]: the connection the cut step held
 /// was rolled back or closed, never kept by a driver waiting for an answer
@@ -194,17 +200,25 @@ pub async fn a_cut_statement_never_costs_its_connection(target: &Target) {
     let witness_gate = target.gate(config).await;
     let witness = witness_gate.store().as_ref();
     let server = mysql_server(target).await;
+    let to_end = target
+        .redis_url
+        .is_some()
+        .then(|| Arc::new(RunToEnd::new(Arc::clone(&store))));
+    let store = match &to_end {
+        Some(to_end) => Arc::clone(to_end) as Arc<dyn Store>,
+        None => store,
+    };
     let settle = Settle {
-        to_end: None,
+        to_end: to_end.as_deref(),
         server: server.as_ref(),
     };
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-    for polls in 0..=SWEPT_POLLS {
+    for (sweep, polls) in (0..SWEEPS).flat_map(|sweep| (0..=SWEPT_POLLS).map(move |p| (sweep, p))) {
         for (round, kind) in KINDS.into_iter().enumerate() {
             if kind == Kind::OrphanClaim {
                 continue;
             }
-            let phase = format!("swept-{polls}");
+            let phase = format!("swept-{sweep}-{polls}");
             let cut = cut_one(kind, store.as_ref(), &settle, witness, &phase, round, polls).await;
             if !matches!(cut, Cut::Answered) {
                 *counts.entry(format!("{kind:?}.cut")).or_default() += 1;
