@@ -445,6 +445,13 @@ pub fn decide_begin(facts: &BeginFacts<'_>) -> BeginDecision {
             return BeginDecision::Reject(Error::not_found("session"));
         }
     }
+    if facts.queue.user_len < facts.queue.len {
+        // Every turn queued on the user's own session is theirs.
+        return BeginDecision::Reject(Error::corrupt(format!(
+            "a session queue of {} turns, but its user has {} queued",
+            facts.queue.len, facts.queue.user_len
+        )));
+    }
     match (facts.turn, facts.confirms) {
         (Some(turn), _) => decide_existing(facts, turn),
         (None, Some(confirms)) => decide_confirmation(facts, confirms),

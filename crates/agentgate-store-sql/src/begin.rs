@@ -105,19 +105,15 @@ impl QueueRead {
     /// The queue in a row that selected [`queue_columns`].
     ///
     /// # Errors
-    /// `corrupt` for a length outside `u32`, a queue whose length, head
-    /// and tail disagree, or a user with fewer queued turns than the
-    /// session.
+    /// `corrupt` for a length outside `u32`, or a queue whose length, head
+    /// and tail disagree.
     pub fn read(row: &impl Columns) -> Result<Self> {
         let len = count(row.int_required("queue_len")?)?;
         let head = row.text("queue_head")?;
         let tail = row.int("queue_tail")?;
+        // How it compares with `len` is `decide_begin`'s to judge: only
+        // on the requester's own session must it be at least `len`.
         let user_len = count(row.int_required("user_queued")?)?;
-        if user_len < len {
-            return Err(Error::corrupt(format!(
-                "a session queue of {len} turns, but its user has {user_len} queued"
-            )));
-        }
         match (len, &head, tail) {
             (0, None, None) => Ok(Self {
                 user_len,

@@ -4,8 +4,9 @@ use std::collections::BTreeMap;
 
 use agentgate::limits::{MAX_ID_CHARS, MAX_JSON_BYTES, MAX_JSON_DEPTH};
 use agentgate::{Begun, Config, Decision, ErrorKind, Gate, SessionId, ToolStep, UserId};
+use agentgate_core::ids::ClientRequestId;
 use agentgate_core::ids::LeaseToken;
-use agentgate_core::model::LeaseRef;
+use agentgate_core::model::{BeginCommand, BeginOutcome, LeaseRef, QueueMode};
 use agentgate_core::store::all_executions;
 use serde_json::{json, Value};
 
@@ -203,6 +204,49 @@ pub async fn bad_input_changes_nothing(target: &Target) {
     turn.succeed(&json!("ok"))
         .await
         .expect("the holder is unaffected");
+
+    // Another user's session with a queue is as unknown as any other: a
+    // begin of every queue mode is `not_found`, never a `corrupt` read of
+    // a queue that is not the caller's (a 503 schemathesis found).
+    let queued_at = SessionId::new("in-sq").expect("id");
+    let ask = |user: &str, request: &str, queue: Option<QueueMode>| {
+        BeginCommand::new(
+            UserId::new(user).expect("id"),
+            queued_at.clone(),
+            ClientRequestId::new(request).expect("id"),
+            &json!(request),
+            None,
+        )
+        .expect("command")
+        .queued(queue)
+    };
+    let BeginOutcome::Started(holder) = store.begin(&ask("in-u", "h", None)).await.expect("hold")
+    else {
+        panic!("a fresh session starts");
+    };
+    let queued = store
+        .begin(&ask("in-u", "q", Some(QueueMode::Enqueue)))
+        .await
+        .expect("enqueue");
+    assert!(matches!(queued, BeginOutcome::Queued(_)), "{queued:?}");
+    for queue in [None, Some(QueueMode::Enqueue), Some(QueueMode::Supersede)] {
+        let error = store
+            .begin(&ask("intruder", "x", queue))
+            .await
+            .expect_err("another user's queued session");
+        assert_eq!(error.kind(), ErrorKind::NotFound, "{queue:?}: {error}");
+    }
+    *counts.entry("not_found_foreign_queue".into()).or_default() += 3;
+    let held = LeaseRef {
+        turn_id: holder.turn_id.clone(),
+        token: holder.lease_token.clone(),
+    };
+    let response =
+        agentgate_core::canonical::CanonicalJson::new("response", &json!("ok")).expect("json");
+    store
+        .end_turn(&held, &agentgate_core::model::Ending::Succeed { response })
+        .await
+        .expect("the holder ends");
 
     // Settings out of range are refused before anything opens.
     let bad = Config {

@@ -175,7 +175,11 @@ impl Begin {
     }
 
     fn decide(&self) -> BeginDecision {
-        decide_begin(&BeginFacts {
+        decide_begin(&self.facts())
+    }
+
+    fn facts(&self) -> BeginFacts<'_> {
+        BeginFacts {
             now_ms: NOW,
             user_id: self.user_id,
             session_id: SESSION,
@@ -190,10 +194,15 @@ impl Begin {
             queue: QueueFacts {
                 head: self.queue_head,
                 len: self.queue_len,
-                user_len: self.queue_len + self.queued_elsewhere,
+                // A session's queued turns are its owner's.
+                user_len: if self.session.as_ref().is_some_and(|s| s.user_id != self.user_id) {
+                    self.queued_elsewhere
+                } else {
+                    self.queue_len + self.queued_elsewhere
+                },
             },
             enqueue: self.enqueue,
-        })
+        }
     }
 }
 
@@ -587,6 +596,37 @@ fn a_busy_session_is_reported_before_a_full_user() {
 #[test]
 fn a_session_bound_to_another_user_is_not_found() {
     assert_not_found(Begin::new().session_user("mallory").decide());
+}
+
+#[test]
+fn another_users_session_with_a_queue_is_not_found_not_corrupt() {
+    // Its queued turns are its owner's, none the requester's: the session
+    // is not this user's to see, which is no corrupt state (found by
+    // schemathesis: a 503 `corrupt row` for another user's queued session).
+    assert_not_found(
+        Begin::new()
+            .session_user("mallory")
+            .queue("turn_q", 2)
+            .enqueue(QueueMode::Enqueue)
+            .decide(),
+    );
+}
+
+#[test]
+fn a_users_session_queue_longer_than_their_queued_turns_is_corrupt() {
+    let facts = Begin::new().queue("turn_q", 3);
+    let decision = decide_begin(&BeginFacts {
+        queue: QueueFacts {
+            head: Some("turn_q"),
+            len: 3,
+            user_len: 2,
+        },
+        ..facts.facts()
+    });
+    match decision {
+        BeginDecision::Reject(error) => assert!(error.to_string().contains("corrupt"), "{error}"),
+        other => panic!("expected corrupt, got {other:?}"),
+    }
 }
 
 #[test]
