@@ -102,6 +102,18 @@ async function drop(page, file) {
   }, { ...file, bytes: [...file.bytes] });
 }
 
+test("a document of one chunk is listed as 1 chunk, not 1 chunks", async () => {
+  const user = unique("docs-one");
+  const page = await browser.newTab(chatUrl(server.base, user, unique("s")));
+  const file = { name: "wifi.txt", mimeType: "text/plain", buffer: Buffer.from("The hotel wifi password is lantern-42.\n") };
+  await page.setInputFiles("#file", file);
+  await page.waitForSelector("#documents li.doc[data-state=indexed]", { timeout: 30_000 });
+  const listed = await getJson(server.base, `/app/documents?user_id=${encodeURIComponent(user)}`);
+  assert.equal(listed.ingestions[0].chunks, 1, JSON.stringify(listed));
+  const meta = await page.locator("#documents li.doc .doc-meta").innerText();
+  assert.match(meta, /^1 chunk · /, meta);
+});
+
 test("a PDF dropped three times fast is one document; the agent answers from it; a new version replaces it; the dashboard lists both", async () => {
   const user = unique("pdf");
   const page = await browser.newTab(chatUrl(server.base, user, unique("s")));

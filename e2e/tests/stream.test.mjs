@@ -150,6 +150,23 @@ test("a reload mid-reply resumes the reply live: the same final text, no fragmen
   }
 });
 
+test("while the reply's text streams the status says it is being written, not Thinking", async () => {
+  const server = await startServer({ name: "stream-status", thinkTimeMs: THINK_TIME_MS });
+  const user = unique("status");
+  const page = await newRecordedTab(chatUrl(server.base, user, "s-status"));
+  try {
+    await page.fill("#composer-input", MESSAGE);
+    await page.click("#send");
+    await midReply(page);
+    const status = await page.locator("#messages li.msg.assistant[data-state=running] .status").innerText();
+    assert.equal(status.trim(), "Writing the reply…");
+    await page.waitForSelector(FINAL, { timeout: 4 * THINK_TIME_MS });
+  } finally {
+    await page.close();
+    await server.stop();
+  }
+});
+
 test("a second tab shows the reply live while the first streams it", async () => {
   const server = await startServer({ name: "stream-tabs", thinkTimeMs: THINK_TIME_MS });
   const user = unique("tabs");

@@ -420,6 +420,9 @@ function liveAssistant(session = state.session) {
         case "delta":
           streamed += data.text;
           text.textContent = streamed;
+          // The model is past thinking once its text streams; a status
+          // that says something else (stopping, resumed) stays.
+          if (status.textContent === t("status.thinking")) status.textContent = t("status.writing");
           break;
         case "tool_call": {
           const chip = h("li", { title: JSON.stringify(data.args) }, describeArgs(data.name, data.args));
@@ -925,7 +928,7 @@ function renderSessions(sessions) {
   const items = sessions.map((s) => ({
     id: s.session_id,
     title: s.title,
-    meta: `${s.turns === 1 ? t("turns_one") : t("turns", { n: s.turns })} · ${clock(s.last_message_at_ms)}`,
+    meta: `${t("turns", { n: s.turns })} · ${clock(s.last_message_at_ms)}`,
   }));
   if (!items.some((s) => s.id === state.session)) {
     items.unshift({ id: state.session, title: t("new_conversation"), meta: t("no_messages") });
@@ -984,7 +987,7 @@ function renderLedger(ledger) {
     ),
   );
   const count = ledger.entries.length;
-  els.ledgerCount.textContent = count === 1 ? t("entry_count_one") : t("entry_count", { n: count });
+  els.ledgerCount.textContent = t("entry_count", { n: count });
 }
 
 // ------------------------------------------------------------ documents

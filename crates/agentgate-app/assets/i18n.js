@@ -5,6 +5,8 @@
 /** "zh" for a Chinese browser, else "en". */
 export const LANG = (navigator.language || "en").toLowerCase().startsWith("zh") ? "zh" : "en";
 
+const PLURALS = new Intl.PluralRules(LANG === "zh" ? "zh-CN" : "en");
+
 const STRINGS = {
   en: {
     "page.title": "agentgate · ledger agent",
@@ -36,8 +38,8 @@ const STRINGS = {
     "doc.deleted": "{name} was deleted.",
     "doc.busy": "This document is being ingested; delete it when it is done.",
     "doc.offline_delete": "The server did not answer; the document was not deleted.",
-    "doc.meta": "{chunks} chunks · version {version}",
-    "doc.meta_version": "{chunks} chunks · v{no} · {version}",
+    "doc.meta": { count: "chunks", one: "{chunks} chunk · version {version}", other: "{chunks} chunks · version {version}" },
+    "doc.meta_version": { count: "chunks", one: "{chunks} chunk · v{no} · {version}", other: "{chunks} chunks · v{no} · {version}" },
     "doc.new_version": "New version",
     "doc.uploading": "Uploading {name}…",
     "doc.offline": "The server did not answer; the file was not sent. Drop it again when it is back.",
@@ -58,13 +60,11 @@ const STRINGS = {
     "income": "Income",
     "income_suffix": " (income)",
     "nothing_booked": "Nothing booked yet.",
-    "entry_count": "{n} entries",
-    "entry_count_one": "1 entry",
+    "entry_count": { count: "n", one: "{n} entry", other: "{n} entries" },
     "empty": "No messages yet. Tell the agent what you spent or earned: “午饭 35”, “taxi 18 yesterday”.",
     "new_conversation": "New conversation",
     "no_messages": "no messages yet",
-    "turns": "{n} turns",
-    "turns_one": "1 turn",
+    "turns": { count: "n", one: "{n} turn", other: "{n} turns" },
     "settings": "Model: {model} · entries above {threshold} need confirmation (answer within {ttl}) · closing the tab {disconnect} · lease {lease} s · {cap} turns per user at once",
     "settings.finish": "lets the turn finish",
     "settings.cancel": "cancels the turn",
@@ -73,6 +73,7 @@ const STRINGS = {
 
     "status.sending": "Sending…",
     "status.thinking": "Thinking…",
+    "status.writing": "Writing the reply…",
     "status.resumed": "Resumed after a crash (attempt {n})…",
     "status.retrying": "Retrying (attempt {n})…",
     "status.waiting_confirmation": "Waiting for your confirmation",
@@ -212,12 +213,10 @@ const STRINGS = {
     "income_suffix": "（收入）",
     "nothing_booked": "还没有记账。",
     "entry_count": "{n} 笔",
-    "entry_count_one": "1 笔",
     "empty": "还没有消息。告诉助手你花了或赚了多少：“午饭 35”、“昨天打车 18”。",
     "new_conversation": "新会话",
     "no_messages": "还没有消息",
     "turns": "{n} 轮",
-    "turns_one": "1 轮",
     "settings": "模型：{model} · 超过 {threshold} 的记账需要确认（{ttl} 内答复）· 关闭标签页{disconnect} · 租约 {lease} 秒 · 每个用户最多同时 {cap} 轮",
     "settings.finish": "后这一轮会继续完成",
     "settings.cancel": "会取消这一轮",
@@ -226,6 +225,7 @@ const STRINGS = {
 
     "status.sending": "发送中…",
     "status.thinking": "思考中…",
+    "status.writing": "正在回复…",
     "status.resumed": "崩溃后已恢复（第 {n} 次尝试）…",
     "status.retrying": "重试中（第 {n} 次尝试）…",
     "status.waiting_confirmation": "等待你确认",
@@ -316,7 +316,10 @@ const STRINGS = {
 
 /** The text of `key` in the page's language, with {name} filled from `params`. */
 export function t(key, params = {}) {
-  const text = STRINGS[LANG][key] ?? STRINGS.en[key] ?? key;
+  let text = STRINGS[LANG][key] ?? STRINGS.en[key] ?? key;
+  // A string that counts something holds a form per plural category and
+  // names the parameter that picks one: "1 chunk", "2 chunks".
+  if (typeof text === "object") text = text[PLURALS.select(Number(params[text.count]))] ?? text.other;
   return text.replace(/\{(\w+)\}/g, (_, name) => (name in params ? String(params[name]) : `{${name}}`));
 }
 
