@@ -195,7 +195,11 @@ impl Begin {
                 head: self.queue_head,
                 len: self.queue_len,
                 // A session's queued turns are its owner's.
-                user_len: if self.session.as_ref().is_some_and(|s| s.user_id != self.user_id) {
+                user_len: if self
+                    .session
+                    .as_ref()
+                    .is_some_and(|s| s.user_id != self.user_id)
+                {
                     self.queued_elsewhere
                 } else {
                     self.queue_len + self.queued_elsewhere
