@@ -94,6 +94,20 @@ test("a double-clicked send books exactly one entry and attaches to the server's
   await page.close();
 });
 
+test("an English page names the ledger's categories in English; the ledger keeps the names it booked", async () => {
+  const user = unique("en-category");
+  const page = await browser.newTab(chatUrl(server.base, user, unique("s")));
+  await send(page, "taxi 18");
+  await page.waitForSelector("#messages li.msg.assistant[data-state=final]", { timeout: REPLY_TIMEOUT_MS });
+  await eventually(async () => /Transport/.test(await page.textContent("#entries")), { what: "the ledger pane's category" });
+  assert.match(await page.textContent("#categories"), /Transport/);
+  for (const pane of ["#entries", "#categories"]) assert.doesNotMatch(await page.textContent(pane), /交通/, pane);
+  const booked = await entries(server.base, user);
+  assert.equal(booked.length, 1, JSON.stringify(booked));
+  assert.equal(booked[0].category, "交通");
+  await page.close();
+});
+
 test("two tabs on one session: the second is told to wait, the ledger stays consistent", async () => {
   const user = unique("tabs");
   const url = chatUrl(server.base, user, "s-shared");

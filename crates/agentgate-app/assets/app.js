@@ -23,7 +23,7 @@
 // whether or not this page is open; its reply then shows like any other.
 
 import { h, getJson, getStream, postStream, postBytes, newId, money, clock, fill } from "/assets/common.js";
-import { t, translatePage } from "/assets/i18n.js";
+import { t, translatePage, category } from "/assets/i18n.js";
 
 /** Transcript polls while a turn of this session runs, or a message of ours waits for its reply. */
 const SYNC_BUSY_MS = 700;
@@ -369,7 +369,7 @@ function bookedList(entries) {
   return h(
     "ul",
     { class: "booked", "aria-label": t("entries") },
-    entries.map((e) => h("li", {}, `#${e.id} ${e.category} ${money(e.amount_cents, e.type)} · ${e.occur_date}`)),
+    entries.map((e) => h("li", {}, `#${e.id} ${category(e.category)} ${money(e.amount_cents, e.type)} · ${e.occur_date}`)),
   );
 }
 
@@ -552,7 +552,7 @@ function confirmCard(turnId, pending, live, expiresAtMs) {
       "ul",
       {},
       pending.map((e) =>
-        h("li", {}, `${e.category} ${money(e.amount_cents, e.type)}${e.note ? ` · ${e.note}` : ""} · ${e.occur_date}`),
+        h("li", {}, `${category(e.category)} ${money(e.amount_cents, e.type)}${e.note ? ` · ${e.note}` : ""} · ${e.occur_date}`),
       ),
     ),
     deadline,
@@ -967,7 +967,7 @@ function renderLedger(ledger) {
           h(
             "tr",
             {},
-            h("td", {}, `${c.category}${c.type === "income" ? t("income_suffix") : ""}`, h("div", { class: "bar", "aria-hidden": "true" }, h("span", { style: { width: `${Math.round((100 * c.amount_cents) / largest)}%` } }))),
+            h("td", {}, `${category(c.category)}${c.type === "income" ? t("income_suffix") : ""}`, h("div", { class: "bar", "aria-hidden": "true" }, h("span", { style: { width: `${Math.round((100 * c.amount_cents) / largest)}%` } }))),
             h("td", { class: "num" }, c.count),
             h("td", { class: `num ${c.type}` }, money(c.amount_cents)),
           ),
@@ -980,7 +980,7 @@ function renderLedger(ledger) {
         "tr",
         { dataset: { entryId: e.id } },
         h("td", { class: "mono" }, e.occur_date),
-        h("td", {}, e.category),
+        h("td", {}, category(e.category)),
         h("td", {}, e.note),
         h("td", { class: `num ${e.type}` }, money(e.amount_cents, e.type)),
       ),

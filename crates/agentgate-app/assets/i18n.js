@@ -323,6 +323,32 @@ export function t(key, params = {}) {
   return text.replace(/\{(\w+)\}/g, (_, name) => (name in params ? String(params[name]) : `{${name}}`));
 }
 
+/**
+ * The ledger's categories in English. The ledger keeps the Chinese names of
+ * QingLedger, the app it comes from (crates/agentgate-ledger/src/category.rs),
+ * and the model matches both languages against them; only the page shows
+ * them in its own language.
+ */
+const CATEGORIES_EN = {
+  "餐饮": "Food",
+  "交通": "Transport",
+  "购物": "Shopping",
+  "娱乐": "Entertainment",
+  "居住": "Housing",
+  "医疗": "Health",
+  "教育": "Education",
+  "工资": "Salary",
+  "理财": "Investments",
+  "红包": "Red packets",
+  "报销": "Reimbursements",
+  "其他": "Other",
+};
+
+/** A ledger category's name in the page's language (a category a user made keeps its name). */
+export function category(name) {
+  return LANG === "zh" ? name : (CATEGORIES_EN[name] ?? name);
+}
+
 /** Sets the static page's words: `data-i18n` (text), `data-i18n-placeholder`, `data-i18n-label`. */
 export function translatePage(root = document) {
   document.documentElement.lang = LANG === "zh" ? "zh-CN" : "en";
