@@ -216,6 +216,7 @@ test("Chinese browser: Chinese notices, Chinese numerals booked, amounts one way
     const page = await zh.newTab(chatUrl(server.base, user, "s-zh"));
     assert.equal(await page.getAttribute("html", "lang"), "zh-CN");
     assert.equal(await page.textContent("#send"), "发送");
+    assert.equal((await page.textContent("header h1 span")).trim(), "· 记账助手");
     await page.fill("#composer-input", "打车花了二十五");
     await page.click("#send");
     await page.waitForSelector("#messages li.msg.assistant[data-state=running]");

@@ -10,6 +10,7 @@ const PLURALS = new Intl.PluralRules(LANG === "zh" ? "zh-CN" : "en");
 const STRINGS = {
   en: {
     "page.title": "agentgate · ledger agent",
+    "page.subtitle": "· ledger agent",
     "skip": "Skip to the message box",
     "user": "User",
     "switch": "Switch",
@@ -189,6 +190,7 @@ const STRINGS = {
     "doc.refused": "未能入库：{message}",
     "doc.unavailable": "文档功能需要 SQLite 或 PostgreSQL 存储；本服务器用的是别的存储。",
     "page.title": "agentgate · 记账助手",
+    "page.subtitle": "· 记账助手",
     "skip": "跳到输入框",
     "user": "用户",
     "switch": "切换",
