@@ -108,6 +108,27 @@ test("an English page names the ledger's categories in English; the ledger keeps
   await page.close();
 });
 
+test("a link naming another user's conversation starts a new one and says so; a send then books for this user", async () => {
+  const owner = unique("owner");
+  const theirs = unique("s-theirs");
+  const first = await browser.newTab(chatUrl(server.base, owner, theirs));
+  await send(first, "taxi 18");
+  await first.waitForSelector("#messages li.msg.assistant[data-state=final]", { timeout: REPLY_TIMEOUT_MS });
+  await first.close();
+  const visitor = unique("visitor");
+  const page = await browser.newTab(chatUrl(server.base, visitor, theirs));
+  await eventually(async () => /not one of yours/.test(await page.textContent("#notice")), { what: "the notice that the conversation is not theirs" });
+  assert.ok(!page.url().includes(theirs), `the page left the other user's session: ${page.url()}`);
+  await page.screenshot({ path: path.join(ARTIFACTS, "foreign-session.png") });
+  assert.equal(await page.locator("#messages li.msg").count(), 0);
+  await send(page, "lunch 35");
+  await page.waitForSelector("#messages li.msg.assistant[data-state=final]", { timeout: REPLY_TIMEOUT_MS });
+  assert.doesNotMatch(await page.textContent("#messages"), /not found/);
+  assert.equal((await entries(server.base, visitor)).length, 1);
+  assert.equal((await entries(server.base, owner)).length, 1);
+  await page.close();
+});
+
 test("two tabs on one session: the second is told to wait, the ledger stays consistent", async () => {
   const user = unique("tabs");
   const url = chatUrl(server.base, user, "s-shared");

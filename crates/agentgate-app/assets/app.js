@@ -1208,6 +1208,13 @@ async function loadTranscript() {
   const result = await getJson(`/app/transcript?${params}`);
   if (!result.ok) {
     const error = (result.body && result.body.error) || {};
+    if (result.status === 404 && error.code === "not_found" && params.get("session_id") === state.session) {
+      // The link names a conversation this user does not have (another
+      // user's): a new one starts, and the page says why.
+      switchSession(newSessionId());
+      showNotice(t("notice.session_not_found"), "warn", "session-not-found");
+      return null;
+    }
     // A notice about a message (kept, busy, …) says more than "offline"; keep it.
     const free = els.notice.hidden || ["offline", "load"].includes(els.notice.dataset.key);
     if (!free) return null;

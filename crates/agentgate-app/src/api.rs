@@ -103,7 +103,8 @@ pub(crate) async fn sessions(
     Ok(Json(SessionsResponse { sessions }))
 }
 
-/// A session's turns, its pending confirmation and whether a turn runs.
+/// A session's turns, its pending confirmation and whether a turn runs;
+/// `not_found` for another user's session.
 pub(crate) async fn transcript(
     State(state): State<AppState>,
     caller: CallerUser,
@@ -120,12 +121,16 @@ pub(crate) async fn transcript(
         .map_err(api_error)?;
     // Read after the transcript: a turn that ended in between shows as
     // ended with its lease gone, never as running with no row.
-    let session = state
-        .gate()
-        .store()
-        .session(&session_id)
-        .await?
-        .filter(|view| view.user_id == user_id);
+    let session = state.gate().store().session(&session_id).await?;
+    if session.as_ref().is_some_and(|view| view.user_id != user_id) {
+        // Another user's session does not exist as far as this user can
+        // tell, as on the engine's API: a link naming it is refused here,
+        // not shown empty and then refused on every send.
+        return Err(ApiError::new(
+            agentgate_server::ErrorCode::NotFound,
+            "session not found",
+        ));
+    }
     let pending = mount
         .app
         .pending_confirmation(user_id.as_str(), session_id.as_str())

@@ -162,9 +162,15 @@ async fn a_turn_streams_its_events_and_refusals_come_before_any_stream() {
     let transcript = app.transcript("alice", "s1").await.unwrap();
     assert_eq!(transcript["turns"].as_array().unwrap().len(), 1);
     assert_eq!(transcript["turns"][0]["state"], "succeeded");
-    // Another user reads nothing of alice's.
-    let other = app.transcript("mallory", "s1").await.unwrap();
-    assert_eq!(other["turns"], json!([]));
+    // Another user reads nothing of alice's: her session is not found.
+    let (status, other) = app
+        .get("/app/transcript?user_id=mallory&session_id=s1")
+        .await
+        .unwrap();
+    assert_eq!(
+        (status, &other["error"]["code"]),
+        (404, &json!("not_found"))
+    );
     assert!(app.entries("mallory").await.unwrap().is_empty());
 }
 
