@@ -332,6 +332,7 @@ async fn rounds(ctx: &Ctx<'_>, text: &str) -> Result<Ending, Failure> {
                 text,
                 entries: booked,
                 pending,
+                chinese: Some(ctx.chinese),
             }));
         }
     }
@@ -345,6 +346,7 @@ async fn rounds(ctx: &Ctx<'_>, text: &str) -> Result<Ending, Failure> {
         text: final_text,
         entries: booked,
         pending: Vec::new(),
+        chinese: Some(ctx.chinese),
     }))
 }
 
@@ -706,7 +708,7 @@ pub(crate) async fn run_confirmation(
         return finish_failed(turn, events, Failure::Ledger(error)).await;
     };
     let asked = Reply::from_value(&context.pending).unwrap_or_default();
-    let chinese = is_chinese(&asked.text);
+    let chinese = asked.chinese.unwrap_or_else(|| is_chinese(&asked.text));
     let approve = context.decision == agentgate::Decision::Approve;
     let user_text = match (approve, chinese) {
         (true, true) => "确认",
@@ -810,6 +812,7 @@ async fn book_confirmed(
         text,
         entries: booked,
         pending: Vec::new(),
+        chinese: Some(chinese),
     })
 }
 

@@ -94,6 +94,12 @@ pub struct Reply {
     /// that ended awaiting confirmation).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pending: Vec<NewEntry>,
+    /// Whether the person wrote in Chinese, so the turn that answers this
+    /// one's confirmation replies in the same language. Absent in replies
+    /// stored before it was kept: the text's script decides then, which
+    /// the Chinese category names in an English text fool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chinese: Option<bool>,
 }
 
 impl Reply {

@@ -168,6 +168,39 @@ async fn approving_in_two_tabs_at_once_books_exactly_once() {
     assert_eq!(transcript[0].state, Some(TurnState::Confirmed));
 }
 
+/// An English message whose entry waits for approval: the approval's
+/// reply is English too, though the pending text names the entry's
+/// (Chinese) category.
+#[tokio::test]
+async fn an_english_confirmation_is_answered_in_english() {
+    let store = store();
+    let app = offline_app(&store.url).await;
+    let outcome = app
+        .chat(
+            &message("s1", "m1", "salary 8000"),
+            None,
+            CancellationToken::new(),
+        )
+        .await
+        .expect("chat");
+    assert_eq!(outcome.state, TurnState::AwaitingConfirmation);
+    let asked = outcome.reply.expect("reply");
+    assert_eq!(asked.chinese, Some(false));
+    let approved = app
+        .confirm(
+            &confirm(&outcome.turn_id, "approve-1", Decision::Approve),
+            None,
+            CancellationToken::new(),
+        )
+        .await
+        .expect("approve");
+    assert_eq!(approved.state, TurnState::Succeeded);
+    let reply = approved.reply.expect("reply");
+    assert_eq!(reply.entries.len(), 1);
+    assert!(reply.text.starts_with("Booked: "), "{}", reply.text);
+    assert!(!reply.text.contains("已记账"), "{}", reply.text);
+}
+
 #[tokio::test]
 async fn rejecting_books_nothing() {
     let store = store();
