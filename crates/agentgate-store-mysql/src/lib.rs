@@ -298,8 +298,9 @@ async fn migrate_on(conn: &mut MySqlConnection) -> Result<()> {
     Ok(())
 }
 
-/// A MySQL connection whose step was cut off, or failed, before its
-/// `COMMIT` was answered is closed, never pooled again: sqlx's MySQL driver
+/// A MySQL connection dropped inside its transaction or statement is
+/// closed, never pooled again, unless its step gave it up with every
+/// statement answered (`Tx::abandon`, `Held::release`): sqlx's MySQL driver
 /// can lose its place in the protocol when cut mid-statement (see
 /// `agentgate_store_sql::tx`).
 pub(crate) const AFTER_CUT: agentgate_store_sql::tx::AfterCut<sqlx::MySql> =

@@ -425,7 +425,9 @@ pub(crate) async fn commit_if_wrote<S: BeginSql>(
             Ok(outcome)
         }
         Err(error) => {
-            S::abandon(tx);
+            if crate::tx::answered(&error) {
+                S::abandon(tx);
+            }
             Err(error)
         }
     }

@@ -179,9 +179,13 @@ pub async fn ask_and_check<S: LeaseSql>(
 /// As [`ask_and_check`], or no reader in time.
 pub async fn explain<S: LeaseSql>(sql: &S, lease: &LeaseRef) -> Result<CheckedLease> {
     let mut conn = sql.reader().await?;
-    let (checked, _) = ask_and_check(sql, &mut conn, lease, false).await?;
-    S::release(conn);
-    Ok(checked)
+    let answer = ask_and_check(sql, &mut conn, lease, false).await;
+    // Its usual answer is a refusal (the lease is lost or unknown): the
+    // reader goes back either way, unless the connection may be broken.
+    if answer.as_ref().err().is_none_or(crate::tx::answered) {
+        S::release(conn);
+    }
+    answer.map(|(checked, _)| checked)
 }
 
 /// The caller's credential as a one-statement step checks it inside its

@@ -92,7 +92,9 @@ pub trait StepTx: lease::LeaseSql {
         match lease::check_lease(self, Self::conn(&mut tx), lease, &authority, true).await {
             Ok((checked, _)) => Ok((tx, checked)),
             Err(error) => {
-                Self::abandon(tx);
+                if tx::answered(&error) {
+                    Self::abandon(tx);
+                }
                 Err(error)
             }
         }

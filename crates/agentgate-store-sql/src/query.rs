@@ -352,9 +352,11 @@ macro_rules! impl_run {
                 let mut held = $crate::tx::Held::acquire(pool, $after_cut)
                     .await
                     .map_err($map_err)?;
-                let done = query.execute(&mut *held).await;
-                held.release();
-                Ok(done.map_err($map_err)?.rows_affected())
+                let done = query.execute(&mut *held).await.map_err($map_err);
+                if done.as_ref().err().is_none_or($crate::tx::answered) {
+                    held.release();
+                }
+                Ok(done?.rows_affected())
             }
 
             async fn fetch(
@@ -380,9 +382,11 @@ macro_rules! impl_run {
                 let mut held = $crate::tx::Held::acquire(pool, $after_cut)
                     .await
                     .map_err($map_err)?;
-                let rows = query.fetch_all(&mut *held).await;
-                held.release();
-                rows.map_err($map_err)
+                let rows = query.fetch_all(&mut *held).await.map_err($map_err);
+                if rows.as_ref().err().is_none_or($crate::tx::answered) {
+                    held.release();
+                }
+                rows
             }
         }
     };

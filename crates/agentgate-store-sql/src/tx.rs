@@ -29,7 +29,8 @@
 //! time bound) then waits for an answer that never comes, and the pool
 //! loses the connection for good. A store says which recovery its driver
 //! can take ([`AfterCut`]): MySQL's step connections dropped open are
-//! closed (the server rolls their transaction back), never pooled again;
+//! closed (see [`close_cut`]), never pooled again, unless the step gave
+//! them up with every statement answered ([`Tx::abandon`]);
 //! and a statement it runs on the pool outside a transaction holds its
 //! connection through [`Held`], which closes it when cut off.
 
@@ -95,8 +96,9 @@ pub enum AfterCut<DB: Database> {
     /// SQLite). `RawSql` sends the `ROLLBACK` the driver does not know it
     /// needs.
     RollBack(RawSql<DB>),
-    /// The connection is closed and the server rolls the transaction back:
-    /// the driver's protocol state may not survive a cut (MySQL).
+    /// The connection is closed (the server ends whatever it was sent,
+    /// then rolls back an open transaction): the driver's protocol state
+    /// may not survive a cut (MySQL).
     Close,
 }
 
@@ -164,7 +166,8 @@ impl<DB: Database> Tx<DB> {
     }
 
     /// Gives the transaction up once every statement it sent was answered
-    /// (a refusal, a replay, an error the server returned): it is rolled
+    /// (a refusal, a replay, an error the server returned: [`answered`]):
+    /// it is rolled
     /// back on its connection, which goes back to the pool, whatever
     /// [`AfterCut`] says. The `ROLLBACK` is queued ahead of the
     /// connection's next use, so this costs no round trip now.
@@ -303,14 +306,28 @@ impl<DB: Database> Drop for Held<DB> {
     }
 }
 
+/// Whether a step's error leaves its connection in step with the server:
+/// any error but `store_unavailable` (a refusal the decision gave, a
+/// conflict or a constraint the server answered). A `store_unavailable`
+/// may be a broken or desynchronized connection, so the connection is not
+/// given back ([`Tx::abandon`], [`Held::release`]) after one.
+pub fn answered(error: &agentgate_core::error::Error) -> bool {
+    error.kind() != agentgate_core::error::ErrorKind::StoreUnavailable
+}
+
 /// Closes a connection whose driver cannot take a cut
 /// ([`AfterCut::Close`]) without reading from it: a driver that lost its
 /// place in the protocol may wait forever for an answer, or misread one
-/// (sqlx's MySQL driver then panics). The server rolls back the open
-/// transaction; a statement still running there ends first, so the pool
-/// may hand out a new connection before it has. That is a concurrent
-/// request like any other: every step's writes are conditioned on the rows
-/// they find, so the cut statement and a repeat never both take effect.
+/// (sqlx's MySQL driver then panics). Closing cancels nothing on the
+/// server: whatever was sent (or still sat in the driver's write buffer,
+/// which the close flushes) runs to its end, a `COMMIT` included, and an
+/// open transaction is rolled back after it. So the pool may hand out a
+/// new connection while the cut statement still runs. That is a
+/// concurrent request like any other: a step's writes are conditioned on
+/// the rows they find (keys, fences, states), so the cut step and its
+/// repeat never both take effect. The exception is an administrator's cap
+/// (`set_user_cap`), last writer wins: a cut set may land after a later
+/// one, and setting it again settles it.
 fn close_cut<DB: Database>(mut conn: PoolConnection<DB>) {
     HYGIENE.poisoned_closed.fetch_add(1, Ordering::Relaxed);
     conn.close_on_drop();

@@ -236,6 +236,7 @@ async fn round<S: LayeredBeginSql>(
             let mut tx = sql.transaction().await?;
             let decided = decide_in(sql, S::conn(&mut tx), command).await?;
             if !matches!(decided.decision, BeginDecision::Exhaust) {
+                S::abandon(tx);
                 return Err(moved());
             }
             let now = decided.read.facts.now_ms;
@@ -307,8 +308,17 @@ async fn round<S: LayeredBeginSql>(
                 *busy = layer_acquired(acquired, claim.turn_id, claim.cap).err();
                 return Err(moved());
             }
+            // The layer's refusal (busy, at capacity) is the common answer
+            // under contention: the reader goes back, not closed.
+            let lease_expires_in_ms = match layer_acquired(acquired, claim.turn_id, claim.cap) {
+                Ok(ms) => ms,
+                Err(refused) => {
+                    S::release(reader);
+                    return Err(refused);
+                }
+            };
             let held = Held {
-                lease_expires_in_ms: layer_acquired(acquired, claim.turn_id, claim.cap)?,
+                lease_expires_in_ms,
                 turn_id,
                 token,
                 fence,
@@ -368,7 +378,10 @@ async fn queue_locked<S: LayeredBeginSql>(
                     lease_expires_at_ms: now.saturating_add(expires_in_ms.max(1)),
                 });
             }
-            _ => return Err(moved()),
+            _ => {
+                S::abandon(tx);
+                return Err(moved());
+            }
         }
     }
     let decided = decide_on(sql, conn, command, locked).await?;
@@ -376,6 +389,7 @@ async fn queue_locked<S: LayeredBeginSql>(
         decided.decision,
         BeginDecision::Start { .. } | BeginDecision::Exhaust
     ) {
+        S::abandon(tx);
         return Err(moved());
     }
     let answer = apply(sql, conn, command, decided, Lease::Take).await;
@@ -438,6 +452,7 @@ async fn write_layered<S: LayeredBeginSql>(
         || decided.read.session_fence >= held.fence.0
         || lapsed(held.lease_expires_in_ms, asked)
     {
+        S::abandon(tx);
         return Err(moved());
     }
     let (outcome, _) = apply(sql, S::conn(&mut tx), command, decided, Lease::Held(held)).await?;
