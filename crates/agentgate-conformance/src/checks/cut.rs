@@ -172,6 +172,29 @@ const SWEEPS: usize = 8;
 /// far below the pool's acquire timeout, far above a reconnect.
 const AFTER_CUT_BOUND: Duration = Duration::from_secs(5);
 
+/// The cut checks' bare store (a pool of one connection, cut by its
+/// callers), a gate on the same target whose store is the witness, and
+/// their config.
+async fn bare_store_and_witness(target: &Target) -> (Arc<dyn Store>, agentgate::Gate, Config) {
+    let config = Config {
+        lease_ttl: TTL,
+        store_connections: 1,
+        max_turns_per_user: 1_000,
+        // Far above the checks: nothing is abandoned by the sweeper.
+        orphan_grace: Duration::from_secs(3_600),
+        ..Config::default()
+    };
+    let bare = agentgate::gate::open_bare_store(
+        &target.store_url,
+        target.redis_url.as_deref(),
+        config.clone(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("open {} store: {e}", target.name));
+    let witness_gate = target.gate(config.clone()).await;
+    (bare, witness_gate, config)
+}
+
 /// Cuts a step of every kind but the orphan claim after each of 0 to
 /// [`SWEPT_POLLS`] pending polls, [`SWEEPS`] times over (a sweep, not a sample: every await point
 /// of each step, a statement's prepare and its answer included), on a bare
@@ -183,21 +206,7 @@ const AFTER_CUT_BOUND: Duration = Duration::from_secs(5);
 /// that does not come (sqlx's MySQL driver, cut mid-statement, used to
 /// keep it for good).
 pub async fn a_cut_statement_never_costs_its_connection(target: &Target) {
-    let config = Config {
-        lease_ttl: TTL,
-        store_connections: 1,
-        max_turns_per_user: 1_000,
-        orphan_grace: Duration::from_secs(3_600),
-        ..Config::default()
-    };
-    let store = agentgate::gate::open_bare_store(
-        &target.store_url,
-        target.redis_url.as_deref(),
-        config.clone(),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("open {} store: {e}", target.name));
-    let witness_gate = target.gate(config).await;
+    let (store, witness_gate, _) = bare_store_and_witness(target).await;
     let witness = witness_gate.store().as_ref();
     let server = mysql_server(target).await;
     let to_end = target
@@ -295,22 +304,7 @@ struct Tally {
 /// spans two servers, and only running it to its end keeps it whole): the
 /// same, and a cut-off step still runs to its end.
 pub async fn a_cut_off_step_leaves_nothing_behind(target: &Target) {
-    let config = Config {
-        lease_ttl: TTL,
-        store_connections: 1,
-        max_turns_per_user: 1_000,
-        // Far above the check: nothing is abandoned by the sweeper.
-        orphan_grace: Duration::from_secs(3_600),
-        ..Config::default()
-    };
-    let bare = agentgate::gate::open_bare_store(
-        &target.store_url,
-        target.redis_url.as_deref(),
-        config.clone(),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("open {} store: {e}", target.name));
-    let witness_gate = target.gate(config.clone()).await;
+    let (bare, witness_gate, config) = bare_store_and_witness(target).await;
     let witness = Arc::clone(witness_gate.store());
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
