@@ -119,7 +119,7 @@ macro_rules! for_each_check {
             supersede_keeps_only_the_newest: any,
                 "5 queued, then 10 supersedes at once: one message waits, every other replays superseded; only it runs";
             a_queued_turn_is_cancelled_or_claimed: any,
-                "a queued turn's cancel ends it at once; a declined handoff's head is not jumped and a recovery claim starts it";
+                "a queued turn's cancel ends it at once; a declined handoff's head is not jumped by a new message or its own tail, and a recovery claim starts it";
             queue_races_cancel_supersede_and_handoff: any,
                 "20 rounds each: a handoff races a cancel, a supersede races a repeat and a cancel, a handoff races a supersede; no cancelled turn starts, no corrupt answer, no stranded queue";
             queue_is_not_jumped_interrupted_or_kept: any,

@@ -12,6 +12,7 @@ use crate::error::Error;
 use crate::ids::Fence;
 use crate::limits::{DEAD_CONTINUATION_RETRY, MAX_TOOL_ATTEMPTS, MAX_TURN_ATTEMPTS};
 use crate::model::{BusyPolicy, OnBusy, PreviousOutcome, QueueMode, ToolState, TurnState};
+use crate::plant::{planted, Plant};
 
 /// A session's lease as read from the store.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -218,7 +219,7 @@ pub fn retry_after_ms(ms: i64) -> Duration {
 }
 
 fn decide_existing(facts: &BeginFacts<'_>, turn: &TurnSnapshot) -> BeginDecision {
-    if turn.fingerprint != facts.fingerprint {
+    if turn.fingerprint != facts.fingerprint && !planted(Plant::ReplayIgnoresPayload) {
         return BeginDecision::Reject(Error::PayloadMismatch);
     }
     let session = facts.session;
@@ -263,7 +264,7 @@ fn decide_existing(facts: &BeginFacts<'_>, turn: &TurnSnapshot) -> BeginDecision
         // as `unknown`), so nothing a person retries is lost.
         TurnState::Failed | TurnState::Abandoned => StartKind::Restart,
     };
-    if turn.attempt >= MAX_TURN_ATTEMPTS {
+    if turn.attempt >= MAX_TURN_ATTEMPTS && !planted(Plant::AttemptsNeverRunOut) {
         return BeginDecision::Exhaust;
     }
     // A restart is a message sent again: it does not jump the messages
@@ -290,7 +291,8 @@ fn decide_queued(facts: &BeginFacts<'_>, turn: &TurnSnapshot) -> BeginDecision {
     let busy = facts
         .session
         .is_some_and(|s| s.live_holder(now).is_some() || s.live_pending(now).is_some());
-    if busy || facts.queue.head != Some(turn.turn_id.as_str()) {
+    let head = facts.queue.head == Some(turn.turn_id.as_str()) || planted(Plant::QueueJump);
+    if busy || !head {
         return BeginDecision::Queued {
             turn_id: turn.turn_id.clone(),
         };
@@ -388,7 +390,7 @@ fn decide_confirmation(facts: &BeginFacts<'_>, confirms: &str) -> BeginDecision 
             "pending confirmation of turn {confirms}"
         )));
     }
-    if !pending_is_target {
+    if !pending_is_target && !planted(Plant::ConfirmAfterExpiry) {
         // Awaiting still, but no longer the session's live pending
         // confirmation: its TTL ran out (only then can the session have
         // moved on), so nothing may be confirmed.
@@ -428,7 +430,12 @@ fn gate_start(
         }
     }
     let load = facts.load;
-    if load.live >= load.cap {
+    let at_cap = if planted(Plant::CapOffByOne) {
+        load.live > load.cap
+    } else {
+        load.live >= load.cap
+    };
+    if at_cap {
         return BeginDecision::Reject(Error::UserAtCapacity {
             cap: load.cap,
             retry_after: remaining(load.soonest_expiry_ms.unwrap_or(now + 1), now),
@@ -849,7 +856,7 @@ pub fn decide_tool_claim(
 ) -> ToolDecision {
     // A turn asked to stop runs no more tools, not even a cached one: its
     // holder is to end it, not to go on.
-    if let Some(turn_id) = cancelled {
+    if let Some(turn_id) = cancelled.filter(|_| !planted(Plant::ClaimIgnoresCancel)) {
         return ToolDecision::Reject(Error::TurnCancelled {
             turn_id: turn_id.to_owned(),
         });
@@ -865,7 +872,10 @@ pub fn decide_tool_claim(
         ToolState::Succeeded => return ToolDecision::Cached,
         ToolState::Failed => PreviousOutcome::Failed,
         // Claimed under this very lease: the holder is running it right now.
-        ToolState::Running if execution.fence >= fence => {
+        ToolState::Running
+            if execution.fence >= fence
+                && !(planted(Plant::RepeatClaimRunsAgain) && execution.fence == fence) =>
+        {
             return ToolDecision::Reject(Error::ToolInFlight {
                 execution_id: execution.execution_id.clone(),
                 attempt: execution.attempt,
@@ -932,7 +942,9 @@ pub fn check_row_lease(
         "wrong lease token"
     } else {
         match (facts.lease_expires_at_ms, facts.fence) {
-            (Some(expires), Some(fence)) if expires > facts.now_ms => {
+            (Some(expires), Some(fence))
+                if expires > facts.now_ms || planted(Plant::LeaseCheckIgnoresExpiry) =>
+            {
                 return Ok(CheckedLease {
                     fence: Fence(fence),
                     lease_expires_at_ms: expires,

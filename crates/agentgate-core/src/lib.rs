@@ -13,6 +13,7 @@
 //! - [`lease`]: the [`lease::LeaseLayer`] trait for leases kept outside SQL
 //!   (Redis), with fencing still enforced by the SQL store.
 //! - [`retry`]: the bounded retry schedule after a transient store conflict.
+//! - [`plant`]: planted bugs behind a test-only switch, to prove the suite catches them.
 //! - [`error`]: the one error enum of the engine boundary and its [`error::ErrorKind`].
 //!
 //! Architecture invariant: nothing here opens a socket, a file or reads a
@@ -29,6 +30,7 @@ pub mod lease;
 pub mod limits;
 pub mod model;
 pub mod page;
+pub mod plant;
 pub mod retry;
 pub mod store;
 

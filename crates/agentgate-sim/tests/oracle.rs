@@ -97,6 +97,9 @@ use proptest::test_runner::{Config as ProptestConfig, TestError, TestRunner};
 use serde_json::{json, Value};
 use sqlx::Connection;
 
+#[path = "support/plants.rs"]
+mod plants;
+
 /// The longest lease TTL allowed: nothing expires within a case.
 const LEASE_TTL: Duration = agentgate::limits::MAX_LEASE_TTL;
 /// The default cap: 2, so a user's second session can start and a third
@@ -1694,11 +1697,21 @@ fn cases(kind: Kind) -> u32 {
     })
 }
 
-/// Runs the generated cases on the store `make` opens (skipping when its
-/// server is absent, as the conformance targets do): one store for every
-/// case, except that each retention case gets a fresh one (a sweep counts
-/// and deletes every old enough row of the store, not only the case's).
-fn differential<F, Fut>(make: F, kind: Kind)
+/// What [`agree`] found on one target.
+enum Agreement {
+    /// The target's server is absent: nothing ran.
+    Absent,
+    /// Every case agreed: the summary line.
+    Agreed(String),
+    /// A case differed: the (shrunk, when asked) steps and the difference.
+    Differs(String),
+}
+
+/// Runs `cases` generated cases on the store `make` opens: one store for
+/// every case, except that each retention case gets a fresh one (a sweep
+/// counts and deletes every old enough row of the store, not only the
+/// case's). A failing case is shrunk when `shrink` says so.
+fn agree<F, Fut>(make: F, kind: Kind, cases: u32, shrink: bool) -> Agreement
 where
     F: Fn() -> Fut,
     Fut: Future<Output = Option<Target>>,
@@ -1708,15 +1721,15 @@ where
         .build()
         .unwrap_or_else(|e| panic!("runtime: {e}"));
     let Some(target) = runtime.block_on(make()) else {
-        return;
+        return Agreement::Absent;
     };
     let name = target.name;
     let store_url = target.store_url.clone();
     let shared = runtime.block_on(open(target, kind));
     let mut runner = TestRunner::new(ProptestConfig {
-        cases: cases(kind),
+        cases,
         failure_persistence: None,
-        max_shrink_iters: MAX_SHRINK_ITERS,
+        max_shrink_iters: if shrink { MAX_SHRINK_ITERS } else { 0 },
         // An expiry case sleeps: bound the shrinking by time as well.
         max_shrink_time: 60_000,
         ..ProptestConfig::default()
@@ -1763,23 +1776,41 @@ where
     });
     runtime.block_on(async move { drop(shared) });
     match outcome {
-        Ok(()) => println!(
-            "{name}{}: {} cases agree with decide in {:.1}s ({} rejected as too slow); answers compared: {:?}",
-            kind.label(),
-            cases(kind),
-            started.elapsed().as_secs_f64(),
-            too_slow.get(),
-            tally.borrow()
-        ),
-        Err(TestError::Fail(reason, _)) => {
-            panic!("{name} fails the oracle (shrunk case): {reason}")
+        Ok(()) => {
+            // A retention case runs on a fresh database of its own, which
+            // these counts (of the shared one) do not see.
+            if name == "mysql" && kind != Kind::Retention {
+                assert_took_both_mysql_paths(&store_url);
+            }
+            Agreement::Agreed(format!(
+                "{name}{}: {cases} cases agree with decide in {:.1}s ({} rejected as too slow); answers compared: {:?}",
+                kind.label(),
+                started.elapsed().as_secs_f64(),
+                too_slow.get(),
+                tally.borrow()
+            ))
         }
+        Err(TestError::Fail(reason, _)) => Agreement::Differs(format!(
+            "{name}{} fails the oracle at case {}: {reason}",
+            kind.label(),
+            numbered.get()
+        )),
         Err(error) => panic!("{name}: {error}"),
     }
-    // A retention case runs on a fresh database of its own, which these
-    // counts (of the shared one) do not see.
-    if name == "mysql" && kind != Kind::Retention {
-        assert_took_both_mysql_paths(&store_url);
+}
+
+/// The generated cases on the store `make` opens (skipping when its server
+/// is absent, as the conformance targets do), shrunk when one fails.
+fn differential<F, Fut>(make: F, kind: Kind)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Option<Target>>,
+{
+    let _unplanted = plants::unplanted();
+    match agree(make, kind, cases(kind), true) {
+        Agreement::Absent => {}
+        Agreement::Agreed(summary) => println!("{summary}"),
+        Agreement::Differs(reason) => panic!("{reason}"),
     }
 }
 
@@ -1897,6 +1928,7 @@ fn mysql_with_redis_agrees_with_decide_across_retention() {
 /// {"action":0}, as decide's oracle does.
 #[test]
 fn a_continuation_awaiting_confirmation_shows_its_own_pending() {
+    let _unplanted = plants::unplanted();
     let ops = vec![
         Op::Begin {
             user: 0,
@@ -1990,6 +2022,7 @@ fn repeat_claim_ops() -> Vec<Op> {
 /// keeps [`expected_repeat`].
 #[test]
 fn a_holders_repeat_claims_agree_on_every_store() {
+    let _unplanted = plants::unplanted();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -2030,6 +2063,7 @@ fn a_holders_repeat_claims_agree_on_every_store() {
 /// `SimStore` broken on purpose, as `decide` itself could be) is caught.
 #[test]
 fn the_repeat_claim_check_catches_a_store_running_a_claim_twice() {
+    let _unplanted = plants::unplanted();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -2086,6 +2120,7 @@ const PRELUDE: usize = 2;
 /// a new turn starts on the swept session.
 #[test]
 fn expiry_confirmation_orphans_and_sweep_agree_on_every_store() {
+    let _unplanted = plants::unplanted();
     let begin = |user, session, request, payload| Op::Begin {
         user,
         session,

@@ -69,6 +69,7 @@
 
 use agentgate_core::error::{Error, Result};
 use agentgate_core::model::{Ending, LeaseRef, TurnView};
+use agentgate_core::plant::{self, Plant};
 use agentgate_store_sql::lease::Holder;
 use agentgate_store_sql::rows;
 use sqlx::mysql::MySqlRow;
@@ -91,9 +92,15 @@ pub(crate) fn condition(holder: &Holder, turn: &str, credential: &str) -> String
          AND s.holder_turn_id = t.turn_id AND s.fence = t.fence"
     );
     match holder {
-        Holder::Row { .. } => format!(
-            "{common} AND s.lease_token_hash = {credential} AND s.lease_expires_at_ms > {NOW_MS}"
-        ),
+        Holder::Row { .. } => plant::edit(
+            Plant::MysqlFastLeaseIgnoresExpiry,
+            format!(
+                "{common} AND s.lease_token_hash = {credential} AND s.lease_expires_at_ms > {NOW_MS}"
+            ),
+            &format!(" AND s.lease_expires_at_ms > {NOW_MS}"),
+            "",
+        )
+        .into_owned(),
         Holder::Layer { .. } => format!("{common} AND t.fence = {credential}"),
     }
 }

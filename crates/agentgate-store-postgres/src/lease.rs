@@ -13,6 +13,8 @@
 //! With an external lease layer both ask the layer first (one layer call) and
 //! then require the SQL rows to agree that its fence is the session's newest.
 
+use agentgate_core::plant::{self, Plant};
+
 use crate::steps::Sql;
 use crate::NOW_MS;
 use agentgate_store_sql::lease::{Holder, LeaseSql, LEASE_COLUMNS};
@@ -25,10 +27,16 @@ use agentgate_store_sql::lease::{Holder, LeaseSql, LEASE_COLUMNS};
 /// and the session's, so no newer grant exists.
 pub(crate) fn condition(holder: &Holder, turn: u8, credential: u8) -> String {
     match holder {
-        Holder::Row { .. } => format!(
-            "t.turn_id = ${turn} AND t.state = 'running' AND s.holder_turn_id = ${turn} \
-             AND s.lease_token_hash = ${credential} AND s.lease_expires_at_ms > {NOW_MS}"
-        ),
+        Holder::Row { .. } => plant::edit(
+            Plant::PostgresFastLeaseIgnoresExpiry,
+            format!(
+                "t.turn_id = ${turn} AND t.state = 'running' AND s.holder_turn_id = ${turn} \
+                 AND s.lease_token_hash = ${credential} AND s.lease_expires_at_ms > {NOW_MS}"
+            ),
+            &format!(" AND s.lease_expires_at_ms > {NOW_MS}"),
+            "",
+        )
+        .into_owned(),
         Holder::Layer { .. } => format!(
             "t.turn_id = ${turn} AND t.state = 'running' AND t.fence = ${credential} \
              AND s.fence = ${credential}"

@@ -16,6 +16,7 @@
 
 use agentgate_core::error::{Error, Result};
 use agentgate_core::model::{LeaseRef, TurnState};
+use agentgate_core::plant::{self, Plant};
 use agentgate_core::store::LeaseStatus;
 
 use crate::lease::LeaseSql;
@@ -33,12 +34,14 @@ pub trait HeartbeatSql: LeaseSql {
     /// user's permit are the same row, and the turn needs no write while it
     /// runs.
     fn renew_row_lease_sql() -> String {
-        format!(
+        let sql = format!(
             "UPDATE ag_sessions SET lease_expires_at_ms = {now} + $1, updated_at_ms = {now} \
              WHERE session_id = (SELECT session_id FROM ag_turns WHERE turn_id = $2) \
              AND holder_turn_id = $2 AND lease_token_hash = $3 AND lease_expires_at_ms > {now}",
             now = Self::NOW_MS
-        )
+        );
+        let expiry = format!(" AND lease_expires_at_ms > {}", Self::NOW_MS);
+        plant::edit(Plant::HeartbeatRenewsExpiredLease, sql, &expiry, "").into_owned()
     }
 }
 

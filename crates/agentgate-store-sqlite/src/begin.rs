@@ -52,6 +52,7 @@
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::Fence;
 use agentgate_core::model::BeginCommand;
+use agentgate_core::plant::{self, Plant};
 use agentgate_store_sql::begin::layered::LayeredBeginSql;
 use agentgate_store_sql::begin::{
     grant_session, read_unlocked, write_turn, BeginSql, BeginTx, GrantRows, Held, Locked,
@@ -78,7 +79,7 @@ impl BeginTx for Sql<'_> {
     /// when it grants): an `INSERT` into the request table `ag_begin_new`,
     /// whose trigger writes the fence, the grant and the turn.
     fn begin_new_sql() -> String {
-        format!(
+        let sql = format!(
 
         "INSERT INTO ag_begin_new (turn_id, session_id, user_id, client_request_id, token_hash, \
            fingerprint, payload, fence, now_ms, lease_expires_at_ms) \
@@ -98,7 +99,20 @@ impl BeginTx for Sql<'_> {
                 WHERE user_id = $2 AND lease_expires_at_ms > c.now_ms) < c.cap \
          RETURNING fence",
             cap_max = u32::MAX
+        );
+        let sql = plant::edit(
+            Plant::SqliteBeginCapOffByOne,
+            sql,
+            ") < c.cap",
+            ") <= c.cap",
+        );
+        plant::edit(
+            Plant::SqliteBeginOverHolder,
+            sql,
+            "user_id <> $2 OR holder_turn_id IS NOT NULL",
+            "user_id <> $2",
         )
+        .into_owned()
     }
 
     fn granted_fence(&self, rows: &[SqliteRow]) -> Result<Option<i64>> {

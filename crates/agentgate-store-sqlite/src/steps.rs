@@ -17,6 +17,7 @@
 use agentgate_core::error::{Error, Result};
 use agentgate_core::limits::FAST_ATTEMPTS;
 use agentgate_core::model::{Ending, LeaseRef, TurnView};
+use agentgate_core::plant::{planted, Plant};
 use agentgate_store_sql::tx::Tx;
 use sqlx::Sqlite;
 
@@ -151,6 +152,9 @@ async fn try_end(
     // Below 0: release only; 0 or more: also record the pending
     // confirmation for that long (see the migration).
     let end_release = match columns.pending {
+        Some(_) if planted(Plant::SqliteConfirmationTtlTenfold) => {
+            agentgate_core::config::duration_ms(store.config.confirmation_ttl) * 10
+        }
         Some(_) => agentgate_core::config::duration_ms(store.config.confirmation_ttl),
         None => RELEASE_ONLY,
     };

@@ -36,6 +36,7 @@ use agentgate_core::model::{
     UserView,
 };
 use agentgate_core::page::{ExecutionPage, ExecutionPageRequest};
+use agentgate_core::plant::{planted, Plant};
 use agentgate_core::store::{Completion, LeaseStatus, ReleaseWatch, Store};
 use async_trait::async_trait;
 use serde_json::Value;
@@ -75,6 +76,11 @@ impl RunToEnd {
     {
         let inner = Arc::clone(&self.inner);
         let running = InFlight::enter(&self.in_flight);
+        if planted(Plant::StepRunsInCallersFuture) {
+            let answer = within_deadline(step(inner.as_ref())).await;
+            drop(running);
+            return answer;
+        }
         let task = tokio::spawn(async move {
             let answer = within_deadline(step(inner.as_ref())).await;
             drop(running);

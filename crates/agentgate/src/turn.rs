@@ -21,6 +21,7 @@ use agentgate_core::model::{
     ConfirmationContext, Ending, Grant, LeaseRef, NewEvent, PreviousOutcome, ToolCall, ToolClaim,
     TurnState, TurnView,
 };
+use agentgate_core::plant::{planted, Plant};
 use agentgate_core::retry;
 use agentgate_core::store::{BoxFuture, Completion, LeaseStatus, Store};
 use serde_json::{json, Value};
@@ -344,7 +345,9 @@ impl Turn {
     pub async fn tool(&self, tool: &str, args: &Value) -> Result<ToolStep<'_>> {
         let call = ToolCall::new(ToolName::new(tool)?, args)?;
         let claim = self.store.claim_tool(&self.lease, &call).await;
-        if matches!(&claim, Err(e) if e.kind() == ErrorKind::TurnCancelled) {
+        if matches!(&claim, Err(e) if e.kind() == ErrorKind::TurnCancelled)
+            && !planted(Plant::CancelledClaimNotSignalled)
+        {
             self.cancel.fire();
         }
         Ok(match claim? {

@@ -205,10 +205,33 @@ pub async fn cancel_is_learned_by_the_watchdog(target: &Target) {
     assert!(turn.cancel_requested());
     let ended = turn.end_cancelled(&json!(null)).await.expect("ended");
     assert_eq!(ended.state, TurnState::Cancelled);
+    // From another node, learned by the holder's own tool claim: refused
+    // `turn_cancelled`, and the signal fires at once, so the holder's other
+    // tasks stop too (its first heartbeat is ten seconds away).
+    let turn = must_start(&gate, "cancel-watch-user", "cancel-claim", "r1").await;
+    let signal = turn.cancellation();
+    gate.store()
+        .request_cancel(turn.id())
+        .await
+        .expect("cancel")
+        .expect("turn");
+    assert!(!signal.is_cancelled(), "not told yet");
+    let refused = turn.tool("book", &json!({"item": 1})).await;
+    assert_eq!(
+        refused.as_ref().map(|_| ()).expect_err("refused").kind(),
+        ErrorKind::TurnCancelled
+    );
+    assert!(
+        signal.is_cancelled() && turn.cancel_requested(),
+        "a claim refused turn_cancelled signals the turn at once"
+    );
+    let ended = turn.end_cancelled(&json!(null)).await.expect("ended");
+    assert_eq!(ended.state, TurnState::Cancelled);
     let counts = [
         ("signalled_by_heartbeat".to_owned(), 1),
         ("dropped_ends_cancelled".to_owned(), 1),
         ("signalled_locally_at_once".to_owned(), 1),
+        ("signalled_by_a_refused_claim".to_owned(), 1),
     ];
     report(
         target,

@@ -270,8 +270,8 @@ pub async fn supersede_keeps_only_the_newest(target: &Target) {
 /// ask): it ends `cancelled`, the positions behind it close up, a repeat
 /// replays the cancel, and the drain skips it. A handoff declined (the
 /// ending did not take the next turn) leaves the head queued on a free
-/// session, where a new message still cannot jump it and a recovery
-/// worker's claim starts it.
+/// session, where neither a new message nor a repeat of the queue's tail
+/// can jump it, and a recovery worker's claim starts it.
 pub async fn a_queued_turn_is_cancelled_or_claimed(target: &Target) {
     let gate = target.gate(config()).await;
     let (user, session) = ("queue-cancel-user", "queue-cancel");
@@ -311,6 +311,14 @@ pub async fn a_queued_turn_is_cancelled_or_claimed(target: &Target) {
         .expect_err("a free session with a waiting queue is not jumped");
     assert_eq!(jumped.kind(), ErrorKind::SessionBusy, "{jumped}");
     assert_eq!(jumped.active_turn_id(), Some(ids["a"].as_str()));
+    // Nor by its own tail: a repeat of the second queued request answers
+    // its place behind the head; only the head may start.
+    let tail = queue(&gate, user, session, "c", BusyPolicy::Enqueue).await;
+    assert_eq!(
+        (tail.turn_id.as_str(), tail.position),
+        (ids["c"].as_str(), 2),
+        "the tail waits behind the head on a free session"
+    );
     let claimed = gate
         .claim_orphan(&OrphanFilter::default())
         .await
