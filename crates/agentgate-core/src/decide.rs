@@ -802,6 +802,40 @@ pub fn release_target<'a>(
     }
 }
 
+/// What a cancel request does to a turn (docs/protocol.md §3.7), from its
+/// state and whether it was asked before. Every store applies it: the SQL
+/// stores as one conditional `UPDATE` (`agentgate_store_sql::views::request_cancel`),
+/// checked against this over every state by
+/// `agentgate_store_sql::testing::cancel_agrees_with_decide`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CancelStep {
+    /// A queued turn has no holder to ask: it leaves its queue and ends
+    /// `cancelled` now.
+    EndQueued,
+    /// A running turn not asked before: record the request (its time, once);
+    /// the holder learns it by heartbeat or by a refused tool claim, and ends
+    /// the turn `cancelled`.
+    Record,
+    /// Asked before, or ended: nothing changes.
+    Nothing,
+}
+
+/// See [`CancelStep`].
+pub fn cancel_step(state: TurnState, requested_before: bool) -> CancelStep {
+    match state {
+        TurnState::Queued => CancelStep::EndQueued,
+        TurnState::Running if !requested_before => CancelStep::Record,
+        TurnState::Running
+        | TurnState::Succeeded
+        | TurnState::Failed
+        | TurnState::AwaitingConfirmation
+        | TurnState::Confirmed
+        | TurnState::Abandoned
+        | TurnState::Cancelled
+        | TurnState::Superseded => CancelStep::Nothing,
+    }
+}
+
 /// Whether a turn asked to stop at `requested_at_ms` has had its grace to
 /// end itself, and is to be force-released.
 pub fn cancel_ignored(requested_at_ms: i64, now_ms: i64, grace_ms: i64) -> bool {

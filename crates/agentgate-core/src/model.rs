@@ -24,6 +24,9 @@ macro_rules! wire_enum {
         }
 
         impl $name {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [Self] = &[$(Self::$variant),+];
+
             /// The name stored and sent on the wire.
             pub fn as_str(self) -> &'static str {
                 match self { $(Self::$variant => $text),+ }

@@ -17,10 +17,10 @@ use std::sync::{Mutex, MutexGuard};
 use agentgate_core::canonical::CanonicalJson;
 use agentgate_core::config::Config;
 use agentgate_core::decide::{
-    cancel_ignored, check_execution, check_execution_room, check_row_lease, decide_begin,
-    decide_tool_claim, release_target, BeginDecision, BeginFacts, CheckedLease, ExecutionSnapshot,
-    HolderSnapshot, PendingSnapshot, RowLeaseFacts, SessionSnapshot, StartKind, ToolDecision,
-    TurnSnapshot, UserLoad,
+    cancel_ignored, cancel_step, check_execution, check_execution_room, check_row_lease,
+    decide_begin, decide_tool_claim, release_target, BeginDecision, BeginFacts, CancelStep,
+    CheckedLease, ExecutionSnapshot, HolderSnapshot, PendingSnapshot, RowLeaseFacts,
+    SessionSnapshot, StartKind, ToolDecision, TurnSnapshot, UserLoad,
 };
 use agentgate_core::decide::{check_event_append, EventLogFacts, RELEASED_ERROR};
 use agentgate_core::error::{Error, Result};
@@ -1208,9 +1208,15 @@ impl Store for SimStore {
     async fn request_cancel(&self, turn_id: &TurnId) -> Result<Option<TurnView>> {
         self.step(|_, state, now| {
             Ok(state.turns.get_mut(turn_id.as_str()).map(|row| {
-                if row.state == TurnState::Running && row.cancel_requested_at_ms.is_none() {
-                    row.cancel_requested_at_ms = Some(now);
-                    row.updated_at_ms = now;
+                match cancel_step(row.state, row.cancel_requested_at_ms.is_some()) {
+                    CancelStep::Record => {
+                        row.cancel_requested_at_ms = Some(now);
+                        row.updated_at_ms = now;
+                    }
+                    CancelStep::EndQueued => {
+                        unreachable!("the simulated store queues nothing: {row:?}")
+                    }
+                    CancelStep::Nothing => {}
                 }
                 Self::view(turn_id.as_str(), row)
             }))

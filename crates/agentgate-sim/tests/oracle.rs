@@ -306,6 +306,20 @@ enum Op {
     RunOutAttempts,
     /// Only in the retention cases: `Store::sweep`.
     Sweep,
+    /// `Store::request_cancel` of the `turn`-th turn, made without its
+    /// lease (from another node or an operator): a running turn records the
+    /// request once, an ended one changes nothing; later claims of the turn
+    /// are refused `turn_cancelled` and its heartbeat reports it.
+    Cancel {
+        turn: u8,
+    },
+    /// `Store::force_release` of a session's holder (only of the
+    /// `only`-th turn when given): the operator's release, which fences
+    /// every later write of that holder.
+    ForceRelease {
+        session: u8,
+        only: Option<u8>,
+    },
 }
 
 fn lease_sel() -> impl Strategy<Value = LeaseSel> {
@@ -500,6 +514,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u8..2).prop_map(|session| Op::ViewSession { session }),
         1 => (0u8..2).prop_map(|user| Op::ViewUser { user }),
         1 => Just(Op::RunOutAttempts),
+        1 => (0u8..6).prop_map(|turn| Op::Cancel { turn }),
+        1 => (0u8..2, prop::option::weighted(0.3, 0u8..6))
+            .prop_map(|(session, only)| Op::ForceRelease { session, only }),
     ]
 }
 
@@ -565,8 +582,40 @@ struct Side {
     /// Where the store's same-transaction effects land.
     ledger: Ledger,
     /// How the latest step broke the protocol on this store, where the
-    /// test checks it directly ([`expected_repeat`]).
+    /// test checks it directly ([`expected_repeat`], [`Rules`]).
     broken: Option<String>,
+    /// What the protocol rules held directly need to remember.
+    rules: Rules,
+}
+
+/// Rules of docs/protocol.md the oracle holds both sides to directly, not
+/// through `decide` (which both sides share, so a bug in it makes them
+/// agree): the independent reference for what `decide` itself could get
+/// wrong. Each is a fact of the case's own history.
+///
+/// - A request id names one turn of its session: a begin of the same
+///   `(session, request)` by the turn's user with another payload is
+///   refused `payload_mismatch` (§3.1), whatever state the turn is in. (Not
+///   after a sweep, which may have deleted the turn.)
+/// - A turn whose cancel was recorded (§3.7) has every later tool claim
+///   refused: none executes, none answers cached.
+/// - No turn starts an attempt past `MAX_TURN_ATTEMPTS` (§3.1).
+/// - A pending confirmation left before a sleep longer than the
+///   confirmation TTL confirms nothing after it (§3.5): no continuation
+///   starts.
+#[derive(Default)]
+struct Rules {
+    /// Sleeps so far, and how long each was.
+    sleeps: u32,
+    sleep: Duration,
+    /// Turns that ended awaiting a confirmation, with the sleeps before.
+    awaiting: HashMap<String, u32>,
+    /// `(session, request)` → the user and fingerprint of the turn it names.
+    requests: HashMap<(String, String), (String, String)>,
+    /// Turns whose cancel request was recorded.
+    cancelled: BTreeSet<String>,
+    /// Whether a sweep ran (turns may be gone).
+    swept: bool,
 }
 
 impl Side {
@@ -577,6 +626,7 @@ impl Side {
             fingerprints: HashMap::new(),
             ledger,
             broken: None,
+            rules: Rules::default(),
             turns: HashMap::new(),
             turn_ids: Vec::new(),
             execs: HashMap::new(),
@@ -613,23 +663,44 @@ impl Side {
 
     fn error(&mut self, error: &Error) -> String {
         match error {
-            Error::SessionBusy { active_turn_id, .. } => {
-                format!("session_busy({})", self.turn(active_turn_id))
-            }
-            Error::RequestInFlight { active_turn_id, .. } => {
-                format!("request_in_flight({})", self.turn(active_turn_id))
-            }
+            Error::SessionBusy {
+                active_turn_id,
+                retry_after,
+            } => format!(
+                "session_busy({}) retry {}",
+                self.turn(active_turn_id),
+                within(*retry_after)
+            ),
+            Error::RequestInFlight {
+                active_turn_id,
+                retry_after,
+            } => format!(
+                "request_in_flight({}) retry {}",
+                self.turn(active_turn_id),
+                within(*retry_after)
+            ),
             Error::AwaitingConfirmation {
-                pending_turn_id, ..
-            } => format!("awaiting_confirmation({})", self.turn(pending_turn_id)),
-            Error::ToolInFlight { execution_id, .. } => {
+                pending_turn_id,
+                retry_after,
+            } => format!(
+                "awaiting_confirmation({}) retry {}",
+                self.turn(pending_turn_id),
+                within(*retry_after)
+            ),
+            Error::ToolInFlight {
+                execution_id,
+                retry_after,
+                ..
+            } => {
                 let role = self
                     .execs
                     .get(execution_id)
                     .map_or_else(|| "E?".to_owned(), |r| format!("E{r}"));
-                format!("tool_in_flight({role})")
+                format!("tool_in_flight({role}) retry {}", within(*retry_after))
             }
-            Error::UserAtCapacity { cap, .. } => format!("user_at_capacity(cap {cap})"),
+            Error::UserAtCapacity { cap, retry_after } => {
+                format!("user_at_capacity(cap {cap}) retry {}", within(*retry_after))
+            }
             Error::StoreUnavailable(source) => format!("store_unavailable({source})"),
             other => format!("error {}", other.kind().code()),
         }
@@ -657,7 +728,7 @@ impl Side {
             .map_or_else(|| "-".to_owned(), |t| self.turn(t.as_str()));
         format!(
             "{turn} {}/{}/{} {} attempt {} {fence} response {} error {} retryable {:?} \
-             pending {} confirmation {confirmation} confirmed_by {confirmed_by}",
+             pending {} confirmation {confirmation} confirmed_by {confirmed_by} cancel_requested {}",
             v.session_id,
             v.user_id,
             v.client_request_id,
@@ -667,6 +738,7 @@ impl Side {
             opt_canon(v.error.as_ref()),
             v.retryable,
             opt_canon(v.pending.as_ref()),
+            v.cancel_requested_at_ms.is_some(),
         )
     }
 
@@ -883,6 +955,50 @@ impl Names {
 
 async fn begin(side: &mut Side, command: &BeginCommand) -> String {
     side.last_begin = Some(command.clone());
+    let answer = begin_answer(side, command).await;
+    let key = (
+        command.session_id.as_str().to_owned(),
+        command.client_request_id.as_str().to_owned(),
+    );
+    let user = command.user_id.as_str();
+    let fingerprint = command.fingerprint.as_hex();
+    match side.rules.requests.get(&key) {
+        Some((owner, first))
+            if owner == user
+                && first != fingerprint
+                && !side.rules.swept
+                && answer != "error payload_mismatch" =>
+        {
+            side.broken = Some(format!(
+                "request {}/{} names a turn begun with another payload: a begin with this one \
+                 must be refused payload_mismatch (docs/protocol.md §3.1), not answered {answer}",
+                key.0, key.1
+            ));
+        }
+        None if answer.starts_with("started ") => {
+            side.rules
+                .requests
+                .insert(key, (user.to_owned(), fingerprint.to_owned()));
+        }
+        _ => {}
+    }
+    let limit = agentgate::limits::MAX_TURN_ATTEMPTS;
+    if let Some(attempt) = answer
+        .strip_prefix("started ")
+        .and_then(|rest| rest.split(" attempt ").nth(1))
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse::<u32>().ok())
+    {
+        if attempt > limit {
+            side.broken = Some(format!(
+                "a turn started attempt {attempt}, past MAX_TURN_ATTEMPTS ({limit}): {answer}"
+            ));
+        }
+    }
+    answer
+}
+
+async fn begin_answer(side: &mut Side, command: &BeginCommand) -> String {
     match side.store.begin(command).await {
         Ok(BeginOutcome::Started(grant)) => {
             side.fingerprints
@@ -899,10 +1015,10 @@ async fn begin(side: &mut Side, command: &BeginCommand) -> String {
                 token: grant.lease_token.clone(),
             });
             format!(
-                "started {turn} {fence} attempt {} takeover {} ids_match {same} lease_live {} confirmation {confirmation}",
+                "started {turn} {fence} attempt {} takeover {} ids_match {same} lease {} confirmation {confirmation}",
                 grant.attempt,
                 grant.takeover,
-                grant.lease_expires_in_ms > 0,
+                within_ms(grant.lease_expires_in_ms),
             )
         }
         Ok(BeginOutcome::Replay(view)) => format!("replay {}", side.turn_view(&view)),
@@ -914,6 +1030,29 @@ async fn begin(side: &mut Side, command: &BeginCommand) -> String {
 }
 
 const NO_LEASE: &str = "skipped: no lease yet";
+
+/// The grain time values are compared at: both stores read their own clock
+/// (real time on both), a moment apart, so a remaining lease or a
+/// retry-after is compared as the multiple of [`GRAIN`] it rounds up to.
+/// A remaining time read within a case is its full length (a lease TTL, a
+/// confirmation TTL) less the case's few seconds at most, so it rounds to
+/// the same grain on both: a store that keeps a lease or a confirmation for
+/// the wrong length, or answers a retry-after of the wrong thing, differs.
+const GRAIN: Duration = Duration::from_secs(10);
+
+/// `remaining` as "≤ n s", rounded up to [`GRAIN`]; "none" when not positive.
+fn within(remaining: Duration) -> String {
+    let grain = GRAIN.as_millis();
+    match remaining.as_millis() {
+        0 => "none".to_owned(),
+        ms => format!("<={}s", ms.div_ceil(grain) * grain / 1000),
+    }
+}
+
+/// [`within`] of a count of milliseconds (a negative count is none).
+fn within_ms(ms: i64) -> String {
+    within(Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
+}
 
 /// Applies `op` to one side; returns what it answered, normalized.
 async fn apply(side: &mut Side, names: &Names, op: &Op) -> String {
@@ -959,9 +1098,24 @@ async fn apply(side: &mut Side, names: &Names, op: &Op) -> String {
                 names.session(*session),
                 Names::request(*request),
                 &json!({ "answer": approve }),
-                Some(Confirmation { turn_id, decision }),
+                Some(Confirmation {
+                    turn_id: turn_id.clone(),
+                    decision,
+                }),
             ));
-            begin(side, &command).await
+            let answer = begin(side, &command).await;
+            let asked = turn_id.as_str();
+            let expired = side.rules.awaiting.get(asked).is_some_and(|at| {
+                *at < side.rules.sleeps && side.rules.sleep > side.store.config().confirmation_ttl
+            });
+            if expired && answer.starts_with("started ") {
+                side.broken = Some(format!(
+                    "a confirmation of {}, pending since before a sleep longer than the \
+                     confirmation TTL, started a continuation: {answer} (docs/protocol.md §3.5)",
+                    side.turn(asked)
+                ));
+            }
+            answer
         }
         Op::SetCap { user, cap } => match side.store.set_user_cap(&names.user(*user), *cap).await {
             Ok(()) => "cap set".to_owned(),
@@ -972,7 +1126,11 @@ async fn apply(side: &mut Side, names: &Names, op: &Op) -> String {
                 return NO_LEASE.to_owned();
             };
             match side.store.heartbeat(&lease).await {
-                Ok(status) => format!("renewed live {}", status.lease_expires_in_ms > 0),
+                Ok(status) => format!(
+                    "renewed for {} cancel_requested {}",
+                    within_ms(status.lease_expires_in_ms),
+                    status.cancel_requested
+                ),
                 Err(error) => side.error(&error),
             }
         }
@@ -1050,7 +1208,48 @@ async fn apply(side: &mut Side, names: &Names, op: &Op) -> String {
                 },
             };
             match side.store.end_turn(&lease, &ending).await {
-                Ok(view) => format!("ended {}", side.turn_view(&view)),
+                Ok(view) => {
+                    if view.state == agentgate::TurnState::AwaitingConfirmation {
+                        let sleeps = side.rules.sleeps;
+                        side.rules
+                            .awaiting
+                            .insert(view.turn_id.as_str().to_owned(), sleeps);
+                    }
+                    format!("ended {}", side.turn_view(&view))
+                }
+                Err(error) => side.error(&error),
+            }
+        }
+        Op::Cancel { turn } => {
+            let Some(turn_id) = side.turn_by_role(*turn) else {
+                return "skipped: no turn yet".to_owned();
+            };
+            match side.store.request_cancel(&turn_id).await {
+                Ok(Some(view)) => {
+                    if view.cancel_requested_at_ms.is_some() {
+                        side.rules.cancelled.insert(turn_id.as_str().to_owned());
+                    }
+                    format!("cancel {}", side.turn_view(&view))
+                }
+                Ok(None) => "no such turn".to_owned(),
+                Err(error) => side.error(&error),
+            }
+        }
+        Op::ForceRelease { session, only } => {
+            let only = match only {
+                None => None,
+                Some(role) => match side.turn_by_role(*role) {
+                    Some(turn_id) => Some(turn_id),
+                    None => return "skipped: no turn yet".to_owned(),
+                },
+            };
+            match side
+                .store
+                .force_release(&names.session(*session), only.as_ref())
+                .await
+            {
+                Ok(Some(view)) => format!("released {}", side.turn_view(&view)),
+                Ok(None) => "released nothing".to_owned(),
                 Err(error) => side.error(&error),
             }
         }
@@ -1111,13 +1310,16 @@ async fn apply(side: &mut Side, names: &Names, op: &Op) -> String {
             format!("{answer} ledger {ledger:?}")
         }
         Op::RunOutAttempts => Box::pin(run_out_attempts(side)).await,
-        Op::Sweep => match side.store.sweep().await {
-            Ok(report) => format!(
-                "swept abandoned {} turns {} executions {} sessions {}",
-                report.abandoned, report.turns, report.executions, report.sessions
-            ),
-            Err(error) => side.error(&error),
-        },
+        Op::Sweep => {
+            side.rules.swept = true;
+            match side.store.sweep().await {
+                Ok(report) => format!(
+                    "swept abandoned {} turns {} executions {} sessions {}",
+                    report.abandoned, report.turns, report.executions, report.sessions
+                ),
+                Err(error) => side.error(&error),
+            }
+        }
     }
 }
 
@@ -1146,6 +1348,21 @@ enum Claimed {
 
 /// Claims `call` under `lease`: the normalized answer, and what it was.
 async fn claim(side: &mut Side, lease: &LeaseRef, call: &ToolCall) -> (String, Claimed) {
+    let (answer, claimed) = claim_answer(side, lease, call).await;
+    if side.rules.cancelled.contains(lease.turn_id.as_str())
+        && !matches!(claimed, Claimed::Refused)
+        && side.broken.is_none()
+    {
+        side.broken = Some(format!(
+            "a claim of turn {} after its cancel was recorded was answered {answer}: every \
+             later claim is refused (docs/protocol.md §3.7)",
+            side.turn(lease.turn_id.as_str())
+        ));
+    }
+    (answer, claimed)
+}
+
+async fn claim_answer(side: &mut Side, lease: &LeaseRef, call: &ToolCall) -> (String, Claimed) {
     match side.store.claim_tool(lease, call).await {
         Ok(ToolClaim::Execute {
             execution_id,
@@ -1217,7 +1434,8 @@ async fn claim_again(
         _ => "-".to_owned(),
     };
     let (again, _) = claim(side, lease, call).await;
-    let (want_mid, want_again) = expected_repeat(&claimed, &first, between);
+    let ttl = side.store.config().lease_ttl;
+    let (want_mid, want_again) = expected_repeat(&claimed, &first, between, ttl);
     let broke = |what: &str, got: &str, want: &str| {
         let how = if want.starts_with("tool_in_flight") && got.starts_with("execute") {
             "the holder's repeat of a claim still running under its own lease was answered \
@@ -1254,7 +1472,9 @@ async fn claim_again(
 /// answer).
 ///
 /// - First answered execute, nothing between: the execution runs under
-///   the caller's own fence, so `tool_in_flight` naming it; never execute.
+///   the caller's own fence, so `tool_in_flight` naming it, to retry when
+///   the lease (granted or renewed within the case: its whole TTL) ends;
+///   never execute.
 /// - First answered execute, completed with `r` (which must succeed: it is
 ///   running under the caller's fence): cached, `r`.
 /// - First answered execute, failed (which must succeed): execute again,
@@ -1269,11 +1489,15 @@ fn expected_repeat(
     first: &Claimed,
     first_text: &str,
     between: &Between,
+    lease_ttl: Duration,
 ) -> (Option<String>, Option<String>) {
     let (mid, again) = match (first, between) {
-        (Claimed::Execute { exec, .. }, Between::Nothing) => {
-            (None, format!("tool_in_flight({exec})"))
-        }
+        // Retry when the holder's lease ends: granted or renewed within the
+        // case, it has its whole TTL left, to the grain.
+        (Claimed::Execute { exec, .. }, Between::Nothing) => (
+            None,
+            format!("tool_in_flight({exec}) retry {}", within(lease_ttl)),
+        ),
         (Claimed::Execute { exec, .. }, Between::Complete(n)) => {
             let result = canon(&json!({ "result": n }));
             (
@@ -1369,11 +1593,11 @@ async fn claim_orphan(side: &mut Side, names: &Names, turn: u8) -> String {
     }
     journal.sort();
     format!(
-        "claimed {turn} {fence} attempt {} takeover {} lease_live {} confirmation {confirmation} \
+        "claimed {turn} {fence} attempt {} takeover {} lease {} confirmation {confirmation} \
          payload {} journal {journal:?}",
         grant.attempt,
         grant.takeover,
-        grant.lease_expires_in_ms > 0,
+        within_ms(grant.lease_expires_in_ms),
         canon(&claimed.payload),
     )
 }
@@ -1384,7 +1608,8 @@ async fn claim_orphan(side: &mut Side, names: &Names, turn: u8) -> String {
 /// worker's claim once it is orphaned, finds its attempts exhausted.
 async fn run_out_attempts(side: &mut Side) -> String {
     let mut answers: Vec<String> = Vec::new();
-    for _ in 0..agentgate::limits::MAX_TURN_ATTEMPTS {
+    // One round past the last attempt: its failure's repeat is exhausted.
+    for _ in 0..=agentgate::limits::MAX_TURN_ATTEMPTS {
         let (Some(lease), Some(command)) = (side.grants.last().cloned(), side.last_begin.clone())
         else {
             answers.push("skipped: no begin yet".to_owned());
@@ -1407,8 +1632,7 @@ async fn run_out_attempts(side: &mut Side) -> String {
             break;
         }
         let again = begin(side, &command).await;
-        let last = format!(" attempt {} ", agentgate::limits::MAX_TURN_ATTEMPTS);
-        let go_on = again.starts_with("started") && !again.contains(&last);
+        let go_on = again.starts_with("started");
         answers.push(again);
         if !go_on {
             break;
@@ -1541,6 +1765,12 @@ fn answer_kind(answer: &str) -> String {
             "swept nothing".to_owned()
         }
         "swept" => "swept".to_owned(),
+        "released" if answer == "released nothing" => "released nothing".to_owned(),
+        "released" => "released a holder".to_owned(),
+        "cancel" => format!(
+            "cancel of a {} turn",
+            answer.split(' ').nth(3).unwrap_or("?")
+        ),
         "started" if answer.contains(" takeover true ") => "takeover".to_owned(),
         "started" if !answer.contains(" attempt 1 ") => "restarted".to_owned(),
         "execute" if answer.contains("Some(\"unknown\")") => "re-execute unknown".to_owned(),
@@ -1646,6 +1876,10 @@ async fn run_case(
         if matches!(op, Op::Sleep) {
             tokio::time::sleep(kind.sleep()).await;
             segment = Instant::now();
+            for side in [&mut want, &mut got] {
+                side.rules.sleeps += 1;
+                side.rules.sleep = kind.sleep();
+            }
         }
         let expected = Box::pin(apply(&mut want, &names, op)).await;
         let actual = Box::pin(apply(&mut got, &names, op)).await;

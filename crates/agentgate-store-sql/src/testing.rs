@@ -407,3 +407,92 @@ pub async fn write_held_start<S: crate::begin::BeginSql>(
         .await
         .unwrap_or_else(|e| panic!("commit: {e}"));
 }
+
+/// The cancel request's one `UPDATE` (`views::request_cancel`) against
+/// `decide::cancel_step`, over every turn state, asked before or not: a row
+/// in each is written directly, the request is made, and what changed (its
+/// state, whether the request's time was recorded and kept, its queue
+/// place, its end time) is what the decision says, and nothing else.
+pub async fn cancel_agrees_with_decide<S: crate::views::ViewSql>(sql: &S) {
+    use crate::query::{On, Statement};
+    use crate::rows::Columns;
+    use agentgate_core::decide::{cancel_step, CancelStep};
+    use agentgate_core::ids::TurnId;
+    use agentgate_core::model::TurnState;
+
+    let mut checked = 0;
+    for (n, &state) in TurnState::ALL.iter().enumerate() {
+        for asked_before in [false, true] {
+            let turn_id = TurnId::generate();
+            let queue_seq = (state == TurnState::Queued).then_some(1);
+            let asked_at = asked_before.then_some(5);
+            sql.execute(
+                On::Write,
+                Statement::new(
+                    "INSERT INTO ag_turns (turn_id, session_id, user_id, client_request_id, \
+                     fingerprint, state, attempt, fence, created_at_ms, updated_at_ms, \
+                     queue_seq, cancel_requested_at_ms) \
+                     VALUES ($1, $2, 'cancel-user', $3, 'f', $4, 1, 1, 1, 1, $5, $6)",
+                )
+                .text(turn_id.as_str())
+                .text(&format!("cancel-s{n}-{asked_before}"))
+                .text(&format!("r{n}"))
+                .text(state.as_str())
+                .opt_int(queue_seq)
+                .opt_int(asked_at),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("insert a {state:?} turn: {e}"));
+            let view = crate::views::request_cancel(sql, &turn_id)
+                .await
+                .unwrap_or_else(|e| panic!("cancel a {state:?} turn: {e}"))
+                .unwrap_or_else(|| panic!("the {state:?} turn is there"));
+            let row = sql
+                .fetch_optional(
+                    On::Read,
+                    Statement::new(
+                        "SELECT queue_seq, cancel_requested_at_ms, ended_at_ms, updated_at_ms \
+                         FROM ag_turns WHERE turn_id = $1",
+                    )
+                    .text(turn_id.as_str()),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("read the {state:?} turn: {e}"))
+                .unwrap_or_else(|| panic!("the {state:?} turn is there"));
+            let row = S::columns(&row);
+            let int = |name: &str| {
+                row.int(name)
+                    .unwrap_or_else(|e| panic!("{name} of the {state:?} turn: {e}"))
+            };
+            let (queue_seq_now, asked_now, ended, updated) = (
+                int("queue_seq"),
+                int("cancel_requested_at_ms"),
+                int("ended_at_ms"),
+                int("updated_at_ms"),
+            );
+            let case = format!("{state:?}, asked before: {asked_before}");
+            match cancel_step(state, asked_before) {
+                CancelStep::EndQueued => {
+                    assert_eq!(view.state, TurnState::Cancelled, "{case}");
+                    assert_eq!(queue_seq_now, None, "{case}: left its queue");
+                    assert!(asked_now.is_some() && ended.is_some(), "{case}: {view:?}");
+                    assert!(updated > Some(1), "{case}");
+                }
+                CancelStep::Record => {
+                    assert_eq!(view.state, state, "{case}");
+                    assert!(asked_now.is_some_and(|at| at > 5), "{case}: recorded now");
+                    assert_eq!(ended, None, "{case}");
+                    assert!(updated > Some(1), "{case}");
+                }
+                CancelStep::Nothing => {
+                    assert_eq!(view.state, state, "{case}");
+                    assert_eq!(asked_now, asked_at, "{case}: unchanged");
+                    assert_eq!(queue_seq_now, queue_seq, "{case}: unchanged");
+                    assert_eq!((ended, updated), (None, Some(1)), "{case}: nothing written");
+                }
+            }
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, TurnState::ALL.len() * 2);
+}

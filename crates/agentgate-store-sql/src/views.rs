@@ -308,8 +308,13 @@ pub async fn turn<S: ViewSql>(sql: &S, turn_id: &TurnId) -> Result<Option<TurnVi
         .transpose()
 }
 
-/// Records a cancel request on a running turn (once: a repeat, or a turn
-/// that ended, changes nothing), then reads its view.
+/// Applies `decide::cancel_step` to the turn in one conditional `UPDATE`
+/// (no lock, no read first): a queued turn ends `cancelled` and leaves its
+/// queue, a running turn not asked before records the request, anything
+/// else changes nothing; then reads its view. The statement's `WHERE` is
+/// "the step is not `Nothing`", its `CASE`s tell `EndQueued` from
+/// `Record`; `testing::cancel_agrees_with_decide` checks it over every
+/// state on every store.
 ///
 /// # Errors
 /// The store's error; `corrupt` when more than one row changed.

@@ -559,3 +559,16 @@ fn layered_one_statement_that_falls_back_writes_nothing() {
         server.close().await;
     });
 }
+
+/// The cancel request's one `UPDATE` does what `decide::cancel_step`
+/// says, in every turn state.
+#[test]
+fn cancel_request_agrees_with_decide() {
+    runtime().block_on(async {
+        let Some(server) = Server::open().await else {
+            return;
+        };
+        agentgate_store_sql::testing::cancel_agrees_with_decide(&Sql(&server.store)).await;
+        server.close().await;
+    });
+}

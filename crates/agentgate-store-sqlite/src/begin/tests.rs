@@ -342,3 +342,12 @@ async fn a_layered_grant_falls_back_having_written_nothing() {
     let store = open(&dir, 2).await;
     layered_grant_falls_back(&Sql(&store), || all_rows(&store)).await;
 }
+
+/// The cancel request's one `UPDATE` does what `decide::cancel_step`
+/// says, in every turn state.
+#[tokio::test]
+async fn cancel_request_agrees_with_decide() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir, 2).await;
+    agentgate_store_sql::testing::cancel_agrees_with_decide(&Sql(&store)).await;
+}
