@@ -50,6 +50,8 @@ pub struct Counts {
     pub repeats_in_flight: u64,
     /// Claims of a succeeded call answered cached with its stored result.
     pub claims_cached: u64,
+    /// Cancel requests recorded on running turns.
+    pub cancels: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -77,6 +79,8 @@ struct Model {
     caps: BTreeMap<String, u32>,
     /// Keys marked succeeded, with their stored result.
     done: BTreeMap<String, String>,
+    /// Turns whose cancel was recorded.
+    cancelled: std::collections::BTreeSet<String>,
     /// The ledger's booking per key.
     booked: BTreeMap<String, u64>,
     /// The turn each (session, client request) created.
@@ -216,12 +220,24 @@ impl Model {
                     ));
                 }
             }
-            Event::ToolExecute { key, fence, .. } => {
+            Event::ToolExecute {
+                key, turn, fence, ..
+            } => {
                 if self.done.contains_key(key) {
                     return Err(format!(
                         "tool {key} claimed for running (fence {fence}) after it succeeded"
                     ));
                 }
+                if self.cancelled.contains(turn) {
+                    return Err(format!(
+                        "tool {key} of turn {turn} claimed for running (fence {fence}) after \
+                         the turn's cancel was recorded"
+                    ));
+                }
+            }
+            Event::CancelRecorded { turn } => {
+                self.counts.cancels += 1;
+                self.cancelled.insert(turn.clone());
             }
             Event::ToolDone { key, fence, result } => {
                 if self.done.contains_key(key) {

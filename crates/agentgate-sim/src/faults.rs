@@ -454,7 +454,12 @@ impl Store for Faulty {
         lease: &LeaseRef,
         events: &[agentgate_core::model::NewEvent],
     ) -> Result<u64> {
-        self.inner.append_events(lease, events).await
+        let call = self
+            .before("append_events", lease.turn_id.as_str(), Some(lease))
+            .await?;
+        let result = self.inner.append_events(lease, events).await;
+        self.after(call, result, |_| self.wrote("append_events", lease))
+            .await
     }
 
     async fn events(

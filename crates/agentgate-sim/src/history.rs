@@ -81,10 +81,18 @@ pub enum Event {
     ToolExecute {
         /// Its idempotency key.
         key: String,
+        /// The turn it runs for.
+        turn: String,
         /// The claimer's fence.
         fence: i64,
         /// The attempt.
         attempt: u32,
+    },
+    /// A cancel request was recorded on a running turn (docs/protocol.md
+    /// §3.7): from here on none of its tools may run.
+    CancelRecorded {
+        /// The turn.
+        turn: String,
     },
     /// A tool execution was marked succeeded.
     ToolDone {

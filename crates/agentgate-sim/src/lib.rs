@@ -150,6 +150,7 @@ impl Plan {
         };
         let mut repeats = Rng::new(seed ^ 0x243f_6a88_85a3_08d3);
         scenario.repeat = pick(&mut repeats, &[0, 150, 400]);
+        scenario.cancel = pick(&mut repeats, &[0, 100, 300]);
         let config = Config {
             lease_ttl: LEASE_TTL,
             max_turns_per_user: scenario.cap,

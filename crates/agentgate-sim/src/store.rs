@@ -58,6 +58,8 @@ pub enum Mutation {
     GrantOverLiveHolder,
     /// Tool completion checks neither the lease nor the execution's fence.
     CompleteWithoutFence,
+    /// An event append checks no lease: a zombie's progress lands.
+    AppendWithoutLease,
     /// A takeover keeps the turn's old fence instead of drawing a new one.
     ReuseFenceOnTakeover,
     /// Begin counts none of the user's live permits.
@@ -764,6 +766,7 @@ impl SimStore {
             now,
             Event::ToolExecute {
                 key: key.clone(),
+                turn: lease.turn_id.as_str().to_owned(),
                 fence: caller,
                 attempt,
             },
@@ -1206,12 +1209,18 @@ impl Store for SimStore {
     }
 
     async fn request_cancel(&self, turn_id: &TurnId) -> Result<Option<TurnView>> {
-        self.step(|_, state, now| {
+        self.step(|s, state, now| {
             Ok(state.turns.get_mut(turn_id.as_str()).map(|row| {
                 match cancel_step(row.state, row.cancel_requested_at_ms.is_some()) {
                     CancelStep::Record => {
                         row.cancel_requested_at_ms = Some(now);
                         row.updated_at_ms = now;
+                        s.record(
+                            now,
+                            Event::CancelRecorded {
+                                turn: turn_id.as_str().to_owned(),
+                            },
+                        );
                     }
                     CancelStep::EndQueued => {
                         unreachable!("the simulated store queues nothing: {row:?}")
@@ -1288,8 +1297,18 @@ impl Store for SimStore {
     }
 
     async fn append_events(&self, lease: &LeaseRef, events: &[NewEvent]) -> Result<u64> {
-        self.step(|_, state, now| {
-            let (checked, _) = Self::check_lease(state, lease, now)?;
+        self.step(|s, state, now| {
+            let caller = Self::caller_fence(state, lease);
+            let (live_fence, session) = if s.mutation == Mutation::AppendWithoutLease {
+                let turn = state
+                    .turns
+                    .get(lease.turn_id.as_str())
+                    .ok_or_else(|| Error::not_found(format!("turn {}", lease.turn_id)))?;
+                (turn.fence, turn.session_id.clone())
+            } else {
+                let (checked, session) = Self::check_lease(state, lease, now)?;
+                (checked.fence.0, session)
+            };
             let turn_id = lease.turn_id.as_str();
             let turn = state
                 .turns
@@ -1305,8 +1324,7 @@ impl Store for SimStore {
                 count: log.len() as u64,
                 bytes: *bytes,
             };
-            let first =
-                check_event_append(turn_id, facts, checked.fence.0, events.len(), batch_bytes)?;
+            let first = check_event_append(turn_id, facts, live_fence, events.len(), batch_bytes)?;
             for (event, event_id) in events.iter().zip(first..) {
                 log.push(TurnEvent {
                     event_id,
@@ -1316,6 +1334,14 @@ impl Store for SimStore {
                 });
             }
             *bytes += batch_bytes;
+            s.record(
+                now,
+                Event::Write {
+                    what: "append_events",
+                    session,
+                    fence: caller,
+                },
+            );
             Ok(first + events.len() as u64 - 1)
         })
     }

@@ -13,6 +13,7 @@ use agentgate::{
     Begun, Decision, ErrorKind, Gate, OrphanFilter, PreviousOutcome, ToolStep, Turn, TurnState,
     TurnView,
 };
+use agentgate_core::ids::TurnId;
 use serde_json::{json, Value};
 pub use tokio_util_free::Stop;
 
@@ -75,6 +76,11 @@ pub struct Scenario {
     /// the store must refuse it `tool_in_flight`), and once the execution
     /// completed (cached, with the stored result).
     pub repeat: u32,
+    /// Per mille of `session_busy` and `request_in_flight` answers (another
+    /// device's turn is running) on which the device presses Stop:
+    /// it asks the holder's turn to cancel (docs/protocol.md §3.7), and the
+    /// holder, told by heartbeat or by a refused claim, ends it `cancelled`.
+    pub cancel: u32,
 }
 
 impl Scenario {
@@ -96,6 +102,7 @@ impl Scenario {
             tool_failure: pick(rng, &[0, 50, 150]),
             // Drawn by `crate::Plan::of` from a generator of its own.
             repeat: 0,
+            cancel: 0,
         }
     }
 }
@@ -253,6 +260,17 @@ async fn send(ctx: &Ctx, rng: &mut Rng, user: &str, session: &str, id: String, p
             }
             Err(error) if error.kind() == ErrorKind::NotFound => return,
             Err(error) => {
+                if let (ErrorKind::SessionBusy | ErrorKind::RequestInFlight, Some(holder)) =
+                    (error.kind(), error.active_turn_id())
+                {
+                    if ctx.scenario.cancel > 0 && rng.chance(ctx.scenario.cancel) {
+                        // Stop: the turn ends cancelled; this request's
+                        // retry then starts on the freed session.
+                        if let Ok(holder) = TurnId::new(holder) {
+                            let _ = ctx.gate.request_cancel(&holder).await;
+                        }
+                    }
+                }
                 let wait = error
                     .retry_after()
                     .unwrap_or(Duration::from_millis(100))
@@ -291,7 +309,17 @@ async fn run_turn(ctx: &Ctx, rng: &mut Rng, turn: Turn, payload: &Value) -> Opti
         payload["tools"].as_u64().unwrap_or(0)
     };
     let mut results = Vec::new();
+    let stopped = |i: u64| json!({"tag": tag, "stopped_before": i});
     for i in 0..tools {
+        if turn.cancel_requested() {
+            let _ = turn.end_cancelled(&stopped(i)).await;
+            return None;
+        }
+        // Progress for the turn's followers, fenced like every write.
+        match turn.emit("tool", &json!({"tag": tag, "i": i})).await {
+            Err(error) if error.kind() == ErrorKind::LeaseLost => return None,
+            _ => {}
+        }
         let args = json!({"tag": tag, "i": i});
         let mut tries = 0;
         let result = loop {
@@ -341,6 +369,11 @@ async fn run_turn(ctx: &Ctx, rng: &mut Rng, turn: Turn, payload: &Value) -> Opti
                                     Some(i64::try_from(frozen.as_millis()).unwrap_or(i64::MAX)),
                                 );
                                 tokio::time::sleep(frozen).await;
+                                // Awake, it reports progress as if it still
+                                // held the turn: a zombie's append, which
+                                // the store must refuse (the checker holds
+                                // every landed append to a live lease).
+                                let _ = turn.emit("resumed", &json!({"i": i})).await;
                             }
                             tokio::time::sleep(Duration::from_millis(rng.range(0, 50))).await;
                             if rng.chance(ctx.scenario.tool_failure) {
@@ -379,6 +412,10 @@ async fn run_turn(ctx: &Ctx, rng: &mut Rng, turn: Turn, payload: &Value) -> Opti
                         }
                         Err(_) => return None,
                     }
+                }
+                Err(error) if error.kind() == ErrorKind::TurnCancelled => {
+                    let _ = turn.end_cancelled(&stopped(i)).await;
+                    return None;
                 }
                 Err(error) if error.kind() == ErrorKind::StoreUnavailable && tries < 3 => {
                     tries += 1;

@@ -61,6 +61,7 @@ fn seeds_keep_the_invariants() {
         total.successes += counts.successes;
         total.repeats_in_flight += counts.repeats_in_flight;
         total.claims_cached += counts.claims_cached;
+        total.cancels += counts.cancels;
         for (fault, n) in &run.faults {
             *faults.entry(*fault).or_default() += n;
         }
@@ -84,6 +85,7 @@ fn seeds_keep_the_invariants() {
          {} grants, {} takeovers, {} fenced writes checked, {} turns succeeded, {} replays checked, \
          {} tool effects booked, {} duplicate effect arrivals deduplicated by key, \
          {} repeat claims of a running execution refused tool_in_flight, {} claims after a success cached, \
+         {} cancels recorded on running turns (no tool of theirs ran after), \
          {crashes} holder crashes, {pauses} holder pauses past the TTL, store faults {faults:?}; \
          client-observed checks: {observed_writes} writes received, {observed_repeats} repeated answers; \
          combined history digest {combined:016x}",
@@ -99,6 +101,7 @@ fn seeds_keep_the_invariants() {
         total.deduplicated,
         total.repeats_in_flight,
         total.claims_cached,
+        total.cancels,
     );
     if seeds.len() > 1 {
         assert!(total.takeovers > 0, "no seed took a turn over");
@@ -110,6 +113,10 @@ fn seeds_keep_the_invariants() {
         assert!(
             total.repeats_in_flight > 0 && total.claims_cached > 0,
             "no holder repeated a claim of a running or a succeeded execution"
+        );
+        assert!(
+            total.cancels > 0,
+            "no cancel was recorded on a running turn"
         );
     }
 }
@@ -185,6 +192,17 @@ fn the_checker_catches_an_unfenced_tool_completion() {
     let message = &caught.verdict.as_ref().unwrap_err().message;
     println!("caught at seed {}: {message}", caught.seed);
     assert!(message.contains("complete_tool"), "{message}");
+}
+
+/// A store that appends a zombie's events (no lease check) is caught: a
+/// frozen holder's progress after its takeover lands without a live lease.
+#[test]
+fn the_checker_catches_a_zombies_event() {
+    let caught = first_caught(Mutation::AppendWithoutLease, 300)
+        .expect("no seed in 300 exposed a store appending events without a lease");
+    let message = &caught.verdict.as_ref().unwrap_err().message;
+    println!("caught at seed {}: {message}", caught.seed);
+    assert!(message.contains("append_events"), "{message}");
 }
 
 /// The checks of what clients observed alone (the ones the real stores are
