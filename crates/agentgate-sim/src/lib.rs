@@ -151,6 +151,7 @@ impl Plan {
         let mut repeats = Rng::new(seed ^ 0x243f_6a88_85a3_08d3);
         scenario.repeat = pick(&mut repeats, &[0, 150, 400]);
         scenario.cancel = pick(&mut repeats, &[0, 100, 300]);
+        scenario.nodes = pick(&mut repeats, &[1, 2, 3]);
         let config = Config {
             lease_ttl: LEASE_TTL,
             max_turns_per_user: scenario.cap,
@@ -195,9 +196,11 @@ pub async fn drive(
         rates,
         rng.fork(),
     ));
-    let gate = Gate::with_store(Arc::clone(&faulty) as Arc<dyn agentgate::store::Store>);
+    let gates = (0..scenario.nodes.max(1))
+        .map(|_| Gate::with_store(Arc::clone(&faulty) as Arc<dyn agentgate::store::Store>))
+        .collect();
     let ctx = Arc::new(Ctx {
-        gate,
+        gates,
         faulty: Arc::clone(&faulty),
         ledger: Ledger::default(),
         history: history.clone(),
@@ -207,6 +210,7 @@ pub async fn drive(
         repeats: std::sync::Mutex::new(repeats),
     });
     let mut devices = Vec::new();
+    let mut node = 0..;
     for u in 0..scenario.users {
         for s in 0..scenario.sessions_per_user {
             for _ in 0..scenario.devices {
@@ -215,12 +219,13 @@ pub async fn drive(
                     rng.fork(),
                     format!("user{u}"),
                     format!("u{u}s{s}"),
+                    node.next().unwrap_or(0),
                 )));
             }
         }
     }
     let workers: Vec<_> = (0..scenario.workers)
-        .map(|_| tokio::spawn(workload::worker(Arc::clone(&ctx), rng.fork())))
+        .map(|w| tokio::spawn(workload::worker(Arc::clone(&ctx), rng.fork(), w as usize)))
         .collect();
     for device in devices {
         if let Err(error) = device.await {

@@ -81,6 +81,10 @@ pub struct Scenario {
     /// it asks the holder's turn to cancel (docs/protocol.md §3.7), and the
     /// holder, told by heartbeat or by a refused claim, ends it `cancelled`.
     pub cancel: u32,
+    /// Nodes: gates on the one store, each device and recovery worker on
+    /// one of them (so a Stop pressed on one node reaches a holder on
+    /// another only through the store).
+    pub nodes: u32,
 }
 
 impl Scenario {
@@ -103,6 +107,7 @@ impl Scenario {
             // Drawn by `crate::Plan::of` from a generator of its own.
             repeat: 0,
             cancel: 0,
+            nodes: 1,
         }
     }
 }
@@ -154,8 +159,10 @@ impl Ledger {
 /// What every client task shares.
 #[derive(Debug)]
 pub struct Ctx {
-    /// The library over the faulty store.
-    pub gate: Gate,
+    /// The library over the faulty store: one gate per node
+    /// ([`Scenario::nodes`]), each with its own step tasks, watchdogs,
+    /// waiters and sweeper, all on the one store.
+    pub gates: Vec<Gate>,
     /// The faulty store, for client-side crashes and pauses.
     pub faulty: Arc<Faulty>,
     /// The downstream ledger.
@@ -202,7 +209,7 @@ impl Ctx {
     }
 
     fn ttl(&self) -> Duration {
-        self.gate.config().lease_ttl
+        self.gates[0].config().lease_ttl
     }
 }
 
@@ -211,8 +218,9 @@ enum Request {
     Confirm { id: String, pending: String },
 }
 
-/// One device: sends its session's messages in order.
-pub async fn device(ctx: Arc<Ctx>, mut rng: Rng, user: String, session: String) {
+/// One device, on node `node`: sends its session's messages in order.
+pub async fn device(ctx: Arc<Ctx>, mut rng: Rng, user: String, session: String, node: usize) {
+    let gate = &ctx.gates[node % ctx.gates.len()];
     tokio::time::sleep(Duration::from_millis(rng.range(0, 500))).await;
     for m in 0..ctx.scenario.messages {
         // The payload is the message: the same for every device, so a
@@ -224,7 +232,13 @@ pub async fn device(ctx: Arc<Ctx>, mut rng: Rng, user: String, session: String) 
             "tools": shape.range(0, 3),
             "confirm": shape.chance(ctx.scenario.confirm),
         });
-        send(&ctx, &mut rng, &user, &session, format!("m{m}"), payload).await;
+        let message = Message {
+            user: &user,
+            session: &session,
+            id: format!("m{m}"),
+            payload,
+        };
+        send(&ctx, gate, &mut rng, message).await;
     }
 }
 
@@ -234,14 +248,27 @@ fn seed_of(session: &str, m: u32) -> u64 {
     })
 }
 
-async fn send(ctx: &Ctx, rng: &mut Rng, user: &str, session: &str, id: String, payload: Value) {
+/// One message a device sends.
+struct Message<'a> {
+    user: &'a str,
+    session: &'a str,
+    id: String,
+    payload: Value,
+}
+
+async fn send(ctx: &Ctx, gate: &Gate, rng: &mut Rng, message: Message<'_>) {
+    let Message {
+        user,
+        session,
+        id,
+        payload,
+    } = message;
     let mut request = Request::Message { id, payload };
     for _ in 0..MAX_TRIES {
         let begun = match &request {
-            Request::Message { id, payload } => ctx.gate.begin(user, session, id, payload).await,
+            Request::Message { id, payload } => gate.begin(user, session, id, payload).await,
             Request::Confirm { id, pending } => {
-                ctx.gate
-                    .confirm(user, session, id, pending, Decision::Approve)
+                gate.confirm(user, session, id, pending, Decision::Approve)
                     .await
             }
         };
@@ -267,7 +294,7 @@ async fn send(ctx: &Ctx, rng: &mut Rng, user: &str, session: &str, id: String, p
                         // Stop: the turn ends cancelled; this request's
                         // retry then starts on the freed session.
                         if let Ok(holder) = TurnId::new(holder) {
-                            let _ = ctx.gate.request_cancel(&holder).await;
+                            let _ = gate.request_cancel(&holder).await;
                         }
                     }
                 }
@@ -443,14 +470,15 @@ async fn run_turn(ctx: &Ctx, rng: &mut Rng, turn: Turn, payload: &Value) -> Opti
 }
 
 /// A recovery worker: claims orphans and resumes them until stopped.
-pub async fn worker(ctx: Arc<Ctx>, mut rng: Rng) {
+pub async fn worker(ctx: Arc<Ctx>, mut rng: Rng, node: usize) {
+    let gate = &ctx.gates[node % ctx.gates.len()];
     let filter = OrphanFilter {
         min_orphaned_ms: 500,
         ..OrphanFilter::default()
     };
     while !ctx.stop.is_set() {
         tokio::time::sleep(Duration::from_millis(rng.range(300, 1000))).await;
-        if let Ok(Some(recovered)) = ctx.gate.claim_orphan(&filter).await {
+        if let Ok(Some(recovered)) = gate.claim_orphan(&filter).await {
             let payload = recovered.payload.clone();
             run_turn(&ctx, &mut rng, recovered.turn, &payload).await;
         }

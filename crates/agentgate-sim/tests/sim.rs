@@ -40,6 +40,9 @@ fn seeds_keep_the_invariants() {
     let started = Instant::now();
     let mut total = Counts::default();
     let mut faults = std::collections::BTreeMap::<Fault, u64>::new();
+    // Store calls by step, and seeds by how many nodes (gates) they ran.
+    let mut calls = std::collections::BTreeMap::<&'static str, u64>::new();
+    let mut nodes = std::collections::BTreeMap::<u32, u64>::new();
     let (mut crashes, mut pauses, mut entries, mut simulated_ms) = (0u64, 0u64, 0usize, 0u128);
     // Folds every seed's history digest: equal across runs of the same seeds.
     let mut combined = 0u64;
@@ -69,9 +72,11 @@ fn seeds_keep_the_invariants() {
             match entry.event {
                 Event::Client { what: "crash", .. } => crashes += 1,
                 Event::Client { what: "pause", .. } => pauses += 1,
+                Event::Call { op, .. } => *calls.entry(op).or_default() += 1,
                 _ => {}
             }
         }
+        *nodes.entry(run.scenario.nodes).or_default() += 1;
         entries += run.history.len();
         combined = combined.rotate_left(5) ^ run.digest;
         if std::env::var_os("AGENTGATE_SIM_PRINT_DIGESTS").is_some() {
@@ -103,8 +108,13 @@ fn seeds_keep_the_invariants() {
         total.claims_cached,
         total.cancels,
     );
+    println!("store calls by step: {calls:?}; seeds by nodes: {nodes:?}");
     if seeds.len() > 1 {
         assert!(total.takeovers > 0, "no seed took a turn over");
+        assert!(
+            nodes.keys().any(|n| *n > 1),
+            "no seed ran more than one node"
+        );
         assert!(crashes > 0 && pauses > 0, "no holder crashed or paused");
         assert!(
             faults.get(&Fault::LostReply).is_some_and(|n| *n > 0),
