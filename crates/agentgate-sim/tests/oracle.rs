@@ -9,8 +9,9 @@
 //! compares, step by step:
 //!
 //! - what the step answered: started (fence, attempt, takeover,
-//!   confirmation) or replayed (the whole turn view), the error code (with
-//!   the turn or execution it names, and the cap), `execute` (attempt,
+//!   confirmation, remaining lease) or replayed (the whole turn view), the
+//!   error code (with the turn or execution it names, the cap, and the
+//!   retry-after), `execute` (attempt,
 //!   previous outcome, idempotency key) or cached (result), stored results,
 //!   ended turn views; orphan listings (turn, request, payload, fence,
 //!   attempt, superseded), abandonments, a recovery worker's claims (the
@@ -24,9 +25,14 @@
 //! Generated ids (turns, executions, lease tokens) differ between stores, so
 //! they are compared by role: the n-th turn or execution either store shows
 //! is `T<n>` / `E<n>`, and fences by their rank among the fences seen.
-//! Times (`created_at_ms`, remaining lease and retry-after) are not
-//! compared, only that a remaining lease is positive: the two stores read
-//! different clocks.
+//! Times are compared at a grain: a remaining lease, a renewal's and a
+//! retry-after are rounded up to 10 s ([`GRAIN`]), since the two stores
+//! read different clocks a moment apart (`created_at_ms` is not compared).
+//!
+//! Steps also cover a cancel request and an operator's force-release
+//! (made without the lease), event appends (a stale lease's is a zombie's)
+//! and event reads. Where both sides would share a bug in `decide`, steps
+//! are held to the protocol directly as well ([`Rules`], [`expected_repeat`]).
 //!
 //! Three kinds of cases per store:
 //! - `*_agrees_with_decide`: the longest lease TTL, so no lease expires
@@ -87,7 +93,7 @@ use agentgate_core::canonical::{canonicalize, CanonicalJson};
 use agentgate_core::ids::{ClientRequestId, ExecutionId, SessionId, ToolName, TurnId, UserId};
 use agentgate_core::model::{
     idempotency_key, BeginCommand, BeginOutcome, Confirmation, ConfirmationContext, Decision,
-    Ending, ExecutionView, LeaseRef, Orphan, OrphanFilter, ToolCall, ToolClaim, TurnView,
+    Ending, ExecutionView, LeaseRef, NewEvent, Orphan, OrphanFilter, ToolCall, ToolClaim, TurnView,
 };
 use agentgate_core::store::{all_executions, BoxFuture, Completion, SqlEffect, Store};
 use agentgate_sim::history::History;
@@ -320,6 +326,17 @@ enum Op {
         session: u8,
         only: Option<u8>,
     },
+    /// `Store::append_events` of `count` events under a lease (a stale one
+    /// is a zombie's append, which must be refused).
+    Emit {
+        lease: LeaseSel,
+        count: u8,
+    },
+    /// `Store::events` of the `turn`-th turn after the event id `after`.
+    ReadEvents {
+        turn: u8,
+        after: u8,
+    },
 }
 
 fn lease_sel() -> impl Strategy<Value = LeaseSel> {
@@ -517,6 +534,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u8..6).prop_map(|turn| Op::Cancel { turn }),
         1 => (0u8..2, prop::option::weighted(0.3, 0u8..6))
             .prop_map(|(session, only)| Op::ForceRelease { session, only }),
+        2 => (lease_sel(), 1u8..4).prop_map(|(lease, count)| Op::Emit { lease, count }),
+        1 => (0u8..6, 0u8..4).prop_map(|(turn, after)| Op::ReadEvents { turn, after }),
     ]
 }
 
@@ -1253,6 +1272,36 @@ async fn apply(side: &mut Side, names: &Names, op: &Op) -> String {
                 Err(error) => side.error(&error),
             }
         }
+        Op::Emit { lease, count } => {
+            let Some(lease) = side.lease(*lease, None) else {
+                return NO_LEASE.to_owned();
+            };
+            let events: Vec<NewEvent> = (0..*count)
+                .map(|n| valid(NewEvent::new("progress", &json!({ "n": n }))))
+                .collect();
+            match side.store.append_events(&lease, &events).await {
+                Ok(last) => format!("appended through {last}"),
+                Err(error) => side.error(&error),
+            }
+        }
+        Op::ReadEvents { turn, after } => {
+            let Some(turn_id) = side.turn_by_role(*turn) else {
+                return "skipped: no turn yet".to_owned();
+            };
+            match side.store.events(&turn_id, u64::from(*after), 100).await {
+                Ok(Some(page)) => format!(
+                    "events of a {} turn, attempt {}: {:?}",
+                    page.state.as_str(),
+                    page.attempt,
+                    page.events
+                        .iter()
+                        .map(|e| format!("{}@{} {} {}", e.event_id, e.attempt, e.name, e.data))
+                        .collect::<Vec<_>>()
+                ),
+                Ok(None) => "no such turn".to_owned(),
+                Err(error) => side.error(&error),
+            }
+        }
         Op::ViewTurn { turn } => {
             let Some(turn_id) = side.turn_by_role(*turn) else {
                 return "skipped: no turn yet".to_owned();
@@ -1901,7 +1950,11 @@ async fn run_case(
         kinds.push(answer_kind(&expected));
         if matches!(
             op,
-            Op::Idle | Op::ViewTurn { .. } | Op::ViewSession { .. } | Op::ViewUser { .. }
+            Op::Idle
+                | Op::ViewTurn { .. }
+                | Op::ViewSession { .. }
+                | Op::ViewUser { .. }
+                | Op::ReadEvents { .. }
         ) {
             continue;
         }
