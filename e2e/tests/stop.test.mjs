@@ -70,3 +70,40 @@ test("Stop on a running reply stops it before it books; the session is free; a r
   await eventually(async () => (await entries(server.base, user)).length === 1, { what: "still one entry" });
   await page.close();
 });
+
+test("Stop after the booking committed says what was already booked, live, after a reload and in another tab", async () => {
+  const user = unique("stopbooked");
+  const session = unique("s");
+  const page = await browser.newTab(chatUrl(server.base, user, session));
+  await page.fill("#composer-input", "taxi 18 yesterday");
+  await page.click("#send");
+  const live = page.locator("#messages li.msg.assistant").last();
+  await live.locator("button.stop").waitFor();
+  // The booking commits with its tool's success; the reply's last model
+  // round (THINK_TIME_MS) is still to come when Stop is pressed.
+  await eventually(async () => (await entries(server.base, user)).length === 1, {
+    what: "the booking to commit",
+  });
+  const [entry] = await entries(server.base, user);
+  await live.locator("button.stop").click();
+  await page.waitForSelector("#messages li.msg.assistant[data-state=cancelled]", { timeout: 10_000 });
+  await eventually(async () => /Already booked/.test(await live.innerText()), {
+    what: "the stopped reply to say what it booked",
+  });
+  const said = await live.innerText();
+  assert.match(said, /You stopped this reply\./);
+  assert.match(said, new RegExp(`#${entry.id}\\b`), `the booked entry #${entry.id} is listed: ${said}`);
+  await page.screenshot({ path: path.join(ARTIFACTS, "stop-after-booking.png") });
+
+  for (const view of [page, await browser.newTab(chatUrl(server.base, user, session))]) {
+    if (view === page) await page.reload();
+    const stopped = view.locator("#messages li.msg.assistant[data-state=cancelled]");
+    await stopped.waitFor();
+    const text = await stopped.innerText();
+    assert.match(text, /Already booked/, text);
+    assert.match(text, new RegExp(`#${entry.id}\\b`), text);
+    assert.equal(await stopped.locator("button.retry").count(), 0);
+  }
+  assert.equal((await entries(server.base, user)).length, 1, "still exactly one entry");
+  await page.close();
+});

@@ -373,6 +373,24 @@ function bookedList(entries) {
   );
 }
 
+/** What a stopped reply had already booked, said as such; nothing when it booked nothing. */
+function alreadyBooked(entries) {
+  if (!entries || entries.length === 0) return [];
+  return [h("div", { class: "already-booked" }, t("stopped.already_booked")), bookedList(entries)];
+}
+
+/**
+ * A reply stopped while this tab streamed it: what it had booked stays in
+ * the ledger, so the bubble says so, from the transcript (the same the
+ * reply shows after a reload or in another tab).
+ */
+async function showAlreadyBooked(turnId, extra) {
+  const data = await loadTranscript();
+  const turn = data && data.turns.find((x) => x.turn_id === turnId);
+  const entries = turn && turn.reply ? turn.reply.entries : null;
+  if (entries && entries.length > 0 && extra.isConnected) fill(extra, ...alreadyBooked(entries));
+}
+
 function describeArgs(name, args) {
   if (!args || typeof args !== "object") return name;
   if (name === "create_transaction") {
@@ -473,7 +491,10 @@ function liveAssistant(session = state.session) {
             // that; no retry offered.
             li.dataset.state = "cancelled";
             const cause = stopRequested ? "stopped.by_you" : interrupting.has(session) ? "stopped.by_message" : "stopped";
-            if (li.dataset.turnId) stoppedBy.set(li.dataset.turnId, cause);
+            if (li.dataset.turnId) {
+              stoppedBy.set(li.dataset.turnId, cause);
+              showAlreadyBooked(li.dataset.turnId, extra);
+            }
             text.textContent = t(cause);
             status.textContent = "";
             break;
@@ -722,7 +743,7 @@ function recordedAssistant(turn, pending) {
       break;
     case "cancelled":
       text.textContent = t(stoppedBy.get(turn.turn_id) || "stopped");
-      fill(extra, bookedList(reply.entries));
+      fill(extra, ...alreadyBooked(reply.entries));
       break;
     case "awaiting_confirmation": {
       const live = Boolean(pending && pending.turn_id === turn.turn_id);

@@ -750,6 +750,29 @@ impl LedgerApp {
                 if turn.reply.is_none() {
                     turn.reply = ChatOutcome::from_view(&view, true).reply;
                 }
+                if view.state == agentgate::TurnState::Cancelled {
+                    // Stopped: what it had booked stays booked (each entry
+                    // committed with its tool's success), so the reply says
+                    // so, in every tab and after a reload.
+                    let booked = self
+                        .inner
+                        .db
+                        .entries_of_turn(user_id, &turn.turn_id)
+                        .await?;
+                    match &mut turn.reply {
+                        Some(reply) if reply.entries.is_empty() => reply.entries = booked,
+                        Some(_) => {}
+                        None if booked.is_empty() => {}
+                        None => {
+                            turn.reply = Some(Reply {
+                                text: String::new(),
+                                entries: booked,
+                                pending: Vec::new(),
+                                chinese: None,
+                            })
+                        }
+                    }
+                }
             }
         }
         Ok(turns)

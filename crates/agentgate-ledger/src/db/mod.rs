@@ -332,6 +332,24 @@ impl LedgerDb {
         })
     }
 
+    /// The entries one turn of the user booked, oldest first (at most
+    /// [`MAX_LIST_ROWS`]): what a stopped reply had already done.
+    pub(crate) async fn entries_of_turn(&self, user_id: &str, turn_id: &str) -> Result<Vec<Entry>> {
+        let sql = self.dialect.sql(&format!(
+            "SELECT {ENTRY_COLUMNS} FROM ledger_entries WHERE user_id = ? AND turn_id = ? \
+             ORDER BY id LIMIT ?"
+        ));
+        on_pool!(self, pool => {
+            let rows = sqlx::query(&sql)
+                .bind(user_id)
+                .bind(turn_id)
+                .bind(i64::from(MAX_LIST_ROWS))
+                .fetch_all(pool)
+                .await?;
+            rows.iter().map(|row| Ok(entry_from_row!(row))).collect()
+        })
+    }
+
     /// A user's totals per category and overall.
     pub(crate) async fn totals(&self, user_id: &str) -> Result<Totals> {
         let sql = self.dialect.sql(
