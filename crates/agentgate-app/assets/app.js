@@ -657,9 +657,14 @@ async function answer(card, turnId, decision, expiresAtMs, ui) {
       } else if (replay) {
         // Our own answer, sent before (a lost connection): its stored outcome.
         status.textContent = decision === "approve" ? t("card.approved") : t("card.rejected");
-      } else {
+      } else if (result.ended && assistant && assistant.done) {
         status.textContent = decision === "approve" ? t("card.approved") : t("card.rejected");
-        if (!result.ended || (assistant && !assistant.done)) assistant?.broken();
+      } else {
+        // The answer's reply broke off (the server went away mid-way): the
+        // answer was taken, but whether its booking committed is not known
+        // yet; the transcript says so once the turn has ended.
+        status.textContent = t("card.answer_sent");
+        assistant?.broken();
       }
       afterTurn();
       return;

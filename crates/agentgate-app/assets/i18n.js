@@ -131,6 +131,7 @@ const STRINGS = {
     "card.sending": "Sending…",
     "card.approved": "Approved.",
     "card.rejected": "Rejected.",
+    "card.answer_sent": "Answer sent; its reply broke off. What it did shows below once the server has it.",
     "card.other_tab": "Being answered in another tab…",
     "card.gone": "No longer pending.",
 
@@ -286,6 +287,7 @@ const STRINGS = {
     "card.sending": "发送中…",
     "card.approved": "已批准。",
     "card.rejected": "已拒绝。",
+    "card.answer_sent": "答复已发出，但回复中断了。服务器恢复后，下方会显示它做了什么。",
     "card.other_tab": "正在另一个标签页中答复…",
     "card.gone": "已不再等待确认。",
 

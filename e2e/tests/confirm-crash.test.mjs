@@ -1,0 +1,96 @@
+// An approval whose reply is cut by a crash (issue 32: "the card says
+// Approved. before the booking has committed"). The approval's
+// continuation books first; the window before that commit is widened with
+// a fault (a SQLite trigger that computes for seconds inside the booking's
+// transaction, as tests/recovery.test.mjs does), and the server is
+// SIGKILLed inside it. The card must not say "Approved." then. After a
+// restart on the same store and port the continuation ends by itself,
+// books once, and the page shows it.
+
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import path from "node:path";
+import { execFileSync } from "node:child_process";
+import {
+  ARTIFACTS, startServer, launchBrowser, entries, chatUrl, eventually, unique, freePort,
+} from "../lib/harness.mjs";
+
+const LEASE_TTL_MS = 2000;
+/** Per model round: the continuation's booking comes after one, so a kill lands before it. */
+const THINK_TIME_MS = 1500;
+const CARD = ".confirm-card";
+
+/** A booking trigger that computes for seconds inside the booking's SQL transaction. */
+const SLOW_BOOKING =
+  "CREATE TRIGGER e2e_slow_booking BEFORE INSERT ON ledger_entries BEGIN " +
+  "SELECT count(*) FROM (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 50000000) SELECT x FROM c); END;";
+
+function sqlite(dir, sql) {
+  execFileSync("sqlite3", ["-cmd", ".timeout 5000", path.join(dir, "agentgate.db"), sql]);
+}
+
+let browser;
+
+before(async () => {
+  browser = await launchBrowser();
+});
+
+after(async () => {
+  await browser?.close();
+});
+
+test("an approval cut off by a crash before it booked is not shown as Approved.; after the restart it books once", async () => {
+  const port = await freePort();
+  const options = {
+    thinkTimeMs: THINK_TIME_MS,
+    listen: `127.0.0.1:${port}`,
+    args: ["--lease-ttl-ms", String(LEASE_TTL_MS)],
+  };
+  const first = await startServer({ name: "confirm-crash-1", ...options });
+  const user = unique("approvekill");
+  const session = "s-approve-kill";
+  let second;
+  const page = await browser.newTab(chatUrl(first.base, user, session));
+  try {
+    await page.fill("#composer-input", "salary 8000");
+    await page.click("#send");
+    await page.waitForSelector(`${CARD}:not(.answered) button.approve`, { timeout: 30_000 });
+    sqlite(first.dir, SLOW_BOOKING);
+    await page.click(`${CARD}:not(.answered) button.approve`);
+    // The continuation runs: its bubble is on the page, and its booking is
+    // inside the slow transaction, not committed.
+    await page.locator("#messages li.msg.user", { hasText: "Approve" }).waitFor({ timeout: 10_000 });
+    await first.stop({ keepStore: true, signal: "SIGKILL" });
+    sqlite(first.dir, "DROP TRIGGER e2e_slow_booking;");
+    assert.equal(
+      execFileSync("sqlite3", [path.join(first.dir, "agentgate.db"), "SELECT count(*) FROM ledger_entries;"]).toString().trim(),
+      "0",
+      "killed before the booking committed",
+    );
+
+    const status = page.locator(`${CARD} .status`).first();
+    await eventually(async () => (await status.textContent()) !== "Sending…", {
+      what: "the card to learn its reply broke off",
+    });
+    const said = await status.textContent();
+    assert.doesNotMatch(said, /^Approved\.$/, "nothing was booked: the card must not say Approved.");
+    assert.match(said, /Answer sent/, said);
+    await page.screenshot({ path: path.join(ARTIFACTS, "confirm-crash-cut.png"), fullPage: true });
+
+    second = await startServer({ ...options, name: "confirm-crash-2", dir: first.dir });
+    await eventually(async () => (await entries(second.base, user)).length === 1, {
+      timeoutMs: 30_000,
+      what: "the approved entry to be booked by the resumed continuation",
+    });
+    await page.waitForSelector("#messages li.msg.assistant[data-state=final]", { timeout: 30_000 });
+    assert.match(await page.textContent("#messages li.msg.assistant[data-state=final]"), /8000\.00/);
+    await page.screenshot({ path: path.join(ARTIFACTS, "confirm-crash-recovered.png"), fullPage: true });
+    const booked = await entries(second.base, user);
+    assert.equal(booked.length, 1, JSON.stringify(booked));
+    assert.equal(booked[0].amount_cents, 800000);
+  } finally {
+    await page.close();
+    await second?.stop();
+    await first.stop();
+  }
+});
