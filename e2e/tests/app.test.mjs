@@ -94,11 +94,14 @@ test("a double-clicked send books exactly one entry and attaches to the server's
   await page.close();
 });
 
-test("an English page names the ledger's categories in English; the ledger keeps the names it booked", async () => {
+test("an English page names the ledger's categories in English, in its panes and in the reply; the ledger keeps the names it booked", async () => {
   const user = unique("en-category");
   const page = await browser.newTab(chatUrl(server.base, user, unique("s")));
   await send(page, "taxi 18");
   await page.waitForSelector("#messages li.msg.assistant[data-state=final]", { timeout: REPLY_TIMEOUT_MS });
+  const reply = await page.textContent("#messages li.msg.assistant[data-state=final]");
+  assert.match(reply, /Booked: Transport 18\.00/, reply);
+  assert.doesNotMatch(reply, /交通/, reply);
   await eventually(async () => /Transport/.test(await page.textContent("#entries")), { what: "the ledger pane's category" });
   assert.match(await page.textContent("#categories"), /Transport/);
   for (const pane of ["#entries", "#categories"]) assert.doesNotMatch(await page.textContent(pane), /交通/, pane);

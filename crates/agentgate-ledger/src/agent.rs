@@ -637,6 +637,11 @@ async fn book(
 
 fn describe(entry_category: &str, cents: i64, note: &str, date: &str, chinese: bool) -> String {
     let amount = format_cents(cents);
+    let entry_category = if chinese {
+        entry_category
+    } else {
+        crate::category::english_name(entry_category)
+    };
     match (chinese, note.is_empty()) {
         (true, false) => format!("{entry_category} {amount} 元（{note}，{date}）"),
         (true, true) => format!("{entry_category} {amount} 元（{date}）"),

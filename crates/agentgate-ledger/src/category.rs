@@ -39,6 +39,29 @@ const fn income(name: &'static str, synonyms: &'static [&'static str]) -> Seed {
     }
 }
 
+/// A default category's name in an English reply (the page's own table,
+/// `CATEGORIES_EN` in `crates/agentgate-app/assets/i18n.js`, is held to
+/// this one by a test); a category a user made keeps its name.
+pub fn english_name(name: &str) -> &str {
+    match name {
+        "餐饮" => "Food",
+        "交通" => "Transport",
+        "购物" => "Shopping",
+        "娱乐" => "Entertainment",
+        "居住" => "Housing",
+        "医疗" => "Health",
+        "教育" => "Education",
+        "通讯" => "Phone",
+        "工资" => "Salary",
+        "奖金" => "Bonus",
+        "理财" => "Investments",
+        "红包" => "Red packets",
+        "报销" => "Reimbursements",
+        "其他" => "Other",
+        other => other,
+    }
+}
+
 /// The categories every ledger starts with, in display order. Seeding is
 /// idempotent: a category that exists (same type and name) is left alone.
 pub const DEFAULT_CATEGORIES: &[Seed] = &[
@@ -395,5 +418,41 @@ mod tests {
             let names: std::collections::HashSet<_> = of_kind.iter().map(|s| s.name).collect();
             assert_eq!(names.len(), of_kind.len());
         }
+    }
+
+    /// Every default category has an English name, and the page's table
+    /// (`CATEGORIES_EN` in the app's i18n.js) says the same for each: a
+    /// reply and the page around it never name one category two ways.
+    #[test]
+    fn english_names_cover_the_defaults_and_match_the_page() {
+        let page = include_str!("../../agentgate-app/assets/i18n.js");
+        let table = page
+            .split_once("const CATEGORIES_EN = {")
+            .and_then(|(_, rest)| rest.split_once("};"))
+            .map(|(table, _)| table)
+            .expect("i18n.js has CATEGORIES_EN");
+        let mut on_page = std::collections::BTreeMap::new();
+        for line in table.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            let (name, english) = line
+                .trim_end_matches(',')
+                .split_once(": ")
+                .unwrap_or_else(|| panic!("a CATEGORIES_EN line: {line}"));
+            on_page.insert(name.trim_matches('"'), english.trim_matches('"'));
+        }
+        for seed in DEFAULT_CATEGORIES {
+            let english = english_name(seed.name);
+            assert_ne!(english, seed.name, "{} has no English name", seed.name);
+            assert_eq!(
+                on_page.get(seed.name),
+                Some(&english),
+                "the page names {} otherwise",
+                seed.name
+            );
+        }
+        assert_eq!(
+            english_name("my own"),
+            "my own",
+            "a user's category keeps its name"
+        );
     }
 }

@@ -184,6 +184,11 @@ fn summary(state: &State<'_>, chinese: bool) -> String {
                 entry["occur_date"].as_str().unwrap_or("?"),
             );
             let note = entry["note"].as_str().filter(|n| !n.is_empty());
+            let category = if chinese {
+                category
+            } else {
+                crate::category::english_name(category)
+            };
             match (chinese, note) {
                 (true, Some(note)) => format!("已记账：{category} {amount} 元（{note}，{date}）"),
                 (true, None) => format!("已记账：{category} {amount} 元（{date}）"),
