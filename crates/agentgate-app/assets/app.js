@@ -31,6 +31,12 @@ const SYNC_BUSY_MS = 700;
 const SYNC_IDLE_MS = 2500;
 /** Transcript polls while the tab is hidden. */
 const SYNC_HIDDEN_MS = 10_000;
+/**
+ * Transcript polls while the page says the server is not answering: a
+ * refused connection costs nothing, and the notice is gone within this
+ * much of the server's return (at the idle pace it stayed over a second).
+ */
+const SYNC_OFFLINE_MS = 250;
 /** How often the outbox is looked at. */
 const OUTBOX_TICK_MS = 1000;
 /** Automatic sends of one message at most (then the person decides): about ten minutes with the backoff. */
@@ -1353,7 +1359,14 @@ async function syncLoop() {
         e.session === state.session &&
         !(e.queued && now - (e.queued_at_ms || 0) > QUEUED_FOLLOW_MS),
     );
-    const ms = document.hidden ? SYNC_HIDDEN_MS : state.running || waiting ? SYNC_BUSY_MS : SYNC_IDLE_MS;
+    const offline = !els.notice.hidden && els.notice.dataset.key === "offline";
+    const ms = document.hidden
+      ? SYNC_HIDDEN_MS
+      : offline
+        ? SYNC_OFFLINE_MS
+        : state.running || waiting
+          ? SYNC_BUSY_MS
+          : SYNC_IDLE_MS;
     if (wakeRequested) {
       wakeRequested = false;
       continue;

@@ -1,3 +1,5 @@
+// What a person sees when the server goes away and comes back (issue 32).
+//
 // An approval whose reply is cut by a crash (issue 32: "the card says
 // Approved. before the booking has committed"). The approval's
 // continuation books first; the window before that commit is widened with
@@ -6,6 +8,9 @@
 // SIGKILLed inside it. The card must not say "Approved." then. After a
 // restart on the same store and port the continuation ends by itself,
 // books once, and the page shows it.
+//
+// The "lost contact" notice goes within a second of the server's return
+// (it polled at the idle pace and stayed 1.4-2.3 s).
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
@@ -88,6 +93,30 @@ test("an approval cut off by a crash before it booked is not shown as Approved.;
     const booked = await entries(second.base, user);
     assert.equal(booked.length, 1, JSON.stringify(booked));
     assert.equal(booked[0].amount_cents, 800000);
+  } finally {
+    await page.close();
+    await second?.stop();
+    await first.stop();
+  }
+});
+
+test("the offline notice goes within a second of the server's return", async () => {
+  const port = await freePort();
+  const options = { listen: `127.0.0.1:${port}` };
+  const first = await startServer({ name: "offline-1", ...options });
+  const page = await browser.newTab(chatUrl(first.base, unique("offline"), "s-offline"));
+  let second;
+  try {
+    await page.waitForSelector("#composer-input");
+    await first.stop({ keepStore: true, signal: "SIGKILL" });
+    await page.waitForSelector("#notice:not([hidden])", { timeout: 10_000 });
+    assert.match(await page.textContent("#notice"), /Lost contact with the server/);
+    second = await startServer({ ...options, name: "offline-2", dir: first.dir });
+    const back = Date.now();
+    await page.waitForSelector("#notice", { state: "hidden", timeout: 10_000 });
+    const stayed = Date.now() - back;
+    console.log(`offline notice stayed ${stayed} ms after the server answered again`);
+    assert.ok(stayed < 1000, `the notice stayed ${stayed} ms after the server was back`);
   } finally {
     await page.close();
     await second?.stop();
