@@ -123,3 +123,75 @@ test("the offline notice goes within a second of the server's return", async () 
     await first.stop();
   }
 });
+
+/** The race rounds of the next test: each races approve and reject, then kills the server. */
+const RACE_ROUNDS = 3;
+/** How long after the two answers the server is killed (the issue saw this at ~120 ms). */
+const KILL_AFTER_MS = 120;
+/** How long the server stays down: past a losing tab's next ask (at most 2 s after its first). */
+const DOWN_MS = 2500;
+
+test("approve and reject race in two tabs and the server dies: after the restart no tab asks to press again, and what they say is what happened (3 rounds)", async () => {
+  const port = await freePort();
+  const options = { thinkTimeMs: 300, listen: `127.0.0.1:${port}`, args: ["--lease-ttl-ms", "2000"] };
+  let server = await startServer({ name: "race-kill-0", ...options });
+  const seen = [];
+  try {
+    for (let round = 1; round <= RACE_ROUNDS; round += 1) {
+      const user = unique(`racekill${round}`);
+      const session = `s-race-${round}`;
+      const tabA = await browser.newTab(chatUrl(server.base, user, session));
+      const tabB = await browser.newTab(chatUrl(server.base, user, session));
+      try {
+        await tabA.fill("#composer-input", "salary 8000");
+        await tabA.click("#send");
+        const live = `${CARD}:not(.answered)`;
+        await tabA.waitForSelector(`${live} button.approve`, { timeout: 30_000 });
+        await tabB.waitForSelector(`${live} button.reject`, { timeout: 30_000 });
+        // Taken first and pressed together: a tab that learns of the other's
+        // answer redraws its card with no button left to press.
+        const [approve, reject] = await Promise.all([tabA.$(`${live} button.approve`), tabB.$(`${live} button.reject`)]);
+        await Promise.all([approve.evaluate((b) => b.click()), reject.evaluate((b) => b.click())]);
+        await new Promise((resolve) => setTimeout(resolve, KILL_AFTER_MS));
+        await server.stop({ keepStore: true, signal: "SIGKILL" });
+        // Down long enough for a tab's follow-up of its answer to fail.
+        await new Promise((resolve) => setTimeout(resolve, DOWN_MS));
+        server = await startServer({ ...options, name: `race-kill-${round}`, dir: server.dir });
+
+        // The answer that won runs to its end (resumed if the kill cut it).
+        await eventually(async () => {
+          const data = await (await fetch(`${server.base}/app/transcript?user_id=${user}&session_id=${session}`)).json();
+          return !data.running && !data.pending && data.turns.some((turn) => turn.confirms);
+        }, { timeoutMs: 30_000, what: "the winning answer to end" });
+        const booked = (await entries(server.base, user)).length;
+        const won = booked === 1 ? "approve" : "reject";
+        for (const [name, tab] of [["A", tabA], ["B", tabB]]) {
+          await eventually(async () => (await tab.locator(`${live} button`).count()) === 0, {
+            timeoutMs: 15_000,
+            what: `tab ${name}'s card to have no buttons left`,
+          });
+          // Within a transcript poll the notice says what happened, not "press again".
+          await eventually(async () => !/may not have reached|Press it again|already being answered|Lost contact/.test((await tab.textContent("#notice")) || ""), {
+            timeoutMs: 10_000,
+            what: `tab ${name}'s notice to stop asking for a press (it says: ${await tab.textContent("#notice")})`,
+          });
+          const notice = (await tab.isVisible("#notice")) ? await tab.textContent("#notice") : "";
+          seen.push(`round ${round}, ${won} won, tab ${name}: ${notice || "(no notice)"}`);
+          if (won === "approve") assert.doesNotMatch(notice, /Rejected in another tab|reject reached/, notice);
+          else assert.doesNotMatch(notice, /Approved in another tab|approval reached/, notice);
+          // The tab whose answer lost is told which answer won.
+          const lost = (name === "A") === (won === "reject");
+          if (lost) assert.match(notice, won === "approve" ? /Approved in another tab/ : /Rejected in another tab/, notice);
+        }
+        assert.ok(booked <= 1, `booked ${booked} times`);
+        await tabB.screenshot({ path: path.join(ARTIFACTS, `race-kill-${round}-B.png`), fullPage: true });
+      } finally {
+        await tabA.close();
+        await tabB.close();
+      }
+    }
+  } finally {
+    console.log(seen.join("\n"));
+    await server.stop();
+  }
+});

@@ -123,6 +123,8 @@ const state = {
   /** After session_busy: the text that waits in the box for the running turn to end. */
   busyText: null,
   settings: null,
+  /** An answer to a confirmation the server may not have received: {turnId, decision, session}. */
+  unsureAnswer: null,
 };
 
 /** Message ids this tab has a request open for (a count: a double-click opens two). */
@@ -653,6 +655,8 @@ async function answer(card, turnId, decision, expiresAtMs, ui) {
     );
     state.activeStreams -= 1;
     if (result.ok) {
+      // What happened is known now, and said below.
+      state.unsureAnswer = null;
       settleCard(card);
       if (replay && replay.client_request_id !== requestId) {
         // Another answer was applied first; its outcome is replayed to us.
@@ -682,6 +686,7 @@ async function answer(card, turnId, decision, expiresAtMs, ui) {
         // sent before a lost connection): wait for it, then ask again with
         // the same id to learn which answer was applied.
         status.textContent = t("card.other_tab");
+        state.unsureAnswer = { turnId, decision, session: state.session };
         showNotice(t("notice.confirm_in_flight"), "warn", "confirm");
         await sleep(Math.min(Math.max(error.retry_after_ms || 0, SYNC_BUSY_MS), 2000));
         continue;
@@ -703,6 +708,8 @@ async function answer(card, turnId, decision, expiresAtMs, ui) {
         status.textContent = t("card.gone");
         const expired = expiresAtMs && Date.now() >= expiresAtMs;
         showNotice(expired ? t("notice.confirm_expired", { time: clock(expiresAtMs) }) : t("notice.confirm_gone"), "warn", "confirm");
+        // Answered by another answer, perhaps: the transcript tells which.
+        if (!expired) state.unsureAnswer = { turnId, decision, session: state.session };
         syncNow();
         return;
       }
@@ -715,13 +722,13 @@ async function answer(card, turnId, decision, expiresAtMs, ui) {
       case "bad_response":
         setButtons(true);
         status.textContent = "";
-        showNotice(t("notice.confirm_network"), "error", "confirm");
+        unsureAnswer(turnId, decision);
         return;
       default:
         if (result.status >= 500) {
           setButtons(true);
           status.textContent = "";
-          showNotice(t("notice.confirm_network"), "error", "confirm");
+          unsureAnswer(turnId, decision);
           return;
         }
         setButtons(true);
@@ -732,6 +739,49 @@ async function answer(card, turnId, decision, expiresAtMs, ui) {
   }
   setButtons(true);
   status.textContent = "";
+}
+
+/**
+ * An answer whose fate this tab does not know (the server did not answer):
+ * the page asks to press it again, and keeps the question only while it
+ * can still be answered (`settleUnsureAnswer`). An answer that found
+ * another being answered (`confirm_in_flight`) is followed the same way,
+ * should its follow-up break off with the server.
+ */
+function unsureAnswer(turnId, decision) {
+  state.unsureAnswer = { turnId, decision, session: state.session };
+  showNotice(t("notice.confirm_network"), "error", "confirm");
+}
+
+/**
+ * Replaces "press it again" (or "already being answered") once the
+ * transcript tells how the pending turn ended: answered (by this tab's answer, or by another's), or no longer
+ * pending (expired). A notice that asks for an action never outlives the
+ * action.
+ */
+function settleUnsureAnswer(data) {
+  const unsure = state.unsureAnswer;
+  if (!unsure || unsure.session !== state.session) return;
+  if (els.notice.dataset.key !== "confirm") {
+    state.unsureAnswer = null;
+    return;
+  }
+  const answered = data.turns.find((turn) => turn.confirms === unsure.turnId);
+  const pending = data.pending && data.pending.turn_id === unsure.turnId;
+  if (!answered && pending) return;
+  state.unsureAnswer = null;
+  if (!answered) {
+    showNotice(t("notice.confirm_gone"), "warn", "confirm");
+    return;
+  }
+  // A confirmation turn records "确认"/"取消" or "Approve"/"Reject".
+  const applied = ["确认", "Approve"].includes(answered.user_text) ? "approve" : "reject";
+  if (answered.client_request_id === answerId(unsure.turnId, unsure.decision)) {
+    showNotice(t(`notice.confirm_arrived.${applied}`), "warn", "confirm");
+  } else {
+    const same = applied === unsure.decision;
+    showNotice(t(same ? `notice.confirm_same.${applied}` : `notice.confirm_lost.${applied}`), same ? "warn" : "error", "confirm");
+  }
 }
 
 /** The assistant's side of a turn from the transcript. */
@@ -1323,6 +1373,7 @@ async function syncOnce({ force = false } = {}) {
   if (!data || user !== state.user || session !== state.session) return;
   state.running = data.running;
   settleOutbox(data);
+  settleUnsureAnswer(data);
   const signature = signatureOf(data);
   if ((force || signature !== state.signature) && state.activeStreams === 0) {
     state.signature = signature;
