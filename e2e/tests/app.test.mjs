@@ -241,3 +241,65 @@ test("the dashboard shows the holder while a turn runs and none after", async ()
   await chat.close();
   await dashboard.close();
 });
+
+test("the dashboard speaks the page's language, lists only users holding turns, and fits 800 px and a phone", async () => {
+  // A turn that ended: its user holds nothing and is one line of the permits pane.
+  const user = unique("dash-idle");
+  const chat = await browser.newTab(chatUrl(server.base, user, unique("s")));
+  await send(chat, "taxi 18");
+  await chat.waitForSelector("#messages li.msg.assistant[data-state=final]", { timeout: REPLY_TIMEOUT_MS });
+  await chat.close();
+
+  const en = await browser.newTab(`${server.base}/dashboard`);
+  assert.equal(await en.locator(`#permits tbody tr[data-user="${user}"]`).count(), 0, "an idle user has no row");
+  assert.match(await en.textContent("#permits"), /more users? with no live turn/);
+  await en.close();
+
+  const zh = await launchBrowser({ locale: "zh-CN" });
+  try {
+    const page = await zh.newTab(`${server.base}/dashboard`);
+    assert.equal(await page.getAttribute("html", "lang"), "zh-CN");
+    assert.equal(await page.title(), "agentgate · 仪表盘");
+    const text = await page.textContent("main");
+    for (const english of ["Live sessions", "Permits per user", "Recent turns", "this node", "Older", "No session is held", "succeeded", "awaiting"]) {
+      assert.ok(!text.includes(english), `untranslated on the Chinese dashboard: ${english}`);
+    }
+    assert.match(text, /最近的轮次/);
+    assert.match(await page.textContent("#status"), /实时/);
+    await page.screenshot({ path: path.join(ARTIFACTS, "dashboard-zh.png"), fullPage: true });
+    await page.close();
+  } finally {
+    await zh.close();
+  }
+
+  // Narrow screens: nothing sticks out of the page sideways.
+  for (const [width, name] of [[800, "800"], [390, "phone"]]) {
+    for (const url of [`${server.base}/dashboard`, chatUrl(server.base, user, unique("s"))]) {
+      const page = await browser.newTab();
+      await page.setViewportSize({ width, height: 860 });
+      await page.goto(url);
+      await page.waitForSelector("body[data-ready=true]");
+      const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+      const which = url.includes("dashboard") ? "dashboard" : "chat";
+      await page.screenshot({ path: path.join(ARTIFACTS, `${which}-${name}.png`), fullPage: true });
+      assert.ok(overflow <= 0, `the ${which} page is ${overflow} px wider than a ${width} px screen`);
+      // Nor out of its card: every control and table ends inside the pane that holds it.
+      const outside = await page.evaluate(() =>
+        [...document.querySelectorAll(".pane select, .pane input, .pane button, .pane textarea, .pane .table-wrap")]
+          .filter((el) => el.offsetParent !== null)
+          .filter((el) => el.getBoundingClientRect().right > el.closest(".pane").getBoundingClientRect().right + 0.5)
+          .map((el) => el.id || el.className || el.tagName),
+      );
+      assert.deepEqual(outside, [], `the ${which} page at ${width} px: sticking out of their card`);
+      if (which === "dashboard" && width >= 800) {
+        // At 800 px the recent turns fit their pane whole, no sideways scroll.
+        const cut = await page.evaluate(() => {
+          const wrap = document.querySelector("#turns").closest(".table-wrap");
+          return wrap.scrollWidth - wrap.clientWidth;
+        });
+        assert.ok(cut <= 0, `recent turns are ${cut} px wider than their pane at ${width} px`);
+      }
+      await page.close();
+    }
+  }
+});

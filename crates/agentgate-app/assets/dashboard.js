@@ -6,6 +6,7 @@
 // head first beside its holder.
 
 import { h, getJson, clock, fill } from "/assets/common.js";
+import { t, translatePage } from "/assets/i18n.js";
 
 /** Pause between the end of one refresh and the start of the next. */
 const REFRESH_INTERVAL_MS = 1000;
@@ -69,17 +70,24 @@ function emptyRow(columns, text, id) {
   return h("tr", { id }, h("td", { colspan: columns, class: "muted" }, text));
 }
 
+/** A turn's or execution's state in the page's language. */
+function stateName(state) {
+  const key = `dash.state.${state}`;
+  const name = t(key);
+  return name === key ? state.replaceAll("_", " ") : name;
+}
+
 function stateChip(state) {
-  return h("span", { class: `state ${state}` }, state.replace("_", " "));
+  return h("span", { class: `state ${state}` }, stateName(state));
 }
 
 /** A turn's state as a person should read it: a running turn nobody holds is an orphan. */
 function turnChip(turn) {
   if (turn.state === "running" && turn.orphaned) {
-    return h("span", { class: "state orphaned", title: "running, but its lease expired: the holder died; waiting for a takeover, the recovery worker or abandonment" }, "orphaned");
+    return h("span", { class: "state orphaned", title: t("dash.orphaned.title") }, t("dash.orphaned"));
   }
   if (turn.state === "running" && turn.cancel_requested) {
-    return h("span", { class: "state cancel-requested", title: "asked to stop (Stop, an interrupting message or a cancel request); its holder learns it on its next heartbeat or tool claim" }, "stop requested");
+    return h("span", { class: "state cancel-requested", title: t("dash.cancel_requested.title") }, t("dash.stop_requested"));
   }
   return stateChip(turn.state);
 }
@@ -96,9 +104,9 @@ function paged(key, rows, pager) {
   };
   fill(
     pager,
-    h("span", { class: "muted" }, rows.length === 0 ? "" : `${first + 1}–${first + shown.length} of ${rows.length} newest`),
-    h("button", { type: "button", class: "prev", disabled: pages[key] === 0, onclick: go(-1), "aria-label": "Newer" }, "‹ Newer"),
-    h("button", { type: "button", class: "next", disabled: pages[key] >= pageCount - 1, onclick: go(1), "aria-label": "Older" }, "Older ›"),
+    h("span", { class: "muted" }, rows.length === 0 ? "" : t("dash.page", { first: first + 1, last: first + shown.length, total: rows.length })),
+    h("button", { type: "button", class: "prev", disabled: pages[key] === 0, onclick: go(-1), "aria-label": t("dash.newer.label") }, t("dash.newer")),
+    h("button", { type: "button", class: "next", disabled: pages[key] >= pageCount - 1, onclick: go(1), "aria-label": t("dash.older.label") }, t("dash.older")),
   );
   return shown;
 }
@@ -124,23 +132,28 @@ function render(data) {
   const orphans = data.recent_turns.filter((t) => t.state === "running" && t.orphaned).length;
   fill(
     els.counters,
-    counter("Live turns · all nodes", liveCount, `this node: ${c.live_turns} begun and not yet ended`, "live"),
-    counter("Orphaned · all nodes", orphans, "running, no live holder (recent turns)", "orphaned"),
-    counter("Conflicts · this node", sum(c.conflicts), detail(c.conflicts), "conflicts"),
-    counter("Replays · this node", c.replays, "stored answers sent again", "replays"),
-    counter("Takeovers · this node", c.takeovers, "expired holders replaced", "takeovers"),
-    counter("Unknown tool outcomes · this node", c.unknown_tool_outcomes, "re-run after a holder died", "unknown"),
-    counter("Lease lost · this node", c.lease_lost, "calls refused to a stale holder", "lease_lost"),
-    counter("Turns ended · this node", sum(c.turn_endings), detail(c.turn_endings), "endings"),
-    counter("Second messages · this node", sum(busyDetail(c.busy_begins)), detail(busyDetail(c.busy_begins)) || "none waited or interrupted", "busy"),
-    counter("Waiting now · this node", c.waiting_begins, "begins waiting for a busy session (wait, interrupt)", "waiting"),
-    counter("Stops · this node", c.cancel_requests, `cancel requests; ${c.force_releases} force-released`, "stops"),
+    counter(t("dash.c.live"), liveCount, t("dash.c.live.detail", { n: c.live_turns }), "live"),
+    counter(t("dash.c.orphaned"), orphans, t("dash.c.orphaned.detail"), "orphaned"),
+    counter(t("dash.c.conflicts"), sum(c.conflicts), detail(c.conflicts), "conflicts"),
+    counter(t("dash.c.replays"), c.replays, t("dash.c.replays.detail"), "replays"),
+    counter(t("dash.c.takeovers"), c.takeovers, t("dash.c.takeovers.detail"), "takeovers"),
+    counter(t("dash.c.unknown"), c.unknown_tool_outcomes, t("dash.c.unknown.detail"), "unknown"),
+    counter(t("dash.c.lease_lost"), c.lease_lost, t("dash.c.lease_lost.detail"), "lease_lost"),
+    counter(
+      t("dash.c.endings"),
+      sum(c.turn_endings),
+      detail(Object.fromEntries(Object.entries(c.turn_endings || {}).map(([state, n]) => [stateName(state), n]))),
+      "endings",
+    ),
+    counter(t("dash.c.busy"), sum(busyDetail(c.busy_begins)), detail(busyDetail(c.busy_begins)) || t("dash.c.busy.none"), "busy"),
+    counter(t("dash.c.waiting"), c.waiting_begins, t("dash.c.waiting.detail"), "waiting"),
+    counter(t("dash.c.stops"), c.cancel_requests, t("dash.c.stops.detail", { n: c.force_releases }), "stops"),
   );
-  els.liveCount.textContent = `${liveCount} held`;
+  els.liveCount.textContent = t("dash.held", { n: liveCount });
   fill(
     els.live,
     data.live.length === 0
-      ? emptyRow(5, "No session is held right now.", "live-empty")
+      ? emptyRow(5, t("dash.empty.live"), "live-empty")
       : data.live.map((l) =>
           h(
             "tr",
@@ -155,7 +168,7 @@ function render(data) {
               `${(l.lease_expires_in_ms / 1000).toFixed(1)} s`,
               bar((100 * l.lease_expires_in_ms) / data.lease_ttl_ms),
               l.cancel_requested
-                ? h("span", { class: "badge failed", title: "asked to stop; force-released if it does not end within the cancel grace" }, "stop requested")
+                ? h("span", { class: "badge failed", title: t("dash.stop_requested.title") }, t("dash.stop_requested"))
                 : null,
             ),
           ),
@@ -163,11 +176,11 @@ function render(data) {
   );
   const queues = data.queues || [];
   const waiting = queues.reduce((n, q) => n + q.queue.length, 0);
-  els.queuesCount.textContent = `${waiting} queued in ${queues.length} ${queues.length === 1 ? "session" : "sessions"}`;
+  els.queuesCount.textContent = t("dash.queued_in", { n: waiting, sessions: queues.length });
   fill(
     els.queues,
     queues.length === 0
-      ? emptyRow(5, "No message waits in a queue.", "queues-empty")
+      ? emptyRow(5, t("dash.empty.queues"), "queues-empty")
       : queues.map((q) =>
           h(
             "tr",
@@ -179,8 +192,8 @@ function render(data) {
               { class: "mono", title: q.holder_turn_id || "" },
               q.holder_turn_id
                 ? short(q.holder_turn_id)
-                : h("span", { class: "muted", title: "between an ending and its handoff, behind a pending confirmation, or waiting for the recovery worker" }, "none"),
-              q.cancel_requested ? h("span", { class: "badge failed" }, " stop requested") : null,
+                : h("span", { class: "muted", title: t("dash.no_holder.title") }, t("dash.no_holder")),
+              q.cancel_requested ? h("span", { class: "badge failed" }, ` ${t("dash.stop_requested")}`) : null,
             ),
             h("td", { class: "num" }, q.queue.length),
             h(
@@ -192,7 +205,7 @@ function render(data) {
                 q.queue.map((entry) =>
                   h(
                     "li",
-                    { class: "mono", title: `turn ${entry.turn_id}, queued ${clock(entry.enqueued_at_ms)}`, dataset: { turnId: entry.turn_id, position: entry.position } },
+                    { class: "mono", title: t("dash.queued_at", { turn: entry.turn_id, time: clock(entry.enqueued_at_ms) }), dataset: { turnId: entry.turn_id, position: entry.position } },
                     `${short(entry.client_request_id)} · ${short(entry.turn_id)}`,
                   ),
                 ),
@@ -201,11 +214,15 @@ function render(data) {
           ),
         ),
   );
+  // Users holding turns now; the others are one line, so the list never
+  // fills the page.
+  const holding = data.permits.filter((p) => p.live_turns > 0);
+  const idle = data.permits.length - holding.length;
   fill(
     els.permits,
     data.permits.length === 0
-      ? emptyRow(3, "No user has run a turn recently.")
-      : data.permits.map((p) =>
+      ? emptyRow(3, t("dash.empty.permits"))
+      : holding.map((p) =>
           h(
             "tr",
             { dataset: { user: p.user_id } },
@@ -214,16 +231,17 @@ function render(data) {
             h(
               "td",
               { class: "lease" },
-              `of ${p.max_turns_per_user}`,
+              t("dash.of_cap", { cap: p.max_turns_per_user }),
               bar((100 * p.live_turns) / Math.max(1, p.max_turns_per_user)),
             ),
           ),
         ),
+    idle > 0 ? emptyRow(3, t("dash.idle_users", { n: idle }), "permits-idle") : null,
   );
   fill(
     els.turns,
     data.recent_turns.length === 0
-      ? emptyRow(7, "No turns yet.")
+      ? emptyRow(7, t("dash.empty.turns"))
       : paged("turns", data.recent_turns, els.turnsPager).map((t) =>
           h(
             "tr",
@@ -241,7 +259,7 @@ function render(data) {
   fill(
     els.executions,
     data.recent_executions.length === 0
-      ? emptyRow(6, "No tool executions yet.")
+      ? emptyRow(6, t("dash.empty.executions"))
       : paged("executions", data.recent_executions, els.executionsPager).map((e) =>
           h(
             "tr",
@@ -262,7 +280,7 @@ function render(data) {
     fill(
       els.ingestions,
       data.ingestions.length === 0
-        ? emptyRow(6, "No documents ingested yet.")
+        ? emptyRow(6, t("dash.empty.ingestions"))
         : paged("ingestions", data.ingestions, els.ingestionsPager).map((i) =>
             h(
               "tr",
@@ -274,7 +292,7 @@ function render(data) {
               h(
                 "td",
                 { class: "lease" },
-                `${i.chunks_stored} of ${i.chunks}`,
+                t("dash.chunks_of", { stored: i.chunks_stored, chunks: i.chunks }),
                 bar(i.chunks > 0 ? (100 * i.chunks_stored) / i.chunks : 0),
               ),
               h("td", { class: "num" }, i.version_no == null ? "–" : `v${i.version_no}`),
@@ -282,22 +300,24 @@ function render(data) {
           ),
     );
   }
-  els.limits.textContent = `· lease TTL ${Math.round(data.lease_ttl_ms / 1000)} s · default cap ${data.max_turns_per_user} turns per user`;
+  els.limits.textContent = t("dash.limits", { ttl: Math.round(data.lease_ttl_ms / 1000), cap: data.max_turns_per_user });
 }
 
 async function tick() {
   const result = await getJson("/app/dashboard");
   if (result.ok) {
     render(result.body);
-    els.status.textContent = `Live · updated ${clock(Date.now())}`;
+    els.status.textContent = t("dash.status.live", { time: clock(Date.now()) });
     els.status.dataset.kind = "ok";
     document.body.dataset.ready = "true";
   } else {
     const error = result.body && result.body.error;
-    els.status.textContent = `Cannot refresh: ${(error && error.message) || `HTTP ${result.status}`}`;
+    els.status.textContent = t("dash.status.error", { message: (error && error.message) || `HTTP ${result.status}` });
     els.status.dataset.kind = "error";
   }
   setTimeout(tick, REFRESH_INTERVAL_MS);
 }
 
+document.title = t("dash.title");
+translatePage();
 tick();
