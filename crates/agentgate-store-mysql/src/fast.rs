@@ -191,7 +191,7 @@ pub(crate) async fn end_turn(
         conn.release();
         return Ok(None);
     }
-    let columns = ending.columns();
+    let columns = agentgate_store_sql::rows::ending_columns(ending);
     let confirmation_ttl_ms = agentgate_core::config::duration_ms(store.config.confirmation_ttl);
     let pending_expires = columns.pending.map(|_| now + confirmation_ttl_ms);
     // Assignments only use bound values and their own table's columns: a
@@ -316,7 +316,7 @@ async fn end_turn_in_row(
     token_digest: &str,
     ending: &Ending,
 ) -> Result<Option<TurnView>> {
-    let columns = ending.columns();
+    let columns = agentgate_store_sql::rows::ending_columns(ending);
     let confirmation_ttl_ms = agentgate_core::config::duration_ms(store.config.confirmation_ttl);
     let call = sqlx::query("CALL ag_end_turn_fast(?, ?, ?, ?, ?, ?, ?, ?)")
         .bind(lease.turn_id.as_str())

@@ -166,7 +166,7 @@ async fn end_turn_once(store: &MySqlStore, lease: &LeaseRef, ending: &Ending) ->
     let mut tx = store.transaction().await?;
     let live = check_lease(store, &mut tx, lease).await?;
     let now = live.now_ms;
-    let columns = ending.columns();
+    let columns = agentgate_store_sql::rows::ending_columns(ending);
     let pending_expires = columns
         .pending
         .map(|_| now + duration_ms(store.config.confirmation_ttl));

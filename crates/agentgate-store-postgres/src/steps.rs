@@ -152,7 +152,7 @@ async fn end_turn_once(
     let Some(holder) = Holder::of(store.leases.as_deref(), lease).await? else {
         return Err(explain_turn(store, lease).await);
     };
-    let columns = ending.columns();
+    let columns = agentgate_store_sql::rows::ending_columns(ending);
     let pending_ttl_ms = columns
         .pending
         .map(|_| duration_ms(store.config.confirmation_ttl));

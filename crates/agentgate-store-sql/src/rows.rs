@@ -16,7 +16,7 @@ use agentgate_core::ids::{
     ClientRequestId, ExecutionId, Fence, SessionId, ToolName, TurnId, UserId,
 };
 use agentgate_core::model::{
-    ConfirmationContext, ExecutionView, Orphan, ToolState, TurnState, TurnView,
+    ConfirmationContext, Ending, ExecutionView, Orphan, ToolState, TurnState, TurnView,
 };
 use serde_json::Value;
 
@@ -399,4 +399,111 @@ pub fn orphan(row: &impl Columns, now_ms: i64) -> Result<Orphan> {
             other => return Err(Error::corrupt(format!("superseded is {other}"))),
         },
     })
+}
+
+/// The columns an ending writes on its turn row, as every SQL store stores
+/// them (one mapping, not one per store).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EndingColumns<'a> {
+    /// The turn's new state, as stored.
+    pub state: &'static str,
+    /// The response, for a success.
+    pub response: Option<&'a str>,
+    /// The error, for a failure.
+    pub error: Option<&'a str>,
+    /// Whether a repeat restarts it, for a failure.
+    pub retryable: Option<bool>,
+    /// The action awaiting a person, for a pending confirmation.
+    pub pending: Option<&'a str>,
+}
+
+/// The columns `ending` writes on its turn row.
+pub fn ending_columns(ending: &Ending) -> EndingColumns<'_> {
+    let none = EndingColumns {
+        state: "",
+        response: None,
+        error: None,
+        retryable: None,
+        pending: None,
+    };
+    match ending {
+        Ending::Succeed { response } => EndingColumns {
+            state: TurnState::Succeeded.as_str(),
+            response: Some(response.as_str()),
+            ..none
+        },
+        Ending::Fail { error, retryable } => EndingColumns {
+            state: TurnState::Failed.as_str(),
+            error: Some(error.as_str()),
+            retryable: Some(*retryable),
+            ..none
+        },
+        Ending::AwaitConfirmation { pending } => EndingColumns {
+            state: TurnState::AwaitingConfirmation.as_str(),
+            pending: Some(pending.as_str()),
+            ..none
+        },
+        Ending::Cancel { partial } => EndingColumns {
+            state: TurnState::Cancelled.as_str(),
+            response: Some(partial.as_str()),
+            ..none
+        },
+    }
+}
+
+#[cfg(test)]
+mod ending_tests {
+    use agentgate_core::canonical::CanonicalJson;
+    use agentgate_core::model::Ending;
+    use serde_json::json;
+
+    use super::{ending_columns, EndingColumns};
+
+    fn canonical(value: serde_json::Value) -> CanonicalJson {
+        CanonicalJson::new("test", &value).expect("canonical")
+    }
+
+    #[test]
+    fn each_ending_writes_its_state_and_only_its_own_columns() {
+        let ok = Ending::Succeed {
+            response: canonical(json!({"ok": 1})),
+        };
+        let failed = Ending::Fail {
+            error: canonical(json!({"code": "x"})),
+            retryable: true,
+        };
+        let waiting = Ending::AwaitConfirmation {
+            pending: canonical(json!({"refund": 5})),
+        };
+        assert_eq!(
+            ending_columns(&ok),
+            EndingColumns {
+                state: "succeeded",
+                response: Some(r#"{"ok":1}"#),
+                error: None,
+                retryable: None,
+                pending: None,
+            }
+        );
+        assert_eq!(
+            ending_columns(&failed),
+            EndingColumns {
+                state: "failed",
+                response: None,
+                error: Some(r#"{"code":"x"}"#),
+                retryable: Some(true),
+                pending: None,
+            }
+        );
+        assert_eq!(
+            ending_columns(&waiting),
+            EndingColumns {
+                state: "awaiting_confirmation",
+                response: None,
+                error: None,
+                retryable: None,
+                pending: Some(r#"{"refund":5}"#),
+            }
+        );
+    }
 }

@@ -17,7 +17,7 @@ use agentgate_core::canonical::CanonicalJson;
 use agentgate_core::decide::{check_execution, CheckedLease};
 use agentgate_core::error::{Error, Result};
 use agentgate_core::ids::ExecutionId;
-use agentgate_core::model::{ExecutionEnding, LeaseRef};
+use agentgate_core::model::LeaseRef;
 use agentgate_core::store::{Completion, SqlEffect};
 use serde_json::Value;
 
@@ -25,6 +25,26 @@ use crate::lease::Holder;
 use crate::query::{On, Statement};
 use crate::rows::Columns;
 use crate::{Retry, StepTx};
+
+/// How a tool execution ends: the state it ends in, and the value its
+/// column keeps, as every SQL store stores them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExecutionEnding<'a> {
+    /// Succeeded with this result (the `result` column).
+    Succeeded(&'a CanonicalJson),
+    /// Failed with this error (the `error` column).
+    Failed(&'a CanonicalJson),
+}
+
+impl<'a> ExecutionEnding<'a> {
+    /// The state it ends in, the column its value goes to, and the value.
+    pub fn columns(self) -> (&'static str, &'static str, &'a CanonicalJson) {
+        match self {
+            Self::Succeeded(result) => ("succeeded", "result", result),
+            Self::Failed(error) => ("failed", "error", error),
+        }
+    }
+}
 
 /// The SQL a store supplies for an execution's ending.
 pub trait ToolEndingSql: StepTx {

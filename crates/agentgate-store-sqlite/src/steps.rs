@@ -145,7 +145,7 @@ async fn try_end(
     lease: &LeaseRef,
     ending: &Ending,
 ) -> Result<Option<TurnView>> {
-    let columns = ending.columns();
+    let columns = agentgate_store_sql::rows::ending_columns(ending);
     let Some(holder) = Holder::of(store.leases.as_deref(), lease).await? else {
         return Ok(None);
     };
