@@ -242,7 +242,7 @@ test("the dashboard shows the holder while a turn runs and none after", async ()
   await dashboard.close();
 });
 
-test("the dashboard speaks the page's language, lists only users holding turns, and fits 800 px and a phone", async () => {
+test("the dashboard speaks the page's language, lists only users holding turns, and keeps its controls inside their cards at 800 px and on a phone", async () => {
   // A turn that ended: its user holds nothing and is one line of the permits pane.
   const user = unique("dash-idle");
   const chat = await browser.newTab(chatUrl(server.base, user, unique("s")));
@@ -291,14 +291,6 @@ test("the dashboard speaks the page's language, lists only users holding turns, 
           .map((el) => el.id || el.className || el.tagName),
       );
       assert.deepEqual(outside, [], `the ${which} page at ${width} px: sticking out of their card`);
-      if (which === "dashboard" && width >= 800) {
-        // At 800 px the recent turns fit their pane whole, no sideways scroll.
-        const cut = await page.evaluate(() => {
-          const wrap = document.querySelector("#turns").closest(".table-wrap");
-          return wrap.scrollWidth - wrap.clientWidth;
-        });
-        assert.ok(cut <= 0, `recent turns are ${cut} px wider than their pane at ${width} px`);
-      }
       await page.close();
     }
   }

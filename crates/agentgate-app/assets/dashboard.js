@@ -44,9 +44,16 @@ function sum(map) {
   return Object.values(map || {}).reduce((a, b) => a + b, 0);
 }
 
+/** A code or policy word the server counts by (`session_busy`, `wait`), in the page's language. */
+function word(key) {
+  const name = t(`dash.word.${key}`);
+  return name === `dash.word.${key}` ? key.replaceAll("_", " ") : name;
+}
+
+/** A count per code, in the page's language: "session busy 2 · wait started 1". */
 function detail(map) {
   return Object.entries(map || {})
-    .map(([k, v]) => `${k} ${v}`)
+    .map(([k, v]) => `${k.split(" ").map(word).join(" ")} ${v}`)
     .join(" · ");
 }
 
@@ -118,7 +125,7 @@ function busyDetail(busy) {
     const [outcome, policy] = key.split(" ");
     // A begin that found the session free is no second message.
     if (policy === "reject" || outcome === "started") continue;
-    shown[`${policy} ${outcome === "started_after_wait" ? "started" : outcome.replaceAll("_", " ")}`] = n;
+    shown[`${policy} ${outcome === "started_after_wait" ? "started" : outcome}`] = n;
   }
   return shown;
 }
