@@ -46,8 +46,7 @@ function sum(map) {
 
 /** A code or policy word the server counts by (`session_busy`, `wait`), in the page's language. */
 function word(key) {
-  const name = t(`dash.word.${key}`);
-  return name === `dash.word.${key}` ? key.replaceAll("_", " ") : name;
+  return named("dash.word", key);
 }
 
 /** A count per code, in the page's language: "session busy 2 · wait started 1". */
@@ -77,11 +76,15 @@ function emptyRow(columns, text, id) {
   return h("tr", { id }, h("td", { colspan: columns, class: "muted" }, text));
 }
 
+/** `key` under `prefix` in the page's language; untranslated, the key with spaces. */
+function named(prefix, key) {
+  const name = t(`${prefix}.${key}`);
+  return name === `${prefix}.${key}` ? key.replaceAll("_", " ") : name;
+}
+
 /** A turn's or execution's state in the page's language. */
 function stateName(state) {
-  const key = `dash.state.${state}`;
-  const name = t(key);
-  return name === key ? state.replaceAll("_", " ") : name;
+  return named("dash.state", state);
 }
 
 function stateChip(state) {
